@@ -1,0 +1,301 @@
+"""Read-only introspection of CUDA C++ source for structural gates.
+
+A structural gate asserts something no numeric gate can see: a launcher constant that
+must equal a `#define`, a device function that must read a shared-memory table, a kernel
+that must contain no block barrier. These helpers find those things in source text.
+
+Every helper first blanks comments and the insides of string and character literals
+(`strip_comments_and_literals`), keeping every newline and every offset, so a commented-
+out `__syncthreads()` or a `"#define X 4"` inside a string can never satisfy or break a
+gate, and line numbers in messages are the file's own.
+
+Each helper accepts source text; `define_value` and `define_int` also accept a path.
+Failures raise `SourceError` naming what was looked for, where, and what to do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "Call",
+    "FunctionSource",
+    "SourceError",
+    "calls_in",
+    "contains_call",
+    "declared_names",
+    "define_int",
+    "define_value",
+    "function",
+    "function_body",
+    "line_of",
+    "mentions",
+    "strip_comments_and_literals",
+]
+
+
+class SourceError(LookupError):
+    """A structural lookup that found nothing, or more than one candidate."""
+
+
+_IDENT = r"[A-Za-z_]\w*"
+_IDENT_CHAR = re.compile(r"\w")
+
+
+def _blank(chars: list[str], start: int, end: int) -> None:
+    for i in range(start, end):
+        if chars[i] != "\n":
+            chars[i] = " "
+
+
+def _starts_numeric_token(text: str, quote: int) -> bool:
+    """True when the `'` at `quote` is a C++14 digit separator (inside `1'000`)."""
+    i = quote
+    while i > 0 and (_IDENT_CHAR.match(text[i - 1]) or text[i - 1] == "'"):
+        i -= 1
+    return i < quote and text[i].isdigit()
+
+
+_RAW_PREFIXES = frozenset({"R", "u8R", "uR", "UR", "LR"})
+
+
+def _prefix_before(text: str, quote: int) -> str:
+    """The identifier characters directly before `quote` (a literal's prefix, if any)."""
+    i = quote
+    while i > 0 and _IDENT_CHAR.match(text[i - 1]):
+        i -= 1
+    return text[i:quote]
+
+
+def strip_comments_and_literals(text: str) -> str:
+    """`text` with comments and literal contents replaced by spaces.
+
+    Newlines survive (so line numbers do) and the result has the same length (so
+    offsets do). Quotes stay, their contents go: `f("a{")` becomes `f("  ")`. Raw
+    strings `R"d(...)d"` are handled; a `'` inside a number (`1'000`) is a digit
+    separator, not a character literal. Idempotent.
+    """
+    chars = list(text)
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            _blank(chars, i, end)
+            i = end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            _blank(chars, i, end)
+            i = end
+        elif c == '"' and _prefix_before(text, i) in _RAW_PREFIXES:
+            open_paren = text.find("(", i)
+            delim = text[i + 1 : open_paren]
+            close = text.find(")" + delim + '"', open_paren)
+            end = n if close < 0 else close + len(delim) + 2
+            _blank(chars, i + 1, end - 1)
+            i = end
+        elif c == '"' or (c == "'" and not _starts_numeric_token(text, i)):
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            end = min(j + 1, n)
+            _blank(chars, i + 1, min(j, n))
+            i = end
+        else:
+            i += 1
+    return "".join(chars)
+
+
+def line_of(text: str, offset: int) -> int:
+    """1-based line number of `offset` in `text`."""
+    return text.count("\n", 0, offset) + 1
+
+
+def _read(text_or_path: str | Path) -> tuple[str, str]:
+    """(text, where) for a path or for source text (text is never mistaken for a path:
+    anything with a newline, or a str that names no existing file, is source)."""
+    if isinstance(text_or_path, Path) or ("\n" not in text_or_path and Path(text_or_path).is_file()):
+        path = Path(text_or_path)
+        return path.read_text(), str(path)
+    return text_or_path, "<source text>"
+
+
+def _logical_lines(text: str):
+    """(first line number, joined text) for each line, backslash continuations joined."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        start, parts = i + 1, [lines[i]]
+        while parts[-1].endswith("\\") and i + 1 < len(lines):
+            parts[-1] = parts[-1][:-1]
+            i += 1
+            parts.append(lines[i])
+        yield start, " ".join(parts)
+        i += 1
+
+
+def define_value(text_or_path: str | Path, name: str) -> str:
+    """The replacement text of the object-like macro `#define name value`, stripped.
+
+    Raises `SourceError` when `name` is never defined, is defined more than once (even
+    under different `#if` branches: a structural gate must not guess which one builds),
+    or is a function-like macro.
+    """
+    text, where = _read(text_or_path)
+    clean = strip_comments_and_literals(text)
+    pattern = re.compile(rf"^\s*#\s*define\s+{re.escape(name)}(?![\w])(\(?)(.*)$")
+    found = []
+    for line, logical in _logical_lines(clean):
+        m = pattern.match(logical)
+        if m:
+            found.append((line, m.group(1), m.group(2).strip()))
+    if not found:
+        raise SourceError(f"{where}: no `#define {name}`; define it there or check the name")
+    if len(found) > 1:
+        lines = ", ".join(str(line) for line, _, _ in found)
+        raise SourceError(
+            f"{where}: `#define {name}` appears {len(found)} times (lines {lines}); "
+            "keep one definition so the gate knows which value builds"
+        )
+    line, paren, value = found[0]
+    if paren:
+        raise SourceError(f"{where}:{line}: `{name}` is a function-like macro; a value needs `#define {name} VALUE`")
+    return value
+
+
+def define_int(text_or_path: str | Path, name: str) -> int:
+    """`define_value` read as an integer literal: `8`, `8u`, `(8)`, `0x10`."""
+    value = define_value(text_or_path, name)
+    m = re.fullmatch(r"\(?\s*(0[xX][0-9a-fA-F]+|\d+)[uUlL]*\s*\)?", value)
+    if not m:
+        raise SourceError(f"`#define {name} {value}` is not an integer literal; structural gates compare literals only")
+    return int(m.group(1), 0)
+
+
+def _matching(text: str, open_at: int, open_ch: str, close_ch: str) -> int:
+    """Offset of the bracket closing the one at `open_at` (text already stripped)."""
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] == open_ch:
+            depth += 1
+        elif text[i] == close_ch:
+            depth -= 1
+            if depth == 0:
+                return i
+    raise SourceError(f"unbalanced `{open_ch}` opened on line {line_of(text, open_at)}")
+
+
+@dataclass(frozen=True)
+class FunctionSource:
+    """A function definition found in source: offsets index the original text."""
+
+    name: str
+    params: str  # the parameter list without its parentheses (comments blanked)
+    body: str  # from `{` to the matching `}` inclusive (comments and literals blanked)
+    line: int  # line of the name
+    body_offset: int  # offset of the body's `{`
+
+
+_BETWEEN_PARAMS_AND_BODY = re.compile(r"(?:\s|\b(?:const|noexcept|override|final|volatile)\b)*")
+
+
+def function(text: str, name: str) -> FunctionSource:
+    """The one definition of `name` (a name followed by `(...)` then `{`).
+
+    Calls (`name(...)` followed by `;`, `,`, `)`...) and declarations (`...);`) are not
+    definitions. Raises `SourceError` when there is no definition or more than one
+    (overloads, template specialisations): say which one you mean by renaming.
+    """
+    clean = strip_comments_and_literals(text)
+    found = []
+    for m in re.finditer(rf"(?<![\w.])(?<!->){re.escape(name)}\s*\(", clean):
+        close = _matching(clean, m.end() - 1, "(", ")")
+        tail = _BETWEEN_PARAMS_AND_BODY.match(clean, close + 1)
+        if tail.end() < len(clean) and clean[tail.end()] == "{":
+            found.append((m, close, tail.end()))
+    if not found:
+        raise SourceError(f"no definition of `{name}(...) {{` found; check the name or that it is defined in this file")
+    if len(found) > 1:
+        lines = ", ".join(str(line_of(clean, m.start())) for m, _, _ in found)
+        raise SourceError(f"`{name}` is defined {len(found)} times (lines {lines}); a structural gate needs one definition")
+    m, close, brace = found[0]
+    end = _matching(clean, brace, "{", "}")
+    return FunctionSource(
+        name=name,
+        params=clean[m.end() : close],
+        body=clean[brace : end + 1],
+        line=line_of(clean, m.start()),
+        body_offset=brace,
+    )
+
+
+def function_body(text: str, name: str) -> str:
+    """The brace-matched body of the one definition of `name` (comments blanked)."""
+    return function(text, name).body
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call `callee(args...)` inside a body."""
+
+    callee: str
+    args: tuple[str, ...]  # top-level comma-split arguments, whitespace-collapsed
+    line: int  # 1-based line within the text searched
+
+
+def _split_args(arg_text: str) -> tuple[str, ...]:
+    args, depth, start = [], 0, 0
+    for i, c in enumerate(arg_text):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            args.append(arg_text[start:i])
+            start = i + 1
+    args.append(arg_text[start:])
+    collapsed = tuple(" ".join(a.split()) for a in args)
+    return () if collapsed == ("",) else collapsed
+
+
+def calls_in(body: str, callee: str) -> list[Call]:
+    """Every call of `callee` in `body` (templated calls `f<N>(...)` included)."""
+    clean = strip_comments_and_literals(body)
+    calls = []
+    for m in re.finditer(rf"(?<!\w){re.escape(callee)}\s*(<[^;{{}}()]*?>)?\s*\(", clean):
+        close = _matching(clean, m.end() - 1, "(", ")")
+        calls.append(Call(callee, _split_args(clean[m.end() : close]), line_of(clean, m.start())))
+    return calls
+
+
+def contains_call(body: str, callee: str) -> bool:
+    """True when `body` calls `callee` at least once (comments and strings ignored)."""
+    return bool(calls_in(body, callee))
+
+
+def mentions(body: str, identifier: str) -> bool:
+    """True when `identifier` appears as a whole token in `body`, outside comments and literals."""
+    return re.search(rf"(?<!\w){re.escape(identifier)}(?!\w)", strip_comments_and_literals(body)) is not None
+
+
+def declared_names(text: str, qualifier: str) -> list[str]:
+    """Names of the variables declared with `qualifier` (e.g. `__constant__`, `__shared__`).
+
+    Reads declarations such as `__constant__ float T[16] = {...};` or
+    `__shared__ __align__(16) float s[N][16];`: the name is the last identifier before
+    the first `[`, `=`, `;` or `,` of the declaration.
+    """
+    clean = strip_comments_and_literals(text)
+    names = []
+    for m in re.finditer(rf"(?<!\w){re.escape(qualifier)}(?!\w)", clean):
+        rest = clean[m.end() :]
+        rest = re.sub(r"__align__\s*\([^)]*\)", " ", rest, count=1)
+        head = re.split(r"[\[=;,(]", rest, maxsplit=1)[0]
+        idents = re.findall(_IDENT, head)
+        if idents:
+            names.append(idents[-1])
+    return names
