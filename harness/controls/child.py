@@ -1,0 +1,175 @@
+"""One fresh pytest process over some gates, with a deadline, read back from gates.json.
+
+The child runs in its own session (process group), so a deadline or a Ctrl-C kills it and
+everything it started (the plugin's trap-gate subprocesses included) with one signal.
+Outcomes come from the plugin's `--harness-report` file, never from terminal text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RED = ("failed", "error")
+
+
+@dataclass(frozen=True)
+class GateRecord:
+    """One gate's line of gates.json."""
+
+    nodeid: str
+    outcome: str  # passed | failed | skipped | error
+    route: str | None = None  # assertion | trap | refusal | compile | timeout | error (only when red)
+    first_failure_line: str | None = None
+    message: str | None = None  # the whole failure message, when the report carries it
+
+    @property
+    def red(self) -> bool:
+        return self.outcome in RED
+
+
+@dataclass(frozen=True)
+class GateRun:
+    """What one child pytest process did."""
+
+    records: dict  # nodeid -> GateRecord
+    returncode: int | None  # None when killed at the deadline
+    timed_out: bool
+    seconds: float
+    log: Path
+    report: dict | None  # gates.json as read, None when the child wrote none
+
+    @property
+    def red(self) -> tuple[GateRecord, ...]:
+        return tuple(r for r in self.records.values() if r.red)
+
+    def note(self) -> str | None:
+        if self.timed_out:
+            return f"killed at the deadline after {self.seconds:.0f} s; see {self.log}"
+        if self.report is None:
+            return f"pytest exited with status {self.returncode} and wrote no gates.json; see {self.log}"
+        return None
+
+
+# Every child process alive now, so an interrupted campaign can kill them all.
+_live: set[subprocess.Popen] = set()
+_live_lock = threading.Lock()
+
+
+def kill_all() -> None:
+    with _live_lock:
+        procs = list(_live)
+    for proc in procs:
+        _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def pytest_command(
+    targets: list[str],
+    *,
+    kernel_root: Path,
+    report_dir: Path,
+    require_gpu: bool,
+    arch: str | None,
+) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", *targets]
+    cmd += [f"--kernel-root={kernel_root}", "--no-fail-fast", f"--harness-report={report_dir}"]
+    if require_gpu:
+        cmd.append("--require-gpu")
+    if arch:
+        cmd.append(f"--arch={arch}")
+    cmd += ["-p", "no:cacheprovider", "-q", "--color=no"]
+    return cmd
+
+
+def child_environment(cache_dir: Path, device: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HARNESS_CACHE_DIR"] = str(cache_dir)
+    # Python would otherwise write __pycache__ into the kernel root when launchers live there.
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    return env
+
+
+def run_gates(
+    targets: list[str],
+    *,
+    kernel_root: Path,
+    rootdir: Path,
+    report_dir: Path,
+    deadline: float,
+    cache_dir: Path,
+    require_gpu: bool = True,
+    arch: str | None = None,
+    device: str | None = None,
+) -> GateRun:
+    """Run pytest over `targets` (node ids or files relative to `rootdir`) in a fresh process."""
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    gates_json = report_dir / "gates.json"
+    gates_json.unlink(missing_ok=True)
+    log = report_dir / "pytest.log"
+    cmd = pytest_command(targets, kernel_root=kernel_root, report_dir=report_dir, require_gpu=require_gpu, arch=arch)
+    start = time.perf_counter()
+    timed_out = False
+    with open(log, "wb") as out:
+        out.write(("$ " + " ".join(cmd) + "\n").encode())
+        out.flush()
+        proc = subprocess.Popen(
+            cmd,
+            cwd=rootdir,
+            env=child_environment(cache_dir, device),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        with _live_lock:
+            _live.add(proc)
+        try:
+            proc.wait(timeout=deadline)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            proc.wait()
+        except BaseException:  # KeyboardInterrupt: the child must not outlive us
+            _kill_group(proc)
+            proc.wait()
+            raise
+        finally:
+            with _live_lock:
+                _live.discard(proc)
+            # Anything the child started in its group dies with it.
+            _kill_group(proc)
+    seconds = time.perf_counter() - start
+    report = None
+    records: dict[str, GateRecord] = {}
+    if gates_json.is_file() and not timed_out:
+        report = json.loads(gates_json.read_text())
+        for gate in report.get("gates", []):
+            rec = GateRecord(
+                nodeid=gate["nodeid"],
+                outcome=gate["outcome"],
+                route=gate.get("route"),
+                first_failure_line=gate.get("first_failure_line"),
+                message=gate.get("message") or gate.get("failure_message"),
+            )
+            previous = records.get(rec.nodeid)
+            # setup/teardown errors can add a second line for a gate: keep the red one
+            if previous is None or (rec.red and not previous.red):
+                records[rec.nodeid] = rec
+    return GateRun(records, None if timed_out else proc.returncode, timed_out, seconds, log, report)

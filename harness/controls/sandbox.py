@@ -1,0 +1,63 @@
+"""The sandbox: a fresh temporary copy of the kernel root that a control perturbs.
+
+The real kernel root is only ever read. Every write goes through `_write`, which refuses
+any path outside the sandbox, and the sandbox is removed on every way out of the `with`
+block: success, a failed control, an exception, KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from harness.controls.edits import apply
+from harness.controls.spec import Control
+
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+_live: set[Path] = set()  # the sandboxes open now; `_write` writes nowhere else
+
+
+class SandboxEscape(RuntimeError):
+    """A write aimed outside the sandbox: a bug, never a control's fault."""
+
+
+@contextmanager
+def sandbox(kernel_root: Path, label: str = "control"):
+    """Yield the path of a fresh copy of `kernel_root`; remove it afterwards."""
+    kernel_root = Path(kernel_root).resolve()
+    base = Path(tempfile.mkdtemp(prefix=f"harness-{_safe(label)}-"))
+    try:
+        copy = (base / kernel_root.name).resolve()
+        shutil.copytree(kernel_root, copy, symlinks=False, ignore=_IGNORE)
+        _live.add(copy)
+        yield copy
+    finally:
+        _live.discard((base / kernel_root.name).resolve())
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def perturb(copy: Path, control: Control) -> dict[str, str]:
+    """Apply the control's edits to the sandbox copy; returns {relpath: perturbed text}.
+
+    Raises EditError when an edit does not apply exactly once (the kernel changed since
+    validation, or two edits collide).
+    """
+    copy = Path(copy).resolve()
+    texts = {f: (copy / f).read_text(encoding="utf-8") for f in control.files}
+    perturbed = apply(control.edits, texts)
+    for rel, text in perturbed.items():
+        _write(copy, rel, text)
+    return perturbed
+
+
+def _write(copy: Path, rel: str, text: str) -> None:
+    target = (copy / rel).resolve()
+    if copy not in _live or not target.is_relative_to(copy):
+        raise SandboxEscape(f"refusing to write {target}: it is not inside the sandbox {copy}")
+    target.write_text(text, encoding="utf-8")
+
+
+def _safe(label: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in label)[:40]

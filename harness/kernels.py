@@ -1,0 +1,92 @@
+"""Loading compiled modules into CuPy and getting kernels by name or C++ name expression."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from harness import _settings
+from harness.compile import CompiledModule, compile_file
+
+
+class KernelNotFound(LookupError):
+    pass
+
+
+class Module:
+    """A cubin loaded into the current CUDA context."""
+
+    def __init__(self, compiled: CompiledModule):
+        import cupy
+
+        self.compiled = compiled
+        self._module = cupy.cuda.function.Module()
+        self._module.load(compiled.cubin)
+        self._functions: dict[str, object] = {}
+
+    def symbol(self, name: str) -> str:
+        """The mangled symbol for a name expression, or `name` itself (extern "C")."""
+        return self.compiled.symbol_mapping.get(name, name)
+
+    def get(self, name: str):
+        """A CuPy function, called as `fn(grid, block, args, shared_mem=0)`."""
+        if name in self._functions:
+            return self._functions[name]
+        symbol = self.symbol(name)
+        try:
+            fn = self._module.get_function(symbol)
+        except Exception as exc:
+            known = [r.kernel for r in self.compiled.resources]
+            hint = (
+                f"pass {name!r} in name_expressions when you load the module"
+                if "<" in name or "::" in name
+                else "declare it extern \"C\" __global__, or pass its C++ name expression in name_expressions"
+            )
+            raise KernelNotFound(
+                f"kernel {name!r} is not in {self.compiled.source.name}: {hint}. "
+                f"Kernels in the module: {', '.join(known) or '(none reported)'}"
+            ) from exc
+        self._functions[name] = fn
+        return fn
+
+
+_loaded: dict[tuple, Module] = {}
+
+
+def kernel_root() -> Path:
+    """The active kernel root (`--kernel-root`, ini `kernel_root`, or HARNESS_KERNEL_ROOT)."""
+    return _settings.current().kernel_root
+
+
+def load(compiled: CompiledModule) -> Module:
+    import cupy
+
+    key = (compiled.key, cupy.cuda.Device().id)
+    mod = _loaded.get(key)
+    if mod is None:
+        mod = _loaded[key] = Module(compiled)
+    return mod
+
+
+def module(
+    relpath: str | os.PathLike,
+    name_expressions: tuple[str, ...] | list[str] = (),
+    defines: dict | None = None,
+    fmad: bool = True,
+) -> Module:
+    """Compile (or hit the cache for) `<kernel_root>/<relpath>` and load it into CuPy."""
+    compiled = compile_file(relpath, name_expressions=tuple(name_expressions), defines=defines, fmad=fmad)
+    _record(compiled)
+    return load(compiled)
+
+
+# The options of every module compiled in this process, for the reports.
+_compiled_options: dict[str, tuple[str, ...]] = {}
+
+
+def _record(compiled: CompiledModule) -> None:
+    _compiled_options[compiled.source.name] = compiled.options
+
+
+def compiled_options() -> dict[str, tuple[str, ...]]:
+    return dict(_compiled_options)

@@ -1,0 +1,141 @@
+"""Per-gate records, failure routes, and the JSON / Markdown reports."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+
+KINDS = ("anchor", "link", "refusal", "trap", "structural")
+
+
+class Route(str, Enum):
+    """How a red gate went red."""
+
+    ASSERTION = "assertion"  # the gate's own assertion (or a trap gate whose guard did not fire)
+    TRAP = "trap"  # a CUDA fault: the kernel's __trap(), an illegal address, a poisoned context
+    REFUSAL = "refusal"  # a launcher refused the arguments (ValueError)
+    COMPILE = "compile"  # the module did not compile
+    TIMEOUT = "timeout"
+    ERROR = "error"  # anything else
+
+
+def classify_route(exc: BaseException) -> Route:
+    from harness.compile import CompileError
+    from harness.device import is_cuda_error
+
+    route = getattr(exc, "harness_route", None)  # a failure reproduced from a child process
+    if route:
+        return Route(route)
+    if isinstance(exc, CompileError):
+        return Route.COMPILE
+    if is_cuda_error(exc):
+        return Route.TRAP
+    name = type(exc).__name__
+    if name == "Failed" and "Timeout" in str(exc):
+        return Route.TIMEOUT
+    if isinstance(exc, AssertionError) or name == "Failed":
+        return Route.ASSERTION
+    if isinstance(exc, ValueError):
+        return Route.REFUSAL
+    return Route.ERROR
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    if isinstance(exc, AssertionError) and line:
+        return line
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+@dataclass
+class GateRecord:
+    nodeid: str
+    module: str
+    kind: str | None
+    gpu: bool
+    outcome: str = "passed"  # passed | failed | skipped | error
+    route: str | None = None
+    duration: float = 0.0
+    first_failure_line: str | None = None
+    skip_reason: str | None = None
+    device: str | None = None
+    compile_options: list[str] = field(default_factory=list)
+    isolated: bool = False  # ran in a fresh child process
+
+
+@dataclass
+class RunFacts:
+    device: str | None
+    arch: str | None
+    kernel_root: str
+    compile_options: list[str]
+    require_gpu: bool
+    poisoned_by: str | None = None
+
+
+def summarize(records: list[GateRecord]) -> dict:
+    out = {"passed": 0, "failed": 0, "skipped": 0, "error": 0, "gpu_executed": 0, "gpu_skipped": 0}
+    for r in records:
+        out[r.outcome] += 1
+        if r.gpu and r.outcome in ("passed", "failed"):
+            out["gpu_executed"] += 1
+        if r.gpu and r.outcome == "skipped":
+            out["gpu_skipped"] += 1
+    return out
+
+
+def gates_json(records: list[GateRecord], facts: RunFacts) -> dict:
+    return {
+        "version": 1,
+        "device": facts.device,
+        "arch": facts.arch,
+        "kernel_root": facts.kernel_root,
+        "compile_options": facts.compile_options,
+        "require_gpu": facts.require_gpu,
+        "poisoned_by": facts.poisoned_by,
+        "summary": summarize(records),
+        "gates": [asdict(r) for r in records],
+    }
+
+
+def _md_cell(text) -> str:
+    return str(text if text is not None else "").replace("|", "\\|").replace("\n", " ")
+
+
+def summary_markdown(records: list[GateRecord], facts: RunFacts) -> str:
+    s = summarize(records)
+    lines = ["# Gate run", ""]
+    lines.append(
+        f"**{s['passed']} passed, {s['failed']} failed, {s['error']} errors, {s['skipped']} skipped**; "
+        f"GPU gates executed: {s['gpu_executed']}, skipped: {s['gpu_skipped']}."
+    )
+    lines.append("")
+    lines.append(f"- device: {facts.device or 'none'}")
+    lines.append(f"- arch: {facts.arch or 'n/a'}")
+    lines.append(f"- kernel root: `{facts.kernel_root}`")
+    lines.append(f"- compile options: `{' '.join(facts.compile_options)}`")
+    if facts.poisoned_by:
+        lines.append(f"- `{facts.poisoned_by}` poisoned the CUDA context; later GPU gates ran in fresh processes")
+    if s["gpu_skipped"] and not s["gpu_executed"]:
+        lines += ["", f"> **{s['gpu_skipped']} GPU gates were skipped: this run proves nothing about the kernels.**"]
+    red = [r for r in records if r.outcome in ("failed", "error")]
+    if red:
+        lines += ["", "## Red gates", "", "| gate | kind | route | first failure line |", "| --- | --- | --- | --- |"]
+        for r in red:
+            lines.append(f"| `{_md_cell(r.nodeid)}` | {_md_cell(r.kind)} | {_md_cell(r.route)} | {_md_cell(r.first_failure_line)} |")
+    lines += ["", "## All gates", "", "| gate | kind | outcome | seconds |", "| --- | --- | --- | --- |"]
+    for r in records:
+        lines.append(f"| `{_md_cell(r.nodeid)}` | {_md_cell(r.kind)} | {r.outcome} | {r.duration:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(directory: Path, records: list[GateRecord], facts: RunFacts) -> tuple[Path, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    j = directory / "gates.json"
+    m = directory / "summary.md"
+    j.write_text(json.dumps(gates_json(records, facts), indent=2) + "\n")
+    m.write_text(summary_markdown(records, facts))
+    return j, m

@@ -1,0 +1,73 @@
+"""The terminal summary: a rich table of gates by kind and outcome, the red gates with
+their routes, and the banners that say when a run proves nothing."""
+
+from __future__ import annotations
+
+import io
+
+from harness.report import KINDS, GateRecord, summarize
+
+OUTCOMES = ("passed", "failed", "error", "skipped")
+STYLE = {"passed": "green", "failed": "bold red", "error": "bold red", "skipped": "yellow"}
+
+
+def _console(terminalreporter):
+    from rich.console import Console
+
+    width = getattr(getattr(terminalreporter, "_tw", None), "fullwidth", 100)
+    buf = io.StringIO()
+    markup = bool(getattr(terminalreporter, "hasmarkup", False))
+    return Console(file=buf, width=width, force_terminal=markup, no_color=not markup,
+                   color_system="standard" if markup else None, highlight=False), buf
+
+
+def banner_lines(records: list[GateRecord], require_gpu: bool, no_gpu_executed: bool) -> list[str]:
+    s = summarize(records)
+    lines = []
+    if s["gpu_skipped"] and not require_gpu:
+        lines.append(
+            f"{s['gpu_skipped']} GPU gates were SKIPPED (no usable CUDA device): this run proves "
+            "nothing about the kernels. Run with --require-gpu on a machine with a GPU."
+        )
+    if no_gpu_executed:
+        lines.append("--require-gpu: no GPU gate was executed, so this run fails: select gates marked gpu")
+    return lines
+
+
+def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
+    if not records:
+        return
+    from rich.table import Table
+
+    console, buf = _console(terminalreporter)
+    table = Table(title="harness: gates by kind", title_justify="left")
+    table.add_column("kind")
+    for o in OUTCOMES:
+        table.add_column(o, justify="right")
+    for kind in (*KINDS, None):
+        rows = [r for r in records if r.kind == kind]
+        if not rows:
+            continue
+        cells = []
+        for o in OUTCOMES:
+            n = sum(1 for r in rows if r.outcome == o)
+            cells.append(f"[{STYLE[o]}]{n}[/]" if n else "0")
+        table.add_row(kind or "(no kind)", *cells)
+    console.print(table)
+    red = [r for r in records if r.outcome in ("failed", "error")]
+    if red:
+        t = Table(title="red gates", title_justify="left")
+        t.add_column("gate", overflow="fold")
+        t.add_column("route")
+        t.add_column("first failure line", overflow="fold")
+        for r in red:
+            t.add_row(r.nodeid, r.route or "", r.first_failure_line or "")
+        console.print(t)
+    if st.poisoned_by:
+        later = sum(1 for r in records if r.isolated and r.kind != "trap")
+        console.print(f"[bold red]{st.poisoned_by} poisoned the CUDA context[/]; "
+                      f"{later} later GPU gates ran in fresh processes, so their verdicts are their own.")
+    for line in banner_lines(records, st.require_gpu, st.no_gpu_executed):
+        console.print(f"[bold yellow on red] harness: {line} [/]" if "SKIPPED" in line else f"[bold red]harness: {line}[/]")
+    terminalreporter.write_sep("=", "harness")
+    terminalreporter.write(buf.getvalue())
