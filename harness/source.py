@@ -32,6 +32,7 @@ __all__ = [
     "function_body",
     "line_of",
     "mentions",
+    "reachable_functions",
     "strip_comments_and_literals",
 ]
 
@@ -42,6 +43,10 @@ class SourceError(LookupError):
 
 _IDENT = r"[A-Za-z_]\w*"
 _IDENT_CHAR = re.compile(r"\w")
+# Words followed by `(...)` and sometimes `{` that are not function names.
+_STATEMENT_KEYWORDS = frozenset(
+    {"if", "for", "while", "switch", "catch", "return", "sizeof", "alignof", "decltype", "static_assert"}
+)
 
 
 def _blank(chars: list[str], start: int, end: int) -> None:
@@ -210,6 +215,8 @@ def function(text: str, name: str) -> FunctionSource:
     definitions. Raises `SourceError` when there is no definition or more than one
     (overloads, template specialisations): say which one you mean by renaming.
     """
+    if name in _STATEMENT_KEYWORDS:
+        raise SourceError(f"`{name}` is a C++ keyword, not a function name")
     clean = strip_comments_and_literals(text)
     found = []
     for m in re.finditer(rf"(?<![\w.])(?<!->){re.escape(name)}\s*\(", clean):
@@ -299,3 +306,28 @@ def declared_names(text: str, qualifier: str) -> list[str]:
         if idents:
             names.append(idents[-1])
     return names
+
+
+_CALLED = re.compile(rf"(?<![\w.])({_IDENT})\s*\(")
+
+
+def reachable_functions(text: str, name: str) -> list[FunctionSource]:
+    """The definition of `name` and, transitively, of every function defined in `text`
+    that it calls, in discovery order. A structural claim about a kernel ("no block
+    barrier in it") must hold for its helpers too; callees defined elsewhere (CUDA
+    intrinsics, headers) are not followed."""
+    clean = strip_comments_and_literals(text)
+    found: dict[str, FunctionSource] = {}
+    pending = [name]
+    while pending:
+        current = pending.pop(0)
+        if current in found:
+            continue
+        try:
+            found[current] = function(clean, current)
+        except SourceError:
+            if current == name:
+                raise
+            continue  # a keyword, an intrinsic, or a function defined in another file
+        pending += [m.group(1) for m in _CALLED.finditer(found[current].body) if m.group(1) not in _STATEMENT_KEYWORDS]
+    return list(found.values())

@@ -15,6 +15,7 @@ from harness.source import (
     function_body,
     line_of,
     mentions,
+    reachable_functions,
     strip_comments_and_literals,
 )
 
@@ -133,6 +134,8 @@ def test_function_errors_name_the_problem():
         function(KERNEL, "absent")
     with pytest.raises(SourceError, match=r"defined 2 times \(lines 1, 2\)"):
         function("void f(int) {}\nvoid f(float) {}\n", "f")
+    with pytest.raises(SourceError, match="keyword"):
+        function(KERNEL, "if")
 
 
 def test_calls_in_splits_top_level_arguments_across_lines():
@@ -159,3 +162,11 @@ def test_mentions_is_token_exact_and_ignores_comments():
 def test_declared_names_finds_qualified_variables():
     assert declared_names(KERNEL, "__constant__") == ["TABLE"]
     assert declared_names(KERNEL, "__shared__") == ["s_lut"]
+
+
+def test_reachable_functions_follow_calls_to_functions_defined_in_the_text():
+    names = [f.name for f in reachable_functions(KERNEL, "kernel_sw")]
+    assert names == ["kernel_sw", "partial"]  # __syncwarp, SQUARE and keywords have no definition here
+    assert [f.name for f in reachable_functions(KERNEL, "partial")] == ["partial"]
+    with pytest.raises(SourceError, match="no definition of `absent"):
+        reachable_functions(KERNEL, "absent")
