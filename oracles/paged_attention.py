@@ -1,0 +1,262 @@
+"""Host side of the paged-attention chain.
+
+- `reference`: float64 attention over the paged pool, vectorised numpy (one matmul pair per
+  sequence and kv head). It is the tolerance anchor's oracle, nothing else.
+- Needle builders (`needle_case`, `staircase_case`): inputs whose exact output is one V row
+  per (row, head), named by `Case.winner`; `copy_rows` gathers those rows. No softmax runs on
+  the host for them: the expected image is a copy out of the V pool.
+- `permuted_pool`: the same pages in a shuffled pool behind a page map whose physical page 0
+  is filled with NaN and receives every page no row may see.
+
+bf16 arrays here are ml_dtypes bfloat16 (harness.dtypes.bf16). Layouts follow
+kernels_cu/paged_attention.py: q [rows, nh, hd], pools [pages, nkv, 16, hd].
+
+The needle gap. Scores are s = q . k with scale 1 and q = 1 in every element, so s is the sum
+of the key's elements. Other keys have elements in [-1/8, 1/8] (|s| <= hd/8); the needle key
+is 1 everywhere (s = hd); a decoy the kernel must not see is 4 everywhere (s = 4 hd). The
+needle beats every other key by at least 7 hd / 8 = 224 (hd 256) or 448 (hd 512), and a leaked
+decoy beats the needle by 3 hd. In f32 without ftz, expf(x) is exactly 0 for x below about
+-103.97 (e^-103.97 is half the smallest denormal, 2^-149), so every weight except the
+winner's is exactly 0 and the winner's is exactly 1: the output is the winner's V row. V
+holds no zeros (|v| >= 1/64), so no signed-zero addition can turn a copied -0 into +0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.dtypes import bf16, from_bits
+
+PAGE = 16
+NAN_BF16 = 0x7FC0
+
+NEEDLE_QPOS = (181, 150, 95)         # decode needle rows, one sequence each
+NEEDLE_WINDOW = 70                   # window edges land mid-page for rows 1, 2 and on a page start for row 0
+NEEDLE_OTHER_MAX = 0.125
+NEEDLE_K = 1.0
+DECOY_K = 4.0
+NEEDLE_KINDS_ANY = ("first_visible", "last_visible", "page_last_slot", "page_first_slot", "causal_just_outside")
+NEEDLE_KINDS_WINDOW = ("window_just_outside",)
+# (window, kind) of every decode needle anchor; with the window, first_visible is "just inside".
+NEEDLE_CASES = tuple((0, k) for k in NEEDLE_KINDS_ANY) + tuple(
+    (NEEDLE_WINDOW, k) for k in NEEDLE_KINDS_ANY + NEEDLE_KINDS_WINDOW)
+STAIR_CTX = 200                      # c * (j + 1) stays exact in bf16 for every key of the pool
+STAIR_STEP_SCORE = 128.0             # score step between neighbouring keys (> 104: exp underflows to 0)
+STAIR_PREFIX_PAGES = 2               # block-table entries of another sequence before this one
+
+
+@dataclass(frozen=True)
+class Case:
+    """Host inputs of one launch. `winner[r]` (needle cases) is the position whose V row
+    row r's output copies in every head."""
+
+    q: np.ndarray
+    k_pool: np.ndarray
+    v_pool: np.ndarray
+    bt: np.ndarray
+    off: np.ndarray
+    qpos: np.ndarray
+    window: int
+    winner: np.ndarray | None = None
+
+    @property
+    def rows(self) -> int:
+        return int(self.q.shape[0])
+
+    @property
+    def nh(self) -> int:
+        return int(self.q.shape[1])
+
+    @property
+    def hd(self) -> int:
+        return int(self.q.shape[2])
+
+    @property
+    def nkv(self) -> int:
+        return int(self.k_pool.shape[1])
+
+
+# ------------------------------------------------------------------ visibility (the contract's words)
+
+
+def first_visible(qpos, window: int):
+    """First visible key of a query at qpos: 0, or qpos - window + 1 with a sliding window."""
+    qpos = np.asarray(qpos, np.int64)
+    return np.maximum(qpos - window + 1, 0) if window > 0 else np.zeros_like(qpos)
+
+
+def visible(kpos, qpos, window: int):
+    """kpos <= qpos, and qpos - kpos < window when window > 0 (broadcasting)."""
+    kpos, qpos = np.asarray(kpos, np.int64), np.asarray(qpos, np.int64)
+    vis = kpos <= qpos
+    if window > 0:
+        vis &= qpos - kpos < window
+    return vis
+
+
+# ------------------------------------------------------------------ the float64 reference
+
+
+def reference(case: Case, scale: float = 1.0) -> np.ndarray:
+    """float64 softmax(q k^T * scale) v over each row's visible keys, [rows, nh, hd]."""
+    q = case.q.astype(np.float64)
+    rows, nh, hd = q.shape
+    nkv = case.nkv
+    g = nh // nkv
+    out = np.empty((rows, nh, hd), np.float64)
+    off, qpos = np.asarray(case.off), np.asarray(case.qpos)
+    for o in np.unique(off):
+        idx = np.flatnonzero(off == o)
+        n_keys = int(qpos[idx].max()) + 1
+        pages = np.asarray(case.bt[o:o + -(-n_keys // PAGE)])
+        # [pages, nkv, 16, hd] -> [nkv, keys, hd]
+        k = case.k_pool[pages].astype(np.float64).transpose(1, 0, 2, 3).reshape(nkv, -1, hd)[:, :n_keys]
+        v = case.v_pool[pages].astype(np.float64).transpose(1, 0, 2, 3).reshape(nkv, -1, hd)[:, :n_keys]
+        vis = visible(np.arange(n_keys)[None, :], qpos[idx][:, None], case.window)      # [R, keys]
+        qs = q[idx].reshape(idx.size, nkv, g, hd)
+        for j in range(nkv):
+            s = (qs[:, j].reshape(-1, hd) @ k[j].T).reshape(idx.size, g, n_keys) * scale
+            s = np.where(vis[:, None, :], s, -np.inf)
+            w = np.exp(s - s.max(axis=-1, keepdims=True))
+            w /= w.sum(axis=-1, keepdims=True)
+            out[idx, j * g:(j + 1) * g] = (w.reshape(-1, n_keys) @ v[j]).reshape(idx.size, g, hd)
+    return out
+
+
+# ------------------------------------------------------------------ builders
+
+
+def _bf16(x) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(bf16)
+
+
+def random_case(nh: int, nkv: int, hd: int, window: int, ctx: int, rows: int, seed: int) -> Case:
+    """One sequence of ctx keys (identity block table, plus one page past the context that no
+    row may see), uniform(-1, 1) q, k, v; the query rows are the last `rows` positions."""
+    rng = np.random.default_rng(seed)
+    pages = -(-ctx // PAGE) + 1
+    k = _bf16(rng.uniform(-1, 1, (pages, nkv, PAGE, hd)))
+    v = _bf16(rng.uniform(-1, 1, (pages, nkv, PAGE, hd)))
+    q = _bf16(rng.uniform(-1, 1, (rows, nh, hd)))
+    return Case(q, k, v, np.arange(pages, dtype=np.int32), np.zeros(rows, np.int32),
+                np.arange(ctx - rows, ctx, dtype=np.int32), window)
+
+
+def _nonzero_values(rng, shape) -> np.ndarray:
+    """bf16 values with 1/64 <= |v| <= 1: no zero, so copies keep their sign bit."""
+    mag = rng.uniform(1 / 64, 1, shape)
+    return _bf16(np.where(rng.random(shape) < 0.5, -mag, mag))
+
+
+def _key_slot(case_bt, off: int, pos: int) -> tuple[int, int]:
+    return int(case_bt[off + pos // PAGE]), pos % PAGE
+
+
+def needle_positions(kind: str, qpos: int, window: int) -> tuple[int, int | None]:
+    """(needle, decoy) positions for one row: the needle is the best visible key; the decoy,
+    stronger still, sits where the kernel must not look (None: no decoy)."""
+    fv = int(first_visible(qpos, window))
+    mid_page = (fv // PAGE + qpos // PAGE + 1) // 2
+    if kind == "first_visible":
+        return fv, None
+    if kind == "last_visible":
+        return qpos, None
+    if kind == "page_last_slot":
+        return mid_page * PAGE - 1, None
+    if kind == "page_first_slot":
+        return mid_page * PAGE, None
+    if kind == "causal_just_outside":
+        return qpos - 3, qpos + 1
+    if kind == "window_just_outside":
+        if window <= 0:
+            raise ValueError("needle kind 'window_just_outside' needs a sliding window > 0")
+        return qpos - window // 2, qpos - window
+    raise ValueError(f"unknown needle kind {kind!r}; known: {NEEDLE_KINDS_ANY + NEEDLE_KINDS_WINDOW}")
+
+
+def needle_case(hd: int, nh: int, nkv: int, window: int, kind: str, seed: int) -> Case:
+    """Decode rows at NEEDLE_QPOS, one sequence each, pages shuffled through the block table.
+    Every key scores |s| <= hd/8 except the row's needle (s = hd) and decoy (s = 4 hd)."""
+    rng = np.random.default_rng(seed)
+    qpos = np.asarray(NEEDLE_QPOS, np.int32)
+    seq_pages = qpos // PAGE + 2          # one page past the query's: later keys exist, unseen
+    total = int(seq_pages.sum())
+    k = rng.uniform(-NEEDLE_OTHER_MAX, NEEDLE_OTHER_MAX, (total, nkv, PAGE, hd)).astype(np.float32)
+    v = _nonzero_values(rng, (total, nkv, PAGE, hd))
+    bt = rng.permutation(total).astype(np.int32)
+    off = np.concatenate([[0], np.cumsum(seq_pages)[:-1]]).astype(np.int32)
+    winner = np.empty(qpos.size, np.int32)
+    for r, qp in enumerate(qpos):
+        needle, decoy = needle_positions(kind, int(qp), window)
+        if not (visible(needle, qp, window) and (decoy is None or not visible(decoy, qp, window))):
+            raise ValueError(f"needle_case {kind}: row {r} needle {needle} / decoy {decoy} break visibility")
+        page, slot = _key_slot(bt, off[r], needle)
+        k[page, :, slot, :] = NEEDLE_K
+        if decoy is not None:
+            dpage, dslot = _key_slot(bt, off[r], decoy)
+            k[dpage, :, dslot, :] = DECOY_K
+            if np.any(np.all(v[dpage, :, dslot] == v[page, :, slot], axis=-1)):
+                raise ValueError(f"needle_case: seed {seed} gives the decoy the needle's V row; pick another seed")
+        winner[r] = needle
+    q = _bf16(np.ones((qpos.size, nh, hd)))
+    return Case(q, _bf16(k), v, bt, off, qpos, window, winner)
+
+
+def staircase_case(hd: int, nh: int, nkv: int, window: int, rising: bool, seed: int) -> Case:
+    """Prefill of all STAIR_CTX positions of one sequence (its block-table row starts after
+    another sequence's STAIR_PREFIX_PAGES entries; its pages are shuffled). Key j has every
+    element c*(j+1) (rising) or c*(STAIR_CTX - j) (falling), c = STAIR_STEP_SCORE / hd, q = 1:
+    neighbouring scores differ by exactly STAIR_STEP_SCORE, so each row copies the V row of
+    its last visible key (rising) or its first (falling)."""
+    rng = np.random.default_rng(seed)
+    ctx = STAIR_CTX
+    pages = -(-ctx // PAGE) + 1
+    total = pages + STAIR_PREFIX_PAGES
+    j = np.arange(pages * PAGE, dtype=np.float64)
+    step = STAIR_STEP_SCORE / hd
+    level = step * (j + 1) if rising else step * (ctx - j)
+    own = rng.permutation(total).astype(np.int32)
+    bt = own                                   # entries [0, prefix) belong to the other sequence
+    k = np.zeros((total, nkv, PAGE, hd), np.float32)
+    k[bt[STAIR_PREFIX_PAGES:]] = level.reshape(pages, 1, PAGE, 1)
+    kb = _bf16(k)
+    if not np.array_equal(kb.astype(np.float64)[bt[STAIR_PREFIX_PAGES:], 0, :, 0].reshape(-1), level):
+        raise ValueError(f"staircase_case: levels are not exact in bf16 for hd {hd}, ctx {ctx}")
+    qpos = np.arange(ctx, dtype=np.int32)
+    winner = (qpos if rising else first_visible(qpos, window)).astype(np.int32)
+    return Case(_bf16(np.ones((ctx, nh, hd))), kb, _nonzero_values(rng, (total, nkv, PAGE, hd)), bt,
+                np.full(ctx, STAIR_PREFIX_PAGES, np.int32), qpos, window, winner)
+
+
+def copy_rows(case: Case) -> np.ndarray:
+    """The exact expected output of a needle case: out[r, h] = V row of winner[r], kv head h / g."""
+    g = case.nh // case.nkv
+    pages = case.bt[case.off + case.winner // PAGE]
+    slots = case.winner % PAGE
+    heads = np.arange(case.nh) // g
+    return case.v_pool[pages[:, None], heads[None, :], slots[:, None]]
+
+
+def live_pool_pages(case: Case) -> np.ndarray:
+    """bool per pool page: does some row's visible page range [first_visible/16, qpos/16] hold it?"""
+    live = np.zeros(case.k_pool.shape[0], bool)
+    for o, fv, qp in zip(case.off, first_visible(case.qpos, case.window), case.qpos):
+        live[case.bt[o + fv // PAGE:o + qp // PAGE + 1]] = True
+    return live
+
+
+def permuted_pool(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(k, v, pmap): live pool pages moved to shuffled physical pages 1..n_live; physical page 0
+    is NaN in every element and every page no row may see maps to it."""
+    rng = np.random.default_rng(seed)
+    live = np.flatnonzero(live_pool_pages(case))
+    pmap = np.zeros(case.k_pool.shape[0], np.int32)
+    pmap[live] = rng.permutation(live.size).astype(np.int32) + 1
+    shape = (live.size + 1,) + case.k_pool.shape[1:]
+    k = from_bits(np.full(shape, NAN_BF16, np.uint16), bf16)
+    v = from_bits(np.full(shape, NAN_BF16, np.uint16), bf16)
+    k[pmap[live]] = case.k_pool[live]
+    v[pmap[live]] = case.v_pool[live]
+    return k, v, pmap
