@@ -61,20 +61,66 @@ class GateRun:
 # Every child process alive now, so an interrupted campaign can kill them all.
 _live: set[subprocess.Popen] = set()
 _live_lock = threading.Lock()
+_stopping = threading.Event()
 
 
 def kill_all() -> None:
+    """Kill every live child and refuse to start new ones (until `reset`)."""
+    _stopping.set()
     with _live_lock:
         procs = list(_live)
     for proc in procs:
         _kill_group(proc)
 
 
+def reset() -> None:
+    _stopping.clear()
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group and every descendant's group: the plugin starts
+    trap-gate processes in sessions of their own, which the child's group does not hold."""
+    own = os.getpgrp()
+    groups = {proc.pid}
+    for pid in _descendants(proc.pid):
+        try:
+            groups.add(os.getpgid(pid))
+        except (ProcessLookupError, PermissionError):
+            pass
+    for group in groups:
+        if group == own:
+            continue
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (Linux /proc; empty elsewhere)."""
+    parents: dict[int, list[int]] = {}
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        # the command name may hold spaces and parentheses: the ppid follows the last ')'
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1:
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+    out, stack = [], [pid]
+    while stack:
+        for kid in parents.get(stack.pop(), []):
+            out.append(kid)
+            stack.append(kid)
+    return out
 
 
 def pytest_command(
@@ -82,11 +128,15 @@ def pytest_command(
     *,
     kernel_root: Path,
     report_dir: Path,
+    cache_dir: Path,
     require_gpu: bool,
     arch: str | None,
+    deadline: float,
 ) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", *targets]
     cmd += [f"--kernel-root={kernel_root}", "--no-fail-fast", f"--harness-report={report_dir}"]
+    # the cubin cache the compile check filled; isolated (trap) gates end within the deadline
+    cmd += [f"--harness-cache-dir={cache_dir}", f"--harness-child-timeout={max(1, int(deadline))}"]
     if require_gpu:
         cmd.append("--require-gpu")
     if arch:
@@ -123,7 +173,10 @@ def run_gates(
     gates_json = report_dir / "gates.json"
     gates_json.unlink(missing_ok=True)
     log = report_dir / "pytest.log"
-    cmd = pytest_command(targets, kernel_root=kernel_root, report_dir=report_dir, require_gpu=require_gpu, arch=arch)
+    cmd = pytest_command(
+        targets, kernel_root=kernel_root, report_dir=report_dir, cache_dir=cache_dir,
+        require_gpu=require_gpu, arch=arch, deadline=deadline,
+    )
     start = time.perf_counter()
     timed_out = False
     with open(log, "wb") as out:
@@ -140,6 +193,8 @@ def run_gates(
         )
         with _live_lock:
             _live.add(proc)
+            if _stopping.is_set():
+                _kill_group(proc)
         try:
             proc.wait(timeout=deadline)
         except subprocess.TimeoutExpired:

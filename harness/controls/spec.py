@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import difflib
 import enum
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.controls.edits import Edit, EditError, apply
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".hh", ".inl", ".inc")
 
@@ -167,7 +171,10 @@ def _expect(path: Path, table: dict, prefix: str, problems: list[Problem]) -> Ex
 
 
 def parse_control(path: Path) -> tuple[Control | None, list[Problem]]:
-    """Read one control file: its keys and types only (no kernel root, no gates)."""
+    """Read one control file: its keys and types only (no kernel root, no gates).
+
+    Returns the control (holding only the edits and expects that parsed when there are
+    problems) and the problems; the control is None when the file is not TOML at all."""
     problems: list[Problem] = []
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -223,9 +230,10 @@ def parse_control(path: Path) -> tuple[Control | None, list[Problem]]:
             seen.add(expect.gate)
             expects.append(expect)
 
-    if problems:
-        return None, problems
-    return Control(path.stem, path, description, why, tuple(edits), tuple(expects), tuple(prefixes)), []
+    # The parts that parsed, so the checks against the tree and the gates can report
+    # their problems in the same pass.
+    control = Control(path.stem, path, description or "", why or "", tuple(edits), tuple(expects), tuple(prefixes))
+    return control, problems
 
 
 # ---------------------------------------------------------------- checks against the tree
@@ -276,12 +284,15 @@ def check_gates(controls: list[Control], known: set[str], rootdir: Path) -> list
             if not (rootdir / expect.module).is_file():
                 problems.append(Problem(control.path, key, f"{expect.module} does not exist (node ids are relative to the rootdir {_shown_path(rootdir)}); name the gate's file from there"))
                 continue
-            near = difflib.get_close_matches(expect.gate, sorted(known), n=3, cutoff=0.6)
+            near = difflib.get_close_matches(expect.gate, sorted(known), n=3, cutoff=0.75)
             params = sorted(g for g in known if g.startswith(expect.gate + "["))
+            siblings = sorted(g.split("::", 1)[1] for g in known if g.startswith(expect.module + "::"))
             if params:
                 hint = f"it is parametrized; name one case, e.g. {params[0]!r}"
             elif near:
                 hint = "did you mean " + " or ".join(repr(n) for n in near) + "?"
+            elif siblings and len(siblings) <= 12:
+                hint = f"{expect.module} has: {', '.join(siblings)}"
             else:
                 hint = f"run `python -m pytest --collect-only -q {expect.module}` to list its gates"
             problems.append(Problem(control.path, key, f"no gate {expect.gate} is collected; {hint}"))
@@ -339,10 +350,8 @@ def load_controls(
         control, found = parse_control(path)
         problems += found
         if control is not None:
-            edit_problems = check_edits(control, kernel_root)
-            problems += edit_problems
-            if not edit_problems:
-                controls.append(control)
+            problems += check_edits(control, kernel_root)
+            controls.append(control)
     if collect is not None and controls:
         modules = sorted({m for c in controls for m in c.modules if (rootdir / m).is_file()})
         known, error = collect(modules) if modules else (set(), None)

@@ -1,0 +1,75 @@
+"""Verdicts: how each expected gate went red (or did not), and the control's verdict.
+
+Pure functions over the child's gate records, so every rule is testable without pytest.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from harness.controls.child import GateRecord
+from harness.controls.spec import Expect, Route
+
+
+class Verdict(str, enum.Enum):
+    PROVEN = "proven"  # every expected gate red by its expected route (and message)
+    GUARD_ONLY = "guard-only"  # red, but through a trap, launch failure, refusal or crash
+    SURVIVED = "survived"  # an expected gate stayed green
+    INVALID = "invalid"  # the edits did not apply exactly once, or the result does not compile
+    TIMEOUT = "timeout"  # the run hit the per-control deadline
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    """One expected gate: what the control expected and what the run showed."""
+
+    gate: str
+    expected_route: Route
+    expected_message: str | None
+    outcome: str  # passed | failed | error | skipped | not run
+    route: str | None  # the observed route when red
+    first_failure_line: str | None
+    met: bool
+    reason: str  # one line saying why it is (not) met
+
+
+def check_gate(expect: Expect, record: GateRecord | None) -> GateCheck:
+    def result(outcome, route, line, met, reason):
+        return GateCheck(expect.gate, expect.route, expect.message, outcome, route, line, met, reason)
+
+    if record is None:
+        return result("not run", None, None, False, "the gate did not run: it is missing from the run's gates.json")
+    line = record.first_failure_line
+    if not record.red:
+        return result(record.outcome, None, None, False, f"the gate {record.outcome}: it does not catch this perturbation")
+    route = record.route or "error"
+    if route != expect.route.value:
+        return result(record.outcome, route, line, False, f"red by {route}, not by {expect.route.value}")
+    if expect.message is not None:
+        text = record.message or line or ""
+        if expect.message not in text:
+            return result(record.outcome, route, line, False, f"red by {route}, but the failure message lacks {expect.message!r}")
+    return result(record.outcome, route, line, True, f"red by {route} as expected")
+
+
+def decide(checks: tuple[GateCheck, ...]) -> tuple[Verdict, bool]:
+    """(verdict, whether it is what the control expects) for the checks of one run.
+
+    A control that expects route = "trap" is met by a trap and is reported `guard-only`
+    while matching its expectation; every other met control is `proven`.
+    """
+    if any(c.outcome in ("passed", "skipped", "not run") for c in checks):
+        return Verdict.SURVIVED, False
+    if any(c.route == "compile" for c in checks):
+        return Verdict.INVALID, False
+    if any(c.route == "timeout" for c in checks):
+        return Verdict.TIMEOUT, False
+    if all(c.met for c in checks):
+        if any(c.expected_route is Route.TRAP for c in checks):
+            return Verdict.GUARD_ONLY, True
+        return Verdict.PROVEN, True
+    return Verdict.GUARD_ONLY, False

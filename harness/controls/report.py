@@ -1,0 +1,163 @@
+"""controls.json, controls.md (observed output per control, ready to paste into docs)
+and the rich result table."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from harness.controls.results import CampaignResult, ControlResult
+
+VERSION = 1
+
+
+def _verdict_text(result: ControlResult) -> str:
+    if result.verdict is None:
+        return "applies and compiles" if result.matches else "invalid"
+    return result.verdict.value
+
+
+def campaign_json(campaign: CampaignResult) -> dict:
+    baseline = None
+    if campaign.baseline is not None:
+        b = campaign.baseline
+        baseline = {
+            "ok": b.ok, "gates": b.gates, "seconds": round(b.seconds, 3), "arch": b.arch,
+            "device": b.device, "note": b.note, "log": str(b.log) if b.log else None,
+            "red": [asdict(r) for r in b.red],
+        }
+    controls = []
+    for r in campaign.controls:
+        controls.append({
+            "name": r.name,
+            "description": r.description,
+            "why": r.why,
+            "verdict": r.verdict.value if r.verdict is not None else None,
+            "matches_expectation": r.matches,
+            "seconds": round(r.seconds, 3),
+            "edits": [asdict(e) for e in r.edits],
+            "compiled": list(r.compiled),
+            "expected": [
+                {
+                    "gate": c.gate,
+                    "route": c.expected_route.value,
+                    "message": c.expected_message,
+                    "observed": {"outcome": c.outcome, "route": c.route, "first_failure_line": c.first_failure_line},
+                    "met": c.met,
+                    "reason": c.reason,
+                }
+                for c in r.checks
+            ],
+            "kill_row": [
+                {"gate": k.nodeid, "outcome": k.outcome, "route": k.route, "first_failure_line": k.first_failure_line}
+                for k in r.kill_row
+            ],
+            "note": r.note,
+            "log": str(r.log) if r.log else None,
+        })
+    return {
+        "version": VERSION,
+        "mode": campaign.mode,
+        "ok": campaign.ok,
+        "kernel_root": str(campaign.kernel_root),
+        "arch": campaign.arch,
+        "seconds": round(campaign.seconds, 3),
+        "baseline": baseline,
+        "controls": controls,
+    }
+
+
+def _cell(text) -> str:
+    return str(text if text is not None else "").replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    text = _cell(text)
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def campaign_markdown(campaign: CampaignResult) -> str:
+    lines = [f"# Negative controls ({campaign.mode})", ""]
+    n = len(campaign.controls)
+    met = sum(r.matches for r in campaign.controls)
+    lines.append(f"**{met} of {n} controls as expected** in {campaign.seconds:.1f} s; arch {campaign.arch or 'n/a'}; "
+                 f"kernel root `{campaign.kernel_root}`.")
+    b = campaign.baseline
+    if b is not None:
+        state = "green" if b.ok else "**RED: no control was run**"
+        lines += ["", f"Baseline: {b.gates} gates, {state} ({b.seconds:.1f} s, device {b.device or 'none'})."]
+        if b.note:
+            lines.append(f"> {_cell(b.note)}")
+        for r in b.red:
+            lines.append(f"- `{r.nodeid}` {r.outcome} by {r.route}: {_cell(r.first_failure_line)}")
+    if n:
+        lines += ["", "| control | verdict | as expected | seconds |", "| --- | --- | --- | --- |"]
+        for r in campaign.controls:
+            lines.append(f"| {r.name} | {_verdict_text(r)} | {'yes' if r.matches else '**no**'} | {r.seconds:.1f} |")
+    for r in campaign.controls:
+        lines += ["", f"## {r.name}: {_verdict_text(r)}", "", _cell(r.description), "", f"Why: {_cell(r.why)}", ""]
+        for e in r.edits:
+            occ = f" (occurrence {e.occurrence})" if e.occurrence else ""
+            kind = "regex " if e.regex else ""
+            lines.append(f"- `{e.file}`: {kind}{_code(e.find)}{occ} -> {_code(e.replace)}")
+        if r.note:
+            lines += ["", "```text", r.note.rstrip(), "```"]
+        if r.checks:
+            lines += ["", "| expected gate | expected | observed | first failure line |", "| --- | --- | --- | --- |"]
+            for c in r.checks:
+                expected = c.expected_route.value + (f" with {_code(c.expected_message)}" if c.expected_message else "")
+                observed = c.outcome + (f" by {c.route}" if c.route else "")
+                mark = "" if c.met else " (**not met**)"
+                lines.append(f"| `{c.gate}` | {expected} | {observed}{mark} | {_cell(c.first_failure_line)} |")
+        if r.log is not None:
+            lines += ["", f"Kill row ({len(r.kill_row)} red):"]
+            if r.kill_row:
+                lines += ["", "| gate | route | first failure line |", "| --- | --- | --- |"]
+                for k in r.kill_row:
+                    lines.append(f"| `{k.nodeid}` | {k.route} | {_cell(k.first_failure_line)} |")
+            else:
+                lines.append("none.")
+    return "\n".join(lines) + "\n"
+
+
+def write(report_dir: Path, campaign: CampaignResult) -> tuple[Path, Path]:
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    j, m = report_dir / "controls.json", report_dir / "controls.md"
+    j.write_text(json.dumps(campaign_json(campaign), indent=2) + "\n")
+    m.write_text(campaign_markdown(campaign))
+    return j, m
+
+
+STYLE = {
+    "proven": "bold green",
+    "guard-only": "yellow",
+    "survived": "bold red",
+    "invalid": "bold red",
+    "timeout": "bold red",
+    "applies and compiles": "green",
+}
+
+
+def table(campaign: CampaignResult):
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"negative controls ({campaign.mode})", title_justify="left")
+    for col, just in (("control", "left"), ("verdict", "left"), ("as expected", "left"),
+                      ("expected gate: observed", "left"), ("kill row", "right"), ("s", "right")):
+        t.add_column(col, justify=just, overflow="fold")
+    for r in campaign.controls:
+        verdict = _verdict_text(r)
+        shown = f"[{STYLE.get(verdict, '')}]{verdict}[/]"
+        detail = "\n".join(
+            escape(f"{c.gate.split('::')[-1]}: {c.outcome}{' by ' + c.route if c.route else ''}")
+            + ("" if c.met else f" [red]({escape(c.reason)})[/]")
+            for c in r.checks
+        )
+        if r.note and not detail:
+            detail = escape(r.note.splitlines()[0])
+        t.add_row(escape(r.name), shown, "yes" if r.matches else "[bold red]no[/]", detail,
+                  str(len(r.kill_row)) if r.log is not None else "", f"{r.seconds:.1f}")
+    return t

@@ -1,0 +1,57 @@
+"""The records a campaign produces: one frozen result per control, one for the baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.controls.child import GateRecord
+from harness.controls.classify import GateCheck, Verdict
+from harness.controls.edits import Edit
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    name: str
+    description: str
+    why: str
+    edits: tuple[Edit, ...]
+    verdict: Verdict | None  # None: --static, no gate ran
+    matches: bool  # the result is what the control expects (static: it applies and compiles)
+    checks: tuple[GateCheck, ...]  # expected vs observed, per expected gate
+    kill_row: tuple[GateRecord, ...]  # every gate that went red in the run, expected or not
+    seconds: float
+    compiled: tuple[str, ...] = ()  # the perturbed modules compiled by the compile check
+    note: str | None = None  # why invalid / timed out / crashed
+    log: Path | None = None  # the child's pytest output
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    gates: int
+    red: tuple[GateRecord, ...]
+    seconds: float
+    arch: str | None
+    device: str | None
+    log: Path | None
+    note: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.red and self.note is None and self.gates > 0
+
+
+@dataclass(frozen=True)
+class CampaignResult:
+    mode: str  # "campaign", "naive" or "static"
+    kernel_root: Path
+    arch: str | None
+    baseline: BaselineResult | None
+    controls: tuple[ControlResult, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        if self.baseline is not None and not self.baseline.ok:
+            return False
+        return all(c.matches for c in self.controls)
