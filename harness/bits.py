@@ -71,7 +71,7 @@ def bits_mismatch_lines(label: str, got, expected, dtype=None) -> list[str] | No
         f"  got      {_hex(gb[first], size)}  {_value_text(gb[first], dtype)}",
         f"  expected {_hex(eb[first], size)}  {_value_text(eb[first], dtype)}",
     ]
-    rows = [("flat", "index", "got", "", "expected", "")]
+    rows = [("flat", "index", "got", "value", "expected", "value")]
     for i in diff[:TABLE_ROWS]:
         i = int(i)
         rows.append(
@@ -121,9 +121,9 @@ def assert_close(label: str, got, expected, *, atol: float, rtol: float) -> None
     worst = int(np.nanargmax(np.where(bad, np.nan_to_num(err, nan=np.inf), -1.0)))
     lines = [
         f"{label}: {count} of {g.size} elements differ by more than atol={atol:g} + rtol={rtol:g} * |expected|",
-        f"  first at flat index {first}, index {_index(first, expected.shape)}: got {g[first]!r}, "
-        f"expected {e[first]!r}, |diff| {err[first]!r}",
-        f"  worst at flat index {worst}, index {_index(worst, expected.shape)}: got {g[worst]!r}, "
-        f"expected {e[worst]!r}, |diff| {err[worst]!r}",
+        f"  first at flat index {first}, index {_index(first, expected.shape)}: got {float(g[first])!r}, "
+        f"expected {float(e[first])!r}, |diff| {float(err[first])!r}",
+        f"  worst at flat index {worst}, index {_index(worst, expected.shape)}: got {float(g[worst])!r}, "
+        f"expected {float(e[worst])!r}, |diff| {float(err[worst])!r}",
     ]
     raise NotClose("\n".join(lines))

@@ -197,8 +197,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     trap = item.get_closest_marker("trap") is not None
     if not trap and st.poisoned_by is None:
         return None
-    from _pytest.reports import TestReport
-
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     result = isolate.run_child(item.nodeid, rootdir=item.config.rootpath, inifile=item.config.inipath,
                                passthrough=_passthrough(item.config),
@@ -208,11 +206,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     props = _properties(item) + [("isolated", "true")]
     if route:
         props += [("route", route), ("first_failure_line", line or "")]
+    keywords = {k: 1 for k in item.keywords}
     reports = [
-        TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, "passed", None, "setup", [], 0.0, props),
-        TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, outcome, longrepr, "call", [],
-                   result.duration, props),
-        TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, "passed", None, "teardown", [], 0.0, props),
+        pytest.TestReport(item.nodeid, item.location, keywords, outcome=o, longrepr=lr, when=when,
+                   duration=d, user_properties=list(props))
+        for when, o, lr, d in (("setup", "passed", None, 0.0), ("call", outcome, longrepr, result.duration),
+                               ("teardown", "passed", None, 0.0))
     ]
     for rep in reports:
         item.ihook.pytest_runtest_logreport(report=rep)
@@ -238,7 +237,7 @@ def _judge_child(item: pytest.Item, result: isolate.ChildResult, trap: bool):
         return "passed", None, None, None
     if result.outcome == "skipped":
         return "skipped", (str(item.path), item.location[1] or 0, result.longrepr or "skipped in child"), None, None
-    text = f"(ran in a fresh process after {_state(item.config).poisoned_by} poisoned the CUDA context)\n{result.longrepr}"
+    text = f"(ran in a fresh process: an earlier gate left the CUDA context unusable)\n{result.longrepr}"
     return "failed", text, result.route or "error", result.first_line
 
 
@@ -250,20 +249,22 @@ def _properties(item: pytest.Item) -> list[tuple[str, str]]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    if call.when == "setup":
+        # On the item, so every phase's report (and JUnit's <properties>) carries them.
+        item.user_properties.extend(_properties(item))
     outcome = yield
     rep = outcome.get_result()
     st = _state(item.config)
-    if call.when == "setup":
-        rep.user_properties.extend(_properties(item))
     if rep.failed and call.excinfo is not None:
         exc = call.excinfo.value
-        route = classify_route(exc).value
-        line = first_line(exc)
-        rep.user_properties.extend([("route", route), ("first_failure_line", line)])
+        props = [("route", classify_route(exc).value), ("first_failure_line", first_line(exc))]
         if _is_gpu(item) and st.poisoned_by is None and not st.is_child:
-            if device.is_sticky_error(exc) or device.context_is_poisoned():
+            # Only a CUDA error can poison the context; then ask the device whether it did.
+            if device.is_cuda_error(exc) and (device.is_sticky_error(exc) or device.context_is_poisoned()):
                 st.poisoned_by = item.nodeid
-                rep.user_properties.append(("poisoned_context", "true"))
+                props.append(("poisoned_context", "true"))
+        item.user_properties.extend(props)
+        rep.user_properties.extend(props)
 
 
 # ------------------------------------------------------------------ collecting verdicts

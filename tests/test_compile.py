@@ -1,0 +1,155 @@
+"""NVRTC compile path, no GPU needed: compile-only, the cache key's closure, resource
+usage, errors, and the `python -m harness compile` command."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.compile import ArchError, CompileError, compile_file, recorded_options, source_closure
+
+REPO = Path(__file__).resolve().parents[1]
+
+KERNEL = """
+#include <cuda_bf16.h>
+#include "scale.cuh"
+template <int N>
+__global__ void tiled(float* out, const float* x) {
+    __shared__ float s[N];
+    s[threadIdx.x % N] = x[threadIdx.x];
+    __syncthreads();
+    out[threadIdx.x] = s[(threadIdx.x + 1) % N] * SCALE;
+}
+extern "C" __global__ void plain(__nv_bfloat16* out) { out[threadIdx.x] = __float2bfloat16(SCALE); }
+"""
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "kernels"
+    root.mkdir()
+    (root / "k.cu").write_text(KERNEL)
+    (root / "scale.cuh").write_text('#include "nested/depth.cuh"\n#define SCALE (2.0f * DEPTH)\n')
+    (root / "nested").mkdir()
+    (root / "nested" / "depth.cuh").write_text("#define DEPTH 1.0f\n")
+    (root / "unrelated.cuh").write_text("#define UNUSED 1\n")
+    return root
+
+
+def build(root, cache, **kw):
+    return compile_file("k.cu", kernel_root=root, arch="sm_90", cache_dir=cache, **kw)
+
+
+def test_compiles_to_a_cubin_with_no_gpu_and_maps_name_expressions(tree, tmp_path):
+    mod = build(tree, tmp_path / "cache", name_expressions=("tiled<32>",))
+    assert mod.cubin[:4] == b"\x7fELF"
+    assert mod.symbol_mapping["tiled<32>"] == "_Z5tiledILi32EEvPfPKf"
+    assert not mod.cache_hit
+
+
+def test_options_are_explicit_and_recorded():
+    assert recorded_options("sm_90") == (
+        "--gpu-architecture=sm_90", "-std=c++17", "--ftz=false", "--prec-div=true", "--prec-sqrt=true",
+        "--fmad=true", "--use_fast_math=false",
+    )
+    assert recorded_options("sm_90", {"X": 3}, fmad=False)[-2:] == ("--use_fast_math=false", "-DX=3")
+
+
+def test_ptxas_resource_usage_is_parsed_per_kernel(tree, tmp_path):
+    mod = build(tree, tmp_path / "cache", name_expressions=("tiled<32>",))
+    by_kernel = {r.kernel: r for r in mod.resources}
+    assert set(by_kernel) == {"tiled<32>", "plain"}
+    assert by_kernel["tiled<32>"].shared_bytes == 32 * 4
+    assert by_kernel["plain"].shared_bytes == 0
+    assert all(r.registers > 0 and r.spill_bytes == 0 for r in mod.resources)
+
+
+def test_an_unchanged_tree_hits_the_cache(tree, tmp_path):
+    first = build(tree, tmp_path / "cache")
+    again = build(tree, tmp_path / "cache")
+    assert (first.cache_hit, again.cache_hit) == (False, True)
+    assert again.cubin == first.cubin and again.resources == first.resources
+
+
+def test_a_changed_header_misses_even_two_includes_deep(tree, tmp_path):
+    first = build(tree, tmp_path / "cache")
+    (tree / "nested" / "depth.cuh").write_text("#define DEPTH 3.0f\n")
+    changed = build(tree, tmp_path / "cache")
+    assert not changed.cache_hit
+    assert changed.key != first.key and changed.cubin != first.cubin
+
+
+def test_a_header_the_source_does_not_include_is_not_in_the_key(tree, tmp_path):
+    first = build(tree, tmp_path / "cache")
+    (tree / "unrelated.cuh").write_text("#define UNUSED 2\n")
+    assert build(tree, tmp_path / "cache").cache_hit
+    assert [rel for rel, _ in source_closure(tree / "k.cu", tree)] == ["k.cu", "nested/depth.cuh", "scale.cuh"]
+    assert first.key == build(tree, tmp_path / "cache").key
+
+
+def test_a_copied_tree_hits_the_same_cubin(tree, tmp_path):
+    import shutil
+
+    first = build(tree, tmp_path / "cache")
+    copy = tmp_path / "sandbox"
+    shutil.copytree(tree, copy)
+    assert build(copy, tmp_path / "cache").cache_hit
+    assert build(copy, tmp_path / "cache").key == first.key
+
+
+def test_options_arch_and_name_expressions_are_in_the_key(tree, tmp_path):
+    base = build(tree, tmp_path / "cache")
+    assert build(tree, tmp_path / "cache", defines={"EXTRA": 1}).key != base.key
+    assert build(tree, tmp_path / "cache", fmad=False).key != base.key
+    assert build(tree, tmp_path / "cache", name_expressions=("tiled<8>",)).key != base.key
+    assert compile_file("k.cu", kernel_root=tree, arch="sm_80", cache_dir=tmp_path / "cache").key != base.key
+
+
+def test_a_compile_error_shows_the_nvrtc_log_with_file_and_line_and_the_options(tree, tmp_path):
+    (tree / "bad.cu").write_text('extern "C" __global__ void k(float* o) {\n    o[0] = undefined_name;\n}\n')
+    with pytest.raises(CompileError) as info:
+        compile_file("bad.cu", kernel_root=tree, arch="sm_90", cache_dir=tmp_path / "cache")
+    text = str(info.value)
+    assert text.splitlines()[0] == f"NVRTC could not compile {tree / 'bad.cu'}"
+    assert f"{tree / 'bad.cu'}(2): error: identifier \"undefined_name\" is undefined" in text
+    assert text.splitlines()[-1] == "options: " + " ".join(recorded_options("sm_90"))
+
+
+def test_an_unknown_arch_is_refused_naming_the_known_ones(tree, tmp_path):
+    with pytest.raises(ArchError, match=r"unknown --arch 'sm_999': NVRTC \S+ targets .*sm_90.*; pass one of them"):
+        compile_file("k.cu", kernel_root=tree, arch="sm_999", cache_dir=tmp_path / "cache")
+
+
+def test_a_missing_kernel_root_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist or is not a folder: pass --kernel-root DIR"):
+        compile_file("k.cu", kernel_root=tmp_path / "nope", arch="sm_90")
+
+
+def run_cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+
+
+def test_the_compile_command_prints_a_table_and_hits_on_the_second_run(tree, tmp_path):
+    first = run_cli("compile", "--kernel-root", str(tree), "--arch", "sm_90", "--cache-dir", str(tmp_path / "c"))
+    assert first.returncode == 0, first.stderr
+    assert "plain" in first.stdout and "miss" in first.stdout
+    assert "1 of 1 modules compiled" in first.stdout
+    second = run_cli("compile", "--kernel-root", str(tree), "--arch", "sm_90", "--cache-dir", str(tmp_path / "c"))
+    assert "hit" in second.stdout
+
+
+def test_the_compile_command_fails_on_a_bad_module_and_names_it(tree, tmp_path):
+    (tree / "bad.cu").write_text('extern "C" __global__ void k(float* o) { o[0] = nope; }\n')
+    result = run_cli("compile", "--kernel-root", str(tree), "--arch", "sm_90", "--cache-dir", str(tmp_path / "c"))
+    assert result.returncode == 1
+    assert "bad.cu(1): error" in result.stderr
+    assert "1 of 2 modules compiled" in result.stdout
+
+
+def test_the_compile_command_refuses_a_missing_root_and_an_unknown_arch(tmp_path):
+    missing = run_cli("compile", "--kernel-root", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    arch = run_cli("compile", "--arch", "sm_1")
+    assert arch.returncode == 2 and "unknown --arch 'sm_1'" in arch.stderr
