@@ -1,0 +1,333 @@
+"""Shared data, one helper per arm, and the gate bodies of the QK RMSNorm + RoPE chain.
+
+    anchor (closed form) -> flat arm -> paged prefill -> paged decode
+
+test_qk_rope_hd256.py and test_qk_rope_hd512.py name the claims; the bodies live here
+once so the two head sizes cannot drift apart. Every kernel launch goes through one of
+`flat_arm`, `prefill_arm`, `decode_arm`, and each spells its launcher call once.
+
+The same helpers run on host (numpy) arrays for the refusal gates: the launcher must
+refuse before it touches the device, so those gates need no GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+
+from harness.bits import assert_bits_eq
+from harness.dtypes import bf16, bits_of, from_bits
+from kernels_cu import qk_rope as launcher
+from oracles import qk_rope as design
+from oracles.paged_layout import PagedKvLayout
+
+NQ = 4
+NKV = 2
+NUM_TOKENS = 10
+COS_MAX_POS = 32
+# Flat-arm anchor positions: out of order, both ends of the table, every residue mod 3.
+ANCHOR_POSITIONS = (17, 3, 0, 29, 8, 12, 31, 5, 22, 14)
+FILLER = 0x7FA5  # a NaN payload: no kernel output on the designed inputs has these bits
+ROW_OFFSET = 3
+SCENARIO = design.PagedScenario(num_tokens=NUM_TOKENS)
+
+
+# ------------------------------------------------------------------ data
+
+
+@dataclass(frozen=True)
+class QkData:
+    """Designed inputs of one (head_dim, rotary_dim), on the device (cupy) or on the
+    host (numpy, for refusal gates)."""
+
+    head_dim: int
+    rotary_dim: int
+    on_device: bool
+    q: object
+    k: object
+    v: object  # None for HD 512 (the K = V fork)
+    q_w: object
+    k_w: object
+    cos: object
+    sin: object
+    host: dict  # the same arrays as numpy
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.q.shape[0])
+
+    def put(self, a: np.ndarray):
+        """A host array on this data's side (device or host)."""
+        if not self.on_device:
+            return np.ascontiguousarray(a)
+        import cupy
+
+        a = np.ascontiguousarray(a)
+        if a.dtype == bf16:
+            return cupy.asarray(bits_of(a)).view(bf16)
+        return cupy.asarray(a)
+
+    def filled(self, shape, bits: int):
+        """An array of `shape` whose every bf16 element holds `bits`."""
+        if not self.on_device:
+            return np.full(shape, bits, dtype=np.uint16).view(bf16)
+        from harness.buffers import filled
+
+        return filled(shape, bf16, bits)
+
+
+def host(a) -> np.ndarray:
+    """Device (or host) array -> numpy, bf16 through its bits."""
+    if isinstance(a, np.ndarray):
+        return a
+    if np.dtype(a.dtype) == bf16:
+        import cupy
+
+        return from_bits(a.view(cupy.uint16).get(), bf16)
+    return a.get()
+
+
+def _build(head_dim: int, rotary_dim: int, on_device: bool) -> QkData:
+    q = design.designed_heads(design.TENSOR_Q, NUM_TOKENS, NQ, head_dim)
+    k = design.designed_heads(design.TENSOR_K, NUM_TOKENS, NKV, head_dim)
+    v = design.designed_heads(design.TENSOR_V, NUM_TOKENS, NKV, head_dim) if head_dim == 256 else None
+    q_w, k_w = design.norm_weights(head_dim)
+    cos, sin = design.rope_tables(COS_MAX_POS, rotary_dim)
+    arrays = dict(q=q, k=k, v=v, q_w=q_w, k_w=k_w, cos=cos, sin=sin)
+    shell = QkData(head_dim, rotary_dim, on_device, *([None] * 7), host=arrays)
+    return replace(shell, **{name: (None if a is None else shell.put(a)) for name, a in arrays.items()})
+
+
+@functools.cache
+def device_data(head_dim: int, rotary_dim: int) -> QkData:
+    """The designed inputs on the device, built once per process."""
+    return _build(head_dim, rotary_dim, on_device=True)
+
+
+def host_data(head_dim: int, rotary_dim: int) -> QkData:
+    """The same inputs as numpy arrays: for refusal gates, which must need no GPU."""
+    return _build(head_dim, rotary_dim, on_device=False)
+
+
+def layout_for(data: QkData, scenario: design.PagedScenario = SCENARIO) -> PagedKvLayout:
+    return PagedKvLayout(page_size=scenario.page_size, num_layers=scenario.num_layers, nkv=NKV,
+                         head_dim=data.head_dim, num_pages=scenario.num_pages)
+
+
+# ------------------------------------------------------------------ one helper per arm
+
+
+def flat_arm(data: QkData, positions, *, row_offset: int = 0, rotary_dim: int | None = None):
+    """(q_out, k_out, v_out) of the flat arm; outputs start as FILLER."""
+    rows = row_offset + data.num_tokens
+    q_out = data.filled((rows, NQ, data.head_dim), FILLER)
+    k_out = data.filled((rows, NKV, data.head_dim), FILLER)
+    v_out = data.filled((rows, NKV, data.head_dim), FILLER)
+    launcher.run_flat(data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin, positions,
+                      q_out, k_out, v_out, rotary_dim=data.rotary_dim if rotary_dim is None else rotary_dim, eps=design.EPS,
+                      row_offset=row_offset)
+    return q_out, k_out, v_out
+
+
+def zero_pool(data: QkData, scenario: design.PagedScenario = SCENARIO, *, pages: int | None = None):
+    layout = layout_for(data, scenario)
+    return data.filled(((pages if pages is not None else layout.num_pages) * layout.page_stride,), 0)
+
+
+def prefill_arm(data: QkData, scenario: design.PagedScenario = SCENARIO, *, window=None, pool=None,
+                start_pos: int | None = None, page_origin: int | None = None):
+    """(q_out, pool) of the paged prefill arm over a zeroed pool (or the one given)."""
+    q_out = data.filled((data.num_tokens, NQ, data.head_dim), FILLER)
+    pool = zero_pool(data, scenario) if pool is None else pool
+    window = scenario.window if window is None else window
+    launcher.run_paged_prefill(
+        data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin, q_out, pool,
+        page_size=scenario.page_size, num_layers=scenario.num_layers, layer=scenario.layer,
+        start_pos=scenario.start_pos if start_pos is None else start_pos,
+        page_indices=data.put(np.asarray(window, dtype=np.int32)),
+        page_origin=scenario.page_origin if page_origin is None else page_origin,
+        rotary_dim=data.rotary_dim, eps=design.EPS)
+    return q_out, pool
+
+
+def decode_arm(data: QkData, scenario: design.PagedScenario = SCENARIO, *, positions=None, indptr=None,
+               indices=None, origins=None, pool=None):
+    """(q_out, pool) of the paged decode arm; metadata defaults to the scenario's
+    compressed per-token windows. `indices`, when given, is already on the data's side
+    (a device view, for a trap gate)."""
+    csr_indptr, csr_indices = scenario.decode_csr()
+    indptr = csr_indptr if indptr is None else indptr
+    indices = data.put(csr_indices) if indices is None else indices
+    origins = scenario.decode_origins() if origins is None else origins
+    q_out = data.filled((data.num_tokens, NQ, data.head_dim), FILLER)
+    pool = zero_pool(data, scenario) if pool is None else pool
+    launcher.run_paged_decode(
+        data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin, q_out, pool,
+        page_size=scenario.page_size, num_layers=scenario.num_layers, layer=scenario.layer,
+        positions=scenario.positions if positions is None else positions,
+        page_indptr=data.put(np.asarray(indptr, dtype=np.int32)),
+        page_indices=indices,
+        page_origins=data.put(np.asarray(origins, dtype=np.int32)),
+        rotary_dim=data.rotary_dim, eps=design.EPS)
+    return q_out, pool
+
+
+def _synchronize() -> None:
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+# ------------------------------------------------------------------ anchors
+
+
+def flat_matches_closed_form(data: QkData) -> None:
+    h = data.host
+    q_out, k_out, v_out = flat_arm(data, ANCHOR_POSITIONS)
+    pos = np.asarray(ANCHOR_POSITIONS)
+    expected_q = design.closed_form(h["q"], h["q_w"], pos, h["cos"], h["sin"], data.rotary_dim)
+    expected_k = design.closed_form(h["k"], h["k_w"], pos, h["cos"], h["sin"], data.rotary_dim)
+    expected_v = design.closed_form_weightless(h["v"] if h["v"] is not None else h["k"])
+    # Exact, not a tolerance: closed_form refuses inputs whose values are not within
+    # 2^-14 of their bf16 rounding, so any f32 evaluation order rounds to these bits.
+    assert_bits_eq("q_out (flat vs closed form)", host(q_out), expected_q)
+    assert_bits_eq("k_out (flat vs closed form)", host(k_out), expected_k)
+    assert_bits_eq("v_out (flat vs closed form, weightless)", host(v_out), expected_v)
+
+
+# ------------------------------------------------------------------ links
+
+
+def _assert_no_filler_and_no_zero(label: str, a: np.ndarray) -> None:
+    """Non-vacuity: every element was written and none is zero (a zero looks untouched)."""
+    b = bits_of(a)
+    unwritten = int(np.count_nonzero(b == FILLER))
+    zeros = int(np.count_nonzero((b & 0x7FFF) == 0))
+    assert unwritten == 0 and zeros == 0, (
+        f"{label}: {unwritten} elements still hold the filler and {zeros} are zero; the link "
+        "would compare nothing there"
+    )
+
+
+def prefill_lands_flat_values_at_layout_addresses(data: QkData, scenario=SCENARIO) -> None:
+    layout = layout_for(data, scenario)
+    positions = scenario.positions
+    flat_q, flat_k, flat_v = (host(a) for a in flat_arm(data, positions))
+    for label, a in (("flat q_out", flat_q), ("flat k_out", flat_k), ("flat v_out", flat_v)):
+        _assert_no_filler_and_no_zero(label, a)
+    pages = [layout.page_of(int(p), scenario.window, scenario.page_origin) for p in positions]
+    image = layout.image(scenario.layer, pages, positions, flat_k, flat_v)
+    q_out, pool = prefill_arm(data, scenario)
+    assert_bits_eq("q_out (paged prefill vs flat)", host(q_out), flat_q)
+    assert_bits_eq("pool (paged prefill vs flat values at layout addresses, zero elsewhere)",
+                   host(pool), image)
+
+
+def decode_equals_prefill_over_the_same_positions(data: QkData, scenario=SCENARIO) -> None:
+    indptr, indices = scenario.decode_csr()
+    origins = scenario.decode_origins()
+    spans = list(zip(indptr[:-1].tolist(), indptr[1:].tolist()))
+    windows = {tuple(indices[b:e].tolist()) for b, e in spans}
+    # Non-degeneracy: one origin for all, or one window for all, would agree with the
+    # prefill arm whether or not the per-token metadata is read at all.
+    assert len(set(origins.tolist())) > 1 and np.any(origins != 0), f"origins {origins} are degenerate"
+    assert len(set(spans)) == len(spans) and len(windows) > 1, f"windows {spans} are not over different spans"
+    assert indptr[0] > 0 and indices[0] not in scenario.window, "the CSR must start after a junk entry"
+    prefill_q, prefill_pool = (host(a) for a in prefill_arm(data, scenario))
+    assert np.count_nonzero(bits_of(prefill_pool)) > 0, "the prefill arm wrote nothing into the pool"
+    decode_q, decode_pool = (host(a) for a in decode_arm(data, scenario))
+    assert_bits_eq("q_out (paged decode vs paged prefill)", decode_q, prefill_q)
+    assert_bits_eq("pool (paged decode vs paged prefill)", decode_pool, prefill_pool)
+
+
+def row_offset_serves_only_the_suffix(data: QkData, offset: int = ROW_OFFSET) -> None:
+    positions = SCENARIO.positions
+    base = [host(a) for a in flat_arm(data, positions)]
+    shifted = [host(a) for a in flat_arm(data, positions, row_offset=offset)]
+    for name, b, s in zip(("q_out", "k_out", "v_out"), base, shifted):
+        _assert_no_filler_and_no_zero(f"{name} at row_offset 0", b)
+        filler = np.full(s[:offset].shape, FILLER, dtype=np.uint16).view(bf16)
+        assert_bits_eq(f"{name} rows before row_offset {offset} (must keep their filler)", s[:offset], filler)
+        assert_bits_eq(f"{name} rows from row_offset {offset} (vs a zero-offset run)", s[offset:], b)
+
+
+# ------------------------------------------------------------------ trap bodies
+
+
+def launch_with_out_of_range_page_id(data: QkData, scenario=SCENARIO) -> None:
+    """A referenced window row names page num_pages. The pool passed is a view of one
+    page more, so without the guard the write lands in memory and nothing faults."""
+    window = list(scenario.window)
+    window[1] = scenario.num_pages
+    layout = layout_for(data, scenario)
+    backing = zero_pool(data, scenario, pages=scenario.num_pages + 1)
+    prefill_arm(data, scenario, window=window, pool=backing[: layout.pool_elements])
+    _synchronize()
+
+
+def launch_with_csr_end_past_the_indices(data: QkData, scenario=SCENARIO) -> None:
+    """The last CSR end is one past page_indices; the array passed is a view of one
+    valid entry more, so without the guard nothing faults."""
+    indptr, indices = scenario.decode_csr()
+    indptr[-1] += 1
+    backing = data.put(np.append(indices, scenario.window[-1]).astype(np.int32))
+    decode_arm(data, scenario, indptr=indptr, indices=backing[: indices.size])
+    _synchronize()
+
+
+def launch_with_row_before_origin(data: QkData, scenario=SCENARIO) -> None:
+    """The last token's origin is one past its own logical page. Without the guard its
+    row is -1, which reads the previous (valid) CSR entry, and nothing faults."""
+    origins = scenario.decode_origins()
+    origins[-1] += 1
+    decode_arm(data, scenario, origins=origins)
+    _synchronize()
+
+
+# ------------------------------------------------------------------ refusals
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Bad host arguments, the arm they go to, and the pinned message substring."""
+
+    id: str
+    substring: str
+    call: object  # (head_dim) -> None, must raise ValueError
+
+    def check(self, head_dim: int) -> None:
+        with pytest.raises(ValueError, match=re.escape(self.substring)):
+            self.call(head_dim)
+
+
+def _short_pool(data: QkData):
+    layout = layout_for(data)
+    return data.filled((layout.page_stride - 1,), 0)
+
+
+REFUSALS = (
+    Refusal("head_dim_128", "head_dim", lambda hd: flat_arm(host_data(128, 128), SCENARIO.positions)),
+    Refusal("rotary_dim_odd", "rotary_dim",
+            lambda hd: flat_arm(host_data(hd, 128), SCENARIO.positions, rotary_dim=127)),
+    Refusal("rotary_dim_past_head_dim", "rotary_dim",
+            lambda hd: flat_arm(host_data(hd, 128), SCENARIO.positions, rotary_dim=hd + 2)),
+    Refusal("rotary_dim_zero", "rotary_dim",
+            lambda hd: flat_arm(host_data(hd, 128), SCENARIO.positions, rotary_dim=0)),
+    Refusal("flat_position_at_cos_table_end", "cos table",
+            lambda hd: flat_arm(host_data(hd, 128), [COS_MAX_POS] * NUM_TOKENS)),
+    Refusal("prefill_position_past_cos_table", "cos table",
+            lambda hd: prefill_arm(host_data(hd, 128), start_pos=COS_MAX_POS - NUM_TOKENS + 1)),
+    Refusal("decode_position_past_cos_table", "cos table",
+            lambda hd: decode_arm(host_data(hd, 128), positions=SCENARIO.positions + COS_MAX_POS)),
+    Refusal("prefill_pool_shorter_than_one_page", "no whole page",
+            lambda hd: prefill_arm(d := host_data(hd, 128), pool=_short_pool(d))),
+    Refusal("decode_pool_shorter_than_one_page", "no whole page",
+            lambda hd: decode_arm(d := host_data(hd, 128), pool=_short_pool(d))),
+    Refusal("page_origin_after_start_pos", "page_origin",
+            lambda hd: prefill_arm(host_data(hd, 128), page_origin=2)),
+)
+

@@ -1,0 +1,70 @@
+"""QK RMSNorm + RoPE, head size 256 (with a V input): anchors, links, refusals, traps.
+
+Chain: closed form -> flat arm -> paged prefill -> paged decode (docs/qk_rope.md).
+Two anchors, because rotary_dim == HD (no thread reaches the pass-through tail) and
+rotary_dim < HD are different control flow. The links run at rotary_dim 256, the
+production configuration of this head size.
+"""
+
+import pytest
+
+from gates import _qk_rope as qk
+
+HEAD_DIM = 256
+LINK_ROTARY_DIM = 256
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_flat_arm_matches_closed_form_under_full_rotation_rotary_256():
+    qk.flat_matches_closed_form(qk.device_data(HEAD_DIM, 256))
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_flat_arm_passes_the_tail_through_under_partial_rotation_rotary_128():
+    data = qk.device_data(HEAD_DIM, 128)
+    assert data.rotary_dim < data.head_dim, "this anchor exists to reach the pass-through tail"
+    qk.flat_matches_closed_form(data)
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_paged_prefill_lands_flat_values_at_layout_addresses():
+    qk.prefill_lands_flat_values_at_layout_addresses(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_paged_decode_equals_paged_prefill_over_the_same_positions():
+    qk.decode_equals_prefill_over_the_same_positions(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_row_offset_serves_only_the_suffix():
+    qk.row_offset_serves_only_the_suffix(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.refusal
+@pytest.mark.parametrize("refusal", qk.REFUSALS, ids=[r.id for r in qk.REFUSALS])
+def test_launcher_refuses_bad_arguments_before_any_launch(refusal):
+    refusal.check(HEAD_DIM)
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_an_out_of_range_page_id():
+    qk.launch_with_out_of_range_page_id(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_csr_end_past_the_page_indices():
+    qk.launch_with_csr_end_past_the_indices(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_row_before_its_window_origin():
+    qk.launch_with_row_before_origin(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))

@@ -1,0 +1,63 @@
+"""QK RMSNorm + RoPE, head size 512 (no V input: the V slot is the K = V fork): anchors, links, refusals, traps.
+
+Chain: closed form -> flat arm -> paged prefill -> paged decode (docs/qk_rope.md).
+One anchor: rotary_dim 128 < 512 puts rope-lo, rope-hi and the pass-through tail in
+one run. The links run at the same rotary_dim, the production configuration.
+"""
+
+import pytest
+
+from gates import _qk_rope as qk
+
+HEAD_DIM = 512
+LINK_ROTARY_DIM = 128
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_flat_arm_matches_closed_form_over_rope_lo_rope_hi_and_tail_rotary_128():
+    data = qk.device_data(HEAD_DIM, 128)
+    assert 0 < data.rotary_dim < data.head_dim, "this anchor covers rope-lo, rope-hi and the tail at once"
+    qk.flat_matches_closed_form(data)
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_paged_prefill_lands_flat_values_at_layout_addresses():
+    qk.prefill_lands_flat_values_at_layout_addresses(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_paged_decode_equals_paged_prefill_over_the_same_positions():
+    qk.decode_equals_prefill_over_the_same_positions(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_row_offset_serves_only_the_suffix():
+    qk.row_offset_serves_only_the_suffix(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.refusal
+@pytest.mark.parametrize("refusal", qk.REFUSALS, ids=[r.id for r in qk.REFUSALS])
+def test_launcher_refuses_bad_arguments_before_any_launch(refusal):
+    refusal.check(HEAD_DIM)
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_an_out_of_range_page_id():
+    qk.launch_with_out_of_range_page_id(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_csr_end_past_the_page_indices():
+    qk.launch_with_csr_end_past_the_indices(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_row_before_its_window_origin():
+    qk.launch_with_row_before_origin(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
