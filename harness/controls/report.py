@@ -12,6 +12,13 @@ from harness.controls.results import CampaignResult, ControlResult
 VERSION = 1
 
 
+def observed(check) -> str:
+    """'failed by assertion', 'passed', 'timeout': the outcome, and the route when it adds one."""
+    if check.route and check.route != check.outcome:
+        return f"{check.outcome} by {check.route}"
+    return check.outcome
+
+
 def _verdict_text(result: ControlResult) -> str:
     if result.verdict is None:
         return "applies and compiles" if result.matches else "invalid"
@@ -107,9 +114,8 @@ def campaign_markdown(campaign: CampaignResult) -> str:
             lines += ["", "| expected gate | expected | observed | first failure line |", "| --- | --- | --- | --- |"]
             for c in r.checks:
                 expected = c.expected_route.value + (f" with {_code(c.expected_message)}" if c.expected_message else "")
-                observed = c.outcome + (f" by {c.route}" if c.route else "")
                 mark = "" if c.met else " (**not met**)"
-                lines.append(f"| `{c.gate}` | {expected} | {observed}{mark} | {_cell(c.first_failure_line)} |")
+                lines.append(f"| `{c.gate}` | {expected} | {observed(c)}{mark} | {_cell(c.first_failure_line)} |")
         if r.log is not None:
             lines += ["", f"Kill row ({len(r.kill_row)} red):"]
             if r.kill_row:
@@ -152,7 +158,7 @@ def table(campaign: CampaignResult):
         verdict = _verdict_text(r)
         shown = f"[{STYLE.get(verdict, '')}]{verdict}[/]"
         detail = "\n".join(
-            escape(f"{c.gate.split('::')[-1]}: {c.outcome}{' by ' + c.route if c.route else ''}")
+            escape(f"{c.gate.split('::')[-1]}: {observed(c)}")
             + ("" if c.met else f" [red]({escape(c.reason)})[/]")
             for c in r.checks
         )
