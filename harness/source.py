@@ -203,6 +203,7 @@ class FunctionSource:
     body: str  # from `{` to the matching `}` inclusive (comments and literals blanked)
     line: int  # line of the name
     body_offset: int  # offset of the body's `{`
+    body_line: int  # line of the body's `{`: a line L within `body` is line body_line + L - 1
 
 
 _BETWEEN_PARAMS_AND_BODY = re.compile(r"(?:\s|\b(?:const|noexcept|override|final|volatile)\b)*")
@@ -237,6 +238,7 @@ def function(text: str, name: str) -> FunctionSource:
         body=clean[brace : end + 1],
         line=line_of(clean, m.start()),
         body_offset=brace,
+        body_line=line_of(clean, brace),
     )
 
 

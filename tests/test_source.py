@@ -121,7 +121,10 @@ def test_function_reports_params_and_the_line_of_the_name():
     f = function(KERNEL, "partial")
     assert "const float* __restrict__ lut" in f.params
     assert KERNEL.split("\n")[f.line - 1].startswith("__device__ __forceinline__ float partial(")
-    assert line_of(KERNEL, f.body_offset) == f.line + 1
+    assert line_of(KERNEL, f.body_offset) == f.body_line == f.line + 1
+    sw = function(KERNEL, "kernel_sw")
+    first_call = calls_in(sw.body, "partial")[0]
+    assert "partial(s_lut[0], n)" in KERNEL.split("\n")[sw.body_line + first_call.line - 2]
 
 
 def test_function_is_not_fooled_by_calls_or_declarations():

@@ -1,0 +1,74 @@
+"""Shared helpers of the quantized GEMV gates: one helper an arm, device uploads, sentinels.
+
+Every kernel call of the family is spelled here once. Outputs are allocated filled with a
+sentinel (a bf16 NaN payload no kernel computes from finite inputs), so an output the
+kernel never wrote is visible, and NVFP4 outputs carry a sentinel tail past N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.buffers import filled
+from harness.dtypes import bf16
+from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
+from oracles.quant_gemv import Fp8GemvCase, LmHeadCase, Nvfp4Case
+
+SENTINEL = 0x7FA5  # bf16 NaN with a payload; a kernel's NaN would be 0x7fc0 or 0x7fff
+TAIL = 16  # sentinel outputs past N
+
+
+def bf16_sentinels(shape):
+    return filled(shape, bf16, SENTINEL)
+
+
+def run_fp8_gemv(case: Fp8GemvCase):
+    """The FP8 GEMV arm: y [T, N] on the device (sentinel where the kernel did not write)."""
+    import cupy
+
+    segments = [(cupy.asarray(w), cupy.asarray(ws)) for w, ws in case.segments]
+    y = bf16_sentinels(case.expected.shape)
+    fp8_gemv.run_fp8_gemv(y, cupy.asarray(case.x), cupy.asarray(case.xs), segments)
+    return y
+
+
+def run_lm_head(case: LmHeadCase, excluded: int) -> tuple[np.ndarray, np.ndarray]:
+    """The lm_head argmax arm: host (idx int32 [T], val f32 [T])."""
+    import cupy
+
+    idx, val = lm_head.run_lm_head_argmax(cupy.asarray(case.h), cupy.asarray(case.E), cupy.asarray(case.rs),
+                                          excluded=excluded, softcap=case.softcap)
+    return idx.get(), val.get()
+
+
+@dataclass(frozen=True)
+class Nvfp4Device:
+    """An NVFP4 case on the device. Weights, scales and x are views of allocations one row
+    (one group for x) longer, so a perturbed kernel that reads one step too far reads
+    defined memory and fails by a wrong value rather than by an illegal address."""
+
+    n: int
+    x: object
+    w: object
+    s: object
+    gs: float
+
+
+def nvfp4_to_device(case: Nvfp4Case) -> Nvfp4Device:
+    import cupy
+
+    n, half = case.w.shape
+    k = 2 * half
+    x = cupy.asarray(np.concatenate([case.x, np.zeros(nvfp4_gemv.GROUP, dtype=bf16)]))
+    w = cupy.asarray(np.concatenate([case.w, np.zeros((1, half), dtype=np.uint8)]))
+    s = cupy.asarray(np.concatenate([case.s, np.zeros((1, k // nvfp4_gemv.GROUP), dtype=np.uint8)]))
+    return Nvfp4Device(n=n, x=x[:k], w=w[:n], s=s[:n], gs=case.gs)
+
+
+def run_nvfp4(dev: Nvfp4Device, *, single_warp: bool):
+    """The NVFP4 arm (base or single-warp): y [N + TAIL], the tail left holding sentinels."""
+    y = bf16_sentinels((dev.n + TAIL,))
+    nvfp4_gemv.run_nvfp4_gemv(y, dev.x, dev.w, dev.s, dev.gs, single_warp=single_warp)
+    return y

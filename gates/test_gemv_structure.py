@@ -1,0 +1,119 @@
+"""Structural gates over the quantized GEMV sources: claims no numeric gate can see.
+
+They read the `.cu` files of the ACTIVE kernel root (a control's sandbox during a control
+run) through harness.source, and need no GPU: they run in CI.
+
+- Launcher constants equal the `#define`s: a kernel whose outputs-per-block moved without
+  its Python grid writes the wrong slice of N (numeric gates catch that only on shapes
+  that happen to expose it; this catches it on every edit).
+- The NVFP4 partial dot reads a shared-memory table: an e2m1 lookup in `__constant__`
+  memory with data-dependent nibbles gives the same bits but serialises the warp (one
+  replay per distinct address, about 14 of 16 on real weights) on every multiply.
+- The single-warp kernel has no block barrier: its early return is warp-uniform, not
+  block-uniform, so a `__syncthreads()` after it is a divergent barrier (undefined), and
+  the kernel's point, a barrier-free reduction for occupancy, would be gone.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from harness.source import calls_in, declared_names, define_int, function, mentions, reachable_functions
+from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
+
+pytestmark = pytest.mark.structural
+
+PARTIAL = "nvfp4_partial"
+KERNELS_CALLING_THE_PARTIAL = ("nvfp4_gemv", "nvfp4_gemv_sw")
+SINGLE_WARP_KERNELS = ("nvfp4_gemv_sw",)
+BLOCK_BARRIERS = ("__syncthreads", "__syncthreads_count", "__syncthreads_and", "__syncthreads_or", "__barrier_sync")
+
+
+def read(kernel_root, relpath: str) -> str:
+    return (kernel_root / relpath).read_text()
+
+
+def assert_constants_equal_defines(kernel_root, relpath: str, pairs: dict[str, int]) -> None:
+    path = kernel_root / relpath
+    wrong = [f"  #define {name} {define_int(path, name)} but the launcher uses {value}"
+             for name, value in pairs.items() if define_int(path, name) != value]
+    assert not wrong, "\n".join(
+        [f"{path}: launcher constants differ from the source:", *wrong,
+         "  change both together: the launcher's grid must match the kernel's outputs per block"]
+    )
+
+
+def test_nvfp4_launcher_constants_equal_the_cu_defines(kernel_root):
+    assert_constants_equal_defines(kernel_root, nvfp4_gemv.SOURCE, {
+        "N_PER_BLOCK": nvfp4_gemv.N_PER_BLOCK,
+        "N_PER_BLOCK_SW": nvfp4_gemv.N_PER_BLOCK_SW,
+        "NVFP4_THREADS": nvfp4_gemv.THREADS,
+        "NVFP4_GROUP": nvfp4_gemv.GROUP,
+    })
+
+
+def test_fp8_gemv_launcher_constants_equal_the_cu_defines(kernel_root):
+    assert_constants_equal_defines(kernel_root, fp8_gemv.SOURCE, {
+        "FP8_GEMV_THREADS": fp8_gemv.THREADS,
+        "FP8_GEMV_ROWS_PER_BLOCK": fp8_gemv.ROWS_PER_BLOCK,
+        "FP8_GEMV_BYTES_PER_LANE": fp8_gemv.BYTES_PER_LANE,
+    })
+
+
+def test_lm_head_launcher_constants_equal_the_cu_defines(kernel_root):
+    assert_constants_equal_defines(kernel_root, lm_head.SOURCE, {
+        "LM_HEAD_THREADS": lm_head.THREADS,
+        "LM_HEAD_ROWS_PER_BLOCK": lm_head.ROWS_PER_BLOCK,
+        "LM_HEAD_H_PER_LANE": lm_head.H_PER_LANE,
+    })
+
+
+def test_nvfp4_partial_reads_a_staged_table_never_constant_memory(kernel_root):
+    src = read(kernel_root, nvfp4_gemv.SOURCE)
+    constant = declared_names(src, "__constant__")
+    problems = []
+    # 1. The partial and every helper it calls index no __constant__ array.
+    for fn in reachable_functions(src, PARTIAL):
+        problems += [f"{fn.name} (line {fn.line}) reads __constant__ {name}" for name in constant if mentions(fn.body, name)]
+    lut = function(src, PARTIAL).params.split(",")[-1].split()[-1]
+    if not re.search(rf"(?<!\w){lut}\s*\[", " ".join(f.body for f in reachable_functions(src, PARTIAL))):
+        problems.append(f"{PARTIAL}'s last parameter `{lut}` is never indexed: the partial must decode through the table it is given")
+    # 2. Every kernel hands it a table staged in its own __shared__ memory.
+    for kernel in KERNELS_CALLING_THE_PARTIAL:
+        fn = function(src, kernel)
+        shared = declared_names(fn.body, "__shared__")
+        calls = calls_in(fn.body, PARTIAL)
+        if not calls:
+            problems.append(f"{kernel} (line {fn.line}) never calls {PARTIAL}: base and single-warp must share it")
+        for call in calls:
+            table = call.args[-1] if call.args else ""
+            base = re.match(r"\w+", table)
+            if base is None or base.group(0) not in shared:
+                problems.append(
+                    f"{kernel}, line {fn.body_line + call.line - 1}: {PARTIAL}(..., {table}) is not given a __shared__ "
+                    f"table (shared here: {', '.join(shared) or 'none'}; __constant__: {', '.join(constant) or 'none'})"
+                )
+    # 3. The single-warp kernel stages one private row a warp.
+    for kernel in SINGLE_WARP_KERNELS:
+        body = function(src, kernel).body
+        if not re.search(r"__shared__\s+float\s+\w+\s*\[\s*N_PER_BLOCK_SW\s*\]\s*\[\s*16\s*\]", body):
+            problems.append(f"{kernel}: the e2m1 table must be staged per warp, `__shared__ float s_lut[N_PER_BLOCK_SW][16]`")
+    assert not problems, "\n".join(
+        ["the NVFP4 partial dot must decode through a shared-memory e2m1 table:", *problems,
+         "  stage E2M1_LUT into __shared__ memory in the kernel and pass the staged copy"]
+    )
+
+
+def test_single_warp_kernel_has_no_block_barrier(kernel_root):
+    src = read(kernel_root, nvfp4_gemv.SOURCE)
+    found = []
+    for kernel in SINGLE_WARP_KERNELS:
+        for fn in reachable_functions(src, kernel):
+            for barrier in BLOCK_BARRIERS:
+                found += [f"  {fn.name}, line {fn.body_line + call.line - 1}: {barrier}()" for call in calls_in(fn.body, barrier)]
+    assert not found, "\n".join(
+        ["a single-warp kernel (or a helper it calls) contains a block barrier:", *found,
+         "  its early return is warp-uniform only: publish with __syncwarp() instead"]
+    )

@@ -1,0 +1,177 @@
+"""Closed-form host anchors and input builders for the quantized GEMV family.
+
+Each builder returns host inputs designed so that the expected output is exact, and the
+expected output from the contract's formula (never the kernel's association order): the
+inputs make every partial sum exactly representable in f32, so every order gives the
+same f32 sum and the bf16 rounding of it is the only rounding. Builders check their own
+exactness precondition and raise when a shape breaks it.
+
+Decoding of e4m3 and e2m1 goes through harness.dtypes (ml_dtypes), never hand-rolled bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.dtypes import (
+    decode_e2m1,
+    decode_e4m3,
+    pack_fp4,
+    to_bf16,
+    to_fp8_e4m3,
+    unpack_fp4,
+)
+
+F32_EXACT = 2.0**24  # integers below this are exact in f32
+
+
+def e4m3_bits(values) -> np.ndarray:
+    """Values exactly representable in e4m3 -> their uint8 bits (raises on any rounding)."""
+    v = np.asarray(values, dtype=np.float32)
+    bits = to_fp8_e4m3(v).view(np.uint8)
+    if not np.array_equal(decode_e4m3(bits), v):
+        raise ValueError(f"not exact in e4m3: {v[decode_e4m3(bits) != v][:4]}; pick values e4m3 holds")
+    return bits
+
+
+def exact_bf16(values) -> np.ndarray:
+    """float64 values that bf16 must hold exactly -> bf16 (raises on any rounding)."""
+    v = np.asarray(values, dtype=np.float64)
+    b = to_bf16(v)
+    if not np.array_equal(b.astype(np.float64), v):
+        raise ValueError("expected values are not exact in bf16: the designed inputs lost their exactness")
+    return b
+
+
+def _check_f32_exact(abs_sums: np.ndarray, granularity: float, what: str) -> None:
+    """Every partial sum is a multiple of `granularity` bounded by `abs_sums`: exact in f32
+    when abs_sums / granularity < 2^24."""
+    worst = float(np.max(abs_sums)) / granularity
+    if worst >= F32_EXACT:
+        raise ValueError(f"{what}: partial sums reach {worst:.3g} units of {granularity}, past 2^24: shrink K")
+
+
+# ------------------------------------------------------------------ FP8 GEMV
+
+FP8_ROW_VALUES = (1.0, 2.0, 0.5)  # weight rows constant 1.0 / 2.0 / 0.5 in turn
+
+
+@dataclass(frozen=True)
+class Fp8GemvCase:
+    x: np.ndarray  # uint8 e4m3 bits [T, K]
+    xs: np.ndarray  # f32 [T]
+    segments: tuple[tuple[np.ndarray, np.ndarray], ...]  # (w uint8 [n, K], ws f32 [n])
+    expected: np.ndarray  # bf16 [T, N]
+
+
+def fp8_gemv_case(t: int, k: int, segment_rows: tuple[int, ...], segment_scales: tuple[float, ...],
+                  token_scales: tuple[float, ...]) -> Fp8GemvCase:
+    """x = 1.0 everywhere; row r of each segment is constant FP8_ROW_VALUES[r % 3]; segment
+    i's rows scaled by segment_scales[i]; token t by token_scales[t]. Powers of two only, so
+
+        y[t, n] = K * w_n * ws[n] * xs[t]            exactly
+
+    (each product x * w is 1, 2 or 0.5, the f32 running sums are multiples of 0.5 below
+    2^24, and scaling by powers of two is exact)."""
+    if len(token_scales) != t or len(segment_scales) != len(segment_rows):
+        raise ValueError("one scale a token and one a segment")
+    _check_f32_exact(np.asarray([2.0 * k]), 0.5, "fp8_gemv_case")
+    segments, expected_cols = [], []
+    for rows, scale in zip(segment_rows, segment_scales):
+        row_value = np.asarray([FP8_ROW_VALUES[r % 3] for r in range(rows)])
+        w = np.repeat(e4m3_bits(row_value)[:, None], k, axis=1)
+        ws = np.full(rows, scale, dtype=np.float32)
+        segments.append((w, ws))
+        expected_cols.append(k * row_value * scale)
+    col = np.concatenate(expected_cols)
+    xs = np.asarray(token_scales, dtype=np.float32)
+    expected = exact_bf16(xs.astype(np.float64)[:, None] * col[None, :])
+    x = np.full((t, k), e4m3_bits([1.0])[0], dtype=np.uint8)
+    return Fp8GemvCase(x=x, xs=xs, segments=tuple(segments), expected=expected)
+
+
+# ------------------------------------------------------------------ lm_head argmax
+
+LM_HEAD_HOT_ROW = 777
+
+
+@dataclass(frozen=True)
+class LmHeadCase:
+    h: np.ndarray  # bf16 [T, H]
+    E: np.ndarray  # uint8 e4m3 bits [V, H]
+    rs: np.ndarray  # f32 [V]
+    softcap: float
+
+
+def lm_head_case(t: int = 2, v: int = 1024, hdim: int = 64, softcap: float = 30.0) -> LmHeadCase:
+    """h = 1, E = 1 except row 777 = 2, rs = 1: logits are exactly H (2H for row 777)."""
+    E = np.full((v, hdim), e4m3_bits([1.0])[0], dtype=np.uint8)
+    E[LM_HEAD_HOT_ROW, :] = e4m3_bits([2.0])[0]
+    return LmHeadCase(h=to_bf16(np.ones((t, hdim))), E=E, rs=np.ones(v, dtype=np.float32), softcap=softcap)
+
+
+def capped(logit: float, softcap: float) -> np.float32:
+    """softcap * tanh(logit / softcap) through f32 roundings: the division and the product
+    are IEEE (correctly rounded, as the kernel's no-fast-math division is); tanh is the
+    correctly rounded f32 of the f64 tanh of the f32 quotient."""
+    q = np.float32(logit) / np.float32(softcap)
+    return np.float32(softcap) * np.float32(np.tanh(np.float64(q)))
+
+
+# CUDA's tanhf has a documented maximum error of 2 ulp (CUDA C++ Programming Guide,
+# "Mathematical Functions", single precision); the product with softcap adds at most
+# one rounding. So the device value is within 4 ulp of `capped`.
+TANHF_ULP_BOUND = 4
+
+
+# ------------------------------------------------------------------ NVFP4 GEMV
+
+NVFP4_GROUP = 16
+NVFP4_SCALES = (0.5, 1.0, 2.0, 4.0)  # powers of two: exact in e4m3 and in every product
+
+
+@dataclass(frozen=True)
+class Nvfp4Case:
+    x: np.ndarray  # bf16 [K]
+    w: np.ndarray  # uint8 [N, K / 2], e2m1 two a byte, low nibble first
+    s: np.ndarray  # uint8 e4m3 bits [N, K / 16]
+    gs: float
+
+
+def nvfp4_designed(n: int, k: int, seed: int) -> Nvfp4Case:
+    """Inputs on which every order of summation is exact: x multiples of 0.25 in [-4, 4],
+    all 16 e2m1 codes, block scales 0.5..4, global scale 0.5. Each product is a multiple of
+    1/16 below 96 in magnitude, so every f32 partial sum is exact while 96 K < 2^20."""
+    rng = np.random.default_rng(seed)
+    x = to_bf16(rng.integers(-16, 17, size=k) / 4.0)
+    w = pack_fp4(decode_e2m1(rng.integers(0, 16, size=(n, k), dtype=np.uint8)))
+    s = e4m3_bits(rng.choice(NVFP4_SCALES, size=(n, k // NVFP4_GROUP)))
+    _check_f32_exact(np.asarray([96.0 * k]), 1.0 / 16, "nvfp4_designed")
+    return Nvfp4Case(x=x, w=w, s=s, gs=0.5)
+
+
+def nvfp4_random(n: int, k: int, seed: int) -> Nvfp4Case:
+    """Arbitrary inputs (rounding everywhere) for the SW-equals-base link."""
+    rng = np.random.default_rng(seed)
+    x = to_bf16(rng.standard_normal(k))
+    w = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
+    s = to_fp8_e4m3(rng.uniform(0.01, 3.0, size=(n, k // NVFP4_GROUP))).view(np.uint8)
+    return Nvfp4Case(x=x, w=w, s=s, gs=0.0123)
+
+
+def nvfp4_expected(case: Nvfp4Case) -> np.ndarray:
+    """y[n] = bf16(gs * sum_k x[k] * e2m1(w[n, k]) * e4m3(s[n, k / 16])), from the contract's
+    formula in float64 over ml_dtypes decodes. Exact for `nvfp4_designed` inputs (gs is a
+    power of two there); refuses other inputs, whose f32 sums round order-dependently."""
+    n, half = case.w.shape
+    k = 2 * half
+    w = unpack_fp4(case.w, k).astype(np.float64)
+    scale = np.repeat(decode_e4m3(case.s).astype(np.float64), NVFP4_GROUP, axis=1)
+    x = case.x.astype(np.float64)
+    terms = x[None, :] * w * scale
+    if not np.all(np.mod(terms * 16, 1) == 0) or abs(case.gs) not in (0.25, 0.5, 1.0, 2.0):
+        raise ValueError("nvfp4_expected is exact only on nvfp4_designed inputs; link other inputs to a certified arm")
+    _check_f32_exact(np.abs(terms).sum(axis=1), 1.0 / 16, "nvfp4_expected")
+    return to_bf16(case.gs * terms.sum(axis=1)).reshape(n)
