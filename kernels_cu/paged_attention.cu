@@ -142,12 +142,9 @@ __device__ __forceinline__ void merge_states(const float* parts, int n, int stri
     a_out = a;
 }
 
-// The split merge both decode paths share: partials of (row, h) -> out[row][h][:], bf16.
+// The split merge both decode paths share: the `splits` partials at `parts` -> o[0 .. HD), bf16.
 template <int HD>
-__device__ __forceinline__ void merge_splits(__nv_bfloat16* out, const float* part, int row, int h,
-                                             int nh, int splits) {
-    const float* parts = part + (static_cast<long long>(row) * nh + h) * splits * (HD + 2);
-    __nv_bfloat16* o = out + (static_cast<long long>(row) * nh + h) * HD;
+__device__ __forceinline__ void merge_splits(__nv_bfloat16* o, const float* parts, int splits) {
     for (int d = threadIdx.x; d < HD; d += blockDim.x) {
         float m, l, a;
         merge_states<true>(parts, splits, HD + 2, d, m, l, a);
@@ -220,14 +217,16 @@ paged_decode(__nv_bfloat16* __restrict__ out, float* __restrict__ part, int* cou
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    merge_splits<HD>(out, part, row, h, nh, splits);
+    merge_splits<HD>(out + (static_cast<long long>(row) * nh + h) * HD,
+                     part + (static_cast<long long>(row) * nh + h) * splits * (HD + 2), splits);
     if (threadIdx.x == 0) counters[row * nh + h] = 0;
 }
 
 template <int HD>
 __global__ void __launch_bounds__(pa::DECODE_WARPS * pa::LANES)
 paged_combine(__nv_bfloat16* __restrict__ out, const float* __restrict__ part, int nh, int splits) {
-    pa::merge_splits<HD>(out, part, blockIdx.y, blockIdx.x, nh, splits);
+    const long long rh = static_cast<long long>(blockIdx.y) * nh + blockIdx.x;   // (row, head)
+    pa::merge_splits<HD>(out + rh * HD, part + rh * splits * (HD + 2), splits);
 }
 
 template <int HD, int ROWS>

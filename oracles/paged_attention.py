@@ -248,12 +248,15 @@ def live_pool_pages(case: Case) -> np.ndarray:
 
 
 def permuted_pool(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(k, v, pmap): live pool pages moved to shuffled physical pages 1..n_live; physical page 0
-    is NaN in every element and every page no row may see maps to it."""
+    """(k, v, pmap): live pool pages moved to shuffled physical pages 1..n_live, none to its own
+    number; physical page 0 is NaN in every element and every page no row may see maps to it."""
     rng = np.random.default_rng(seed)
     live = np.flatnonzero(live_pool_pages(case))
     pmap = np.zeros(case.k_pool.shape[0], np.int32)
-    pmap[live] = rng.permutation(live.size).astype(np.int32) + 1
+    while True:   # no live page keeps its own number: ignoring the map must read another page
+        pmap[live] = rng.permutation(live.size).astype(np.int32) + 1
+        if not np.any(pmap[live] == live):
+            break
     shape = (live.size + 1,) + case.k_pool.shape[1:]
     k = from_bits(np.full(shape, NAN_BF16, np.uint16), bf16)
     v = from_bits(np.full(shape, NAN_BF16, np.uint16), bf16)

@@ -79,6 +79,7 @@ def test_permuted_pool_maps_live_pages_to_their_data_and_dead_pages_to_the_nan_p
     np.testing.assert_array_equal(bits_of(v[pmap[live]]), bits_of(case.v_pool[live]))
     assert np.all(pmap[~live] == 0)
     assert sorted(pmap[live]) == list(range(1, int(live.sum()) + 1))
+    assert not np.any(pmap[live] == np.flatnonzero(live))
     # rows at 127..129 with window 40 see keys 88..129: pages 5..8 live, 0..4 and the spare 9 dead
     assert list(np.flatnonzero(live)) == [5, 6, 7, 8]
 

@@ -1,0 +1,177 @@
+"""Shared pieces of the paged-attention gates: the configurations, one helper per kernel arm
+(`run_paged_decode`, `run_paged_prefill`), device copies of host cases, and the fixtures
+both gate modules import.
+
+Device buffers the kernel must overwrite start as sentinels: the output as bf16 0xFFBF (a
+NaN no kernel computes), the split-K scratch as f32 NaN, so a value that was never written
+shows up in a bitwise comparison instead of passing as stale data.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from harness.dtypes import bf16, bits_of, from_bits
+from kernels_cu import paged_attention as pa
+from oracles import paged_attention as ora
+
+OUT_SENTINEL = 0xFFBF
+SCRATCH_SENTINEL = 0x7FC00000
+NEEDLE_HEADS = dict(nh=8, nkv=2)     # GQA group of 4
+NEEDLE_SEED = 5
+STAIR_WINDOW = 37                    # odd: each prefill tile's window edges fall mid-page
+STAIR_SEED = 7
+POOL_SEED = 9
+
+# The contract's two configurations (decode rows; prefill runs every position of the context).
+CONFIGS = {
+    "A": dict(nh=16, nkv=8, hd=256, window=1024, ctx=1500, rows=5),
+    "B": dict(nh=16, nkv=2, hd=512, window=0, ctx=700, rows=1),
+}
+CHUNK_ROWS = 100                     # chunked prefill for the page-map link: pages before the
+                                     # chunk's windows go to the NaN page
+
+
+def config_id(name: str) -> str:
+    c = CONFIGS[name]
+    return f"{name}-nh{c['nh']}-nkv{c['nkv']}-hd{c['hd']}-w{c['window']}-ctx{c['ctx']}"
+
+
+@functools.lru_cache(maxsize=None)
+def random_case(name: str, rows: str) -> ora.Case:
+    """Config `name` with the decode rows, every row ('prefill') or the last CHUNK_ROWS ('chunk')."""
+    c = dict(CONFIGS[name])
+    c["rows"] = {"decode": c["rows"], "prefill": c["ctx"], "chunk": CHUNK_ROWS}[rows]
+    return ora.random_case(**c, seed={"A": 101, "B": 202}[name])
+
+
+@functools.lru_cache(maxsize=None)
+def reference_of(name: str, rows: str) -> np.ndarray:
+    """The float64 reference of a random case, computed once per process."""
+    return ora.reference(random_case(name, rows))
+
+
+# ------------------------------------------------------------------ device data
+
+
+@dataclass(frozen=True)
+class DeviceCase:
+    host: ora.Case
+    q: object
+    k_pool: object
+    v_pool: object
+    bt: object
+    off: object
+    qpos: object
+
+
+def _dev(a):
+    import cupy
+
+    return cupy.asarray(bits_of(a) if a.dtype == bf16 else a)
+
+
+def to_device(case: ora.Case) -> DeviceCase:
+    return DeviceCase(case, _dev(case.q), _dev(case.k_pool), _dev(case.v_pool), _dev(case.bt),
+                      _dev(case.off), _dev(case.qpos))
+
+
+@dataclass(frozen=True)
+class DevicePool:
+    """A permuted pool with its NaN null page and the page map that reaches it."""
+
+    k_pool: object
+    v_pool: object
+    pmap: object
+
+
+def permuted_device_pool(case: ora.Case) -> DevicePool:
+    k, v, pmap = ora.permuted_pool(case, seed=POOL_SEED)
+    return DevicePool(_dev(k), _dev(v), _dev(pmap))
+
+
+def _out(case: ora.Case):
+    import cupy
+
+    return cupy.full(case.q.shape, OUT_SENTINEL, dtype=cupy.uint16)
+
+
+def _host_bf16(out) -> np.ndarray:
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+    return from_bits(out.get(), bf16)
+
+
+def kv_len(case: ora.Case) -> int:
+    """The longest visible range of the case's rows: what the launcher's choose_splits takes."""
+    return int(np.max(case.qpos - ora.first_visible(case.qpos, case.window) + 1))
+
+
+def chosen_splits(case: ora.Case) -> int:
+    return pa.choose_splits(kv_len(case), case.rows, case.nh)
+
+
+def new_counters(case: ora.Case):
+    import cupy
+
+    return cupy.zeros(case.rows * case.nh, dtype=cupy.int32)
+
+
+def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = "last_cta",
+                     counters=None, pool: DevicePool | None = None) -> np.ndarray:
+    """One split-K decode launch; `merge` is 'last_cta' (ticket counters) or 'combine'."""
+    import cupy
+
+    case = dc.host
+    splits = chosen_splits(case) if splits is None else splits
+    if merge == "last_cta" and counters is None:
+        counters = new_counters(case)
+    elif merge == "combine":
+        counters = None
+    scratch = cupy.full(pa.decode_scratch_floats(case.rows, case.nh, splits, case.hd), SCRATCH_SENTINEL,
+                        dtype=cupy.uint32).view(cupy.float32)
+    out = _out(case)
+    pa.paged_decode(out, dc.q, pool.k_pool if pool else dc.k_pool, pool.v_pool if pool else dc.v_pool,
+                    dc.bt, dc.off, dc.qpos, scratch=scratch, splits=splits, counters=counters,
+                    pmap=pool.pmap if pool else None, window=case.window, scale=1.0)
+    return _host_bf16(out)
+
+
+def run_paged_prefill(dc: DeviceCase, *, pool: DevicePool | None = None) -> np.ndarray:
+    case = dc.host
+    out = _out(case)
+    tiles = pa.make_tiles(case.off, pa.prefill_rows_per_tile(case.hd))
+    pa.paged_prefill(out, dc.q, pool.k_pool if pool else dc.k_pool, pool.v_pool if pool else dc.v_pool,
+                     dc.bt, dc.off, dc.qpos, tiles, pmap=pool.pmap if pool else None, window=case.window,
+                     scale=1.0)
+    return _host_bf16(out)
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS), ids=config_id)
+def decode_config(request):
+    """(config name, device copy of its decode rows)."""
+    return request.param, to_device(random_case(request.param, "decode"))
+
+
+# ------------------------------------------------------------------ host arrays for refusals
+
+
+def host_arrays(hd: int = 256, rows: int = 2, nh: int = 4, nkv: int = 2, pages: int = 4) -> dict:
+    """numpy stand-ins with a valid layout: refusal gates change one thing and need no device."""
+    return dict(
+        out=np.zeros((rows, nh, hd), np.uint16),
+        q=np.zeros((rows, nh, hd), np.uint16),
+        k_pool=np.zeros((pages, nkv, pa.PAGE, hd), np.uint16),
+        v_pool=np.zeros((pages, nkv, pa.PAGE, hd), np.uint16),
+        bt=np.arange(pages, dtype=np.int32),
+        off=np.zeros(rows, np.int32),
+        qpos=np.arange(rows, dtype=np.int32),
+    )

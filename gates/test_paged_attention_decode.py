@@ -1,0 +1,142 @@
+"""Paged decode (split-K) gates.
+
+Chain: the needle anchors (exact, host copy of one V row) certify split-K decode with the
+launcher's split count and the last-CTA merge; links carry that to every other split count,
+to the combine kernel, to a permuted pool behind a page map, and to a second launch on the
+same counters. The float64 reference anchors the arithmetic on random inputs (tolerance).
+See docs/paged_attention.md.
+"""
+
+import numpy as np
+import pytest
+
+from harness import assert_bits_eq, rel_rms
+from harness.dtypes import bf16
+from kernels_cu import paged_attention as pa
+from oracles import paged_attention as ora
+
+from gates._paged_attention import (NEEDLE_HEADS, NEEDLE_SEED, chosen_splits, decode_config, host_arrays,
+                                    new_counters, permuted_device_pool, reference_of, run_paged_decode, to_device)
+
+__all__ = ["decode_config"]   # the shared fixture, imported for pytest
+
+NEEDLE_IDS = [f"w{w}-{k}" for w, k in ora.NEEDLE_CASES]
+SPLIT_LINK_KINDS = ("last_visible", "window_just_outside")
+
+
+def needle_device_case(hd, window, kind):
+    return to_device(ora.needle_case(hd=hd, window=window, kind=kind, seed=NEEDLE_SEED, **NEEDLE_HEADS))
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("window, kind", ora.NEEDLE_CASES, ids=NEEDLE_IDS)
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
+def test_decode_output_is_the_needle_v_row_bit_for_bit(hd, window, kind):
+    dc = needle_device_case(hd, window, kind)
+    assert_bits_eq(f"decode out [row, head, dim] ({kind}, window {window}, splits {chosen_splits(dc.host)})",
+                   run_paged_decode(dc), ora.copy_rows(dc.host), dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+@pytest.mark.parametrize("kind", SPLIT_LINK_KINDS)
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
+def test_every_split_count_sees_the_same_needle_bits(hd, kind):
+    dc = needle_device_case(hd, ora.NEEDLE_WINDOW, kind)
+    chosen = chosen_splits(dc.host)
+    certified = run_paged_decode(dc)
+    # One claim over the launcher's whole range; every differing split count is named.
+    failures = []
+    for splits in range(1, pa.MAX_SPLITS + 1):
+        try:
+            assert_bits_eq(f"decode out with splits={splits} vs the launcher's splits={chosen}",
+                           run_paged_decode(dc, splits=splits), certified, dtype=bf16)
+        except AssertionError as exc:
+            failures.append(str(exc))
+    assert not failures, f"{len(failures)} of {pa.MAX_SPLITS} split counts differ:\n" + "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_combine_kernel_equals_last_cta_merge_bitwise(decode_config):
+    _, dc = decode_config
+    assert_bits_eq(f"decode out, combine kernel vs last-CTA merge (splits {chosen_splits(dc.host)})",
+                   run_paged_decode(dc, merge="combine"), run_paged_decode(dc, merge="last_cta"), dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_decode_page_mapped_pool_equals_identity_pool_bitwise(decode_config):
+    _, dc = decode_config
+    assert_bits_eq("decode out, permuted pool with NaN null page vs identity pool",
+                   run_paged_decode(dc, pool=permuted_device_pool(dc.host)), run_paged_decode(dc), dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_decode_run_twice_on_the_same_counters_is_bitwise_identical(decode_config):
+    _, dc = decode_config
+    counters = new_counters(dc.host)
+    first = run_paged_decode(dc, counters=counters)
+    assert_bits_eq("decode out, second launch on the same ticket counters vs the first",
+                   run_paged_decode(dc, counters=counters), first, dtype=bf16)
+    assert_bits_eq("ticket counters after two launches (the merging CTA resets them)",
+                   counters.get(), np.zeros(dc.host.rows * dc.host.nh, np.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_decode_matches_float64_reference_within_rel_rms_1e_2(decode_config):
+    name, dc = decode_config
+    err = rel_rms(run_paged_decode(dc).astype(np.float64), reference_of(name, "decode"))
+    # Tolerance: the output is rounded to bf16 (relative error up to 2^-9 per element) after
+    # f32 softmax and accumulation; 1e-2 is the contract's bound for that path. Exactness is
+    # the needle anchor's job.
+    assert err < 1e-2, f"decode {name}: rel_rms vs float64 reference = {err:.3e} (bound 1e-2)"
+
+
+# ------------------------------------------------------------------ refusals (no device)
+
+
+def _decode(**changes):
+    args = host_arrays()
+    rows, nh, hd = args["q"].shape
+    args.update(scratch=np.zeros(pa.decode_scratch_floats(rows, nh, 2, hd), np.float32), splits=2,
+                counters=np.zeros(rows * nh, np.int32), pmap=None, window=0)
+    args.update(changes)
+    pa.paged_decode(args.pop("out"), args.pop("q"), args.pop("k_pool"), args.pop("v_pool"), args.pop("bt"),
+                    args.pop("off"), args.pop("qpos"), **args)
+
+
+@pytest.mark.refusal
+def test_decode_refuses_a_head_size_other_than_256_and_512():
+    a = host_arrays(hd=128)
+    with pytest.raises(ValueError, match="head size 128 is not supported"):
+        _decode(**a)
+
+
+@pytest.mark.refusal
+def test_decode_refuses_scratch_smaller_than_rows_heads_splits():
+    rows, nh, hd = host_arrays()["q"].shape
+    short = np.zeros(pa.decode_scratch_floats(rows, nh, 2, hd) - 1, np.float32)
+    with pytest.raises(ValueError, match="scratch holds .* need .*; allocate decode_scratch_floats"):
+        _decode(scratch=short)
+
+
+@pytest.mark.refusal
+def test_decode_refuses_a_negative_window():
+    with pytest.raises(ValueError, match="window must be a non-negative int"):
+        _decode(window=-1)
+
+
+@pytest.mark.refusal
+def test_decode_refuses_a_two_dimensional_block_table():
+    with pytest.raises(ValueError, match="block table must be a non-empty 1-D int32 array"):
+        _decode(bt=np.zeros((2, 2), np.int32))
+
+
+@pytest.mark.refusal
+def test_decode_refuses_splits_outside_the_kernel_range():
+    with pytest.raises(ValueError, match=f"splits must be an int in 1..{pa.MAX_SPLITS}"):
+        _decode(splits=pa.MAX_SPLITS + 1)

@@ -1,0 +1,113 @@
+"""Paged prefill gates.
+
+Chain: staircase anchors (exact: each row's output is one V row the host copies out of the
+pool) certify prefill's causal and sliding-window masks on every row of a context; the page-map
+link carries that to a permuted pool with a NaN null page; the float64 reference anchors the
+arithmetic on random inputs (tolerance). See docs/paged_attention.md.
+"""
+
+import numpy as np
+import pytest
+
+from harness import assert_bits_eq, rel_rms
+from harness.dtypes import bf16
+from kernels_cu import paged_attention as pa
+from oracles import paged_attention as ora
+
+from gates._paged_attention import (CONFIGS, STAIR_SEED, STAIR_WINDOW, config_id, host_arrays,
+                                    permuted_device_pool, random_case, reference_of, run_paged_prefill, to_device)
+
+WINDOWS = (0, STAIR_WINDOW)
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS), ids=config_id)
+def prefill_config(request):
+    """(config name, device copy of every position of its context as prefill rows)."""
+    return request.param, to_device(random_case(request.param, "prefill"))
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS), ids=config_id)
+def chunk_config(request):
+    """(config name, device copy of its last CHUNK_ROWS positions: a chunked prefill)."""
+    return request.param, to_device(random_case(request.param, "chunk"))
+
+
+def staircase_out(hd, window, rising):
+    case = ora.staircase_case(hd=hd, nh=4, nkv=2, window=window, rising=rising, seed=STAIR_SEED)
+    return run_paged_prefill(to_device(case)), ora.copy_rows(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w}")
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
+def test_prefill_each_row_copies_the_v_row_of_its_last_visible_key(hd, window):
+    got, expected = staircase_out(hd, window, rising=True)
+    assert_bits_eq(f"prefill out [row, head, dim], rising staircase, window {window}", got, expected, dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w}")
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
+def test_prefill_each_row_copies_the_v_row_of_its_first_visible_key(hd, window):
+    got, expected = staircase_out(hd, window, rising=False)
+    assert_bits_eq(f"prefill out [row, head, dim], falling staircase, window {window}", got, expected, dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_prefill_page_mapped_pool_equals_identity_pool_bitwise(chunk_config):
+    _, dc = chunk_config
+    assert_bits_eq("chunked prefill out, permuted pool with NaN null page vs identity pool",
+                   run_paged_prefill(dc, pool=permuted_device_pool(dc.host)), run_paged_prefill(dc), dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_prefill_matches_float64_reference_within_rel_rms_1e_2(prefill_config):
+    name, dc = prefill_config
+    err = rel_rms(run_paged_prefill(dc).astype(np.float64), reference_of(name, "prefill"))
+    # Tolerance: bf16 output rounding (up to 2^-9 relative per element) after f32 softmax and
+    # accumulation; 1e-2 is the contract's bound. Exactness is the staircase anchors' job.
+    assert err < 1e-2, f"prefill {name}: rel_rms vs float64 reference = {err:.3e} (bound 1e-2)"
+
+
+# ------------------------------------------------------------------ refusals (no device)
+
+
+def _prefill(tiles=None, **changes):
+    args = dict(host_arrays(), pmap=None, window=0)
+    args.update(changes)
+    hd = args["q"].shape[2]
+    if tiles is None:
+        tiles = pa.make_tiles(np.zeros(args["q"].shape[0], np.int32), pa.prefill_rows_per_tile(hd)
+                              if hd in pa.HEAD_SIZES else 1)
+    pa.paged_prefill(args.pop("out"), args.pop("q"), args.pop("k_pool"), args.pop("v_pool"), args.pop("bt"),
+                     args.pop("off"), args.pop("qpos"), tiles, **args)
+
+
+@pytest.mark.refusal
+def test_prefill_refuses_a_head_size_other_than_256_and_512():
+    with pytest.raises(ValueError, match="head size 64 is not supported"):
+        _prefill(**host_arrays(hd=64))
+
+
+@pytest.mark.refusal
+def test_prefill_refuses_tiles_with_more_rows_than_the_kernel_stages():
+    rows = pa.prefill_rows_per_tile(256) + 1
+    a = host_arrays(rows=rows)
+    with pytest.raises(ValueError, match=f"a tile holds {rows} rows but the hd 256 kernel stages {rows - 1} rows per tile"):
+        _prefill(tiles=pa.make_tiles(np.zeros(rows, np.int32), rows), **a)
+
+
+@pytest.mark.refusal
+def test_prefill_refuses_a_window_that_is_not_a_non_negative_int():
+    with pytest.raises(ValueError, match="window must be a non-negative int"):
+        _prefill(window=2.5)
+
+
+@pytest.mark.refusal
+def test_prefill_refuses_a_block_table_that_is_not_int32():
+    with pytest.raises(ValueError, match="block table must be a contiguous 1-D int32 array"):
+        _prefill(bt=np.arange(4, dtype=np.int64))
