@@ -284,13 +284,14 @@ def check_gates(controls: list[Control], known: set[str], rootdir: Path) -> list
             if not (rootdir / expect.module).is_file():
                 problems.append(Problem(control.path, key, f"{expect.module} does not exist (node ids are relative to the rootdir {_shown_path(rootdir)}); name the gate's file from there"))
                 continue
-            near = difflib.get_close_matches(expect.gate, sorted(known), n=3, cutoff=0.75)
             params = sorted(g for g in known if g.startswith(expect.gate + "["))
             siblings = sorted(g.split("::", 1)[1] for g in known if g.startswith(expect.module + "::"))
+            name = expect.gate.split("::", 1)[1]
+            near = difflib.get_close_matches(name, siblings, n=2, cutoff=0.75)
             if params:
                 hint = f"it is parametrized; name one case, e.g. {params[0]!r}"
             elif near:
-                hint = "did you mean " + " or ".join(repr(n) for n in near) + "?"
+                hint = "did you mean " + " or ".join(repr(f"{expect.module}::{n}") for n in near) + "?"
             elif siblings and len(siblings) <= 12:
                 hint = f"{expect.module} has: {', '.join(siblings)}"
             else:

@@ -1,0 +1,321 @@
+"""The campaign end to end over a fake suite (tests/fixtures/controls_suite): every verdict,
+the kill row, one compile per perturbed module, reports, exit statuses, and the promise
+that the real kernel root is never written, whatever happens to the run. No GPU needed:
+the fake gates read the sandbox's kernel text and fail the way real gates fail."""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.controls import CampaignConfig, Verdict, run_campaign
+from harness.controls import report as control_report
+from harness.controls.cli import ExitStatus, main
+from harness.controls.runner import _parallel
+from harness.controls.spec import Control, Expect, Route
+
+SUITE = Path(__file__).parent / "fixtures" / "controls_suite"
+REPO = Path(__file__).resolve().parents[1]
+
+# every control of the suite but `hangs`, which has a test (and a short deadline) of its own
+CONTROLS = {
+    "value_changed": (Verdict.PROVEN, True),
+    "scale_changed": (Verdict.PROVEN, True),
+    "two_files": (Verdict.PROVEN, True),
+    "guard_removed": (Verdict.GUARD_ONLY, False),
+    "guard_removed_trap": (Verdict.GUARD_ONLY, True),
+    "wrong_message": (Verdict.GUARD_ONLY, False),
+    "multiply_to_add": (Verdict.SURVIVED, False),
+    "does_not_compile": (Verdict.INVALID, False),
+    "unused_header": (Verdict.INVALID, False),
+}
+
+
+def tree_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def sandboxes(name: str) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"harness-{name}-*"))
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def copy_suite(base: Path) -> Path:
+    copy = base / "suite"
+    shutil.copytree(SUITE, copy)
+    return copy
+
+
+def config(suite: Path, **kw) -> CampaignConfig:
+    kw.setdefault("deadline", 120.0)
+    kw.setdefault("controls_dir", Path("controls"))
+    return CampaignConfig(
+        rootdir=suite, kernel_root=Path("kernels"), report_dir=Path("report"),
+        require_gpu=False, cache_dir=suite / "cache", **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def child_env():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", str(REPO))
+        # the fake compile gate asserts that a sandboxed run hits the compile check's cubin
+        mp.setenv("FAKE_SUITE_SANDBOX_MUST_HIT", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory, child_env):
+    suite = copy_suite(tmp_path_factory.mktemp("campaign"))
+    before = tree_hash(suite / "kernels")
+    result = run_campaign(config(suite, names=tuple(CONTROLS), jobs=2))
+    return suite, before, result
+
+
+def by_name(result, name):
+    (found,) = [r for r in result.controls if r.name == name]
+    return found
+
+
+@pytest.mark.parametrize("name", list(CONTROLS))
+def test_each_control_gets_the_verdict_its_perturbation_earns(campaign, name):
+    _, _, result = campaign
+    r = by_name(result, name)
+    assert (r.verdict, r.matches) == CONTROLS[name], r
+
+
+def test_the_baseline_ran_every_module_of_the_campaign_green_first(campaign):
+    _, _, result = campaign
+    assert result.baseline.ok
+    assert result.baseline.gates == 6  # gate_value.py's five and gate_scale.py's one
+    assert result.arch == "sm_90"
+
+
+def test_expected_versus_observed_carries_route_and_first_failure_line(campaign):
+    _, _, result = campaign
+    (check,) = by_name(result, "value_changed").checks
+    assert (check.outcome, check.route, check.met) == ("failed", "assertion", True)
+    assert check.first_failure_line == "VALUE is 4 in value.cu, expected 3"
+    (check,) = by_name(result, "guard_removed").checks
+    assert (check.route, check.met) == ("trap", False)
+    assert check.first_failure_line == "CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory access was encountered"
+
+
+def test_the_kill_row_holds_every_red_gate_of_the_run(campaign):
+    _, _, result = campaign
+    assert [k.nodeid for k in by_name(result, "value_changed").kill_row] == [
+        "gates/gate_value.py::test_value_define_is_three"]
+    assert sorted(k.nodeid for k in by_name(result, "two_files").kill_row) == [
+        "gates/gate_scale.py::test_scale_is_accepted", "gates/gate_value.py::test_value_define_is_three"]
+    assert by_name(result, "multiply_to_add").kill_row == ()
+
+
+def test_an_invalid_control_says_why_and_runs_no_gate(campaign):
+    _, _, result = campaign
+    r = by_name(result, "does_not_compile")
+    assert r.note.startswith("does not compile: ") and "error: expected an expression" in r.note
+    assert r.log is None and r.checks == ()
+    assert by_name(result, "unused_header").note.startswith("no .cu under the kernel root includes unused.cuh")
+
+
+def test_each_perturbed_module_is_compiled_once_and_the_gate_run_reuses_that_cubin(campaign):
+    suite, _, result = campaign
+    ran = [r for r in result.controls if r.log is not None]
+    # one cubin for the baseline's value.cu, one per control that ran (each perturbs value.cu's closure)
+    assert len(list((suite / "cache").glob("*/*.cubin"))) == 1 + len(ran)
+    # and no sandboxed run had to compile again (the fake gate asserts a cache hit there)
+    for r in ran:
+        assert "gates/gate_value.py::test_module_compiles_with_its_name_expressions" not in [k.nodeid for k in r.kill_row]
+
+
+def test_a_header_edit_compiles_the_cu_that_includes_it(campaign):
+    _, _, result = campaign
+    assert by_name(result, "scale_changed").compiled == ("value.cu",)
+
+
+def test_the_real_kernel_root_is_byte_identical_after_a_campaign_with_failing_controls(campaign):
+    suite, before, _ = campaign
+    assert tree_hash(suite / "kernels") == before
+
+
+def test_no_sandbox_outlives_the_campaign(campaign):
+    for name in CONTROLS:
+        assert sandboxes(name) == []
+
+
+def test_the_reports_hold_each_control_ready_to_paste(campaign, tmp_path):
+    _, _, result = campaign
+    json_path, md_path = control_report.write(tmp_path, result)
+    data = json.loads(json_path.read_text())
+    assert data["ok"] is False and data["mode"] == "campaign"
+    entry = {c["name"]: c for c in data["controls"]}["value_changed"]
+    assert entry["verdict"] == "proven" and entry["matches_expectation"] is True
+    assert entry["expected"] == [{
+        "gate": "gates/gate_value.py::test_value_define_is_three", "route": "assertion", "message": "VALUE is 4",
+        "observed": {"outcome": "failed", "route": "assertion", "first_failure_line": "VALUE is 4 in value.cu, expected 3"},
+        "met": True, "reason": "red by assertion as expected",
+    }]
+    md = md_path.read_text()
+    assert "## value_changed: proven" in md
+    assert ("| `gates/gate_value.py::test_value_define_is_three` | assertion with `VALUE is 4` | failed by assertion "
+            "| VALUE is 4 in value.cu, expected 3 |") in md
+    assert "| multiply_to_add | survived | **no** |" in md
+
+
+def test_a_hung_run_is_killed_at_the_deadline_and_recorded_as_timeout(tmp_path, child_env):
+    suite = copy_suite(tmp_path)
+    before = tree_hash(suite / "kernels")
+    start = time.perf_counter()
+    result = run_campaign(config(suite, names=("hangs",), deadline=8.0))
+    (r,) = result.controls
+    assert (r.verdict, r.matches) == (Verdict.TIMEOUT, False)
+    assert r.note.startswith("killed at the deadline")
+    assert 8.0 <= r.seconds < 30 and time.perf_counter() - start < 60
+    assert processes_mentioning("harness-hangs-") == []  # the child's whole group is gone
+    assert sandboxes("hangs") == []
+    assert tree_hash(suite / "kernels") == before
+
+
+def test_an_interrupt_kills_the_child_removes_the_sandbox_and_leaves_the_root_untouched(tmp_path, child_env):
+    suite = copy_suite(tmp_path)
+    before = tree_hash(suite / "kernels")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            # the fake gate sends SIGINT to this process while its run is in flight
+            run_campaign(config(suite, controls_dir=Path("controls_extra"), names=("interrupts",)))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert processes_mentioning("harness-interrupts-") == []
+    assert sandboxes("interrupts") == []
+    assert tree_hash(suite / "kernels") == before
+
+
+def test_a_killed_child_is_red_by_no_assertion_and_leaves_the_root_untouched(tmp_path, child_env):
+    suite = copy_suite(tmp_path)
+    before = tree_hash(suite / "kernels")
+    result = run_campaign(config(suite, controls_dir=Path("controls_extra"), names=("killed",)))
+    (r,) = result.controls
+    assert (r.verdict, r.matches) == (Verdict.GUARD_ONLY, False)
+    assert r.note.startswith("pytest exited with status -9 and wrote no gates.json")
+    assert r.checks[0].first_failure_line == "the pytest process died (exit status -9) before writing gates.json"
+    assert sandboxes("killed") == []
+    assert tree_hash(suite / "kernels") == before
+
+
+def test_a_red_baseline_stops_the_campaign_before_any_control(tmp_path, child_env):
+    suite = copy_suite(tmp_path)
+    source = suite / "kernels" / "value.cu"
+    source.write_text(source.read_text().replace('extern "C" __global__', 'extern "C++" __global__'))
+    result = run_campaign(config(suite, names=("value_changed",)))
+    assert not result.baseline.ok and result.controls == ()
+    assert [r.nodeid for r in result.baseline.red] == ["gates/gate_value.py::test_kernel_is_extern_c"]
+    assert not result.ok
+
+
+def test_static_applies_and_compiles_every_control_and_runs_no_gate(tmp_path, child_env):
+    suite = copy_suite(tmp_path)
+    result = run_campaign(config(suite, static=True))
+    verdicts = {r.name: (r.verdict, r.matches) for r in result.controls}
+    assert verdicts.pop("does_not_compile") == (Verdict.INVALID, False)
+    assert verdicts.pop("unused_header") == (Verdict.INVALID, False)
+    assert set(verdicts.values()) == {(None, True)} and len(verdicts) == 8
+    assert result.baseline is None and not (suite / "report" / "runs").exists()
+
+
+def test_naive_mode_reaches_the_same_verdicts_the_slow_way(tmp_path, child_env):
+    suite = copy_suite(tmp_path)
+    result = run_campaign(config(suite, names=("value_changed", "multiply_to_add"), naive=True))
+    assert result.mode == "naive"
+    assert [(r.name, r.verdict) for r in result.controls] == [
+        ("multiply_to_add", Verdict.SURVIVED), ("value_changed", Verdict.PROVEN)]
+    assert not (suite / "cache").exists()  # every run compiled into a cold cache of its own
+
+
+def run_cli(suite: Path, *args: str) -> int:
+    return main(["--rootdir", str(suite), "--no-require-gpu", "--cache-dir", str(suite / "cache"),
+                 "--report", str(suite / "report"), *args])
+
+
+def test_the_cli_exits_zero_only_when_every_control_is_as_expected(tmp_path, child_env, capsys):
+    suite = copy_suite(tmp_path)
+    assert run_cli(suite, "value_changed", "guard_removed_trap") == ExitStatus.OK
+    out = capsys.readouterr().out
+    assert "2 of 2 controls as expected" in out
+    assert json.loads((suite / "report" / "controls.json").read_text())["ok"] is True
+    assert run_cli(suite, "multiply_to_add") == ExitStatus.CONTROLS_DIFFER
+    assert "not as expected: multiply_to_add" in capsys.readouterr().out
+
+
+def test_the_cli_refuses_invalid_controls_with_every_problem_and_runs_nothing(tmp_path, child_env, capsys):
+    suite = copy_suite(tmp_path)
+    (suite / "controls" / "bad.toml").write_text('descripton = "x"\n')
+    assert run_cli(suite, "--static") == ExitStatus.USAGE
+    err = capsys.readouterr().err
+    assert "problems in the controls; nothing was run:" in err
+    assert "bad.toml: descripton: unknown key; did you mean 'description'?" in err
+    assert not (suite / "report").exists()
+
+
+def test_the_cli_static_check_needs_no_gpu_and_reports_invalid_controls(tmp_path, child_env, capsys):
+    suite = copy_suite(tmp_path)
+    assert run_cli(suite, "--static", "value_changed", "two_files") == ExitStatus.OK
+    assert run_cli(suite, "--static", "does_not_compile") == ExitStatus.CONTROLS_DIFFER
+
+
+def test_the_cli_names_a_red_baseline_and_exits_with_its_own_status(tmp_path, child_env, capsys):
+    suite = copy_suite(tmp_path)
+    source = suite / "kernels" / "value.cu"
+    source.write_text(source.read_text().replace('extern "C" __global__', 'extern "C++" __global__'))
+    assert run_cli(suite, "value_changed") == ExitStatus.BASELINE_RED
+    assert "gates/gate_value.py::test_kernel_is_extern_c: failed by assertion" in capsys.readouterr().err
+
+
+def test_parallel_jobs_never_run_two_controls_that_share_a_gate_module():
+    def control(name, module):
+        return Control(name, Path(f"{name}.toml"), "d", "w", (), (Expect(f"{module}::test_x", Route.ASSERTION),))
+
+    controls = [control("a", "gates/m1.py"), control("b", "gates/m1.py"), control("c", "gates/m2.py"),
+                control("d", "gates/m3.py")]
+    targets = {c.name: c.modules for c in controls}
+    running: set[str] = set()
+    overlaps, peak = [], [0]
+    lock = threading.Lock()
+
+    def one(c, device):
+        with lock:
+            busy = {m for n in running for m in targets[n]}
+            if busy & set(targets[c.name]):
+                overlaps.append(c.name)
+            running.add(c.name)
+            peak[0] = max(peak[0], len(running))
+        time.sleep(0.2)
+        with lock:
+            running.discard(c.name)
+        return c.name
+
+    assert _parallel(controls, targets, 3, one) == ["a", "b", "c", "d"]
+    assert overlaps == [] and peak[0] >= 2

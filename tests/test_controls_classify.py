@@ -1,0 +1,85 @@
+"""Verdicts from gate records: which red counts as proof, and which does not."""
+
+import pytest
+
+from harness.controls.child import GateRecord
+from harness.controls.classify import Verdict, check_gate, decide
+from harness.controls.spec import Expect, Route
+
+GATE = "gates/test_x.py::test_claim"
+OTHER = "gates/test_x.py::test_other"
+
+
+def red(route, line="x", nodeid=GATE, message=None, outcome="failed"):
+    return GateRecord(nodeid, outcome, route, line, message)
+
+
+def verdict_of(*pairs):
+    return decide(tuple(check_gate(expect, record) for expect, record in pairs))
+
+
+def test_red_by_assertion_with_the_expected_message_is_proven():
+    check = check_gate(Expect(GATE, Route.ASSERTION, "pool["), red("assertion", "pool[3, 1]: 2 of 64 differ"))
+    assert check.met and check.reason == "red by assertion as expected"
+    assert decide((check,)) == (Verdict.PROVEN, True)
+
+
+def test_red_by_trap_where_an_assertion_was_expected_is_guard_only_and_not_as_expected():
+    check = check_gate(Expect(GATE, Route.ASSERTION), red("trap", "CUDARuntimeError: cudaErrorIllegalAddress"))
+    assert not check.met and check.reason == "red by trap, not by assertion"
+    assert decide((check,)) == (Verdict.GUARD_ONLY, False)
+
+
+def test_a_control_that_expects_a_trap_and_gets_one_is_guard_only_and_as_expected():
+    assert verdict_of((Expect(GATE, Route.TRAP), red("trap"))) == (Verdict.GUARD_ONLY, True)
+
+
+def test_a_control_that_expects_a_trap_but_gets_an_assertion_is_not_as_expected():
+    assert verdict_of((Expect(GATE, Route.TRAP), red("assertion"))) == (Verdict.GUARD_ONLY, False)
+
+
+def test_red_by_refusal_where_refusal_was_expected_is_proven():
+    assert verdict_of((Expect(GATE, Route.REFUSAL, "allocate"), red("refusal", "ValueError: allocate at least n"))) == (
+        Verdict.PROVEN, True)
+
+
+def test_red_by_refusal_or_error_where_an_assertion_was_expected_is_guard_only():
+    assert verdict_of((Expect(GATE, Route.ASSERTION), red("refusal"))) == (Verdict.GUARD_ONLY, False)
+    assert verdict_of((Expect(GATE, Route.ASSERTION), red("error", outcome="error"))) == (Verdict.GUARD_ONLY, False)
+
+
+def test_one_green_expected_gate_makes_the_control_survived_though_another_is_proven():
+    pairs = ((Expect(GATE, Route.ASSERTION), red("assertion")),
+             (Expect(OTHER, Route.ASSERTION), GateRecord(OTHER, "passed")))
+    assert verdict_of(*pairs) == (Verdict.SURVIVED, False)
+
+
+@pytest.mark.parametrize("record", [GateRecord(GATE, "skipped"), None], ids=["skipped", "missing-from-report"])
+def test_a_gate_that_did_not_go_red_for_any_reason_counts_as_survived(record):
+    check = check_gate(Expect(GATE, Route.ASSERTION), record)
+    assert not check.met
+    assert decide((check,)) == (Verdict.SURVIVED, False)
+
+
+def test_red_by_assertion_with_another_message_is_not_the_proof_asked_for():
+    check = check_gate(Expect(GATE, Route.ASSERTION, "pool["), red("assertion", "out[0]: 1 of 8 differ"))
+    assert check.reason == "red by assertion, but the failure message lacks 'pool['"
+    assert decide((check,)) == (Verdict.GUARD_ONLY, False)
+
+
+def test_the_message_is_searched_in_the_whole_failure_message_when_the_report_has_it():
+    record = red("assertion", "out: 1 of 8 differ", message="out: 1 of 8 differ\nfirst at pool[3, 1]")
+    assert check_gate(Expect(GATE, Route.ASSERTION, "pool["), record).met
+
+
+def test_a_compile_failure_inside_the_run_makes_the_control_invalid():
+    assert verdict_of((Expect(GATE, Route.ASSERTION), red("compile"))) == (Verdict.INVALID, False)
+
+
+def test_a_gate_timeout_inside_the_run_makes_the_control_timeout():
+    assert verdict_of((Expect(GATE, Route.ASSERTION), red("timeout"))) == (Verdict.TIMEOUT, False)
+
+
+def test_verdicts_are_strings_as_the_reports_spell_them():
+    assert [str(v) for v in Verdict] == ["proven", "guard-only", "survived", "invalid", "timeout"]
+    assert Verdict("guard-only") is Verdict.GUARD_ONLY
