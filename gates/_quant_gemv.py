@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.buffers import filled
-from harness.dtypes import bf16
+from harness.dtypes import bf16, to_bf16
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
 from oracles.quant_gemv import Fp8GemvCase, LmHeadCase, Nvfp4Case
 
@@ -43,11 +43,17 @@ def run_lm_head(case: LmHeadCase, excluded: int) -> tuple[np.ndarray, np.ndarray
     return idx.get(), val.get()
 
 
+# What the one-step-too-far allocations hold: x 1.0, e2m1 codes 1.0, block scales 1.0.
+# Nonzero on purpose: a zero pad would make an over-read add exactly nothing and hide it.
+PAD_X, PAD_W, PAD_S = 1.0, 0x22, 0x38
+
+
 @dataclass(frozen=True)
 class Nvfp4Device:
     """An NVFP4 case on the device. Weights, scales and x are views of allocations one row
-    (one group for x) longer, so a perturbed kernel that reads one step too far reads
-    defined memory and fails by a wrong value rather than by an illegal address."""
+    (one group for x) longer, filled with nonzero values (PAD_*), so a perturbed kernel that
+    reads one step too far reads defined memory and fails by a wrong value rather than by
+    an illegal address or by adding zeros."""
 
     n: int
     x: object
@@ -61,9 +67,9 @@ def nvfp4_to_device(case: Nvfp4Case) -> Nvfp4Device:
 
     n, half = case.w.shape
     k = 2 * half
-    x = cupy.asarray(np.concatenate([case.x, np.zeros(nvfp4_gemv.GROUP, dtype=bf16)]))
-    w = cupy.asarray(np.concatenate([case.w, np.zeros((1, half), dtype=np.uint8)]))
-    s = cupy.asarray(np.concatenate([case.s, np.zeros((1, k // nvfp4_gemv.GROUP), dtype=np.uint8)]))
+    x = cupy.asarray(np.concatenate([case.x, to_bf16(np.full(nvfp4_gemv.GROUP, PAD_X))]))
+    w = cupy.asarray(np.concatenate([case.w, np.full((1, half), PAD_W, dtype=np.uint8)]))
+    s = cupy.asarray(np.concatenate([case.s, np.full((1, k // nvfp4_gemv.GROUP), PAD_S, dtype=np.uint8)]))
     return Nvfp4Device(n=n, x=x[:k], w=w[:n], s=s[:n], gs=case.gs)
 
 

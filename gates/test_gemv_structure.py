@@ -35,13 +35,18 @@ def read(kernel_root, relpath: str) -> str:
     return (kernel_root / relpath).read_text()
 
 
+def assert_no_problems(problems: list[str], fix: str) -> None:
+    """Fail with every problem; the first is the message's first line (what reports show)."""
+    assert not problems, "\n".join([*problems, f"  {fix}"])
+
+
 def assert_constants_equal_defines(kernel_root, relpath: str, pairs: dict[str, int]) -> None:
     path = kernel_root / relpath
-    wrong = [f"  #define {name} {define_int(path, name)} but the launcher uses {value}"
+    wrong = [f"#define {name} {define_int(path, name)} but the launcher uses {value}"
              for name, value in pairs.items() if define_int(path, name) != value]
-    assert not wrong, "\n".join(
-        [f"{path}: launcher constants differ from the source:", *wrong,
-         "  change both together: the launcher's grid must match the kernel's outputs per block"]
+    assert_no_problems(
+        [f"{relpath}: " + "; ".join(wrong)] if wrong else [],
+        f"change {relpath} and its launcher together: the launcher's grid must match the kernel's outputs per block",
     )
 
 
@@ -100,10 +105,8 @@ def test_nvfp4_partial_reads_a_staged_table_never_constant_memory(kernel_root):
         body = function(src, kernel).body
         if not re.search(r"__shared__\s+float\s+\w+\s*\[\s*N_PER_BLOCK_SW\s*\]\s*\[\s*16\s*\]", body):
             problems.append(f"{kernel}: the e2m1 table must be staged per warp, `__shared__ float s_lut[N_PER_BLOCK_SW][16]`")
-    assert not problems, "\n".join(
-        ["the NVFP4 partial dot must decode through a shared-memory e2m1 table:", *problems,
-         "  stage E2M1_LUT into __shared__ memory in the kernel and pass the staged copy"]
-    )
+    assert_no_problems(problems, "the NVFP4 partial dot must decode through a shared-memory e2m1 table: "
+                                 "stage E2M1_LUT into __shared__ memory in the kernel and pass the staged copy")
 
 
 def test_single_warp_kernel_has_no_block_barrier(kernel_root):
@@ -112,8 +115,7 @@ def test_single_warp_kernel_has_no_block_barrier(kernel_root):
     for kernel in SINGLE_WARP_KERNELS:
         for fn in reachable_functions(src, kernel):
             for barrier in BLOCK_BARRIERS:
-                found += [f"  {fn.name}, line {fn.body_line + call.line - 1}: {barrier}()" for call in calls_in(fn.body, barrier)]
-    assert not found, "\n".join(
-        ["a single-warp kernel (or a helper it calls) contains a block barrier:", *found,
-         "  its early return is warp-uniform only: publish with __syncwarp() instead"]
-    )
+                found += [f"{fn.name}, line {fn.body_line + call.line - 1}: {barrier}() in single-warp kernel {kernel}"
+                          for call in calls_in(fn.body, barrier)]
+    assert_no_problems(found, "a single-warp kernel's early return is warp-uniform only: "
+                              "publish with __syncwarp(), never a block barrier")
