@@ -55,8 +55,8 @@ def check_nvfp4_gemv_args(y, x, w, s) -> tuple[int, int]:
     if y.ndim != 1 or int(y.shape[0]) < n:
         raise ValueError(f"{op}: y has shape {tuple(y.shape)} but N={n}: allocate a 1-D y of at least N elements")
     check_array(op, "y", y, tuple(y.shape), BF16_DTYPES, "bf16 output [>= N]")
-    if n >= 2**32 // max(k, 1):
-        raise ValueError(f"{op}: N * K = {n * k} overflows the kernel's 32-bit indices: split N")
+    if n >= 2**32 or k >= 2**32:
+        raise ValueError(f"{op}: N={n}, K={k}: the kernel takes both as 32-bit unsigned; split the GEMV")
     return n, k
 
 
