@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness import _settings, device, isolate
-from harness.report import KINDS, GateRecord, RunFacts, classify_route, first_line, write_reports
+from harness.report import MESSAGE_LIMIT
+from harness.report import KINDS, GateRecord, RunFacts, classify_route, failure_message, first_line, write_reports
 
 MARKERS = {
     "gpu": "the gate needs a CUDA device; skipped without one unless --require-gpu, which fails instead",
@@ -209,7 +210,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     keywords = {k: 1 for k in item.keywords}
     reports = [
         pytest.TestReport(item.nodeid, item.location, keywords, outcome=o, longrepr=lr, when=when,
-                   duration=d, user_properties=list(props))
+                   duration=d, user_properties=list(props),
+                   harness_failure_message=result.longrepr[:MESSAGE_LIMIT] if o == "failed" else None)
         for when, o, lr, d in (("setup", "passed", None, 0.0), ("call", outcome, longrepr, result.duration),
                                ("teardown", "passed", None, 0.0))
     ]
@@ -265,6 +267,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
                 props.append(("poisoned_context", "true"))
         item.user_properties.extend(props)
         rep.user_properties.extend(props)
+        # The whole message, for controls whose expected substring is not on the first line.
+        # A report attribute, not a property: it travels through xdist but stays out of JUnit.
+        rep.harness_failure_message = failure_message(exc)
 
 
 # ------------------------------------------------------------------ collecting verdicts
@@ -304,6 +309,7 @@ class _Recorder:
             rec.outcome = "failed" if report.when == "call" else "error"
             rec.route = props.get("route", "error")
             rec.first_failure_line = props.get("first_failure_line")
+            rec.failure_message = getattr(report, "harness_failure_message", None) or str(report.longrepr)[:MESSAGE_LIMIT]
             self.longreprs[report.nodeid] = str(report.longrepr)
 
     def child_verdicts(self) -> dict:

@@ -50,6 +50,17 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
+MESSAGE_LIMIT = 4000
+
+
+def failure_message(exc: BaseException) -> str:
+    """The exception's whole message (bounded), type first unless it is an assertion."""
+    text = str(exc).strip()
+    if not isinstance(exc, AssertionError):
+        text = f"{type(exc).__name__}: {text}"
+    return text[:MESSAGE_LIMIT]
+
+
 @dataclass
 class GateRecord:
     nodeid: str
@@ -60,6 +71,7 @@ class GateRecord:
     route: str | None = None
     duration: float = 0.0
     first_failure_line: str | None = None
+    failure_message: str | None = None  # the whole message, bounded; for controls' substrings
     skip_reason: str | None = None
     device: str | None = None
     compile_options: list[str] = field(default_factory=list)

@@ -236,6 +236,7 @@ def test_reports_carry_kind_route_device_and_options(suite):
     assert (a["kind"], a["outcome"], a["route"], a["gpu"]) == ("anchor", "failed", "assertion", True)
     assert a["first_failure_line"] == "out: 1 of 3 elements differ bitwise (float32)"
     assert a["device"] == "Fake GPU" and a["compile_options"]
+    assert "first difference at flat index 1, index [1]:" in a["failure_message"]
     r = gates["test_refusal_red"]
     assert (r["kind"], r["route"], r["gpu"], r["device"]) == ("refusal", "refusal", False, None)
     assert r["first_failure_line"] == "ValueError: head_dim must be 256 or 512"
