@@ -319,3 +319,16 @@ def test_parallel_jobs_never_run_two_controls_that_share_a_gate_module():
 
     assert _parallel(controls, targets, 3, one) == ["a", "b", "c", "d"]
     assert overlaps == [] and peak[0] >= 2
+
+
+def test_the_bench_times_both_ways_and_checks_they_agree(tmp_path, child_env):
+    from harness.controls import bench
+
+    suite = copy_suite(tmp_path)
+    status = bench.main(["--rootdir", str(suite), "--no-require-gpu", "--report", str(suite / "report"),
+                         "value_changed", "multiply_to_add"])
+    assert status == ExitStatus.OK
+    data = json.loads((suite / "report" / "bench.json").read_text())
+    assert data["disagree"] == [] and data["campaign_seconds"] > 0 and data["naive_seconds"] > 0
+    assert data["verdicts"]["naive"] == {"multiply_to_add": "survived", "value_changed": "proven"}
+    assert (suite / "report" / "bench-naive" / "controls.md").is_file()
