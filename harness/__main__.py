@@ -13,11 +13,14 @@ def _compile_main(argv: list[str]) -> int:
     from rich.table import Table
 
     from harness import _settings
-    from harness.compile import ArchError, CompileError, compile_file, find_sources, resolve_arch
+    from harness.compile import (ArchError, CompileError, compile_file, declared_name_expressions, find_sources,
+                                 resolve_arch)
 
     parser = argparse.ArgumentParser(prog="python -m harness compile",
                                      description="Compile every .cu under the kernel root with NVRTC and "
-                                                 "print each kernel's ptxas resource usage.")
+                                                 "print each kernel's ptxas resource usage. Templates are "
+                                                 "instantiated from NAME_EXPRESSIONS in the launcher x.py "
+                                                 "beside x.cu, as the gates load them.")
     parser.add_argument("--kernel-root", default=_settings.DEFAULT_KERNEL_ROOT, metavar="DIR")
     parser.add_argument("--arch", default=None, metavar="sm_XX",
                         help="default: the device's arch, or sm_90 with no device")
@@ -46,7 +49,7 @@ def _compile_main(argv: list[str]) -> int:
         rel = src.relative_to(root.resolve()).as_posix()
         try:
             mod = compile_file(src, kernel_root=root, arch=arch, cache_dir=args.cache_dir,
-                               use_cache=not args.no_cache)
+                               name_expressions=declared_name_expressions(src), use_cache=not args.no_cache)
         except CompileError as exc:
             failures.append(exc)
             table.add_row(rel, "[bold red]compile error[/]", "", "", "", "", "")

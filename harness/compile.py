@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -390,6 +391,38 @@ def compile_file(
         nvrtc_version=nvrtc_version(),
         cubin_path=cubin_path if use_cache else None,
     )
+
+
+LAUNCHER_ATTRIBUTE = "NAME_EXPRESSIONS"
+
+
+def declared_name_expressions(source: str | os.PathLike) -> tuple[str, ...]:
+    """The C++ name expressions that the launcher beside `x.cu` (`x.py`) declares as
+    `NAME_EXPRESSIONS`, so that tools compiling without a gate (the compile command, the
+    static control check) instantiate the same templates the gates do. `()` when there is
+    no launcher or it declares none."""
+    import importlib.util
+
+    launcher = Path(source).with_suffix(".py")
+    if not launcher.is_file():
+        return ()
+    name = "_harness_launcher_" + hashlib.sha256(str(launcher.resolve()).encode()).hexdigest()[:16]
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, launcher)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses in the launcher look their module up here
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as exc:
+            del sys.modules[name]
+            raise RuntimeError(f"{launcher}: importing the launcher to read {LAUNCHER_ATTRIBUTE} failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+    names = getattr(mod, LAUNCHER_ATTRIBUTE, ())
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{launcher}: {LAUNCHER_ATTRIBUTE} must be a tuple of C++ name expressions (strings), "
+                        f"got {names!r}")
+    return tuple(names)
 
 
 def find_sources(kernel_root: str | os.PathLike) -> list[Path]:

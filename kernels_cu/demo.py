@@ -8,11 +8,11 @@ from harness.kernels import module
 
 BLOCK = 256
 VEC = 4
-NAMES = (f"demo_scale_vec<{VEC}>",)
+NAME_EXPRESSIONS = (f"demo_scale_vec<{VEC}>",)
 
 
 def _module():
-    return module("demo.cu", name_expressions=NAMES)
+    return module("demo.cu", name_expressions=NAME_EXPRESSIONS)
 
 
 def check_scale_args(n: int, out_len: int) -> None:
@@ -28,7 +28,7 @@ def run_scale(out, x, scale: float, *, vectorised: bool = False) -> None:
     args = (out, x, np.float32(scale), np.int32(n))
     if vectorised:
         grid = (-(-n // (BLOCK * VEC)), 1, 1)
-        _module().get(NAMES[0])(grid, (BLOCK, 1, 1), args)
+        _module().get(NAME_EXPRESSIONS[0])(grid, (BLOCK, 1, 1), args)
     else:
         _module().get("demo_scale")((-(-n // BLOCK), 1, 1), (BLOCK, 1, 1), args)
 

@@ -31,7 +31,7 @@ SM_TARGET = 132               # a fixed CTA target: splits never depend on the d
 MIN_PAGES_PER_SPLIT = 4
 _ROWS_PER_TILE = {256: 8, 512: 4}
 
-NAMES = tuple(
+NAME_EXPRESSIONS = tuple(
     [f"paged_decode<{hd}>" for hd in HEAD_SIZES]
     + [f"paged_combine<{hd}>" for hd in HEAD_SIZES]
     + [f"paged_prefill<{hd}, {_ROWS_PER_TILE[hd]}>" for hd in HEAD_SIZES]
@@ -39,7 +39,7 @@ NAMES = tuple(
 
 
 def _module():
-    return module(SOURCE, name_expressions=NAMES)
+    return module(SOURCE, name_expressions=NAME_EXPRESSIONS)
 
 
 # ------------------------------------------------------------------ plans (pure, host ints)

@@ -153,3 +153,18 @@ def test_the_compile_command_refuses_a_missing_root_and_an_unknown_arch(tmp_path
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     arch = run_cli("compile", "--arch", "sm_1")
     assert arch.returncode == 2 and "unknown --arch 'sm_1'" in arch.stderr
+
+
+def test_the_compile_command_instantiates_the_launchers_name_expressions(tree, tmp_path):
+    (tree / "k.py").write_text('SIZES = (8, 32)\nNAME_EXPRESSIONS = tuple(f"tiled<{n}>" for n in SIZES)\n')
+    result = run_cli("compile", "--kernel-root", str(tree), "--arch", "sm_90", "--cache-dir", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr
+    assert "tiled<8>" in result.stdout and "tiled<32>" in result.stdout
+
+
+def test_a_launcher_declaring_something_other_than_strings_is_refused(tree):
+    from harness.compile import declared_name_expressions
+
+    (tree / "k.py").write_text("NAME_EXPRESSIONS = 'tiled<8>'\n")
+    with pytest.raises(TypeError, match="NAME_EXPRESSIONS must be a tuple of C\\+\\+ name expressions"):
+        declared_name_expressions(tree / "k.cu")
