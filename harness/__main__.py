@@ -28,16 +28,15 @@ def _compile_main(argv: list[str]) -> int:
     parser.add_argument("--no-cache", action="store_true", help="compile even when the cache has the cubin")
     args = parser.parse_args(argv)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    err = Console(stderr=True, highlight=False)
     root = Path(args.kernel_root)
     try:
         sources = find_sources(root)
         arch = resolve_arch(args.arch)
     except (FileNotFoundError, ArchError) as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     if not sources:
-        err.print(f"[bold red]error:[/] no .cu file under {root}: point --kernel-root at your kernels")
+        print(f"error: no .cu file under {root}: point --kernel-root at your kernels", file=sys.stderr)
         return 2
     table = Table(title=f"NVRTC {arch}, kernel root {root}", title_justify="left")
     for col, just in (("module", "left"), ("kernel", "left"), ("registers", "right"), ("spill bytes", "right"),
