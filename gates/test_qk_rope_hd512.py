@@ -1,4 +1,6 @@
-"""QK RMSNorm + RoPE, head size 512 (no V input: the V slot is the K = V fork): anchors, links, refusals, traps.
+"""QK RMSNorm + RoPE, head size 512: anchors, links, refusals, traps.
+
+No V input: the V slot is the K = V fork (the raw K row, weightless, unrotated).
 
 Chain: closed form -> flat arm -> paged prefill -> paged decode (docs/qk_rope.md).
 One anchor: rotary_dim 128 < 512 puts rope-lo, rope-hi and the pass-through tail in
