@@ -27,7 +27,8 @@ def _value_text(bits_value, dtype: np.dtype) -> str:
     v = np.asarray(bits_value).view(dtype).reshape(())
     if dtype.kind in "iub":
         return str(int(v))
-    return repr(float(v.astype(np.float64)))
+    with np.errstate(invalid="ignore"):  # NaN payloads cast quietly
+        return repr(float(v.astype(np.float64)))
 
 
 def _hex(bits_value, itemsize: int) -> str:
