@@ -118,7 +118,7 @@ def test_expected_versus_observed_carries_route_and_first_failure_line(campaign)
     _, _, result = campaign
     (check,) = by_name(result, "value_changed").checks
     assert (check.outcome, check.route, check.met) == ("failed", "assertion", True)
-    assert check.first_failure_line == "VALUE is 4 in value.cu, expected 3"
+    assert check.first_failure_line == "VALUE is 4 in value.cu"  # its expected "expects 3" is on line two
     (check,) = by_name(result, "guard_removed").checks
     assert (check.route, check.met) == ("trap", False)
     assert check.first_failure_line == "CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory access was encountered"
@@ -174,14 +174,14 @@ def test_the_reports_hold_each_control_ready_to_paste(campaign, tmp_path):
     entry = {c["name"]: c for c in data["controls"]}["value_changed"]
     assert entry["verdict"] == "proven" and entry["matches_expectation"] is True
     assert entry["expected"] == [{
-        "gate": "gates/gate_value.py::test_value_define_is_three", "route": "assertion", "message": "VALUE is 4",
-        "observed": {"outcome": "failed", "route": "assertion", "first_failure_line": "VALUE is 4 in value.cu, expected 3"},
+        "gate": "gates/gate_value.py::test_value_define_is_three", "route": "assertion", "message": "expects 3",
+        "observed": {"outcome": "failed", "route": "assertion", "first_failure_line": "VALUE is 4 in value.cu"},
         "met": True, "reason": "red by assertion as expected",
     }]
     md = md_path.read_text()
     assert "## value_changed: proven" in md
-    assert ("| `gates/gate_value.py::test_value_define_is_three` | assertion with `VALUE is 4` | failed by assertion "
-            "| VALUE is 4 in value.cu, expected 3 |") in md
+    assert ("| `gates/gate_value.py::test_value_define_is_three` | assertion with `expects 3` | failed by assertion "
+            "| VALUE is 4 in value.cu |") in md
     assert "| multiply_to_add | survived | **no** |" in md
 
 
@@ -244,6 +244,9 @@ def test_static_applies_and_compiles_every_control_and_runs_no_gate(tmp_path, ch
     assert verdicts.pop("unused_header") == (Verdict.INVALID, False)
     assert set(verdicts.values()) == {(None, True)} and len(verdicts) == 8
     assert result.baseline is None and not (suite / "report" / "runs").exists()
+    # the templates the launcher declares were instantiated, as the gates instantiate them
+    metas = [json.loads(p.read_text()) for p in (suite / "cache").glob("*/*.json")]
+    assert metas and {tuple(m["name_expressions"]) for m in metas} == {("fill_k<3>",)}
 
 
 def test_naive_mode_reaches_the_same_verdicts_the_slow_way(tmp_path, child_env):

@@ -28,7 +28,7 @@ class GateRecord:
     outcome: str  # passed | failed | skipped | error
     route: str | None = None  # assertion | trap | refusal | compile | timeout | error (only when red)
     first_failure_line: str | None = None
-    message: str | None = None  # the whole failure message, when the report carries it
+    message: str | None = None  # the whole failure message (gates.json failure_message)
 
     @property
     def red(self) -> bool:
@@ -221,7 +221,7 @@ def run_gates(
                 outcome=gate["outcome"],
                 route=gate.get("route"),
                 first_failure_line=gate.get("first_failure_line"),
-                message=gate.get("message") or gate.get("failure_message"),
+                message=gate.get("failure_message"),
             )
             previous = records.get(rec.nodeid)
             # setup/teardown errors can add a second line for a gate: keep the red one

@@ -1,29 +1,23 @@
 """Compile a control's perturbed modules once, into the cache the gate run will read.
 
 The compile cache is content-addressed (source closure, options, name expressions, arch,
-toolchain), so compiling the perturbed `.cu` here with the same arch, cache folder, name
-expressions and defines the launcher uses means the gate run's `harness.kernels.module`
-hits this cubin instead of compiling again. Which name expressions a launcher uses is
-learnt from the cache entries the unperturbed baseline left (`known_variants`); a module
-no gate has loaded yet is compiled with none.
+toolchain). Compiling the perturbed `.cu` here with the arch and cache folder the gate run
+uses, and with the name expressions its launcher declares (NAME_EXPRESSIONS in the `.py`
+beside the `.cu`, the tuple it loads the module with), means the gate run's
+`harness.kernels.module` hits this cubin instead of compiling again, and the `--static`
+check instantiates the same templates the gates do. A launcher that declares nothing is
+compiled with no name expressions; its gate run then compiles once more (slower, never
+wrong: a compile error there is still reported, as route `compile`).
 """
 
 from __future__ import annotations
 
-import json
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.compile import CompileError, compile_file, find_sources, source_closure
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One way a launcher loads a `.cu`: its `compile_file` arguments besides the path."""
-
-    name_expressions: tuple[str, ...] = ()
-    defines: tuple[tuple[str, str | None], ...] = ()
-    fmad: bool = True
+from harness.compile import CompileError, compile_file, declared_name_expressions, find_sources, source_closure
 
 
 @dataclass(frozen=True)
@@ -49,41 +43,16 @@ def dependents(kernel_root: Path, files: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _variant_from(meta: dict) -> Variant:
-    defines: list[tuple[str, str | None]] = []
-    fmad = True
-    for opt in meta.get("options", []):
-        if opt.startswith("-D"):
-            name, eq, value = opt[2:].partition("=")
-            defines.append((name, value if eq else None))
-        elif opt.startswith("--fmad="):
-            fmad = opt.split("=", 1)[1] == "true"
-    return Variant(tuple(meta.get("name_expressions", ())), tuple(defines), fmad)
-
-
-def known_variants(kernel_root: Path, cache_dir: Path) -> dict[str, list[Variant]]:
-    """For each `.cu` of `kernel_root`, the variants its current text was compiled with,
-    read from the cache entries (whichever root they were compiled from)."""
+def declared_names(kernel_root: Path) -> dict[str, tuple[str, ...]]:
+    """{relpath: NAME_EXPRESSIONS} for every `.cu` of the (real) kernel root, read without
+    writing __pycache__ into it."""
     root = Path(kernel_root).resolve()
-    closures = {}
-    for source in find_sources(root):
-        rel = source.resolve().relative_to(root).as_posix()
-        closures[rel] = [list(pair) for pair in source_closure(source, root)]
-    found: dict[str, list[Variant]] = {}
-    if not Path(cache_dir).is_dir():
-        return found
-    for meta_path in sorted(Path(cache_dir).glob("*/*.json")):
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            continue
-        source = Path(meta.get("source", "")).as_posix()
-        for rel, closure in closures.items():
-            if (source == rel or source.endswith("/" + rel)) and meta.get("closure") == closure:
-                variant = _variant_from(meta)
-                if variant not in found.setdefault(rel, []):
-                    found[rel].append(variant)
-    return found
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        return {s.resolve().relative_to(root).as_posix(): declared_name_expressions(s) for s in find_sources(root)}
+    finally:
+        sys.dont_write_bytecode = before
 
 
 def compile_perturbed(
@@ -92,27 +61,19 @@ def compile_perturbed(
     *,
     arch: str | None,
     cache_dir: Path,
-    variants: dict[str, list[Variant]],
+    names: dict[str, tuple[str, ...]],
 ) -> CompileCheck:
-    """Compile every `.cu` in the sandbox that includes an edited file, once per variant."""
-    import time
-
+    """Compile every `.cu` in the sandbox that includes an edited file, with its launcher's
+    name expressions (`names`, from `declared_names` over the real kernel root)."""
     start = time.perf_counter()
     modules = dependents(sandbox_root, files)
     misses = 0
     for rel in modules:
-        for variant in variants.get(rel) or [Variant()]:
-            try:
-                compiled = compile_file(
-                    rel,
-                    kernel_root=sandbox_root,
-                    arch=arch,
-                    name_expressions=variant.name_expressions,
-                    defines=dict(variant.defines) or None,
-                    fmad=variant.fmad,
-                    cache_dir=cache_dir,
-                )
-            except CompileError as exc:
-                return CompileCheck(False, tuple(modules), misses, str(exc), time.perf_counter() - start)
-            misses += not compiled.cache_hit
+        try:
+            compiled = compile_file(
+                rel, kernel_root=sandbox_root, arch=arch, name_expressions=names.get(rel, ()), cache_dir=cache_dir,
+            )
+        except CompileError as exc:
+            return CompileCheck(False, tuple(modules), misses, str(exc), time.perf_counter() - start)
+        misses += not compiled.cache_hit
     return CompileCheck(True, tuple(modules), misses, None, time.perf_counter() - start)

@@ -25,7 +25,7 @@ from harness.controls import child
 from harness.controls.child import GateRecord, GateRun, run_gates
 from harness.controls.classify import GateCheck, Verdict, check_gate, decide
 from harness.controls.collect import collect_gates
-from harness.controls.compilecheck import compile_perturbed, known_variants
+from harness.controls.compilecheck import compile_perturbed, declared_names
 from harness.controls.edits import EditError
 from harness.controls.results import BaselineResult, CampaignResult, ControlResult
 from harness.controls.sandbox import perturb, sandbox
@@ -107,11 +107,11 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
         from harness.compile import resolve_arch
 
         arch = resolve_arch(config.arch)
-        variants = known_variants(root, cache_dir)
+        names = declared_names(root)
         results = []
         for control in controls:
             listener.started(control)
-            result = _static(control, root, arch, cache_dir, variants)
+            result = _static(control, root, arch, cache_dir, names)
             listener.finished(result)
             results.append(result)
         return CampaignResult("static", root, arch, None, tuple(results), time.perf_counter() - start)
@@ -124,11 +124,11 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
     if not baseline.ok:
         return CampaignResult(mode, root, config.arch, baseline, (), time.perf_counter() - start)
     arch = config.arch or baseline.arch
-    variants = {} if config.naive else known_variants(root, cache_dir)
+    names = declared_names(root)
 
     def one(control: Control, device: str | None) -> ControlResult:
         listener.started(control)
-        result = _run_control(control, targets[control.name], root, config, arch, cache_dir, variants, device)
+        result = _run_control(control, targets[control.name], root, config, arch, cache_dir, names, device)
         listener.finished(result)
         return result
 
@@ -198,10 +198,10 @@ class _cache:
 # ---------------------------------------------------------------- one control
 
 
-def _static(control: Control, root: Path, arch: str | None, cache_dir: Path, variants) -> ControlResult:
+def _static(control: Control, root: Path, arch: str | None, cache_dir: Path, names) -> ControlResult:
     start = time.perf_counter()
     with sandbox(root, control.name) as copy:
-        invalid = _apply_and_compile(control, copy, arch, cache_dir, variants)
+        invalid = _apply_and_compile(control, copy, arch, cache_dir, names)
     if isinstance(invalid, str):
         return _invalid(control, invalid, time.perf_counter() - start)
     return ControlResult(
@@ -211,13 +211,13 @@ def _static(control: Control, root: Path, arch: str | None, cache_dir: Path, var
     )
 
 
-def _apply_and_compile(control: Control, copy: Path, arch, cache_dir: Path, variants) -> str | tuple[str, ...]:
+def _apply_and_compile(control: Control, copy: Path, arch, cache_dir: Path, names) -> str | tuple[str, ...]:
     """The compiled modules, or the reason the control is invalid."""
     try:
         perturb(copy, control)
     except EditError as exc:
         return f"{control.edit_key(exc.index, exc.key)}: {exc}"
-    check = compile_perturbed(copy, control.files, arch=arch, cache_dir=cache_dir, variants=variants)
+    check = compile_perturbed(copy, control.files, arch=arch, cache_dir=cache_dir, names=names)
     if not check.modules:
         return (
             f"no .cu under the kernel root includes {', '.join(control.files)}: "
@@ -245,7 +245,7 @@ def _run_control(
     config: CampaignConfig,
     arch: str | None,
     cache_dir: Path,
-    variants,
+    names: dict,
     device: str | None,
 ) -> ControlResult:
     start = time.perf_counter()
@@ -257,7 +257,7 @@ def _run_control(
                 return _invalid(control, f"{control.edit_key(exc.index, exc.key)}: {exc}", time.perf_counter() - start)
             compiled: tuple[str, ...] = ()
         else:
-            outcome = _apply_and_compile(control, copy, arch, cache, variants)
+            outcome = _apply_and_compile(control, copy, arch, cache, names)
             if isinstance(outcome, str):
                 return _invalid(control, outcome, time.perf_counter() - start)
             compiled = outcome
