@@ -107,7 +107,8 @@ def campaign_markdown(campaign: CampaignResult) -> str:
         for e in r.edits:
             occ = f" (occurrence {e.occurrence})" if e.occurrence else ""
             kind = "regex " if e.regex else ""
-            lines.append(f"- `{e.file}`: {kind}{_code(e.find)}{occ} -> {_code(e.replace)}")
+            replaced = _code(e.replace) if e.replace else "(deleted)"
+            lines.append(f"- `{e.file}`: {kind}{_code(e.find)}{occ} -> {replaced}")
         if r.note:
             lines += ["", "```text", r.note.rstrip(), "```"]
         if r.checks:

@@ -224,9 +224,11 @@ def _apply_and_compile(control: Control, copy: Path, arch, cache_dir: Path, name
             "the perturbation reaches no kernel; edit a .cu or a header one includes"
         )
     if not check.ok:
-        errors = [line.strip() for line in check.error.splitlines() if ": error" in line or "error:" in line]
-        first = errors[0] if errors else check.error.splitlines()[0]
-        return f"does not compile: {first}\n{check.error}"
+        # paths relative to the kernel root, not the sandbox; NVRTC logs can end in a NUL
+        log = check.error.replace(f"{copy}/", "").replace("\x00", "")
+        errors = [line.strip() for line in log.splitlines() if "error" in line and "(" in line]
+        first = errors[0] if errors else log.splitlines()[0]
+        return f"does not compile: {first}\n{log}"
     return check.modules
 
 
