@@ -128,7 +128,7 @@ def test_a_file_outside_the_kernel_root_is_refused(tree, outside):
     write(tree, "c", VALID.replace('file = "value.cu"', f'file = "{outside}"'))
     (found,) = problems(tree)
     assert found.startswith(f"c.toml: file: {outside} is outside the kernel root")
-    assert found.endswith('name a file relative to the kernel root (e.g. "qk_rope.cu")')
+    assert found.endswith("name the file by its path inside the kernel root")
 
 
 def test_a_missing_file_suggests_the_nearest_kernel_source(tree):

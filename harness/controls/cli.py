@@ -8,6 +8,7 @@ import enum
 import sys
 from pathlib import Path
 
+from harness import _settings
 from harness.controls.runner import KILL_ROWS, CampaignConfig, run_campaign
 from harness.controls.spec import ControlSpecError
 
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from(args: argparse.Namespace) -> CampaignConfig:
     rootdir = Path(args.rootdir).resolve()
-    kernel_root = args.kernel_root or ini_value(rootdir, "kernel_root") or "kernels_cu"
+    kernel_root = args.kernel_root or ini_value(rootdir, "kernel_root") or _settings.DEFAULT_KERNEL_ROOT
     controls_dir = args.controls_dir or ini_value(rootdir, "controls_dir") or "controls"
     cache_dir = args.cache_dir or ini_value(rootdir, "harness_cache_dir") or None
     return CampaignConfig(
@@ -112,36 +113,51 @@ def config_from(args: argparse.Namespace) -> CampaignConfig:
 
 
 class _Progress:
-    """The rich progress bar, fed by the runner's listener calls."""
+    """The rich progress bar, fed by the runner's listener calls; on a console that is not
+    a terminal (CI, a log piped through tee) one plain line per step instead."""
 
     def __init__(self, console):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        self.console = console
+        self.live = console.is_terminal
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, transient=True)
         self.task = None
 
     def __enter__(self):
-        self.progress.__enter__()
-        self.task = self.progress.add_task("starting", total=None)
+        if self.live:
+            self.progress.__enter__()
+            self.task = self.progress.add_task("starting", total=None)
         return self
 
     def __exit__(self, *exc):
-        self.progress.__exit__(*exc)
+        if self.live:
+            self.progress.__exit__(*exc)
 
     def phase(self, text: str) -> None:
-        self.progress.update(self.task, description=text)
+        if self.live:
+            self.progress.update(self.task, description=text)
+        else:
+            self.console.print(text, markup=False)
 
     def total(self, n: int) -> None:
-        self.progress.update(self.task, total=n)
+        if self.live:
+            self.progress.update(self.task, total=n)
 
     def started(self, control) -> None:
         from rich.markup import escape
 
-        self.progress.update(self.task, description=f"control {escape(control.name)}")
+        if self.live:
+            self.progress.update(self.task, description=f"control {escape(control.name)}")
 
     def finished(self, result) -> None:
-        self.progress.advance(self.task)
+        if self.live:
+            self.progress.advance(self.task)
+        else:
+            verdict = result.verdict.value if result.verdict else ("applies and compiles" if result.matches else "invalid")
+            mark = "as expected" if result.matches else "NOT as expected"
+            self.console.print(f"{result.name}: {verdict}, {mark} ({result.seconds:.1f} s)", markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:

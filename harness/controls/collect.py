@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 ENV = "HARNESS_CONTROLS_COLLECT_OUT"
+COLLECT_TIMEOUT = 600  # seconds; collection imports the gate modules, nothing more
 
 _errors: list[str] = []
 
@@ -37,7 +38,11 @@ def collect_gates(modules: list[str], *, rootdir: Path, kernel_root: Path) -> tu
         env = dict(os.environ, **{ENV: str(out), "PYTHONDONTWRITEBYTECODE": "1"})
         cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "harness.controls.collect"]
         cmd += ["-p", "no:cacheprovider", f"--kernel-root={kernel_root}", *modules]
-        proc = subprocess.run(cmd, cwd=rootdir, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        try:
+            proc = subprocess.run(cmd, cwd=rootdir, env=env, capture_output=True, text=True,
+                                  stdin=subprocess.DEVNULL, timeout=COLLECT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return set(), f"$ {' '.join(cmd)}\ncollecting the gates took longer than {COLLECT_TIMEOUT} s"
         if not out.is_file():
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
             return set(), f"$ {' '.join(cmd)}\n(exit status {proc.returncode})\n{tail}"

@@ -249,7 +249,7 @@ def check_edits(control: Control, kernel_root: Path) -> list[Problem]:
         rel = Path(edit.file)
         target = (root / rel).resolve()
         if rel.is_absolute() or not target.is_relative_to(root):
-            problems.append(Problem(control.path, key, f"{edit.file} is outside the kernel root {_shown_path(root)}; name a file relative to the kernel root (e.g. \"qk_rope.cu\")"))
+            problems.append(Problem(control.path, key, f"{edit.file} is outside the kernel root {_shown_path(root)}; name the file by its path inside the kernel root"))
             continue
         if not target.is_file():
             near = difflib.get_close_matches(rel.as_posix(), [p.relative_to(root).as_posix() for p in _sources(root)], n=1, cutoff=0.5)
