@@ -44,6 +44,8 @@ def check_gate(expect: Expect, record: GateRecord | None) -> GateCheck:
     if record is None:
         return result("not run", None, None, False, "the gate did not run: it is missing from the run's gates.json")
     line = record.first_failure_line
+    if record.outcome == "skipped":
+        return result("skipped", None, None, False, "the gate was skipped: it caught nothing (run with --require-gpu on a device)")
     if not record.red:
         return result(record.outcome, None, None, False, f"the gate {record.outcome}: it does not catch this perturbation")
     route = record.route or "error"
