@@ -95,6 +95,8 @@ def validate(config: CampaignConfig) -> list[Control]:
 
 
 def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> CampaignResult:
+    if config.kill_row not in KILL_ROWS:
+        raise ValueError(f"kill_row {config.kill_row!r} is not one of {', '.join(KILL_ROWS)}")
     listener = listener or _Quiet()
     start = time.perf_counter()
     child.reset()
