@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from cuda.core import Program, ProgramOptions  # at import: a first import from several threads races
+
 from harness import _settings
 
 CACHE_FORMAT = 1
@@ -198,8 +200,6 @@ def recorded_options(arch: str, defines: dict | None = None, fmad: bool = True) 
 
 
 def _program_options(source: Path, kernel_root: Path, arch: str, defines: dict | None, fmad: bool):
-    from cuda.core import ProgramOptions
-
     macros = [name if value is None else f"{name}={value}" for name, value in sorted((defines or {}).items())]
     return ProgramOptions(
         name=str(source),
@@ -350,16 +350,15 @@ def compile_file(
                 cubin_path=cubin_path,
             )
 
-    from cuda.core import Program
-
     log = io.StringIO()
     try:
         program = Program(path.read_text(), "c++", _program_options(path, root, arch, defines, fmad))
         code = program.compile("cubin", name_expressions=name_expressions, logs=log)
     except Exception as exc:  # cuda.core raises a generic error carrying the log
-        text = log.getvalue() or str(exc)
-        if str(exc) and str(exc) not in text:
-            text = text.rstrip() + "\n" + str(exc)
+        text = (log.getvalue() or str(exc)).replace("\x00", "")
+        detail = str(exc).replace("\x00", "")
+        if detail and detail not in text:
+            text = text.rstrip() + "\n" + detail
         raise CompileError(path, text, options) from None
     cubin = bytes(code.code)
     mapping = {expr: (sym.decode() if isinstance(sym, bytes) else sym) for expr, sym in code.symbol_mapping.items()}

@@ -88,10 +88,20 @@ def child_env():
 
 
 @pytest.fixture(scope="module")
-def campaign(tmp_path_factory, child_env):
+def campaign_tmp(tmp_path_factory):
+    """The campaign's own temp folder, so parallel test workers never see each other's sandboxes."""
+    return tmp_path_factory.mktemp("sandboxes")
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory, child_env, campaign_tmp):
     suite = copy_suite(tmp_path_factory.mktemp("campaign"))
     before = tree_hash(suite / "kernels")
-    result = run_campaign(config(suite, names=tuple(CONTROLS), jobs=2))
+    saved, tempfile.tempdir = tempfile.tempdir, str(campaign_tmp)
+    try:
+        result = run_campaign(config(suite, names=tuple(CONTROLS), jobs=2))
+    finally:
+        tempfile.tempdir = saved
     return suite, before, result
 
 
@@ -161,9 +171,8 @@ def test_the_real_kernel_root_is_byte_identical_after_a_campaign_with_failing_co
     assert tree_hash(suite / "kernels") == before
 
 
-def test_no_sandbox_outlives_the_campaign(campaign):
-    for name in CONTROLS:
-        assert sandboxes(name) == []
+def test_no_sandbox_outlives_the_campaign(campaign, campaign_tmp):
+    assert sorted(p.name for p in campaign_tmp.iterdir()) == []
 
 
 def test_the_reports_hold_each_control_ready_to_paste(campaign, tmp_path):
