@@ -217,6 +217,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     ]
     for rep in reports:
         item.ihook.pytest_runtest_logreport(report=rep)
+    # The item was never set up here, but fixtures of earlier items that `nextitem` does not
+    # share (a module's, when this gate ends its module) must still be torn down now.
+    item.session._setupstate.teardown_exact(nextitem)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 

@@ -254,3 +254,36 @@ def test_markers_are_registered_with_help(suite):
     result = suite.runpytest_subprocess("--markers")
     for name in ("gpu", "anchor", "link", "refusal", "trap", "structural"):
         result.stdout.fnmatch_lines([f"@pytest.mark.{name}: *"])
+
+
+def test_a_trap_gate_that_ends_its_module_leaves_the_next_module_a_clean_setup(suite):
+    suite.makeconftest(FAKE_DEVICE_CONFTEST)
+    suite.makepyfile(
+        test_a="""
+            import pytest
+            from conftest import fire_trap
+            torn_down = []
+            @pytest.fixture(scope="module")
+            def shared():
+                yield 1
+                torn_down.append(1)
+            @pytest.mark.gpu
+            @pytest.mark.link
+            def test_uses_module_fixture(shared):
+                assert shared == 1
+            @pytest.mark.gpu
+            @pytest.mark.trap
+            def test_trap_last_in_module():
+                fire_trap()
+        """,
+        test_b="""
+            import pytest
+            @pytest.mark.gpu
+            @pytest.mark.anchor
+            def test_first_of_next_module():
+                import test_a
+                assert test_a.torn_down == [1]
+        """,
+    )
+    result = suite.runpytest_subprocess("--require-gpu", "-p", "no:randomly")
+    result.assert_outcomes(passed=3)
