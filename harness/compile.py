@@ -327,6 +327,15 @@ def compile_file(
     cubin_path, meta_path = _cache_paths(cache, key)
 
     start = time.perf_counter()
+
+    def result(cubin: bytes, mapping: dict, log: str, hit: bool) -> CompiledModule:
+        return CompiledModule(
+            source=path, arch=arch, options=options, name_expressions=name_expressions, key=key,
+            cubin=cubin, symbol_mapping=mapping, resources=parse_resources(log, mapping), log=log,
+            cache_hit=hit, seconds=time.perf_counter() - start, nvrtc_version=nvrtc_version(),
+            cubin_path=cubin_path if use_cache else None,
+        )
+
     if use_cache and cubin_path.is_file() and meta_path.is_file():
         try:
             meta = json.loads(meta_path.read_text())
@@ -334,21 +343,7 @@ def compile_file(
         except (OSError, ValueError):
             meta = None
         if meta is not None and hashlib.sha256(cubin).hexdigest() == meta.get("cubin_sha256"):
-            return CompiledModule(
-                source=path,
-                arch=arch,
-                options=options,
-                name_expressions=name_expressions,
-                key=key,
-                cubin=cubin,
-                symbol_mapping=meta["symbol_mapping"],
-                resources=parse_resources(meta["log"], meta["symbol_mapping"]),
-                log=meta["log"],
-                cache_hit=True,
-                seconds=time.perf_counter() - start,
-                nvrtc_version=nvrtc_version(),
-                cubin_path=cubin_path,
-            )
+            return result(cubin, meta["symbol_mapping"], meta["log"], hit=True)
 
     log = io.StringIO()
     try:
@@ -375,21 +370,7 @@ def compile_file(
         }
         _atomic_write(cubin_path, cubin)
         _atomic_write(meta_path, json.dumps(meta, indent=1).encode())
-    return CompiledModule(
-        source=path,
-        arch=arch,
-        options=options,
-        name_expressions=name_expressions,
-        key=key,
-        cubin=cubin,
-        symbol_mapping=mapping,
-        resources=parse_resources(text, mapping),
-        log=text,
-        cache_hit=False,
-        seconds=time.perf_counter() - start,
-        nvrtc_version=nvrtc_version(),
-        cubin_path=cubin_path if use_cache else None,
-    )
+    return result(cubin, mapping, text, hit=False)
 
 
 LAUNCHER_ATTRIBUTE = "NAME_EXPRESSIONS"
