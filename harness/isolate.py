@@ -29,14 +29,6 @@ class ChildResult:
     duration: float
 
 
-class ChildFailure(AssertionError):
-    """A gate that failed in its child process; carries the child's route."""
-
-    def __init__(self, message: str, route: str | None):
-        super().__init__(message)
-        self.harness_route = route
-
-
 def child_command(nodeid: str, report_file: Path, *, rootdir: Path, inifile: Path | None,
                   passthrough: list[str], has_xdist: bool) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", nodeid, "-q", "-p", "no:cacheprovider",

@@ -76,17 +76,5 @@ def module(
 ) -> Module:
     """Compile (or hit the cache for) `<kernel_root>/<relpath>` and load it into CuPy."""
     compiled = compile_file(relpath, name_expressions=tuple(name_expressions), defines=defines, fmad=fmad)
-    _record(compiled)
     return load(compiled)
 
-
-# The options of every module compiled in this process, for the reports.
-_compiled_options: dict[str, tuple[str, ...]] = {}
-
-
-def _record(compiled: CompiledModule) -> None:
-    _compiled_options[compiled.source.name] = compiled.options
-
-
-def compiled_options() -> dict[str, tuple[str, ...]]:
-    return dict(_compiled_options)

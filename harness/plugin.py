@@ -3,6 +3,7 @@ isolation, failure routes, reports and the terminal summary. In lifecycle order.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from harness import _settings, device, isolate
-from harness.report import MESSAGE_LIMIT
-from harness.report import KINDS, GateRecord, RunFacts, classify_route, failure_message, first_line, write_reports
+from harness.report import (MESSAGE_LIMIT, KINDS, GateRecord, RunFacts, classify_route, failure_message, first_line,
+                            write_reports)
 
 MARKERS = {
     "gpu": "the gate needs a CUDA device; skipped without one unless --require-gpu, which fails instead",
@@ -45,16 +46,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="compiled cubin cache (ini harness_cache_dir; env HARNESS_CACHE_DIR)")
     group.addoption("--harness-child-timeout", type=float, default=DEFAULT_CHILD_TIMEOUT, metavar="S",
                     help="deadline for a gate run in a child process (trap gates, after a poisoned context)")
-    group.addoption("--harness-child-report", default=None, help=argparse_suppress())
+    group.addoption("--harness-child-report", default=None, help=argparse.SUPPRESS)
     parser.addini("kernel_root", "folder holding the .cu files, relative to the rootdir", default="kernels_cu")
     parser.addini("controls_dir", "folder of negative-control TOML files, relative to the rootdir", default="controls")
     parser.addini("harness_cache_dir", "compiled cubin cache folder", default="")
-
-
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 # ------------------------------------------------------------------ state
@@ -152,7 +147,7 @@ def _enforce_require_gpu(st: HarnessState) -> None:
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     st = _state(config)
-    gpu_items = [it for it in items if it.get_closest_marker("gpu") or it.get_closest_marker("trap")]
+    gpu_items = [it for it in items if _is_gpu(it)]
     st.gpu_selected = len(gpu_items)
     if not gpu_items or st.require_gpu:
         return
@@ -226,22 +221,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
 
 def _judge_child(item: pytest.Item, result: isolate.ChildResult, trap: bool):
     """(outcome, longrepr, route, first line) for the parent's report."""
+    if result.outcome == "skipped":
+        return "skipped", (str(item.path), item.location[1] or 0, result.longrepr or "skipped in child"), None, None
     if trap:
         if result.outcome in ("failed", "error") and result.route == "trap":
             return "passed", None, None, None
         if result.outcome == "passed":
             line = "the device guard did not fire: the gate's body returned normally in its child process"
             return "failed", f"AssertionError: {line}", "assertion", line
-        if result.outcome == "skipped":
-            return "skipped", (str(item.path), item.location[1] or 0, result.longrepr or "skipped in child"), None, None
         line = result.first_line or "the trap gate failed in its child process"
         text = (f"the device guard did not fire as a trap; the child failed by route "
                 f"{result.route}: {line}\n\n{result.longrepr}")
         return "failed", text, result.route or "error", line
     if result.outcome == "passed":
         return "passed", None, None, None
-    if result.outcome == "skipped":
-        return "skipped", (str(item.path), item.location[1] or 0, result.longrepr or "skipped in child"), None, None
     text = f"(ran in a fresh process: an earlier gate left the CUDA context unusable)\n{result.longrepr}"
     return "failed", text, result.route or "error", result.first_line
 

@@ -25,9 +25,6 @@ def classify_route(exc: BaseException) -> Route:
     from harness.compile import CompileError
     from harness.device import is_cuda_error
 
-    route = getattr(exc, "harness_route", None)  # a failure reproduced from a child process
-    if route:
-        return Route(route)
     if isinstance(exc, CompileError):
         return Route.COMPILE
     if is_cuda_error(exc):
