@@ -47,13 +47,30 @@ class DeviceProbe:
         return self.count > 0 and self.error is None
 
 
-@lru_cache(maxsize=None)
+_adopted: DeviceProbe | None = None
+
+
+def adopt_probe(p: DeviceProbe) -> None:
+    """The pytest process takes its probe from a worker, so it never makes a context itself."""
+    global _adopted
+    _adopted = p
+
+
 def probe() -> DeviceProbe:
-    """Count devices, then make a context on the current one and run a tiny copy."""
+    """The adopted probe, or this process's own (count devices, make a context, run a tiny sum)."""
+    return _adopted if _adopted is not None else _probe()
+
+
+@lru_cache(maxsize=None)
+def _probe() -> DeviceProbe:
     try:
         import cupy
     except Exception as exc:  # no CuPy, or CuPy cannot load its runtime
         return DeviceProbe(count=0, error=f"CuPy could not be imported: {exc}")
+    if not _driver_present():
+        return DeviceProbe(count=0, error="no CUDA device was found: this machine has no NVIDIA driver "
+                                          "(libcuda.so.1 is not installed); run the GPU gates on a machine "
+                                          "with an NVIDIA GPU and its driver")
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:
@@ -71,6 +88,57 @@ def probe() -> DeviceProbe:
     except Exception as exc:
         return DeviceProbe(count=count, error=f"a CUDA device exists but a context could not be made ({_short(exc)})")
     return DeviceProbe(count=count, name=name, arch=arch)
+
+
+def _driver_present() -> bool:
+    """Whether the NVIDIA driver's library loads (without initialising CUDA)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _uuid_text(raw) -> str:
+    if isinstance(raw, str):
+        return raw
+    b = bytes(raw)[:16]
+    if len(b) != 16:
+        return ""
+    h = b.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def list_devices() -> list[tuple[int, str, str]]:
+    """(ordinal, name, UUID) of every visible device; empty when they cannot be read."""
+    try:
+        import cupy
+
+        out = []
+        for i in range(cupy.cuda.runtime.getDeviceCount()):
+            props = cupy.cuda.runtime.getDeviceProperties(i)
+            name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+            out.append((i, name, _uuid_text(props.get("uuid", b""))))
+        return out
+    except Exception:
+        return []
+
+
+def current_device_facts() -> dict:
+    """Name, UUID and ordinal (among the visible devices) of the device this process uses."""
+    p = probe()
+    facts = {"name": p.name or "", "uuid": "", "ordinal": 0}
+    try:
+        import cupy
+
+        dev = cupy.cuda.Device().id
+        facts["ordinal"] = dev
+        facts["uuid"] = _uuid_text(cupy.cuda.runtime.getDeviceProperties(dev).get("uuid", b""))
+    except Exception:
+        pass
+    return facts
 
 
 def device_arch() -> str | None:
@@ -111,19 +179,3 @@ def context_is_poisoned() -> bool:
         return int(a.get()[0]) != 1
     except Exception:
         return True
-
-
-def select_device_for_worker(worker_index: int) -> int | None:
-    """With several GPUs, xdist worker i uses GPU i % count, chosen before any context
-    exists in the worker. Returns the chosen id, or None with fewer than two GPUs."""
-    try:
-        import cupy
-
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception:
-        return None
-    if count < 2:
-        return None
-    device_id = worker_index % count
-    cupy.cuda.runtime.setDevice(device_id)
-    return device_id

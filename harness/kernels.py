@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness import _settings
 from harness.compile import CompiledModule, compile_file
+from harness.workers import note_launch
 
 
 class KernelNotFound(LookupError):
@@ -29,7 +30,8 @@ class Module:
         return self.compiled.symbol_mapping.get(name, name)
 
     def get(self, name: str):
-        """A CuPy function, called as `fn(grid, block, args, shared_mem=0)`."""
+        """A CuPy function, called as `fn(grid, block, args, shared_mem=0)`. Each call tells the
+        watchdog which kernel was launched last, so a gate that hangs names it."""
         if name in self._functions:
             return self._functions[name]
         symbol = self.symbol(name)
@@ -46,8 +48,25 @@ class Module:
                 f"kernel {name!r} is not in {self.compiled.source.name}: {hint}. "
                 f"Kernels in the module: {', '.join(known) or '(none reported)'}"
             ) from exc
-        self._functions[name] = fn
+        fn = self._functions[name] = Launch(fn, f"{self.compiled.source.name}:{name}")
         return fn
+
+
+class Launch:
+    """A kernel that notes its own launches (for the watchdog and the sanitizer's count)."""
+
+    __slots__ = ("function", "name")
+
+    def __init__(self, function, name: str):
+        self.function = function
+        self.name = name
+
+    def __call__(self, grid, block, args, *rest, **kwargs):
+        note_launch(self.name)
+        return self.function(grid, block, args, *rest, **kwargs)
+
+    def __getattr__(self, attr):
+        return getattr(self.function, attr)
 
 
 _loaded: dict[tuple, Module] = {}

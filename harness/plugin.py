@@ -4,13 +4,13 @@ isolation, failure routes, reports and the terminal summary. In lifecycle order.
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 from pathlib import Path
 
 import pytest
 
-from harness import _settings, device, isolate
+from harness import _settings, device, workers
 from harness.report import (MESSAGE_LIMIT, KINDS, GateRecord, RunFacts, classify_route, failure_message, first_line,
                             write_reports)
 
@@ -21,10 +21,24 @@ MARKERS = {
     "refusal": "asserts a host launcher rejects bad arguments with a pinned message, before any launch",
     "trap": "asserts the kernel's device guard fires; runs in a fresh child process",
     "structural": "reads kernel source text (a constant agrees with its #define); needs no device",
+    "deadline(seconds)": "this GPU gate's deadline, over --harness-deadline / ini harness_deadline",
 }
 
 REQUIRE_GPU_ENV = "HARNESS_REQUIRE_GPU"
-DEFAULT_CHILD_TIMEOUT = 300.0
+DEFAULT_DEADLINE = 120.0  # seconds a GPU gate may take before the watchdog kills its worker
+SANITIZER_DEADLINE_FACTOR = 10  # a default deadline stretches under --sanitize (an explicit one does not)
+
+
+def deadline_value(text: str) -> float:
+    """argparse type for a deadline: a finite number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds: pass e.g. --harness-deadline 120")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a deadline: pass a finite number of seconds above 0, "
+                                         f"e.g. --harness-deadline 120")
+    return value
 
 # ------------------------------------------------------------------ options
 
@@ -44,12 +58,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write DIR/gates.json and DIR/summary.md")
     group.addoption("--harness-cache-dir", default=None, metavar="DIR",
                     help="compiled cubin cache (ini harness_cache_dir; env HARNESS_CACHE_DIR)")
-    group.addoption("--harness-child-timeout", type=float, default=DEFAULT_CHILD_TIMEOUT, metavar="S",
-                    help="deadline for a gate run in a child process (trap gates, after a poisoned context)")
-    group.addoption("--harness-child-report", default=None, help=argparse.SUPPRESS)
+    group.addoption("--harness-deadline", type=deadline_value, default=None, metavar="S",
+                    help=f"per-gate deadline for GPU gates (ini harness_deadline; default {DEFAULT_DEADLINE:g} s, "
+                         f"x{SANITIZER_DEADLINE_FACTOR} under --sanitize): a gate past it is red by route timeout, "
+                         "its worker process killed and replaced")
+    group.addoption("--sanitize", default=None, choices=("memcheck", "racecheck", "initcheck", "synccheck"),
+                    help="run the GPU gates under NVIDIA compute-sanitizer with this tool; a finding turns the gate "
+                         "that launched the kernel red by route sanitizer (trap gates are skipped)")
+    group.addoption("--harness-serve", action="store_true", default=False, help=argparse.SUPPRESS)
     parser.addini("kernel_root", "folder holding the .cu files, relative to the rootdir", default="kernels_cu")
     parser.addini("controls_dir", "folder of negative-control TOML files, relative to the rootdir", default="controls")
     parser.addini("harness_cache_dir", "compiled cubin cache folder", default="")
+    parser.addini("harness_deadline", f"per-gate deadline for GPU gates in seconds (default {DEFAULT_DEADLINE:g})",
+                  default="")
 
 
 # ------------------------------------------------------------------ state
@@ -61,17 +82,39 @@ class HarnessState:
     def __init__(self, config: pytest.Config):
         opt = config.option
         self.require_gpu = bool(opt.require_gpu) or os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0")
-        self.child_report = opt.harness_child_report
-        self.is_child = bool(self.child_report)
-        self.is_worker = hasattr(config, "workerinput")
+        self.serving = bool(opt.harness_serve)  # a pool server or an exec'd worker: runs no gate loop
+        self.is_worker = hasattr(config, "workerinput")  # an xdist worker
+        self.is_controller = not self.is_worker and bool(getattr(opt, "numprocesses", None)) \
+            and getattr(opt, "dist", "no") != "no"
         self.report_dir = Path(opt.harness_report) if opt.harness_report else None
-        self.child_timeout = opt.harness_child_timeout
+        self.sanitize: str | None = opt.sanitize
+        self.sanitizer_cmd: list[str] | None = None
+        self.deadline, self.deadline_source = _resolve_deadline(config, self.sanitize)
         self.records: dict[str, GateRecord] = {}
         self.poisoned_by: str | None = None
         self.kernel_root: Path = Path()
         self.arch: str | None = None
         self.gpu_selected = 0
         self.no_gpu_executed = False
+        self.pool: workers.Pool | None = None
+        self.pool_error: str | None = None
+        self.probe: dict | None = None
+        self.launches = 0
+        self.sanitizer_findings = 0
+
+
+def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[float, str]:
+    if config.option.harness_deadline is not None:
+        return config.option.harness_deadline, "--harness-deadline"
+    ini = str(config.getini("harness_deadline") or "").strip()
+    if ini:
+        try:
+            return deadline_value(ini), "ini harness_deadline"
+        except argparse.ArgumentTypeError as exc:
+            raise pytest.UsageError(f"harness: ini harness_deadline: {exc}") from None
+    if sanitize:
+        return DEFAULT_DEADLINE * SANITIZER_DEADLINE_FACTOR, f"the default under --sanitize"
+    return DEFAULT_DEADLINE, "the default"
 
 
 def _state(config: pytest.Config) -> HarnessState:
@@ -90,6 +133,7 @@ def _resolve_kernel_root(config: pytest.Config) -> Path:
 # ------------------------------------------------------------------ configure
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
@@ -97,6 +141,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[state_key] = st
     if config.option.no_fail_fast:
         config.option.maxfail = 0
+    if st.serving:
+        # A server or worker writes no report of its own: the pytest process that owns it does.
+        config.option.xmlpath = None
+        st.report_dir = None
     st.kernel_root = _resolve_kernel_root(config)
     explicit_root = bool(config.option.kernel_root or os.environ.get("HARNESS_KERNEL_ROOT"))
     if explicit_root and not st.kernel_root.is_dir():
@@ -115,16 +163,48 @@ def pytest_configure(config: pytest.Config) -> None:
     st.arch = config.option.arch
     _settings.configure(kernel_root=st.kernel_root, arch=config.option.arch,
                         cache_dir=Path(cache).resolve() if cache else None)
-    _enforce_require_gpu(st)
+    if st.sanitize and not st.serving:
+        from harness import sanitizer
+
+        try:
+            st.sanitizer_cmd = sanitizer.command(st.sanitize, sanitizer.find_binary())
+        except sanitizer.SanitizerError as exc:
+            raise pytest.UsageError(f"harness: {exc}") from None
+    if st.is_controller and (st.require_gpu or st.sanitize):
+        # xdist's controller runs no gate: ask a throwaway process, so no CUDA context lives here.
+        _refuse_without_device(st, _probe_in_subprocess(config))
     recorder = _Recorder(st)
     config.stash[recorder_key] = recorder
     config.pluginmanager.register(recorder, "harness-recorder")
-    if st.is_worker:
-        worker = config.workerinput.get("workerid", "gw0")
-        device.select_device_for_worker(int(worker[2:]) if worker[2:].isdigit() else 0)
+    if st.serving and workers.is_server():
+        workers.server_configured()
+
+
+def _probe_in_subprocess(config: pytest.Config) -> dict:
+    pool = workers.Pool(workers.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
+                                           pytest_args=[], sanitizer=[]))
+    try:
+        return pool.wait_probe()
+    finally:
+        pool.close()
+
+
+def _refuse_without_device(st: HarnessState, probe: dict) -> None:
+    if probe.get("error") is None and probe.get("count", 0) > 0:
+        return
+    why = probe.get("error") or "no CUDA device was found"
+    if st.require_gpu:
+        raise pytest.UsageError(f"harness: --require-gpu: {why}")
+    if st.sanitize:
+        raise pytest.UsageError(f"harness: --sanitize {st.sanitize} needs a CUDA device to run the gates on: {why}; "
+                                "run it on a machine with a GPU, or drop --sanitize")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    st = config.stash.get(state_key, None)
+    if st is not None and st.pool is not None:
+        st.pool.close()
+        st.pool = None
     recorder = config.stash.get(recorder_key, None)
     if recorder is not None:
         config.pluginmanager.unregister(recorder)
@@ -134,29 +214,77 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _settings.reset()
 
 
-# ------------------------------------------------------------------ the require-gpu policy
+# ------------------------------------------------------------------ the pool and the require-gpu policy
 
 
-def _enforce_require_gpu(st: HarnessState) -> None:
-    """No device, or one that cannot make a context: the session fails at once."""
-    if st.require_gpu and not st.is_worker:
-        p = device.probe()
-        if not p.usable:
-            raise pytest.UsageError(f"harness: --require-gpu: {p.error}")
+def _server_args(config: pytest.Config, files: list[str], pool_tmp: Path) -> list[str]:
+    """What the pool's server passes to pytest.main: the files to collect and the settings
+    that decide what they collect to, never what the run reports or where it writes."""
+    st = _state(config)
+    args = list(files) + [f"--rootdir={config.rootpath}", "-q", "--color=no", "-p", "no:cacheprovider",
+                          f"--kernel-root={st.kernel_root}", f"--harness-cache-dir={_settings.current().cache_dir}"]
+    if config.inipath is not None:
+        args.append(f"--config-file={config.inipath}")
+    if st.arch:
+        args.append(f"--arch={st.arch}")
+    for plugin in getattr(config.option, "plugins", None) or []:
+        if plugin not in ("no:cacheprovider",):
+            args += ["-p", plugin]
+    for override in getattr(config.option, "override_ini", None) or []:
+        args += ["-o", override]
+    if config.pluginmanager.hasplugin("xdist"):
+        args += ["-p", "no:xdist"]
+    return args
+
+
+def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
+    st = _state(config)
+    files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
+    pool_config = workers.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
+                                     pytest_args=[], sanitizer=st.sanitizer_cmd, sanitizer_tool=st.sanitize)
+    pool = workers.Pool(pool_config)
+    pool_config.pytest_args = _server_args(config, files, pool.tmp) + ["--harness-serve"]
+    pool_config.sanitizer_log_dir = pool.tmp
+    st.pool = pool
+    if st.sanitizer_cmd is None:
+        pool.start_server(_server_args(config, files, pool.tmp))
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     st = _state(config)
+    if st.serving:
+        return
     gpu_items = [it for it in items if _is_gpu(it)]
     st.gpu_selected = len(gpu_items)
-    if not gpu_items or st.require_gpu:
+    if not gpu_items and not st.require_gpu:
         return
-    p = device.probe()
-    if p.usable:
+    _start_pool(config, gpu_items or items)
+    try:
+        st.probe = st.pool.wait_probe()
+    except workers.PoolError as exc:
+        st.probe = {"count": 0, "error": str(exc)}
+    device.adopt_probe(device.DeviceProbe(count=st.probe.get("count", 0), name=st.probe.get("name"),
+                                          arch=st.probe.get("arch"), error=st.probe.get("error")))
+    usable = st.probe.get("error") is None and st.probe.get("count", 0) > 0
+    if not usable:
+        st.pool.close()
+        st.pool = None
+        _refuse_without_device(st, st.probe)
+        skip = pytest.mark.skip(reason=f"GPU gate: {st.probe.get('error')}; pass --require-gpu to make this a failure")
+        for it in gpu_items:
+            it.add_marker(skip)
         return
-    skip = pytest.mark.skip(reason=f"GPU gate: {p.error}; pass --require-gpu to make this a failure")
-    for it in gpu_items:
-        it.add_marker(skip)
+    count = st.probe.get("count", 1)
+    if st.is_worker and count > 1:
+        worker = config.workerinput.get("workerid", "gw0")
+        index = int(worker[2:]) if worker[2:].isdigit() else 0
+        st.pool.config.device_ordinal = index % count
+    if st.sanitize:
+        skip = pytest.mark.skip(reason=f"trap gate: its device guard's __trap() is itself a {st.sanitize} finding, "
+                                       "so trap gates do not run under --sanitize")
+        for it in gpu_items:
+            if it.get_closest_marker("trap"):
+                it.add_marker(skip)
 
 
 # ------------------------------------------------------------------ running gates
@@ -173,43 +301,49 @@ def _kind(item: pytest.Item) -> str | None:
     return None
 
 
-def _passthrough(config: pytest.Config) -> list[str]:
-    st = _state(config)
-    args = [f"--kernel-root={st.kernel_root}"]
-    if st.arch:
-        args.append(f"--arch={st.arch}")
-    args.append(f"--harness-cache-dir={_settings.current().cache_dir}")
-    if st.require_gpu:
-        args.append("--require-gpu")
-    return args
+def _deadline(item: pytest.Item) -> tuple[float, str]:
+    st = _state(item.config)
+    marker = item.get_closest_marker("deadline")
+    if marker is not None:
+        raw = marker.args[0] if marker.args else marker.kwargs.get("seconds")
+        try:
+            return deadline_value(str(raw)), "its deadline marker"
+        except argparse.ArgumentTypeError as exc:
+            raise pytest.UsageError(f"harness: {item.nodeid}: @pytest.mark.deadline: {exc}") from None
+    return st.deadline, st.deadline_source
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session):
+    """In a pool's server: fork workers on request. In an exec'd worker: run gates on request."""
+    if not _state(session.config).serving:
+        return None
+    if workers.is_server():
+        workers.serve(session)
+    else:
+        workers.exec_worker_loop(session)
+    return True
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
-    """Trap gates, and GPU gates after a poisoned context, run in a fresh child process."""
+    """GPU gates run in the pool's workers under the watchdog: trap gates each in a fresh one."""
     st = _state(item.config)
-    if st.is_child or not _is_gpu(item) or item.get_closest_marker("skip"):
+    if st.serving or st.pool is None or not _is_gpu(item) or item.get_closest_marker("skip"):
         return None
     trap = item.get_closest_marker("trap") is not None
-    if not trap and st.poisoned_by is None:
-        return None
+    deadline, source = _deadline(item)
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    result = isolate.run_child(item.nodeid, rootdir=item.config.rootpath, inifile=item.config.inipath,
-                               passthrough=_passthrough(item.config),
-                               has_xdist=item.config.pluginmanager.hasplugin("xdist"),
-                               timeout=st.child_timeout)
-    outcome, longrepr, route, line = _judge_child(item, result, trap)
-    props = _properties(item) + [("isolated", "true")]
-    if route:
-        props += [("route", route), ("first_failure_line", line or "")]
-    keywords = {k: 1 for k in item.keywords}
-    reports = [
-        pytest.TestReport(item.nodeid, item.location, keywords, outcome=o, longrepr=lr, when=when,
-                   duration=d, user_properties=list(props),
-                   harness_failure_message=result.longrepr[:MESSAGE_LIMIT] if o == "failed" else None)
-        for when, o, lr, d in (("setup", "passed", None, 0.0), ("call", outcome, longrepr, result.duration),
-                               ("teardown", "passed", None, 0.0))
-    ]
+    try:
+        worker = st.pool.fresh_worker() if trap else st.pool.main_worker()
+    except workers.PoolError as exc:
+        reports = _synthetic(item, "failed", str(exc), [("route", "error"),
+                                                        ("first_failure_line", str(exc).splitlines()[0])])
+    else:
+        result = worker.run(item.nodeid, nextitem.nodeid if nextitem is not None else None, deadline)
+        if trap:
+            worker.kill()
+        reports = _reports(item, result, trap, deadline, source, worker)
     for rep in reports:
         item.ihook.pytest_runtest_logreport(report=rep)
     # The item was never set up here, but fixtures of earlier items that `nextitem` does not
@@ -219,24 +353,79 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     return True
 
 
-def _judge_child(item: pytest.Item, result: isolate.ChildResult, trap: bool):
-    """(outcome, longrepr, route, first line) for the parent's report."""
-    if result.outcome == "skipped":
-        return "skipped", (str(item.path), item.location[1] or 0, result.longrepr or "skipped in child"), None, None
-    if trap:
-        if result.outcome in ("failed", "error") and result.route == "trap":
-            return "passed", None, None, None
-        if result.outcome == "passed":
-            line = "the device guard did not fire: the gate's body returned normally in its child process"
-            return "failed", f"AssertionError: {line}", "assertion", line
-        line = result.first_line or "the trap gate failed in its child process"
-        text = (f"the device guard did not fire as a trap; the child failed by route "
-                f"{result.route}: {line}\n\n{result.longrepr}")
-        return "failed", text, result.route or "error", line
-    if result.outcome == "passed":
-        return "passed", None, None, None
-    text = f"(ran in a fresh process: an earlier gate left the CUDA context unusable)\n{result.longrepr}"
-    return "failed", text, result.route or "error", result.first_line
+def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline: float, source: str,
+             worker: workers.Worker) -> list:
+    st = _state(item.config)
+    facts = [("worker", worker.name)]
+    if worker.device:
+        facts += [("device", worker.device.get("name", "")), ("device_ordinal", str(worker.device.get("ordinal", ""))),
+                  ("device_uuid", worker.device.get("uuid", ""))]
+    if result.timed_out:
+        launched = (f"the last kernel launched was {result.last_launch}" if result.last_launch
+                    else "no kernel had been launched through harness.kernels yet")
+        text = (f"timeout: the gate did not finish within its deadline of {deadline:g} s ({source}); {launched}. "
+                "Its worker process was killed and replaced; the other gates keep their own verdicts. "
+                "A kernel that never returns (a spin in a reduction, a barrier some threads skip) looks like this; "
+                "raise the deadline with @pytest.mark.deadline(S) or --harness-deadline S only if the gate is "
+                "just slow.")
+        line = f"timeout after {deadline:g} s ({source}); last kernel launched: {result.last_launch or 'none'}"
+        return _synthetic(item, "failed", text, facts + [("route", "timeout"), ("first_failure_line", line)],
+                          duration=result.seconds)
+    if result.died is not None:
+        tail = st.pool.log_tail() if st.pool is not None else ""
+        text = f"{result.died}; the worker's output ended:\n{tail}" if tail else result.died
+        return _synthetic(item, "failed", text, facts + [("route", "error"), ("first_failure_line", result.died)],
+                          duration=result.seconds)
+    config = item.config
+    reports = [config.hook.pytest_report_from_serializable(config=config, data=d) for d in result.reports]
+    if not reports:
+        text = f"the worker did not collect {item.nodeid}: its collection differs from this process's"
+        return _synthetic(item, "failed", text, facts + [("route", "error"), ("first_failure_line", text)])
+    st.launches += result.launches
+    if not trap:
+        return reports
+    return _judge_trap(item, reports, facts, result.seconds)
+
+
+def _judge_trap(item: pytest.Item, reports: list, facts: list, duration: float) -> list:
+    """A trap gate passes when its body died by a device fault; it fails by assertion when the
+    body returned normally. Setup and teardown in the thrown-away worker do not count."""
+    setup = next((r for r in reports if r.when == "setup"), None)
+    call = next((r for r in reports if r.when == "call"), None)
+    if call is None:  # setup failed or skipped: that is the verdict, as reported
+        for rep in reports:
+            rep.user_properties.append(("isolated", "true"))
+        return reports
+    props = dict((k, v) for k, v in call.user_properties)
+    route = props.get("route")
+    if call.passed:
+        line = "the device guard did not fire: the gate's body returned normally in its fresh worker process"
+        return _synthetic(item, "failed", f"AssertionError: {line}",
+                          facts + [("route", "assertion"), ("first_failure_line", line)], duration=duration)
+    if call.skipped:
+        return reports
+    if route == "trap":
+        return _synthetic(item, "passed", None, facts, duration=duration)
+    line = props.get("first_failure_line") or "the trap gate failed in its fresh worker process"
+    text = (f"the device guard did not fire as a trap; the gate failed by route {route}: {line}\n\n"
+            f"{call.longrepr}")
+    return _synthetic(item, "failed", text, facts + [("route", route or "error"), ("first_failure_line", line)],
+                      duration=duration, message=getattr(call, "harness_failure_message", None))
+
+
+def _synthetic(item: pytest.Item, outcome: str, longrepr, props: list, duration: float = 0.0,
+               message: str | None = None) -> list:
+    """setup / call / teardown reports for a gate judged here rather than in the worker."""
+    trap = item.get_closest_marker("trap") is not None
+    all_props = _properties(item) + ([("isolated", "true")] if trap else []) + list(props)
+    keywords = {k: 1 for k in item.keywords}
+    failure = (message or str(longrepr))[:MESSAGE_LIMIT] if outcome == "failed" else None
+    return [
+        pytest.TestReport(item.nodeid, item.location, keywords, outcome=o, longrepr=lr, when=when,
+                          duration=d, user_properties=list(all_props), harness_failure_message=failure)
+        for when, o, lr, d in (("setup", "passed", None, 0.0), ("call", outcome, longrepr, duration),
+                               ("teardown", "passed", None, 0.0))
+    ]
 
 
 def _properties(item: pytest.Item) -> list[tuple[str, str]]:
@@ -256,10 +445,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if rep.failed and call.excinfo is not None:
         exc = call.excinfo.value
         props = [("route", classify_route(exc).value), ("first_failure_line", first_line(exc))]
-        if _is_gpu(item) and st.poisoned_by is None and not st.is_child:
+        if _is_gpu(item) and workers.is_worker():
             # Only a CUDA error can poison the context; then ask the device whether it did.
             if device.is_cuda_error(exc) and (device.is_sticky_error(exc) or device.context_is_poisoned()):
-                st.poisoned_by = item.nodeid
                 props.append(("poisoned_context", "true"))
         item.user_properties.extend(props)
         rep.user_properties.extend(props)
@@ -276,12 +464,11 @@ def _props(report) -> dict:
 
 
 class _Recorder:
-    """Folds setup/call/teardown reports (local, from xdist workers, or rebuilt from a
-    child process) into one GateRecord per gate."""
+    """Folds setup/call/teardown reports (local, from the pool's workers, or from xdist
+    workers) into one GateRecord per gate."""
 
     def __init__(self, st: HarnessState):
         self.st = st
-        self.longreprs: dict[str, str] = {}
 
     def pytest_runtest_logreport(self, report) -> None:
         st = self.st
@@ -294,6 +481,9 @@ class _Recorder:
             rec.kind = None if props["kind"] == "other" else props["kind"]
             rec.gpu = props.get("gpu") == "true"
         rec.isolated = rec.isolated or props.get("isolated") == "true"
+        for key in ("worker", "device", "device_ordinal", "device_uuid"):
+            if props.get(key):
+                setattr(rec, key, int(props[key]) if key == "device_ordinal" and props[key].isdigit() else props[key])
         if props.get("poisoned_context") == "true" and st.poisoned_by is None:
             st.poisoned_by = report.nodeid
         rec.duration += getattr(report, "duration", 0.0) or 0.0
@@ -306,14 +496,8 @@ class _Recorder:
             rec.route = props.get("route", "error")
             rec.first_failure_line = props.get("first_failure_line")
             rec.failure_message = getattr(report, "harness_failure_message", None) or str(report.longrepr)[:MESSAGE_LIMIT]
-            self.longreprs[report.nodeid] = str(report.longrepr)
-
-    def child_verdicts(self) -> dict:
-        return {
-            nodeid: {"outcome": r.outcome, "route": r.route, "first_line": r.first_failure_line,
-                     "longrepr": self.longreprs.get(nodeid, r.skip_reason or "")}
-            for nodeid, r in self.st.records.items()
-        }
+            if rec.route == "sanitizer":
+                st.sanitizer_findings += 1
 
 
 recorder_key = pytest.StashKey[_Recorder]()
@@ -322,36 +506,46 @@ recorder_key = pytest.StashKey[_Recorder]()
 # ------------------------------------------------------------------ finishing
 
 
-def _facts(config: pytest.Config) -> RunFacts:
+def _facts(config: pytest.Config, records: list[GateRecord]) -> RunFacts:
     from harness.compile import recorded_options, resolve_arch
 
     st = _state(config)
-    p = device.probe() if st.gpu_selected or st.require_gpu else None
     try:
         arch = resolve_arch(st.arch)
         options = list(recorded_options(arch))
     except Exception:
         arch, options = st.arch, []
-    return RunFacts(device=p.name if p is not None and p.usable else None, arch=arch,
-                    kernel_root=str(st.kernel_root), compile_options=options,
-                    require_gpu=st.require_gpu, poisoned_by=st.poisoned_by)
+    seen = {}
+    for r in records:
+        if r.gpu and r.device_uuid is not None:
+            seen[(r.device_ordinal, r.device_uuid)] = r.device
+    devices = [{"ordinal": o, "uuid": u, "name": n} for (o, u), n in sorted(seen.items(), key=lambda kv: str(kv[0]))]
+    probe = st.probe or {}
+    name = probe.get("name") if probe.get("error") is None else None
+    if name is None and devices:
+        name = devices[0]["name"]
+    return RunFacts(device=name, arch=arch, kernel_root=str(st.kernel_root), compile_options=options,
+                    require_gpu=st.require_gpu, poisoned_by=st.poisoned_by, devices=devices,
+                    sanitizer=st.sanitize)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
     st = _state(config)
-    if st.is_child:
-        Path(st.child_report).write_text(json.dumps(config.stash[recorder_key].child_verdicts()))
-        return
-    if st.is_worker:
+    if st.pool is not None:
+        st.pool.close()
+        st.pool = None
+    if st.serving or st.is_worker:
         return
     records = list(st.records.values())
-    facts = None
     if st.report_dir is not None:
-        facts = _facts(config)
+        facts = _facts(config, records)
         for r in records:
-            r.device = facts.device if r.gpu else None
-            r.compile_options = facts.compile_options if r.gpu else []
+            if r.gpu:
+                r.device = r.device or facts.device
+                r.compile_options = facts.compile_options
+            else:
+                r.device = None
         write_reports(st.report_dir, records, facts)
     if st.require_gpu and exitstatus not in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.USAGE_ERROR):
         executed = sum(1 for r in records if r.gpu and r.outcome in ("passed", "failed"))
@@ -363,7 +557,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     st = _state(config)
-    if st.is_child or st.is_worker:
+    if st.serving or st.is_worker:
         return
     from harness.summary import render_summary
 

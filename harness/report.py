@@ -17,7 +17,8 @@ class Route(str, Enum):
     TRAP = "trap"  # a CUDA fault: the kernel's __trap(), an illegal address, a poisoned context
     REFUSAL = "refusal"  # a launcher refused the arguments (ValueError)
     COMPILE = "compile"  # the module did not compile
-    TIMEOUT = "timeout"
+    TIMEOUT = "timeout"  # the gate ran past its deadline; its worker was killed
+    SANITIZER = "sanitizer"  # compute-sanitizer reported a finding while the gate ran (--sanitize)
     ERROR = "error"  # anything else
 
 
@@ -71,8 +72,11 @@ class GateRecord:
     failure_message: str | None = None  # the whole message, bounded; for controls' substrings
     skip_reason: str | None = None
     device: str | None = None
+    device_ordinal: int | None = None  # which GPU of the machine (nvidia-smi's index)
+    device_uuid: str | None = None  # tells apart GPUs that share a name
+    worker: str | None = None  # the pool worker process that ran the gate
     compile_options: list[str] = field(default_factory=list)
-    isolated: bool = False  # ran in a fresh child process
+    isolated: bool = False  # ran alone in a fresh worker process (trap gates)
 
 
 @dataclass
@@ -83,6 +87,8 @@ class RunFacts:
     compile_options: list[str]
     require_gpu: bool
     poisoned_by: str | None = None
+    devices: list[dict] = field(default_factory=list)  # every GPU a gate ran on: ordinal, uuid, name
+    sanitizer: str | None = None
 
 
 def summarize(records: list[GateRecord]) -> dict:
@@ -105,6 +111,8 @@ def gates_json(records: list[GateRecord], facts: RunFacts) -> dict:
         "compile_options": facts.compile_options,
         "require_gpu": facts.require_gpu,
         "poisoned_by": facts.poisoned_by,
+        "devices": facts.devices,
+        "sanitizer": facts.sanitizer,
         "summary": summarize(records),
         "gates": [asdict(r) for r in records],
     }
@@ -123,6 +131,10 @@ def summary_markdown(records: list[GateRecord], facts: RunFacts) -> str:
     )
     lines.append("")
     lines.append(f"- device: {facts.device or 'none'}")
+    for d in facts.devices:
+        lines.append(f"  - GPU {d['ordinal']}: {d['name']} ({d['uuid']})")
+    if facts.sanitizer:
+        lines.append(f"- sanitizer: compute-sanitizer {facts.sanitizer}")
     lines.append(f"- arch: {facts.arch or 'n/a'}")
     lines.append(f"- kernel root: `{facts.kernel_root}`")
     lines.append(f"- compile options: `{' '.join(facts.compile_options)}`")

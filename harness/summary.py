@@ -64,9 +64,15 @@ def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
             t.add_row(r.nodeid, r.route or "", r.first_failure_line or "")
         console.print(t)
     if st.poisoned_by:
-        later = sum(1 for r in records if r.isolated and r.kind != "trap")
-        console.print(f"[bold red]{st.poisoned_by} poisoned the CUDA context[/]; "
-                      f"{later} later GPU gates ran in fresh processes, so their verdicts are their own.")
+        console.print(f"[bold red]{st.poisoned_by} poisoned the CUDA context[/]; its worker process was replaced, "
+                      "so later GPU gates' verdicts are their own.")
+    timeouts = [r for r in records if r.route == "timeout"]
+    if timeouts:
+        console.print(f"[bold red]{len(timeouts)} GPU gate(s) ran past their deadline[/]; each one's worker was "
+                      "killed and replaced, and every other gate kept its own verdict.")
+    if st.sanitize:
+        console.print(f"compute-sanitizer {st.sanitize}: {st.sanitizer_findings} gate(s) with findings over "
+                      f"{st.launches} kernel launches through harness.kernels.")
     for line in banner_lines(records, st.require_gpu, st.no_gpu_executed):
         console.print(f"[bold yellow on red] harness: {line} [/]" if "SKIPPED" in line else f"[bold red]harness: {line}[/]")
     terminalreporter.write_sep("=", "harness")

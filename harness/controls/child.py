@@ -136,7 +136,7 @@ def pytest_command(
     cmd = [sys.executable, "-m", "pytest", *targets]
     cmd += [f"--kernel-root={kernel_root}", "--no-fail-fast", f"--harness-report={report_dir}"]
     # the cubin cache the compile check filled; isolated (trap) gates end within the deadline
-    cmd += [f"--harness-cache-dir={cache_dir}", f"--harness-child-timeout={max(1, int(deadline))}"]
+    cmd += [f"--harness-cache-dir={cache_dir}", f"--harness-deadline={max(1, int(deadline))}"]
     if require_gpu:
         cmd.append("--require-gpu")
     if arch:

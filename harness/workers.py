@@ -1,0 +1,698 @@
+"""Warm, supervised processes for GPU gates.
+
+The pytest process never runs a GPU gate itself and never blocks on the device. It owns a
+*pool*:
+
+- a **server**: a fresh Python (`python -m harness.workers serve`) that imports numpy, CuPy
+  and the harness, collects the gate modules it is given, and never initialises CUDA. It
+  forks children on request, so a child starts in milliseconds with everything imported
+  and every gate collected;
+- **workers**: the server's forked children. Each makes its own CUDA context on its own
+  device, says hello, then runs the gates it is sent, one at a time, and sends back
+  pytest's own reports. The pool keeps spares warm (context made, probe done) one ahead
+  of need: a trap gate takes a spare and the spare is thrown away after it, so an
+  isolated gate costs its own run time, not a Python start;
+- a **watchdog**: the pytest process waits for each gate's reply with the gate's deadline.
+  A worker that does not answer in time is killed (SIGKILL: a thread blocked in a CUDA
+  call cannot be interrupted any other way) and the next gate gets a spare.
+
+Under `--sanitize` the workers are not forked: each is a fresh process started under
+compute-sanitizer that collects the modules itself (`python -m harness.workers worker`).
+
+Every process talks over one Unix socket the pytest process listens on, in length-prefixed
+JSON frames; the first frame of each connection says who it is (server, probe or worker,
+with the token the pool gave it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKER_START_TIMEOUT = 120.0  # seconds for a server or worker to start and say hello
+SPARES = 2  # warm workers kept one ahead of need
+
+
+class Timeout(Exception):
+    pass
+
+
+class ChannelClosed(EOFError):
+    pass
+
+
+class Channel:
+    """Length-prefixed JSON frames over a stream socket; `recv` takes a timeout."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buf = bytearray()
+
+    def send(self, obj) -> None:
+        data = json.dumps(obj).encode()
+        self.sock.sendall(struct.pack("!I", len(data)) + data)
+
+    def recv(self, timeout: float | None = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if len(self._buf) >= 4:
+                (n,) = struct.unpack("!I", self._buf[:4])
+                if len(self._buf) >= 4 + n:
+                    data = bytes(self._buf[4:4 + n])
+                    del self._buf[:4 + n]
+                    return json.loads(data)
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                raise Timeout()
+            ready, _, _ = select.select([self.sock], [], [], wait)
+            if not ready:
+                raise Timeout()
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except OSError as exc:
+                raise ChannelClosed(str(exc)) from None
+            if not chunk:
+                raise ChannelClosed("the other end closed the connection")
+            self._buf += chunk
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def connect(path: str) -> Channel:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    return Channel(s)
+
+
+# ====================================================================== the pytest side
+
+
+@dataclass
+class RunResult:
+    """What a worker did with one gate."""
+
+    reports: list = field(default_factory=list)  # serialized pytest reports
+    poisoned: bool = False  # the gate left the CUDA context unusable: the worker is gone
+    timed_out: bool = False
+    died: str | None = None  # the worker ended without a verdict: why
+    last_launch: str | None = None
+    launches: int = 0  # kernel launches made through harness.kernels during the gate
+    seconds: float = 0.0
+
+
+class Worker:
+    """The pytest side of one worker process."""
+
+    def __init__(self, channel: Channel, hello: dict):
+        self.channel = channel
+        self.pid = int(hello["pid"])
+        self.pgid = hello.get("pgid")
+        self.device = hello.get("device") or {}
+        self.probe = hello.get("probe") or {}
+        self.name = f"w{hello['token']}"
+        self.alive = True
+
+    def run(self, nodeid: str, nextid: str | None, deadline: float) -> RunResult:
+        start = time.monotonic()
+        result = RunResult()
+        try:
+            self.channel.send({"op": "run", "nodeid": nodeid, "nextid": nextid})
+        except OSError as exc:
+            self.kill()
+            result.died = f"the worker could not be sent the gate ({exc})"
+            return result
+        while True:
+            remaining = deadline - (time.monotonic() - start)
+            try:
+                msg = self.channel.recv(timeout=max(remaining, 0.0))
+            except Timeout:
+                self.kill()
+                result.timed_out = True
+                break
+            except ChannelClosed:
+                self.kill()
+                result.died = "the worker process ended without a verdict (it crashed or was killed)"
+                break
+            op = msg.get("op")
+            if op == "launch":
+                result.last_launch = msg.get("name")
+            elif op == "done":
+                result.reports = msg["reports"]
+                result.poisoned = bool(msg.get("poisoned"))
+                result.launches = int(msg.get("launches") or 0)
+                if result.poisoned:
+                    self.kill()
+                break
+        result.seconds = time.monotonic() - start
+        return result
+
+    def kill(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        self.channel.close()
+        try:
+            if self.pgid:
+                os.killpg(int(self.pgid), signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def quit(self) -> None:
+        """Let the worker tear its fixtures down and exit; kill it if it does not."""
+        if not self.alive:
+            return
+        try:
+            self.channel.send({"op": "quit"})
+            self.channel.recv(timeout=10.0)
+        except (OSError, Timeout, ChannelClosed):
+            pass
+        self.kill()
+
+
+class PoolError(RuntimeError):
+    """The pool could not start a server or a worker; the message says why and what to do."""
+
+
+@dataclass
+class PoolConfig:
+    rootdir: Path
+    invocation_dir: Path
+    pytest_args: list[str]  # what the server (or an exec'd worker) passes to pytest.main
+    device_ordinal: int | None = None  # None: the first visible device
+    sanitizer: list[str] | None = None  # the compute-sanitizer command prefix, or None to fork
+    sanitizer_log_dir: Path | None = None
+    sanitizer_tool: str | None = None
+    spares: int = SPARES
+    start_timeout: float = WORKER_START_TIMEOUT
+
+
+class Pool:
+    """Owns the listening socket, the server (fork mode), the spares and the main worker."""
+
+    def __init__(self, config: PoolConfig):
+        self.config = config
+        self.tmp = Path(tempfile.mkdtemp(prefix="harness-pool-"))
+        self.path = str(self.tmp / "pool.sock")
+        self.log = self.tmp / "server.log"
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(64)
+        self.server: subprocess.Popen | None = None
+        self.server_channel: Channel | None = None
+        self.probe: dict | None = None
+        self.ready = False
+        self.main: Worker | None = None
+        self.spares: list[Worker] = []
+        self._pending: set[int] = set()  # tokens asked for, not yet connected
+        self._early: dict[tuple, tuple[Channel, dict]] = {}  # hellos that arrived before asked for
+        self._token = 0
+        self._procs: list[subprocess.Popen] = []  # exec'd workers
+        self.started_workers = 0
+
+    # ---------------------------------------------------------------- start-up
+
+    def start_server(self, collect_args: list[str]) -> None:
+        """Start the fork server on `collect_args` (fork mode). Returns at once."""
+        cmd = [sys.executable, "-m", "harness.workers", "serve", "--connect", self.path, "--"] + collect_args
+        self.server = self._popen(cmd)
+
+    def _popen(self, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+        out = open(self.log, "ab")
+        try:
+            return subprocess.Popen(cmd, cwd=self.config.invocation_dir, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"))
+        finally:
+            out.close()
+
+    def _accept(self, role: str, token: int | None = None, timeout: float | None = None) -> tuple[Channel, dict]:
+        """The next connection of this role (and token); others are kept for later."""
+        timeout = self.config.start_timeout if timeout is None else timeout
+        key = (role, token)
+        if key in self._early:
+            return self._early.pop(key)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PoolError(self._start_failure(f"no {role} said hello within {timeout:g} s"))
+            ready, _, _ = select.select([self.listener], [], [], min(remaining, 0.5))
+            if not ready:
+                if self.server is not None and self.server.poll() is not None and role != "worker-exec":
+                    raise PoolError(self._start_failure(f"the server exited with status {self.server.returncode}"))
+                continue
+            conn, _ = self.listener.accept()
+            ch = Channel(conn)
+            try:
+                hello = ch.recv(timeout=max(remaining, 1.0))
+            except (Timeout, ChannelClosed):
+                ch.close()
+                continue
+            got = (hello.get("role"), hello.get("token"))
+            if got == key:
+                return ch, hello
+            self._early[got] = (ch, hello)
+
+    def _start_failure(self, what: str) -> str:
+        tail = ""
+        try:
+            lines = self.log.read_text(errors="replace").strip().splitlines()
+            tail = "\n".join(lines[-20:])
+        except OSError:
+            pass
+        return (f"harness: the GPU gate workers could not start: {what}. "
+                f"Their output ended:\n{tail}" if tail else f"harness: the GPU gate workers could not start: {what}")
+
+    def wait_probe(self) -> dict:
+        """The device probe, made in a process forked from the server after the conftests loaded."""
+        if self.probe is None:
+            if self.config.sanitizer is not None:
+                self.probe = self._probe_exec()
+            else:
+                ch, hello = self._accept("probe")
+                ch.close()
+                self.probe = hello["probe"]
+        return self.probe
+
+    def _probe_exec(self) -> dict:
+        out = subprocess.run([sys.executable, "-m", "harness.workers", "probe"], capture_output=True, text=True,
+                             timeout=self.config.start_timeout, cwd=self.config.invocation_dir)
+        try:
+            return json.loads(out.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"count": 0, "error": f"the device probe failed: {out.stderr.strip()[-500:]}"}
+
+    def _server(self) -> Channel:
+        if self.server_channel is None:
+            self.server_channel, _ = self._accept("server")
+        if not self.ready:
+            try:
+                msg = self.server_channel.recv(timeout=self.config.start_timeout)
+            except (Timeout, ChannelClosed) as exc:
+                raise PoolError(self._start_failure(f"the server did not finish collecting ({type(exc).__name__})"))
+            if msg.get("op") != "ready":
+                raise PoolError(self._start_failure(f"the server said {msg!r} instead of ready"))
+            self.ready = True
+        return self.server_channel
+
+    # ---------------------------------------------------------------- workers
+
+    def _ask(self) -> int:
+        """Ask for one more worker; returns its token."""
+        self._token += 1
+        token = self._token
+        env = {}
+        if self.config.device_ordinal is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible_device(self.config.device_ordinal)
+        if self.config.sanitizer is None:
+            self._server().send({"op": "spawn", "token": token, "env": env})
+        else:
+            log = self.config.sanitizer_log_dir / f"sanitizer-w{token}.log"
+            cmd = (self.config.sanitizer + ["--log-file", str(log), sys.executable, "-m", "harness.workers",
+                                            "worker", "--connect", self.path, "--token", str(token), "--"]
+                   + self.config.pytest_args)
+            self._procs.append(self._popen(cmd, env=dict(os.environ, HARNESS_SANITIZER_LOG=str(log),
+                                                     HARNESS_SANITIZER_TOOL=self.config.sanitizer_tool or "", **env)))
+        self._pending.add(token)
+        self.started_workers += 1
+        return token
+
+    def _take(self, token: int) -> Worker:
+        ch, hello = self._accept("worker", token)
+        self._pending.discard(token)
+        worker = Worker(ch, hello)
+        if hello.get("error"):
+            worker.kill()
+            raise PoolError(f"harness: a GPU gate worker could not start: {hello['error']}")
+        return worker
+
+    def _fill(self) -> None:
+        while len(self.spares) + len(self._pending) < self.config.spares:
+            self._ask()
+
+    def _spare(self) -> Worker:
+        if self.spares:
+            worker = self.spares.pop(0)
+        else:
+            if not self._pending:
+                self._ask()
+            worker = self._take(min(self._pending))
+        self._fill()
+        return worker
+
+    def main_worker(self) -> Worker:
+        if self.main is None or not self.main.alive:
+            self.main = self._spare()
+        return self.main
+
+    def fresh_worker(self) -> Worker:
+        """A worker no gate has used: for a gate that runs alone (a trap gate)."""
+        return self._spare()
+
+    def adopt_ready_spares(self) -> None:
+        """Take the hellos of spares that finished starting (keeps their sockets drained)."""
+        for token in sorted(self._pending):
+            key = ("worker", token)
+            if key in self._early:
+                self.spares.append(self._take(token))
+
+    # ---------------------------------------------------------------- end
+
+    def close(self) -> None:
+        if self.main is not None:
+            self.main.quit()
+        for w in self.spares:
+            w.kill()
+        for ch, hello in self._early.values():
+            ch.close()
+            if hello.get("pid"):
+                _kill_quietly(int(hello["pid"]))
+        if self.server_channel is not None:
+            try:
+                self.server_channel.send({"op": "quit"})
+            except OSError:
+                pass
+            self.server_channel.close()
+        procs = ([self.server] if self.server is not None else []) + self._procs
+        for proc in procs:
+            try:
+                proc.wait(timeout=5 if proc is self.server else 0.5)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the server's forked workers share its group
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.listener.close()
+        for p in self.tmp.glob("*"):
+            if p.name != "server.log":
+                p.unlink(missing_ok=True)
+
+    def log_tail(self, n: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").strip().splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def visible_device(ordinal: int) -> str:
+    """CUDA_VISIBLE_DEVICES for the ordinal-th device this process can see."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        entries = [v.strip() for v in visible.split(",") if v.strip()]
+        if entries:
+            return entries[ordinal % len(entries)]
+    return str(ordinal)
+
+
+# ====================================================================== the server side
+
+_server_channel: Channel | None = None  # set in the server process
+_connect_path: str | None = None
+_worker_channel: Channel | None = None  # set in a worker process
+_worker_token: int | None = None
+_last_launch: str | None = None
+launches = 0  # kernel launches made through harness.kernels in this worker
+
+
+def is_server() -> bool:
+    return _server_channel is not None and _worker_channel is None
+
+
+def is_worker() -> bool:
+    return _worker_token is not None
+
+
+def note_launch(name: str) -> None:
+    """Called by harness.kernels before each launch: the watchdog names the last one."""
+    global _last_launch, launches
+    launches += 1
+    if _worker_channel is not None and name != _last_launch:
+        _last_launch = name
+        try:
+            _worker_channel.send({"op": "launch", "name": name})
+        except OSError:
+            pass
+
+
+def _probe_dict() -> dict:
+    from harness import device
+
+    p = device.probe()
+    return {"count": p.count, "name": p.name, "arch": p.arch, "error": p.error,
+            "devices": [list(d) for d in device.list_devices()] if p.usable else []}
+
+
+def server_configured() -> None:
+    """In the server's pytest_configure: fork a child that probes the device and tells the
+    pytest process, while the server goes on collecting."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            _server_channel.close()
+            ch = connect(_connect_path)
+            try:
+                probe = _probe_dict()
+            except BaseException as exc:  # never let the child run on into pytest
+                probe = {"count": 0, "error": f"the device probe raised {type(exc).__name__}: {exc}"}
+            ch.send({"role": "probe", "token": None, "pid": os.getpid(), "probe": probe})
+            ch.close()
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+
+
+def serve(session) -> None:
+    """The server's run loop: fork a worker for each spawn request until quit or EOF."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked workers reap themselves
+    ch = _server_channel
+    ch.send({"op": "ready", "collected": len(session.items)})
+    while True:
+        try:
+            msg = ch.recv()
+        except ChannelClosed:
+            return
+        if msg.get("op") == "quit":
+            return
+        if msg.get("op") == "spawn":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                ch.close()
+                os.environ.update(msg.get("env") or {})
+                _become_worker(session, int(msg["token"]))  # never returns
+
+
+def _become_worker(session, token: int) -> None:
+    global _worker_channel, _worker_token, _server_channel
+    _server_channel = None
+    code = 0
+    try:
+        _worker_token = token
+        ch = connect(_connect_path)
+        hello = {"role": "worker", "token": token, "pid": os.getpid(), "pgid": None}
+        if os.environ.get("HARNESS_SANITIZER_LOG"):
+            hello["pgid"] = os.getpgid(0)
+        try:
+            _prepare_device()
+            hello["probe"] = _probe_dict()
+            hello["device"] = _device_facts()
+        except BaseException as exc:
+            hello["error"] = f"{type(exc).__name__}: {exc}"
+        ch.send(hello)
+        if "error" not in hello:
+            _worker_channel = ch
+            _worker_loop(session, ch)
+    except BaseException:
+        code = 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _prepare_device() -> None:
+    """Make the context now, so the first gate does not pay for it. Under a sanitizer,
+    switch CuPy's pools off: one pooled allocation would hide an out-of-bounds access."""
+    try:
+        import cupy
+    except Exception:
+        return
+    if os.environ.get("HARNESS_SANITIZER_LOG"):
+        cupy.cuda.set_allocator(None)
+        cupy.cuda.set_pinned_memory_allocator(None)
+    try:
+        cupy.cuda.runtime.free(0)
+    except Exception:
+        pass
+
+
+def _device_facts() -> dict:
+    from harness import device
+
+    p = device.probe()
+    if not p.usable:
+        return {}
+    facts = device.current_device_facts()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    entry = visible.split(",")[0].strip() if visible else ""
+    if entry.isdigit():
+        facts["ordinal"] = int(entry)
+    return facts
+
+
+class _ReportSink:
+    def __init__(self):
+        self.reports: list = []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.reports.append(report)
+
+
+def _worker_loop(session, ch: Channel) -> None:
+    config = session.config
+    items = {item.nodeid: item for item in session.items}
+    sink = _ReportSink()
+    config.pluginmanager.register(sink, "harness-worker-sink")
+    from harness import sanitizer
+
+    watch = sanitizer.LogWatch.from_environment()
+    facts = _device_facts()
+    props = [("worker", f"w{_worker_token}")]
+    if facts:
+        props += [("device", facts.get("name", "")), ("device_ordinal", str(facts.get("ordinal", ""))),
+                  ("device_uuid", facts.get("uuid", ""))]
+    while True:
+        try:
+            msg = ch.recv()
+        except ChannelClosed:
+            break
+        if msg.get("op") == "quit":
+            session._setupstate.teardown_exact(None)
+            ch.send({"op": "bye"})
+            break
+        if msg.get("op") != "run":
+            continue
+        item = items.get(msg["nodeid"])
+        if item is None:
+            ch.send({"op": "done", "reports": [], "missing": True})
+            continue
+        nextitem = items.get(msg.get("nextid") or "")
+        sink.reports.clear()
+        before = launches
+        try:
+            session._setupstate.teardown_exact(item)
+        except BaseException:
+            pass  # a finaliser of an earlier gate failed; that gate already has its verdict
+        config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if watch is not None:
+            watch.attribute(sink.reports, launches - before)
+        out = []
+        poisoned = False
+        for rep in sink.reports:
+            rep.user_properties.extend(props)
+            if any(k == "poisoned_context" and v == "true" for k, v in rep.user_properties):
+                poisoned = True
+            out.append(config.hook.pytest_report_to_serializable(config=config, report=rep))
+        ch.send({"op": "done", "reports": out, "poisoned": poisoned, "launches": launches - before})
+        if poisoned:
+            break
+
+
+# ====================================================================== entry points
+
+
+def _serve_main(argv: list[str]) -> int:
+    global _server_channel, _connect_path
+    path = argv[argv.index("--connect") + 1]
+    args = argv[argv.index("--") + 1:] if "--" in argv else []
+    _connect_path = path
+    _server_channel = connect(path)
+    _server_channel.send({"role": "server", "token": None, "pid": os.getpid()})
+    _warm_imports()
+    import pytest
+
+    # `serve` (in the plugin's run loop) returns on quit; the exit status means nothing here.
+    pytest.main(args + ["--harness-serve"])
+    return 0
+
+
+def _worker_main(argv: list[str]) -> int:
+    """An exec'd worker (under a sanitizer): collect, then serve gates as a forked one does."""
+    global _connect_path, _worker_token
+    _connect_path = argv[argv.index("--connect") + 1]
+    token = int(argv[argv.index("--token") + 1])
+    args = argv[argv.index("--") + 1:]
+    _worker_token = token
+    import pytest
+
+    pytest.main(args + ["--harness-serve"])
+    return 0
+
+
+def exec_worker_loop(session) -> None:
+    """The run loop of an exec'd worker (called by the plugin)."""
+    _become_worker(session, _worker_token)
+
+
+def _warm_imports() -> None:
+    for name in ("numpy", "ml_dtypes", "cupy", "harness.kernels", "harness.bits", "harness.dtypes"):
+        try:
+            __import__(name)
+        except Exception:
+            pass
+
+
+def _probe_main() -> int:
+    print(json.dumps(_probe_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    # Run through the imported module, not this `__main__` copy: the plugin reads the
+    # module's globals (the server channel, the worker token).
+    from harness import workers as _w
+
+    _command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if _command == "serve":
+        sys.exit(_w._serve_main(sys.argv[2:]))
+    if _command == "worker":
+        sys.exit(_w._worker_main(sys.argv[2:]))
+    if _command == "probe":
+        sys.exit(_w._probe_main())
+    print("usage: python -m harness.workers {serve|worker|probe} (started by the harness plugin)", file=sys.stderr)
+    sys.exit(2)
