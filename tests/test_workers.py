@@ -1,0 +1,283 @@
+"""The warm pool and the watchdog through pytester, with a fake device (no GPU needed):
+gates that block in C with every signal masked, workers that die, trap gates in fresh
+workers, spares, deadlines from the CLI, the ini and a marker, bad input, and nothing
+left running after the run."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.test_plugin import FAKE_DEVICE_CONFTEST, NO_DEVICE  # noqa: F401  (suite fixture below)
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+# A gate that blocks in a C call no Python signal handler can interrupt: every signal is
+# masked in the thread, then libc's sleep() waits. Only SIGKILL ends it.
+BLOCKED_IN_C = """
+import ctypes, signal
+def block_forever_in_c():
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    ctypes.CDLL(None).sleep(3600)
+"""
+
+
+@pytest.fixture
+def suite(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    pytester.makeini("[pytest]\nkernel_root = .\n")
+    pytester.makeconftest(FAKE_DEVICE_CONFTEST + BLOCKED_IN_C)
+    return pytester
+
+
+def _gates(suite) -> dict:
+    report = json.loads((suite.path / "rep" / "gates.json").read_text())
+    return {g["nodeid"].split("::")[1]: g for g in report["gates"]}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_gate_blocked_in_c_with_signals_masked_gets_timeout_and_the_rest_their_verdicts(suite):
+    suite.makepyfile(test_w="""
+        import os, pytest
+        from conftest import block_forever_in_c
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_a_before():
+            open("pids", "a").write(f"{os.getpid()}\\n")
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_b_hangs():
+            open("pids", "a").write(f"{os.getpid()}\\n")
+            block_forever_in_c()
+        @pytest.mark.gpu
+        @pytest.mark.link
+        def test_c_green_after():
+            open("pids", "a").write(f"{os.getpid()}\\n")
+        @pytest.mark.gpu
+        @pytest.mark.link
+        def test_d_red_after():
+            assert 1 == 2, "d's own assertion"
+    """)
+    start = time.monotonic()
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-deadline", "3", "--harness-report", "rep",
+                                        "--junitxml", "junit.xml")
+    elapsed = time.monotonic() - start
+    result.assert_outcomes(passed=2, failed=2)
+    assert elapsed < 60, elapsed
+    gates = _gates(suite)
+    b = gates["test_b_hangs"]
+    assert (b["outcome"], b["route"]) == ("failed", "timeout")
+    assert "timeout after 3 s (--harness-deadline)" in b["first_failure_line"]
+    assert "killed and replaced" in b["failure_message"]
+    assert gates["test_c_green_after"]["outcome"] == "passed"
+    assert gates["test_c_green_after"]["worker"] != b["worker"]
+    d = gates["test_d_red_after"]
+    assert (d["outcome"], d["route"], d["first_failure_line"]) == ("failed", "assertion", "d's own assertion")
+    assert (suite.path / "junit.xml").is_file()
+    out = " ".join(result.stdout.str().split())
+    assert "1 GPU gate(s) ran past their deadline" in out
+    pids = [int(p) for p in (suite.path / "pids").read_text().split()]
+    assert len(set(pids)) == 2  # a and b shared a worker; c ran in its replacement
+    time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)], "a worker outlived the run"
+
+
+def test_the_watchdog_names_the_last_kernel_launched(suite):
+    suite.makepyfile(test_k="""
+        import pytest
+        from harness.workers import note_launch
+        from conftest import block_forever_in_c
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_spins():
+            note_launch("spin.cu:reduce_forever")
+            block_forever_in_c()
+    """)
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-deadline", "2", "--harness-report", "rep")
+    result.assert_outcomes(failed=1)
+    g = _gates(suite)["test_spins"]
+    assert g["route"] == "timeout"
+    assert g["first_failure_line"].endswith("last kernel launched: spin.cu:reduce_forever")
+    assert "the last kernel launched was spin.cu:reduce_forever" in g["failure_message"]
+
+
+def test_a_deadline_marker_beats_the_ini_and_the_ini_beats_the_default(suite):
+    suite.makeini("[pytest]\nkernel_root = .\nharness_deadline = 2\n")
+    suite.makepyfile(test_m="""
+        import pytest
+        from conftest import block_forever_in_c
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        @pytest.mark.deadline(1)
+        def test_marker():
+            block_forever_in_c()
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_ini():
+            block_forever_in_c()
+    """)
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-report", "rep")
+    result.assert_outcomes(failed=2)
+    gates = _gates(suite)
+    assert "timeout after 1 s (its deadline marker)" in gates["test_marker"]["first_failure_line"]
+    assert "timeout after 2 s (ini harness_deadline)" in gates["test_ini"]["first_failure_line"]
+
+
+def test_a_worker_that_dies_mid_gate_is_red_by_route_error_and_replaced(suite):
+    suite.makepyfile(test_d="""
+        import os, pytest
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_a_dies():
+            os._exit(3)
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_b_after():
+            pass
+    """)
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-report", "rep")
+    result.assert_outcomes(passed=1, failed=1)
+    gates = _gates(suite)
+    a = gates["test_a_dies"]
+    assert (a["outcome"], a["route"]) == ("failed", "error")
+    assert "ended without a verdict" in a["first_failure_line"]
+    assert gates["test_b_after"]["outcome"] == "passed"
+
+
+def test_gpu_gates_share_a_warm_worker_and_each_trap_gate_gets_a_fresh_one(suite):
+    suite.makepyfile(test_s="""
+        import os, pytest
+        from conftest import fire_trap
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_1():
+            open("pids", "a").write(f"g {os.getpid()}\\n")
+        @pytest.mark.gpu
+        @pytest.mark.trap
+        def test_2_trap():
+            open("pids", "a").write(f"t {os.getpid()}\\n")
+            fire_trap()
+        @pytest.mark.gpu
+        @pytest.mark.trap
+        def test_3_trap():
+            open("pids", "a").write(f"t {os.getpid()}\\n")
+            fire_trap()
+        @pytest.mark.gpu
+        @pytest.mark.link
+        def test_4():
+            open("pids", "a").write(f"g {os.getpid()}\\n")
+        def test_5_host_only():
+            open("pids", "a").write(f"h {os.getpid()}\\n")
+    """)
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-report", "rep")
+    result.assert_outcomes(passed=5)
+    rows = [line.split() for line in (suite.path / "pids").read_text().splitlines()]
+    gpu = {int(p) for k, p in rows if k == "g"}
+    traps = [int(p) for k, p in rows if k == "t"]
+    host = {int(p) for k, p in rows if k == "h"}
+    assert len(gpu) == 1
+    assert len(set(traps)) == 2 and not gpu & set(traps)
+    assert not host & (gpu | set(traps))  # host-only gates run in the pytest process
+    gates = _gates(suite)
+    assert gates["test_2_trap"]["isolated"] is True and gates["test_1"]["isolated"] is False
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_bad_deadline_is_one_clear_usage_error(suite, value):
+    suite.makepyfile(test_x="def test_x():\n    pass\n")
+    result = suite.runpytest_subprocess(f"--harness-deadline={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "--harness-deadline" in err and "Traceback" not in err
+    assert "e.g. --harness-deadline 120" in err
+
+
+def test_a_bad_ini_deadline_is_one_clear_usage_error(suite):
+    suite.makeini("[pytest]\nkernel_root = .\nharness_deadline = -5\n")
+    suite.makepyfile(test_x="def test_x():\n    pass\n")
+    result = suite.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*harness: ini harness_deadline: '-5' is not a deadline*"])
+
+
+def test_an_unknown_sanitizer_tool_is_refused_naming_the_tools(suite):
+    suite.makepyfile(test_x="def test_x():\n    pass\n")
+    result = suite.runpytest_subprocess("--sanitize", "leakcheck")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--sanitize*invalid choice: 'leakcheck'*memcheck*racecheck*"])
+
+
+def test_a_sanitizer_that_is_not_executable_is_one_clear_error(suite, monkeypatch, tmp_path):
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o644)
+    monkeypatch.setenv("HARNESS_SANITIZER", str(fake))
+    suite.makepyfile(test_x="def test_x():\n    pass\n")
+    result = suite.runpytest_subprocess("--sanitize", "memcheck")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*harness: --sanitize: {fake} *is not an executable file*chmod +x*"])
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_a_missing_sanitizer_says_how_to_install_it(suite, monkeypatch, tmp_path):
+    monkeypatch.setenv("HARNESS_SANITIZER", str(tmp_path / "nowhere"))
+    suite.makepyfile(test_x="def test_x():\n    pass\n")
+    result = suite.runpytest_subprocess("--sanitize", "racecheck")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*harness: --sanitize: HARNESS_SANITIZER=*nowhere does not exist*"])
+
+
+def test_sanitize_without_a_device_is_one_clear_error(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text("#!/bin/sh\nexec \"$@\"\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("HARNESS_SANITIZER", str(fake))
+    pytester.makeini("[pytest]\nkernel_root = .\n")
+    pytester.makeconftest("import sys\npytest_plugins = [] if 'harness.plugin' in sys.modules else ['harness.plugin']\n")
+    pytester.makepyfile(test_x="""
+        import pytest
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_x():
+            pass
+    """)
+    result = pytester.runpytest_subprocess("--sanitize", "memcheck")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*harness: --sanitize memcheck needs a CUDA device*drop --sanitize*"])
+
+
+def test_findings_in_a_sanitizer_log_are_parsed_into_blocks_with_one_actionable_line():
+    from harness.sanitizer import findings, first_line
+
+    log = """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at oob_write+0x70 in /k/oob.cu:7
+=========     by thread (104,0,0) in block (3,0,0)
+=========     Address 0x7f00000fa0 is out of bounds
+=========     and is 0 bytes after the nearest allocation at 0x7f00000000 of size 4000 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: [0x2f4d]
+=========
+========= ERROR SUMMARY: 1 error
+"""
+    blocks = findings(log)
+    assert len(blocks) == 1
+    line = first_line("memcheck", blocks[0])
+    assert line.startswith("memcheck: Invalid __global__ write of size 4 bytes; at oob_write+0x70")
+    assert "by thread (104,0,0) in block (3,0,0)" in line and "Address 0x7f00000fa0 is out of bounds" in line
+    assert findings("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n") == []
