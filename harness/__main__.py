@@ -74,7 +74,13 @@ def _controls_main(argv: list[str]) -> int:
     return main(argv)
 
 
-COMMANDS = {"compile": _compile_main, "controls": _controls_main}
+def _bench_main(argv: list[str]) -> int:
+    from harness.bench import main
+
+    return main(argv)
+
+
+COMMANDS = {"compile": _compile_main, "controls": _controls_main, "bench": _bench_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -240,8 +240,10 @@ def _server_args(config: pytest.Config, files: list[str], pool_tmp: Path) -> lis
 def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
     st = _state(config)
     files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
+    prefix = config.workerinput.get("workerid", "") + "-" if st.is_worker else ""
     pool_config = workers.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
-                                     pytest_args=[], sanitizer=st.sanitizer_cmd, sanitizer_tool=st.sanitize)
+                                     pytest_args=[], sanitizer=st.sanitizer_cmd, sanitizer_tool=st.sanitize,
+                                     name_prefix=prefix)
     pool = workers.Pool(pool_config)
     pool_config.pytest_args = _server_args(config, files, pool.tmp) + ["--harness-serve"]
     pool_config.sanitizer_log_dir = pool.tmp
@@ -383,6 +385,8 @@ def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline:
         return _synthetic(item, "failed", text, facts + [("route", "error"), ("first_failure_line", text)])
     st.launches += result.launches
     if not trap:
+        for rep in reports:
+            rep.user_properties.append(("worker", worker.name))
         return reports
     return _judge_trap(item, reports, facts, result.seconds)
 
@@ -522,8 +526,8 @@ def _facts(config: pytest.Config, records: list[GateRecord]) -> RunFacts:
     devices = [{"ordinal": o, "uuid": u, "name": n} for (o, u), n in sorted(seen.items(), key=lambda kv: str(kv[0]))]
     probe = st.probe or {}
     name = probe.get("name") if probe.get("error") is None else None
-    if name is None and devices:
-        name = devices[0]["name"]
+    if name is None:
+        name = next((r.device for r in records if r.gpu and r.device), None)
     return RunFacts(device=name, arch=arch, kernel_root=str(st.kernel_root), compile_options=options,
                     require_gpu=st.require_gpu, poisoned_by=st.poisoned_by, devices=devices,
                     sanitizer=st.sanitize)

@@ -117,13 +117,13 @@ class RunResult:
 class Worker:
     """The pytest side of one worker process."""
 
-    def __init__(self, channel: Channel, hello: dict):
+    def __init__(self, channel: Channel, hello: dict, prefix: str = ""):
         self.channel = channel
         self.pid = int(hello["pid"])
         self.pgid = hello.get("pgid")
         self.device = hello.get("device") or {}
         self.probe = hello.get("probe") or {}
-        self.name = f"w{hello['token']}"
+        self.name = f"{prefix}w{hello['token']}"
         self.alive = True
 
     def run(self, nodeid: str, nextid: str | None, deadline: float) -> RunResult:
@@ -199,6 +199,7 @@ class PoolConfig:
     sanitizer_log_dir: Path | None = None
     sanitizer_tool: str | None = None
     spares: int = SPARES
+    name_prefix: str = ""  # the xdist worker's id, so worker names stay unique across a -n run
     start_timeout: float = WORKER_START_TIMEOUT
 
 
@@ -336,7 +337,7 @@ class Pool:
     def _take(self, token: int) -> Worker:
         ch, hello = self._accept("worker", token)
         self._pending.discard(token)
-        worker = Worker(ch, hello)
+        worker = Worker(ch, hello, self.config.name_prefix)
         if hello.get("error"):
             worker.kill()
             raise PoolError(f"harness: a GPU gate worker could not start: {hello['error']}")
@@ -592,7 +593,7 @@ def _worker_loop(session, ch: Channel) -> None:
 
     watch = sanitizer.LogWatch.from_environment()
     facts = _device_facts()
-    props = [("worker", f"w{_worker_token}")]
+    props = []
     if facts:
         props += [("device", facts.get("name", "")), ("device_ordinal", str(facts.get("ordinal", ""))),
                   ("device_uuid", facts.get("uuid", ""))]

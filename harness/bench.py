@@ -1,0 +1,131 @@
+"""`python -m harness bench gates`: the gate run's speed, the old way against this one, in one run.
+
+Both trees run the same gates on the same machine with the same warm compile cache:
+
+- the *before* tree (`--before DIR`: a checkout of the code before the warm pool) runs its
+  own `gates/` serially and with `-n JOBS`;
+- this tree runs exactly the before tree's gate ids serially (today's suite, the target),
+  then its whole `gates/` serially (what gates added since cost) and with `-n JOBS`.
+
+Each figure is pytest's own "passed in N s" and the process wall time; the isolated (trap)
+gates' cost comes from each run's gates.json. Numbers are printed and written as JSON and
+Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SUMMARY = re.compile(r"=+ (?:.*?) in ([0-9.]+)s")
+
+
+def _run(tree: Path, args: list[str], report: Path, env: dict) -> dict:
+    cmd = [sys.executable, "-m", "pytest", *args, "--require-gpu", "-q", "-p", "no:cacheprovider",
+           "--color=no", f"--harness-report={report}"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    tail = proc.stdout.strip().splitlines()
+    pytest_s = None
+    summary_line = ""
+    for line in reversed(tail):
+        m = SUMMARY.search(line)
+        if m and (" passed" in line or " failed" in line):
+            pytest_s, summary_line = float(m.group(1)), line.strip("= ").strip()
+            break
+    gates = []
+    gj = report / "gates.json"
+    if gj.is_file():
+        gates = json.loads(gj.read_text()).get("gates", [])
+    isolated = [g["duration"] for g in gates if g.get("isolated")]
+    return {
+        "command": " ".join(cmd[1:]), "tree": str(tree), "exit": proc.returncode, "wall_s": round(wall, 2),
+        "pytest_s": pytest_s, "summary": summary_line, "gates": len(gates),
+        "isolated_gates": len(isolated),
+        "isolated_mean_s": round(statistics.mean(isolated), 3) if isolated else None,
+        "isolated_max_s": round(max(isolated), 3) if isolated else None,
+        "output_tail": "\n".join(tail[-5:]) if proc.returncode else "",
+    }
+
+
+def _collect_ids(tree: Path, env: dict) -> list[str]:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "gates", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                          cwd=tree, env=env, capture_output=True, text=True)
+    return [line.strip() for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness bench gates",
+                                     description="Time the GPU gate run, the old way against this one, in one run.")
+    parser.add_argument("what", choices=["gates"])
+    parser.add_argument("--before", required=True, metavar="DIR",
+                        help="a checkout of the code before the change (its own gates/ and harness/)")
+    parser.add_argument("--jobs", type=int, default=8, metavar="N", help="xdist workers for the parallel figure")
+    parser.add_argument("--out", default="docs/observed", metavar="DIR")
+    parser.add_argument("--name", default="bench-gates", help="file name stem for the JSON and Markdown")
+    args = parser.parse_args(argv)
+    before = Path(args.before).resolve()
+    after = Path.cwd().resolve()
+    if not (before / "gates").is_dir():
+        print(f"error: --before {before} has no gates/ folder: pass a checkout of the old tree", file=sys.stderr)
+        return 2
+    if args.jobs < 1:
+        print(f"error: --jobs {args.jobs}: pass 1 or more", file=sys.stderr)
+        return 2
+    cache = Path(os.environ.get("HARNESS_CACHE_DIR") or tempfile.mkdtemp(prefix="harness-bench-cache-"))
+    tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
+    env_before = dict(os.environ, HARNESS_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(before))
+    env_after = dict(os.environ, HARNESS_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(after))
+    old_ids = _collect_ids(before, env_before)
+    rows: dict[str, dict] = {}
+
+    def step(key: str, tree: Path, env: dict, targs: list[str]) -> None:
+        rows[key] = _run(tree, targs, tmp / key, env)
+        r = rows[key]
+        print(f"{key:28s} pytest {r['pytest_s']} s, wall {r['wall_s']} s, {r['gates']} gates, "
+              f"isolated mean {r['isolated_mean_s']} s  [{r['summary']}]", flush=True)
+
+    step("warm-up before", before, env_before, ["gates"])
+    step("warm-up after", after, env_after, ["gates"])
+    step("before serial", before, env_before, ["gates"])
+    step("after serial (old gates)", after, env_after, old_ids)
+    step("after serial (all gates)", after, env_after, ["gates"])
+    step(f"before -n {args.jobs}", before, env_before, ["gates", "-n", str(args.jobs)])
+    step(f"after -n {args.jobs}", after, env_after, ["gates", "-n", str(args.jobs)])
+    b, a, full = rows["before serial"], rows["after serial (old gates)"], rows["after serial (all gates)"]
+    result = {"device": _device_name(), "old_gate_ids": len(old_ids), "runs": rows,
+              "added_gates": full["gates"] - a["gates"],
+              "added_gates_pytest_s": round((full["pytest_s"] or 0) - (a["pytest_s"] or 0), 2)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    md = [f"# Gate-run benchmark ({result['device']})", "", "`python -m harness bench gates --before DIR "
+          f"--jobs {args.jobs}`, one run, warm compile cache.", "",
+          "| run | pytest s | wall s | gates | isolated gates | isolated mean s | isolated max s |",
+          "| --- | --- | --- | --- | --- | --- | --- |"]
+    for key, r in rows.items():
+        md.append(f"| {key} | {r['pytest_s']} | {r['wall_s']} | {r['gates']} | {r['isolated_gates']} | "
+                  f"{r['isolated_mean_s']} | {r['isolated_max_s']} |")
+    md += ["", f"Old suite ({len(old_ids)} gate ids): {b['pytest_s']} s before, {a['pytest_s']} s after. "
+           f"Gates added since: {result['added_gates']}, costing {result['added_gates_pytest_s']} s serial."]
+    (out / f"{args.name}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0 if all(r["exit"] == 0 for r in rows.values()) else 1
+
+
+def _device_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.strip().splitlines()
+        return f"{len(out)} x {out[0]}" if out else "no GPU"
+    except (OSError, subprocess.SubprocessError):
+        return "no GPU"
