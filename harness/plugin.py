@@ -178,6 +178,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(recorder, "harness-recorder")
     if st.serving and workers.is_server():
         workers.server_configured()
+    elif not st.serving and not st.is_controller and st.sanitizer_cmd is None and device._driver_present():
+        # Where a GPU may be, the server imports CuPy while this process collects.
+        st.pool = _new_pool(config)
 
 
 def _probe_in_subprocess(config: pytest.Config) -> dict:
@@ -237,19 +240,29 @@ def _server_args(config: pytest.Config, files: list[str], pool_tmp: Path) -> lis
     return args
 
 
-def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _new_pool(config: pytest.Config) -> workers.Pool:
     st = _state(config)
-    files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
     prefix = config.workerinput.get("workerid", "") + "-" if st.is_worker else ""
     pool_config = workers.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
                                      pytest_args=[], sanitizer=st.sanitizer_cmd, sanitizer_tool=st.sanitize,
                                      name_prefix=prefix)
     pool = workers.Pool(pool_config)
-    pool_config.pytest_args = _server_args(config, files, pool.tmp) + ["--harness-serve"]
     pool_config.sanitizer_log_dir = pool.tmp
-    st.pool = pool
     if st.sanitizer_cmd is None:
-        pool.start_server(_server_args(config, files, pool.tmp))
+        pool.start_server()
+    return pool
+
+
+def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give the pool (started at configure where a driver exists) the files to collect."""
+    st = _state(config)
+    files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
+    if st.pool is None:
+        st.pool = _new_pool(config)
+    args = _server_args(config, files, st.pool.tmp)
+    st.pool.config.pytest_args = args + ["--harness-serve"]
+    if st.sanitizer_cmd is None:
+        st.pool.collect(args)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -259,6 +272,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     gpu_items = [it for it in items if _is_gpu(it)]
     st.gpu_selected = len(gpu_items)
     if not gpu_items and not st.require_gpu:
+        if st.pool is not None:
+            st.pool.close()
+            st.pool = None
         return
     _start_pool(config, gpu_items or items)
     try:
@@ -281,6 +297,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         worker = config.workerinput.get("workerid", "gw0")
         index = int(worker[2:]) if worker[2:].isdigit() else 0
         st.pool.config.device_ordinal = index % count
+    st.pool.warm_up()
     if st.sanitize:
         skip = pytest.mark.skip(reason=f"trap gate: its device guard's __trap() is itself a {st.sanitize} finding, "
                                        "so trap gates do not run under --sanitize")
@@ -359,6 +376,8 @@ def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline:
              worker: workers.Worker) -> list:
     st = _state(item.config)
     facts = [("worker", worker.name)]
+    if result.phases:
+        facts.append(("worker_phases", " ".join(f"{k}={v:g}" for k, v in result.phases.items())))
     if worker.device:
         facts += [("device", worker.device.get("name", "")), ("device_ordinal", str(worker.device.get("ordinal", ""))),
                   ("device_uuid", worker.device.get("uuid", ""))]
@@ -485,7 +504,7 @@ class _Recorder:
             rec.kind = None if props["kind"] == "other" else props["kind"]
             rec.gpu = props.get("gpu") == "true"
         rec.isolated = rec.isolated or props.get("isolated") == "true"
-        for key in ("worker", "device", "device_ordinal", "device_uuid"):
+        for key in ("worker", "device", "device_ordinal", "device_uuid", "worker_phases"):
             if props.get(key):
                 setattr(rec, key, int(props[key]) if key == "device_ordinal" and props[key].isdigit() else props[key])
         if props.get("poisoned_context") == "true" and st.poisoned_by is None:

@@ -75,6 +75,7 @@ class GateRecord:
     device_ordinal: int | None = None  # which GPU of the machine (nvidia-smi's index)
     device_uuid: str | None = None  # tells apart GPUs that share a name
     worker: str | None = None  # the pool worker process that ran the gate
+    worker_phases: str | None = None  # an isolated gate's setup / call / teardown seconds inside its worker
     compile_options: list[str] = field(default_factory=list)
     isolated: bool = False  # ran alone in a fresh worker process (trap gates)
 

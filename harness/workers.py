@@ -111,6 +111,7 @@ class RunResult:
     died: str | None = None  # the worker ended without a verdict: why
     last_launch: str | None = None
     launches: int = 0  # kernel launches made through harness.kernels during the gate
+    phases: dict = field(default_factory=dict)  # setup / call / teardown seconds inside the worker
     seconds: float = 0.0
 
 
@@ -154,6 +155,7 @@ class Worker:
                 result.reports = msg["reports"]
                 result.poisoned = bool(msg.get("poisoned"))
                 result.launches = int(msg.get("launches") or 0)
+                result.phases = msg.get("phases") or {}
                 if result.poisoned:
                     self.kill()
                 break
@@ -228,10 +230,16 @@ class Pool:
 
     # ---------------------------------------------------------------- start-up
 
-    def start_server(self, collect_args: list[str]) -> None:
-        """Start the fork server on `collect_args` (fork mode). Returns at once."""
-        cmd = [sys.executable, "-m", "harness.workers", "serve", "--connect", self.path, "--"] + collect_args
+    def start_server(self) -> None:
+        """Start the fork server (fork mode); it imports while this process collects. Returns at once."""
+        cmd = [sys.executable, "-m", "harness.workers", "serve", "--connect", self.path]
         self.server = self._popen(cmd)
+
+    def collect(self, collect_args: list[str]) -> None:
+        """Hand the server what to collect; its probe child then reports the device."""
+        if self.server_channel is None:
+            self.server_channel, _ = self._accept("server")
+        self.server_channel.send({"op": "collect", "args": collect_args})
 
     def _popen(self, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
         out = open(self.log, "ab")
@@ -343,6 +351,10 @@ class Pool:
             raise PoolError(f"harness: a GPU gate worker could not start: {hello['error']}")
         return worker
 
+    def warm_up(self) -> None:
+        """Start the spares now, so the first GPU gate finds a context ready."""
+        self._fill()
+
     def _fill(self) -> None:
         while len(self.spares) + len(self._pending) < self.config.spares:
             self._ask()
@@ -392,8 +404,9 @@ class Pool:
             self.server_channel.close()
         procs = ([self.server] if self.server is not None else []) + self._procs
         for proc in procs:
+            graceful = proc is self.server and self.server_channel is not None
             try:
-                proc.wait(timeout=5 if proc is self.server else 0.5)
+                proc.wait(timeout=5 if graceful else 0.2)
             except subprocess.TimeoutExpired:
                 pass
             try:
@@ -629,7 +642,9 @@ def _worker_loop(session, ch: Channel) -> None:
             if any(k == "poisoned_context" and v == "true" for k, v in rep.user_properties):
                 poisoned = True
             out.append(config.hook.pytest_report_to_serializable(config=config, report=rep))
-        ch.send({"op": "done", "reports": out, "poisoned": poisoned, "launches": launches - before})
+        phases = {rep.when: round(rep.duration, 4) for rep in sink.reports}
+        ch.send({"op": "done", "reports": out, "poisoned": poisoned, "launches": launches - before,
+                 "phases": phases})
         if poisoned:
             break
 
@@ -647,6 +662,14 @@ def _serve_main(argv: list[str]) -> int:
     _warm_imports()
     import pytest
 
+    if not args:
+        try:
+            msg = _server_channel.recv()
+        except ChannelClosed:
+            return 0
+        if msg.get("op") != "collect":
+            return 0
+        args = msg["args"]
     # `serve` (in the plugin's run loop) returns on quit; the exit status means nothing here.
     pytest.main(args + ["--harness-serve"])
     return 0
