@@ -101,6 +101,8 @@ class HarnessState:
         self.probe: dict | None = None
         self.launches = 0
         self.sanitizer_findings = 0
+        self.trap_queue: list | None = None  # trap gates not yet started, in run order
+        self.inflight: dict[str, workers.Worker] = {}  # trap gates started ahead on spares
 
 
 def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[float, str]:
@@ -353,13 +355,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     trap = item.get_closest_marker("trap") is not None
     deadline, source = _deadline(item)
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    _start_traps_ahead(st, item)
     try:
-        worker = st.pool.fresh_worker() if trap else st.pool.main_worker()
+        ahead = st.inflight.pop(item.nodeid, None)
+        worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
     except workers.PoolError as exc:
         reports = _synthetic(item, "failed", str(exc), [("route", "error"),
                                                         ("first_failure_line", str(exc).splitlines()[0])])
     else:
-        result = worker.run(item.nodeid, nextitem.nodeid if nextitem is not None else None, deadline)
+        if ahead is None:
+            worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None)
+        result = worker.wait(deadline)
         if trap:
             worker.kill()
         reports = _reports(item, result, trap, deadline, source, worker)
@@ -370,6 +376,31 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     item.session._setupstate.teardown_exact(nextitem)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
+
+
+TRAPS_AHEAD = 3  # trap gates running ahead on spares, beside the main worker's gates
+
+
+def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:
+    """Start upcoming trap gates on ready spares now: each runs alone in a fresh process
+    whatever runs beside it, so its verdict is the same, and its cost leaves the critical
+    path. Not under xdist (a worker there does not know which gates it will be sent)."""
+    if st.is_worker or st.sanitize:
+        return
+    if st.trap_queue is None:
+        items = current.session.items
+        start = items.index(current) if current in items else 0
+        st.trap_queue = [it for it in items[start:] if it.get_closest_marker("trap")
+                         and not it.get_closest_marker("skip")]
+    if current in st.trap_queue:
+        st.trap_queue.remove(current)
+    while st.trap_queue and len(st.inflight) < TRAPS_AHEAD:
+        worker = st.pool.ready_spare()
+        if worker is None:
+            return
+        nxt = st.trap_queue.pop(0)
+        worker.start(nxt.nodeid, None)
+        st.inflight[nxt.nodeid] = worker
 
 
 def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline: float, source: str,
@@ -555,6 +586,9 @@ def _facts(config: pytest.Config, records: list[GateRecord]) -> RunFacts:
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
     st = _state(config)
+    for worker in st.inflight.values():
+        worker.kill()
+    st.inflight.clear()
     if st.pool is not None:
         st.pool.close()
         st.pool = None

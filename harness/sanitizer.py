@@ -160,10 +160,14 @@ class LogWatch:
         text = "\n".join([f"compute-sanitizer {self.tool} reported {len(blocks)} finding(s) while this gate ran "
                           f"({launches} kernel launches):"] + ["\n".join(b) for b in blocks[:5]])
         call = next((r for r in reports if r.when == "call"), None)
-        if call is None or call.failed:
-            if call is not None:
-                call.longrepr = f"{call.longrepr}\n\n{text}"
+        if call is None:
             return
+        if call.failed:
+            # The finding is the cause (memcheck stops a kernel at its first bad access, so an
+            # assertion often fails too): the route says sanitizer, the gate's own text follows.
+            text = f"{text}\n\nThe gate's own failure:\n{call.longrepr}"
+            call.user_properties[:] = [(k, v) for k, v in call.user_properties
+                                       if k not in ("route", "first_failure_line")]
         call.outcome = "failed"
         call.longrepr = text
         call.user_properties.extend([("route", "sanitizer"), ("first_failure_line", line)])

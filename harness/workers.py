@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 WORKER_START_TIMEOUT = 120.0  # seconds for a server or worker to start and say hello
-SPARES = 2  # warm workers kept one ahead of need
+SPARES = 4  # warm workers kept ahead of need (trap gates start on them early)
 
 
 class Timeout(Exception):
@@ -128,13 +128,25 @@ class Worker:
         self.alive = True
 
     def run(self, nodeid: str, nextid: str | None, deadline: float) -> RunResult:
-        start = time.monotonic()
-        result = RunResult()
+        self.start(nodeid, nextid)
+        return self.wait(deadline)
+
+    def start(self, nodeid: str, nextid: str | None) -> None:
+        """Send the gate; `wait` collects the verdict (a trap gate may be started ahead)."""
+        self._started = time.monotonic()
+        self._send_error = None
         try:
             self.channel.send({"op": "run", "nodeid": nodeid, "nextid": nextid})
         except OSError as exc:
+            self._send_error = f"the worker could not be sent the gate ({exc})"
+
+    def wait(self, deadline: float) -> RunResult:
+        """The verdict, or a timeout `deadline` seconds after `start`."""
+        start = self._started
+        result = RunResult()
+        if self._send_error:
             self.kill()
-            result.died = f"the worker could not be sent the gate ({exc})"
+            result.died = self._send_error
             return result
         while True:
             remaining = deadline - (time.monotonic() - start)
@@ -378,12 +390,31 @@ class Pool:
         """A worker no gate has used: for a gate that runs alone (a trap gate)."""
         return self._spare()
 
-    def adopt_ready_spares(self) -> None:
-        """Take the hellos of spares that finished starting (keeps their sockets drained)."""
+    def ready_spare(self) -> Worker | None:
+        """A spare that has already said hello, without waiting; None when none is ready yet."""
+        while True:
+            ready, _, _ = select.select([self.listener], [], [], 0)
+            if not ready:
+                break
+            conn, _ = self.listener.accept()
+            ch = Channel(conn)
+            try:
+                hello = ch.recv(timeout=5.0)
+            except (Timeout, ChannelClosed):
+                ch.close()
+                continue
+            self._early[(hello.get("role"), hello.get("token"))] = (ch, hello)
         for token in sorted(self._pending):
-            key = ("worker", token)
-            if key in self._early:
-                self.spares.append(self._take(token))
+            if ("worker", token) in self._early:
+                try:
+                    self.spares.append(self._take(token))
+                except PoolError:
+                    continue
+        if len(self.spares) < 2:  # keep one for the main worker's replacement
+            return None
+        worker = self.spares.pop(0)
+        self._fill()
+        return worker
 
     # ---------------------------------------------------------------- end
 
@@ -571,6 +602,13 @@ def _prepare_device() -> None:
         cupy.cuda.set_pinned_memory_allocator(None)
     try:
         cupy.cuda.runtime.free(0)
+        # CuPy loads each of its own kernels on first use: load the common ones now.
+        a = cupy.zeros(256, dtype=cupy.float32)
+        a.fill(1.0)
+        b = cupy.arange(256, dtype=cupy.int32)
+        (a + b).sum()
+        cupy.asarray(a.get())
+        cupy.cuda.runtime.deviceSynchronize()
     except Exception:
         pass
 
