@@ -217,7 +217,8 @@ def test_reports_carry_kind_route_device_and_options(suite):
             assert_bits_eq("out", np.zeros(3, np.float32), np.asarray([0, 1, 0], np.float32))
         @pytest.mark.refusal
         def test_refusal_red():
-            raise ValueError("head_dim must be 256 or 512")
+            from harness.launch import Refusal
+            raise Refusal("head_dim must be 256 or 512")
         @pytest.mark.gpu
         @pytest.mark.link
         def test_link_green():
