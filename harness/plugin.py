@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import _settings, device, isolate
+from harness import _settings, device, isolate, usage
 from harness.report import (MESSAGE_LIMIT, KINDS, GateRecord, RunFacts, classify_route, failure_message, first_line,
                             write_reports)
 
@@ -97,6 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[state_key] = st
     if config.option.no_fail_fast:
         config.option.maxfail = 0
+    usage.check_configuration(config)  # bad options and environment: one line, before any work
     st.kernel_root = _resolve_kernel_root(config)
     explicit_root = bool(config.option.kernel_root or os.environ.get("HARNESS_KERNEL_ROOT"))
     if explicit_root and not st.kernel_root.is_dir():
