@@ -36,7 +36,12 @@ class CompileError(Exception):
         self.source = source
         self.log = log
         self.options = options
-        lines = [f"{what} {source}", "", log.rstrip() or "(NVRTC printed no log)", ""]
+        first = _LOG_ERROR_LINE.search(log)
+        head = f"{what} {source}"
+        if first:
+            where = "" if first.group(1) == str(source) else f"{first.group(1)} "
+            head += f": {where}line {first.group(2)}: {first.group(3).strip()}"
+        lines = [head, "", log.rstrip() or "(NVRTC printed no log)", ""]
         lines.append("options: " + " ".join(options))
         super().__init__("\n".join(lines))
 
@@ -51,6 +56,7 @@ class CompileError(Exception):
 
 
 _LOG_ERROR = re.compile(r"^(.+?)\((\d+)\): (?:catastrophic )?error", re.MULTILINE)
+_LOG_ERROR_LINE = re.compile(r"^(.+?)\((\d+)\): (?:catastrophic )?error: ?(.*)$", re.MULTILINE)
 
 
 class ArchError(ValueError):

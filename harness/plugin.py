@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from harness import _settings, device, isolate, usage
+from harness.cufiles import pytest_collect_file, pytest_make_collect_report  # noqa: F401  (.cu: compile gates)
+from harness.kinds import check_kinds
 from harness.report import (MESSAGE_LIMIT, KINDS, GateRecord, RunFacts, classify_route, failure_message, first_line,
                             write_reports)
 
@@ -21,6 +23,7 @@ MARKERS = {
     "refusal": "asserts a host launcher rejects bad arguments with a pinned message, before any launch",
     "trap": "asserts the kernel's device guard fires; runs in a fresh child process",
     "structural": "reads kernel source text (a constant agrees with its #define); needs no device",
+    "compile": "compiles one .cu with NVRTC (collected from the kernel root; no device)",
 }
 
 REQUIRE_GPU_ENV = "HARNESS_REQUIRE_GPU"
@@ -147,6 +150,7 @@ def _enforce_require_gpu(st: HarnessState) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    check_kinds(items, config)  # one kind marker per gate, as --strict-markers for names
     st = _state(config)
     gpu_items = [it for it in items if _is_gpu(it)]
     st.gpu_selected = len(gpu_items)
