@@ -52,7 +52,6 @@ class CompileItem(pytest.Item):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.add_marker(KIND)
-        self._where: tuple[Path, int | None] | None = None
 
     def runtest(self) -> None:
         from harness.compile import compile_file, declared_name_expressions
@@ -74,7 +73,6 @@ class CompileItem(pytest.Item):
         exc = excinfo.value
         if isinstance(exc, CompileError):
             path, line = exc.location
-            self._where = (path, line)
             head = f"{path}:{line}: does not compile" if line else f"{path}: does not compile"
             return f"{head}\n{exc}"
         if isinstance(exc, LauncherError):

@@ -247,3 +247,51 @@ def test_controls_without_static_on_a_machine_with_no_gpu_say_so_and_what_to_run
     one_clear_line(result, "controls run their gates on a CUDA device, and this machine has none usable",
                    "run `python -m harness controls --static` here")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_harness_cache_dir_that_is_a_file_is_a_usage_error_in_pytest(tree, tmp_path):
+    project = tree.parent
+    (project / "test_x.py").write_text("import pytest\n\n@pytest.mark.structural\ndef test_x():\n    pass\n")
+    blocker = tmp_path / "cache_file"
+    blocker.write_text("")
+    result = run_pytest("test_x.py", "--harness-cache-dir", str(blocker), cwd=project)
+    assert result.returncode == 4
+    one_clear_line(result, f"harness: --harness-cache-dir {blocker} is a file, not a folder")
+
+
+# ------------------------------------------------------------------ one set of settings
+
+
+def test_commands_resolve_settings_by_the_rules_pytest_uses(tmp_path, monkeypatch):
+    from harness import _settings
+
+    project = tmp_path / "p"
+    (project / "src" / "k").mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\nkernel_root = "src/k"\nharness_cache_dir = ".cubins"\n')
+    for var in (_settings.KERNEL_ROOT_ENV, _settings.CACHE_ENV, _settings.ARCH_ENV):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(project / "src")
+    root, s = _settings.project_settings()
+    assert root == project and s.kernel_root == project / "src" / "k" and s.cache_dir == project / ".cubins"
+    assert s.arch is None
+    monkeypatch.setenv(_settings.KERNEL_ROOT_ENV, str(tmp_path / "env_k"))
+    monkeypatch.setenv(_settings.CACHE_ENV, str(tmp_path / "env_cache"))
+    monkeypatch.setenv(_settings.ARCH_ENV, "sm_80")
+    _, s = _settings.project_settings()
+    assert s.kernel_root == tmp_path / "env_k"  # the variable beats the ini key, as in the plugin
+    assert s.cache_dir == project / ".cubins"  # the ini key beats the variable, as in the plugin
+    assert (s.arch, s.arch_source) == ("sm_80", "HARNESS_ARCH")
+    _, s = _settings.project_settings(kernel_root="k2", cache_dir="c2", arch="sm_90")
+    assert s.kernel_root == project / "src" / "k2" and s.cache_dir == project / "src" / "c2"
+    assert (s.arch, s.arch_source) == ("sm_90", "--arch")
+
+
+def test_pytest_reads_harness_arch_too(tree):
+    project = tree.parent
+    (project / "test_x.py").write_text(
+        "import pytest\nfrom harness import _settings\nfrom harness.compile import resolve_arch\n\n"
+        "@pytest.mark.structural\ndef test_x():\n    assert _settings.current().arch == 'sm_80'\n"
+        "    assert resolve_arch() == 'sm_80'\n")
+    result = run_pytest("test_x.py", cwd=project, env={"HARNESS_ARCH": "sm_80"})
+    assert result.returncode == 0, result.stdout + result.stderr
