@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pytest
 
-from harness.dtypes import bf16, bits_of, from_bits
+from harness import buffers
+from harness.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
@@ -69,10 +71,7 @@ class DeviceCase:
     qpos: object
 
 
-def _dev(a):
-    import cupy
-
-    return cupy.asarray(bits_of(a) if a.dtype == bf16 else a)
+_dev = partial(buffers.to_device, bits=True)  # bf16 as its uint16 bits
 
 
 def to_device(case: ora.Case) -> DeviceCase:
@@ -100,11 +99,7 @@ def _out(case: ora.Case):
     return cupy.full(case.q.shape, OUT_SENTINEL, dtype=cupy.uint16)
 
 
-def _host_bf16(out) -> np.ndarray:
-    import cupy
-
-    cupy.cuda.runtime.deviceSynchronize()
-    return from_bits(out.get(), bf16)
+_host_bf16 = partial(buffers.to_host, dtype=bf16)
 
 
 def kv_len(case: ora.Case) -> int:

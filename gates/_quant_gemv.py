@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.buffers import filled
+from harness.buffers import BF16_SENTINEL, filled
 from harness.dtypes import bf16, to_bf16
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
 from oracles.quant_gemv import Fp8GemvCase, LmHeadCase, Nvfp4Case
 
-SENTINEL = 0x7FA5  # bf16 NaN with a payload; a kernel's NaN would be 0x7fc0 or 0x7fff
+SENTINEL = BF16_SENTINEL  # bf16 NaN with a payload; a kernel's NaN would be 0x7fc0 or 0x7fff
 TAIL = 16  # sentinel outputs past N
 
 

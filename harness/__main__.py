@@ -3,66 +3,95 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 
-def _compile_main(argv: list[str]) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from harness import _settings
-    from harness.compile import (ArchError, CompileError, compile_file, declared_name_expressions, find_sources,
-                                 resolve_arch)
-
+def compile_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness compile",
                                      description="Compile every .cu under the kernel root with NVRTC and "
                                                  "print each kernel's ptxas resource usage. Templates are "
                                                  "instantiated from NAME_EXPRESSIONS in the launcher x.py "
-                                                 "beside x.cu, as the gates load them.")
-    parser.add_argument("--kernel-root", default=_settings.DEFAULT_KERNEL_ROOT, metavar="DIR")
+                                                 "beside x.cu, as the gates load them. Reads the settings a "
+                                                 "pytest run reads (ini kernel_root and harness_cache_dir of "
+                                                 "the project found from the working folder up, and "
+                                                 "HARNESS_KERNEL_ROOT, HARNESS_CACHE_DIR, HARNESS_ARCH).")
+    parser.add_argument("--kernel-root", default=None, metavar="DIR",
+                        help="default: HARNESS_KERNEL_ROOT, else ini kernel_root, else kernels_cu")
     parser.add_argument("--arch", default=None, metavar="sm_XX",
-                        help="default: the device's arch, or sm_90 with no device")
-    parser.add_argument("--cache-dir", default=None, metavar="DIR")
+                        help="default: HARNESS_ARCH, else the device's arch, else sm_90")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help="default: ini harness_cache_dir, else HARNESS_CACHE_DIR, else ~/.cache/harness/cubin")
     parser.add_argument("--no-cache", action="store_true", help="compile even when the cache has the cubin")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _compile_main(argv: list[str]) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from harness import _settings
+    from harness.compile import (ArchError, CompileError, LauncherError, compile_file, declared_name_expressions,
+                                 find_sources, resolve_arch)
+    from harness.usage import folder_problem, kernel_root_problem
+
+    args = compile_parser().parse_args(argv)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    root = Path(args.kernel_root)
+
+    def usage_error(text: str) -> int:
+        print(f"error: {text}", file=sys.stderr)
+        return 2
+
+    _, settings = _settings.project_settings(kernel_root=args.kernel_root, cache_dir=args.cache_dir, arch=args.arch)
+    root = settings.kernel_root
+    option = ("--kernel-root" if args.kernel_root else
+              _settings.KERNEL_ROOT_ENV if os.environ.get(_settings.KERNEL_ROOT_ENV) else "--kernel-root")
+    problem = kernel_root_problem(root, option)
+    if problem is None and not args.no_cache:
+        problem = folder_problem(settings.cache_dir, "--cache-dir" if args.cache_dir else "the cache folder",
+                                 "the compiled cubins")
+    if problem:
+        return usage_error(problem)
+    _settings.configure(kernel_root=root, cache_dir=settings.cache_dir, arch=args.arch)
     try:
         sources = find_sources(root)
         arch = resolve_arch(args.arch)
     except (FileNotFoundError, ArchError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not sources:
-        print(f"error: no .cu file under {root}: point --kernel-root at your kernels", file=sys.stderr)
-        return 2
+        return usage_error(str(exc))
     table = Table(title=f"NVRTC {arch}, kernel root {root}", title_justify="left")
     for col, just in (("module", "left"), ("kernel", "left"), ("registers", "right"), ("spill bytes", "right"),
                       ("shared bytes", "right"), ("cache", "left"), ("seconds", "right")):
         table.add_column(col, justify=just, overflow="fold")
-    failures = []
+    failures: list[str] = []
     start = time.perf_counter()
-    for src in sources:
-        rel = src.relative_to(root.resolve()).as_posix()
-        try:
-            mod = compile_file(src, kernel_root=root, arch=arch, cache_dir=args.cache_dir,
-                               name_expressions=declared_name_expressions(src), use_cache=not args.no_cache)
-        except CompileError as exc:
-            failures.append(exc)
-            table.add_row(rel, "[bold red]compile error[/]", "", "", "", "", "")
-            continue
-        cache = "hit" if mod.cache_hit else "miss"
-        if not mod.resources:
-            table.add_row(rel, "(no kernels)", "", "", "", cache, f"{mod.seconds:.2f}")
-        for i, r in enumerate(mod.resources):
-            spill = f"[bold red]{r.spill_bytes}[/]" if r.spill_bytes else "0"
-            table.add_row(rel if i == 0 else "", r.kernel, str(r.registers), spill, str(r.shared_bytes),
-                          cache if i == 0 else "", f"{mod.seconds:.2f}" if i == 0 else "")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for src in sources:
+            rel = src.relative_to(root).as_posix()
+            try:
+                mod = compile_file(src, kernel_root=root, arch=arch, cache_dir=settings.cache_dir,
+                                   name_expressions=declared_name_expressions(src), use_cache=not args.no_cache)
+            except (CompileError, LauncherError) as exc:
+                failures.append(str(exc))
+                what = "compile error" if isinstance(exc, CompileError) else "launcher error"
+                table.add_row(escape(rel), f"[bold red]{what}[/]", "", "", "", "", "")
+                continue
+            cache = "hit" if mod.cache_hit else ("miss" if not args.no_cache else "off")
+            if not mod.resources:
+                table.add_row(escape(rel), "(no kernels)", "", "", "", cache, f"{mod.seconds:.2f}")
+            for i, r in enumerate(mod.resources):
+                spill = f"[bold red]{r.spill_bytes}[/]" if r.spill_bytes else "0"
+                table.add_row(escape(rel) if i == 0 else "", escape(r.kernel), str(r.registers), spill,
+                              str(r.shared_bytes), cache if i == 0 else "", f"{mod.seconds:.2f}" if i == 0 else "")
     console.print(table)
-    for exc in failures:
-        print(f"{exc}\n", file=sys.stderr)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    for text in failures:
+        print(f"{text}\n", file=sys.stderr)
     n = len(sources)
     console.print(f"{n - len(failures)} of {n} modules compiled in {time.perf_counter() - start:.1f} s")
     return 1 if failures else 0

@@ -7,11 +7,20 @@ Launchers in a kernel tree call `harness.kernels.module("x.cu")`; they cannot se
 
 from __future__ import annotations
 
+import configparser
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 DEFAULT_KERNEL_ROOT = "kernels_cu"
+KERNEL_ROOT_ENV = "HARNESS_KERNEL_ROOT"
+ARCH_ENV = "HARNESS_ARCH"
+CACHE_ENV = "HARNESS_CACHE_DIR"
 DEFAULT_ARCH_WITHOUT_DEVICE = "sm_90"
 
 
@@ -20,10 +29,11 @@ class Settings:
     kernel_root: Path
     arch: str | None  # None: the device's arch, or sm_90 with no device
     cache_dir: Path
+    arch_source: str = "--arch"  # where `arch` came from, for error messages: --arch or HARNESS_ARCH
 
 
 def _default_cache_dir() -> Path:
-    env = os.environ.get("HARNESS_CACHE_DIR")
+    env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -32,9 +42,10 @@ def _default_cache_dir() -> Path:
 
 def _from_environment() -> Settings:
     return Settings(
-        kernel_root=Path(os.environ.get("HARNESS_KERNEL_ROOT", DEFAULT_KERNEL_ROOT)).resolve(),
-        arch=os.environ.get("HARNESS_ARCH") or None,
+        kernel_root=Path(os.environ.get(KERNEL_ROOT_ENV, DEFAULT_KERNEL_ROOT)).resolve(),
+        arch=os.environ.get(ARCH_ENV) or None,
         cache_dir=_default_cache_dir(),
+        arch_source=ARCH_ENV,
     )
 
 
@@ -49,12 +60,17 @@ def current() -> Settings:
 
 
 def configure(**changes) -> Settings:
-    """Replace some settings (kernel_root, arch, cache_dir); returns the new settings."""
+    """Replace some settings (kernel_root, arch, cache_dir); returns the new settings.
+    `arch=None` means no explicit arch: HARNESS_ARCH applies when set, else the device's."""
     global _current
     if "kernel_root" in changes and changes["kernel_root"] is not None:
         changes["kernel_root"] = Path(changes["kernel_root"]).resolve()
     if "cache_dir" in changes and changes["cache_dir"] is not None:
         changes["cache_dir"] = Path(changes["cache_dir"])
+    if "arch" in changes:
+        explicit = changes["arch"]
+        changes["arch"] = explicit or os.environ.get(ARCH_ENV) or None
+        changes["arch_source"] = "--arch" if explicit else ARCH_ENV
     changes = {k: v for k, v in changes.items() if v is not None or k == "arch"}
     _current = replace(current(), **changes)
     return _current
@@ -63,3 +79,91 @@ def configure(**changes) -> Settings:
 def reset() -> None:
     global _current
     _current = None
+
+
+# ------------------------------------------------------------------ the project's pytest configuration
+# The commands (`python -m harness compile`, `python -m harness controls`) read the same
+# settings as a pytest run: they find the rootdir as pytest does (the first folder, from
+# the working folder up, whose pytest.ini / pyproject.toml / tox.ini / setup.cfg holds a
+# pytest section) and read its ini keys, so they work from any folder inside the project.
+
+_INI_CANDIDATES = (("pytest.ini", "pytest"), (".pytest.ini", "pytest"), ("pyproject.toml", None),
+                   ("tox.ini", "pytest"), ("setup.cfg", "tool:pytest"))
+
+
+def _pytest_table(path: Path, section: str | None) -> dict | None:
+    """The pytest section of one configuration file, or None when it has none."""
+    if section is None:
+        try:
+            tool = tomllib.loads(path.read_text()).get("tool", {})
+        except (OSError, ValueError):
+            return None
+        table = tool.get("pytest") if isinstance(tool, dict) else None
+        if not isinstance(table, dict):
+            return None
+        inner = table.get("ini_options", table)
+        return inner if isinstance(inner, dict) else None
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path)
+    except (configparser.Error, UnicodeDecodeError):
+        return None
+    if path.name in ("pytest.ini", ".pytest.ini") and not parser.has_section(section):
+        return {}  # pytest.ini counts even when empty
+    return dict(parser.items(section)) if parser.has_section(section) else None
+
+
+def ini_value(rootdir: Path, key: str) -> str | None:
+    """`key` from the rootdir's pytest configuration (the first file pytest would use)."""
+    for name, section in _INI_CANDIDATES:
+        path = Path(rootdir) / name
+        if not path.is_file():
+            continue
+        table = _pytest_table(path, section)
+        if table is None:
+            continue
+        value = table.get(key)
+        return str(value) if value is not None else None
+    return None
+
+
+def find_rootdir(start: str | os.PathLike | None = None) -> Path:
+    """The first folder from `start` (default: the working folder) up that holds a pytest
+    configuration; `start` itself when there is none."""
+    here = Path(start or os.getcwd()).resolve()
+    for folder in (here, *here.parents):
+        for name, section in _INI_CANDIDATES:
+            path = folder / name
+            if path.is_file() and _pytest_table(path, section) is not None:
+                return folder
+    return here
+
+
+def project_settings(*, kernel_root=None, cache_dir=None, arch=None,
+                     rootdir: str | os.PathLike | None = None) -> tuple[Path, Settings]:
+    """(rootdir, settings) for a command, by the rules a pytest run uses:
+
+    - kernel root: the option, else HARNESS_KERNEL_ROOT, else ini `kernel_root` (relative to
+      the rootdir), else `kernels_cu` in the rootdir;
+    - cache: the option, else ini `harness_cache_dir` (relative to the rootdir), else
+      HARNESS_CACHE_DIR, else $XDG_CACHE_HOME/harness/cubin (~/.cache/harness/cubin);
+    - arch: the option, else HARNESS_ARCH, else the device's, else sm_90.
+
+    Options and environment variables are relative to the working folder."""
+    root = Path(rootdir).resolve() if rootdir is not None else find_rootdir()
+    if kernel_root:
+        kr = Path(kernel_root).resolve()
+    elif os.environ.get(KERNEL_ROOT_ENV):
+        kr = Path(os.environ[KERNEL_ROOT_ENV]).resolve()
+    else:
+        kr = (root / (ini_value(root, "kernel_root") or DEFAULT_KERNEL_ROOT)).resolve()
+    ini_cache = ini_value(root, "harness_cache_dir")
+    if cache_dir:
+        cache = Path(cache_dir).resolve()
+    elif ini_cache:
+        cache = (root / ini_cache).resolve()
+    else:
+        cache = _default_cache_dir()
+    explicit = arch or None
+    return root, Settings(kernel_root=kr, arch=explicit or os.environ.get(ARCH_ENV) or None, cache_dir=cache,
+                          arch_source="--arch" if explicit else ARCH_ENV)

@@ -1,11 +1,43 @@
-"""Device buffers filled with sentinels, and the checks that they stayed untouched."""
+"""Device buffers filled with sentinels, the checks that they stayed untouched, and the
+host <-> device copies that carry bf16 through its raw bits (CuPy has no bfloat16 type of
+its own: a bf16 array lives on the device as its uint16 bits, viewed as ml_dtypes' bf16)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from harness.bits import BitsMismatch, bits_mismatch_lines
-from harness.dtypes import _UINT_OF_SIZE
+from harness.dtypes import _UINT_OF_SIZE, bf16, bits_of, from_bits
+
+BF16_SENTINEL = 0x7FA5
+"""A bf16 NaN with a payload: the kernels' own NaNs are 0x7fc0 or 0x7fff, so no output computed
+from finite inputs has these bits. Fill outputs with it to see what a kernel never wrote."""
+
+
+def to_device(a, *, bits: bool = False):
+    """A host array as a C-contiguous CuPy array. bf16 goes through its bits and comes back
+    viewed as bf16, or as the raw uint16 bits with `bits=True` (for kernels taking
+    `uint16_t*`/`__nv_bfloat16*` and launchers accepting either)."""
+    import cupy
+
+    a = np.ascontiguousarray(a)
+    if a.dtype != bf16:
+        return cupy.asarray(a)
+    dev = cupy.asarray(bits_of(a))
+    return dev if bits else dev.view(bf16)
+
+
+def to_host(a, dtype=None) -> np.ndarray:
+    """A device (or host) array as numpy, after the device finished its work (a fault in
+    an earlier launch surfaces here). bf16 comes through its bits; `dtype` reinterprets the
+    raw bits (e.g. `to_host(uint16_bits, bf16)`). A numpy array is returned as it is."""
+    if isinstance(a, np.ndarray):
+        return a if dtype is None else a.view(dtype)
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+    host = a.view(cupy.uint16).get().view(bf16) if np.dtype(a.dtype) == bf16 else a.get()
+    return host if dtype is None else from_bits(host.view(_UINT_OF_SIZE[host.dtype.itemsize]), dtype)
 
 
 def filled(shape, dtype, bits: int):

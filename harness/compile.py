@@ -16,6 +16,7 @@ import re
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -31,17 +32,40 @@ _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"]', re.MULTILI
 class CompileError(Exception):
     """A `.cu` did not compile. The message carries NVRTC's log and the options used."""
 
-    def __init__(self, source: Path, log: str, options: tuple[str, ...]):
+    def __init__(self, source: Path, log: str, options: tuple[str, ...], what: str = "NVRTC could not compile"):
         self.source = source
         self.log = log
         self.options = options
-        lines = [f"NVRTC could not compile {source}", "", log.rstrip() or "(NVRTC printed no log)", ""]
+        first = _LOG_ERROR_LINE.search(log)
+        head = f"{what} {source}"
+        if first:
+            where = "" if first.group(1) == str(source) else f"{first.group(1)} "
+            head += f": {where}line {first.group(2)}: {first.group(3).strip()}"
+        lines = [head, "", log.rstrip() or "(NVRTC printed no log)", ""]
         lines.append("options: " + " ".join(options))
         super().__init__("\n".join(lines))
 
 
+    @property
+    def location(self) -> tuple[Path, int | None]:
+        """(file, 1-based line) of NVRTC's first error, else (the source, None)."""
+        m = _LOG_ERROR.search(self.log)
+        if m:
+            return Path(m.group(1)), int(m.group(2))
+        return self.source, None
+
+
+_LOG_ERROR = re.compile(r"^(.+?)\((\d+)\): (?:catastrophic )?error", re.MULTILINE)
+_LOG_ERROR_LINE = re.compile(r"^(.+?)\((\d+)\): (?:catastrophic )?error: ?(.*)$", re.MULTILINE)
+
+
 class ArchError(ValueError):
     """An arch NVRTC cannot target."""
+
+
+class LauncherError(Exception):
+    """The launcher beside a `.cu` could not be read for its NAME_EXPRESSIONS. The message is
+    one line: the launcher, what went wrong, what to do."""
 
 
 @dataclass(frozen=True)
@@ -125,25 +149,49 @@ def _cuda_headers_version() -> str:
     return m.group(1) if m else "unknown"
 
 
-def check_arch(arch: str) -> str:
-    arch = arch.strip()
+_ARCH_VARIANT = re.compile(r"sm_(\d+)([a-z])")
+
+
+@lru_cache(maxsize=None)
+def _nvrtc_compiles_for(arch: str) -> bool:
+    """Whether NVRTC compiles an empty kernel for `arch` (asked once per arch and process)."""
+    try:
+        Program('extern "C" __global__ void harness_arch_probe() {}', "c++",
+                ProgramOptions(arch=arch)).compile("cubin")
+    except Exception:
+        return False
+    return True
+
+
+def check_arch(arch: str, source: str = "--arch") -> str:
+    """`arch` when NVRTC targets it: one of NVRTC's supported arches, or an arch-specific or
+    family variant of one (`sm_90a`, `sm_100f`) that a trial compile accepts. `source` names
+    where the value came from (`--arch`, `HARNESS_ARCH`) for the error message."""
+    arch = str(arch).strip()
     known = supported_arches()
-    if arch not in known:
-        raise ArchError(
-            f"unknown --arch {arch!r}: NVRTC {nvrtc_version()} targets "
-            f"{', '.join(known)}; pass one of them (e.g. --arch sm_90)"
-        )
-    return arch
+    if arch in known:
+        return arch
+    m = _ARCH_VARIANT.fullmatch(arch)
+    if m and f"sm_{m.group(1)}" in known and _nvrtc_compiles_for(arch):
+        return arch
+    fix = ("set HARNESS_ARCH to one of them, or unset it to use the device's arch"
+           if source == "HARNESS_ARCH" else f"pass one of them (e.g. {source} sm_90)")
+    raise ArchError(
+        f"unknown {source} {arch!r}: NVRTC {nvrtc_version()} targets {', '.join(known)} and the "
+        f"arch-specific variants it accepts (e.g. sm_90a); {fix}"
+    )
 
 
 def resolve_arch(arch: str | None = None) -> str:
     """`arch`, else the settings' arch, else the device's, else sm_90."""
-    arch = arch or _settings.current().arch
-    if not arch:
-        from harness import device
+    if arch:
+        return check_arch(arch)
+    settings = _settings.current()
+    if settings.arch:
+        return check_arch(settings.arch, settings.arch_source)
+    from harness import device
 
-        arch = device.device_arch() or _settings.DEFAULT_ARCH_WITHOUT_DEVICE
-    return check_arch(arch)
+    return check_arch(device.device_arch() or _settings.DEFAULT_ARCH_WITHOUT_DEVICE)
 
 
 # ---------------------------------------------------------------- source closure
@@ -290,6 +338,56 @@ def _cache_paths(cache_dir: Path, key: str) -> tuple[Path, Path]:
     return folder / f"{key}.cubin", folder / f"{key}.json"
 
 
+class CacheNotWritable(UserWarning):
+    """The cubin cache folder cannot be written: modules compile without caching."""
+
+
+_warned_caches: set[str] = set()
+
+
+def _cache_not_writable(cache: Path, exc: OSError) -> None:
+    """Say once per process and folder that the cache cannot be written; compiling goes on."""
+    if str(cache) in _warned_caches:
+        return
+    _warned_caches.add(str(cache))
+    reason = exc.strerror or type(exc).__name__
+    warnings.warn(CacheNotWritable(
+        f"the cubin cache {cache} cannot be written ({reason}): compiling without caching, every run "
+        "compiles again. Point HARNESS_CACHE_DIR (or --harness-cache-dir, --cache-dir) at a writable folder"),
+        stacklevel=3)
+
+
+def _read_cache(cubin_path: Path, meta_path: Path):
+    """(cubin, symbol mapping, log) of a sound cache entry, else None: a missing, unreadable
+    or wrongly shaped entry is a miss, compiled again and overwritten."""
+    try:
+        if not (cubin_path.is_file() and meta_path.is_file()):
+            return None
+        meta = json.loads(meta_path.read_text())
+        cubin = cubin_path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    mapping, log = meta.get("symbol_mapping"), meta.get("log")
+    if not (isinstance(mapping, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items())
+            and isinstance(log, str) and meta.get("cubin_sha256") == hashlib.sha256(cubin).hexdigest()):
+        return None
+    return cubin, mapping, log
+
+
+def _read_source(path: Path, options: tuple[str, ...]) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise CompileError(path, f"{path}({line}): error: byte 0x{data[exc.start]:02x} at column {column} is not "
+                                 "UTF-8: NVRTC reads sources as UTF-8; save the file as UTF-8 (or remove the byte)",
+                           options, what="could not read") from None
+
+
 # ---------------------------------------------------------------- the entry point
 
 
@@ -336,18 +434,15 @@ def compile_file(
             cubin_path=cubin_path if use_cache else None,
         )
 
-    if use_cache and cubin_path.is_file() and meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text())
-            cubin = cubin_path.read_bytes()
-        except (OSError, ValueError):
-            meta = None
-        if meta is not None and hashlib.sha256(cubin).hexdigest() == meta.get("cubin_sha256"):
-            return result(cubin, meta["symbol_mapping"], meta["log"], hit=True)
+    if use_cache:
+        hit = _read_cache(cubin_path, meta_path)
+        if hit is not None:
+            return result(*hit, hit=True)
 
+    text_source = _read_source(path, options)
     log = io.StringIO()
     try:
-        program = Program(path.read_text(), "c++", _program_options(path, root, arch, defines, fmad))
+        program = Program(text_source, "c++", _program_options(path, root, arch, defines, fmad))
         code = program.compile("cubin", name_expressions=name_expressions, logs=log)
     except Exception as exc:  # cuda.core raises a generic error carrying the log
         text = (log.getvalue() or str(exc)).replace("\x00", "")
@@ -368,19 +463,33 @@ def compile_file(
             "log": text,
             "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
         }
-        _atomic_write(cubin_path, cubin)
-        _atomic_write(meta_path, json.dumps(meta, indent=1).encode())
+        try:
+            _atomic_write(cubin_path, cubin)
+            _atomic_write(meta_path, json.dumps(meta, indent=1).encode())
+        except OSError as exc:
+            _cache_not_writable(cache, exc)
     return result(cubin, mapping, text, hit=False)
 
 
 LAUNCHER_ATTRIBUTE = "NAME_EXPRESSIONS"
 
 
+def _import_root(folder: Path) -> Path:
+    """The folder a launcher's package imports resolve from: the first parent of `folder`
+    that is not a package (holds no __init__.py). For kernels_cu/x.py: the project root, so
+    `from kernels_cu.y import ...` and `from harness ...` inside the launcher work from any
+    working folder."""
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        folder = folder.parent
+    return folder
+
+
 def declared_name_expressions(source: str | os.PathLike) -> tuple[str, ...]:
     """The C++ name expressions that the launcher beside `x.cu` (`x.py`) declares as
     `NAME_EXPRESSIONS`, so that tools compiling without a gate (the compile command, the
-    static control check) instantiate the same templates the gates do. `()` when there is
-    no launcher or it declares none."""
+    compile items, the static control check) instantiate the same templates the gates do.
+    `()` when there is no launcher or it declares none. Raises `LauncherError` (one line)
+    when the launcher fails to import or declares something other than a tuple of strings."""
     import importlib.util
 
     launcher = Path(source).with_suffix(".py")
@@ -392,16 +501,38 @@ def declared_name_expressions(source: str | os.PathLike) -> tuple[str, ...]:
         spec = importlib.util.spec_from_file_location(name, launcher)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod  # dataclasses in the launcher look their module up here
+        root = str(_import_root(launcher.resolve().parent))
+        added = root not in sys.path
+        if added:
+            sys.path.insert(0, root)
         try:
             spec.loader.exec_module(mod)
-        except Exception as exc:
+        except BaseException as exc:
             del sys.modules[name]
-            raise RuntimeError(f"{launcher}: importing the launcher to read {LAUNCHER_ATTRIBUTE} failed: "
-                               f"{type(exc).__name__}: {exc}") from exc
+            if not isinstance(exc, Exception):
+                raise
+            where = ""
+            tb = exc.__traceback__
+            while tb is not None:  # the deepest frame inside the launcher: where it failed
+                if Path(tb.tb_frame.f_code.co_filename).resolve() == launcher.resolve():
+                    where = f" (line {tb.tb_lineno})"
+                tb = tb.tb_next
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise LauncherError(
+                f"{launcher}: importing the launcher to read {LAUNCHER_ATTRIBUTE} failed{where}: "
+                f"{type(exc).__name__}{': ' + detail if detail else ''}; fix the launcher so that "
+                f"`import` of it succeeds with no GPU"
+            ) from None
+        finally:
+            if added and root in sys.path:
+                sys.path.remove(root)
     names = getattr(mod, LAUNCHER_ATTRIBUTE, ())
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise TypeError(f"{launcher}: {LAUNCHER_ATTRIBUTE} must be a tuple of C++ name expressions (strings), "
-                        f"got {names!r}")
+    if isinstance(names, (str, bytes)) or not isinstance(names, (tuple, list)) \
+            or not all(isinstance(n, str) for n in names):
+        raise LauncherError(
+            f"{launcher}: {LAUNCHER_ATTRIBUTE} must be a tuple of C++ name expressions (strings), got "
+            f"{names!r}; write e.g. {LAUNCHER_ATTRIBUTE} = (\"my_kernel<256>\",) (note the trailing comma)"
+        )
     return tuple(names)
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import _settings, device, workers
+from harness import _settings, device, usage, workers
+from harness.cufiles import pytest_collect_file, pytest_make_collect_report  # noqa: F401  (.cu: compile gates)
+from harness.kinds import check_kinds
 from harness.report import (MESSAGE_LIMIT, KINDS, GateRecord, RunFacts, classify_route, failure_message, first_line,
                             write_reports)
 
@@ -21,6 +23,7 @@ MARKERS = {
     "refusal": "asserts a host launcher rejects bad arguments with a pinned message, before any launch",
     "trap": "asserts the kernel's device guard fires; runs in a fresh child process",
     "structural": "reads kernel source text (a constant agrees with its #define); needs no device",
+    "compile": "compiles one .cu with NVRTC (collected from the kernel root; no device)",
     "deadline(seconds)": "this GPU gate's deadline, over --harness-deadline / ini harness_deadline",
 }
 
@@ -147,6 +150,8 @@ def pytest_configure(config: pytest.Config) -> None:
         # A server or worker writes no report of its own: the pytest process that owns it does.
         config.option.xmlpath = None
         st.report_dir = None
+    else:
+        usage.check_configuration(config)  # bad options and environment: one line, before any work
     st.kernel_root = _resolve_kernel_root(config)
     explicit_root = bool(config.option.kernel_root or os.environ.get("HARNESS_KERNEL_ROOT"))
     if explicit_root and not st.kernel_root.is_dir():
@@ -268,6 +273,7 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    check_kinds(items, config)  # one kind marker per gate, as --strict-markers for names
     st = _state(config)
     if st.serving:
         return

@@ -7,7 +7,9 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 
-KINDS = ("anchor", "link", "refusal", "trap", "structural")
+# The gate vocabulary: every gate carries exactly one of these markers. `compile` is the kind of
+# the items harness.cufiles collects, one per `.cu` under the kernel root.
+KINDS = ("anchor", "link", "refusal", "trap", "structural", "compile")
 
 
 class Route(str, Enum):
@@ -15,7 +17,7 @@ class Route(str, Enum):
 
     ASSERTION = "assertion"  # the gate's own assertion (or a trap gate whose guard did not fire)
     TRAP = "trap"  # a CUDA fault: the kernel's __trap(), an illegal address, a poisoned context
-    REFUSAL = "refusal"  # a launcher refused the arguments (ValueError)
+    REFUSAL = "refusal"  # a launcher refused the arguments (harness.launch.Refusal)
     COMPILE = "compile"  # the module did not compile
     TIMEOUT = "timeout"  # the gate ran past its deadline; its worker was killed
     SANITIZER = "sanitizer"  # compute-sanitizer reported a finding while the gate ran (--sanitize)
@@ -25,6 +27,7 @@ class Route(str, Enum):
 def classify_route(exc: BaseException) -> Route:
     from harness.compile import CompileError
     from harness.device import is_cuda_error
+    from harness.launch import Refusal
 
     if isinstance(exc, CompileError):
         return Route.COMPILE
@@ -35,7 +38,7 @@ def classify_route(exc: BaseException) -> Route:
         return Route.TIMEOUT
     if isinstance(exc, AssertionError) or name == "Failed":
         return Route.ASSERTION
-    if isinstance(exc, ValueError):
+    if isinstance(exc, Refusal):  # a deliberate refusal; any other ValueError (numpy's) is an error
         return Route.REFUSAL
     return Route.ERROR
 

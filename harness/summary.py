@@ -52,7 +52,7 @@ def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
         for o in OUTCOMES:
             n = sum(1 for r in rows if r.outcome == o)
             cells.append(f"[{STYLE[o]}]{n}[/]" if n else "0")
-        table.add_row(kind or "(no kind)", *cells)
+        table.add_row(kind or "harness tests", *cells)
     console.print(table)
     red = [r for r in records if r.outcome in ("failed", "error")]
     if red:

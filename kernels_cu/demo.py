@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.kernels import module
+from harness.launch import Refusal
 
 BLOCK = 256
 VEC = 4
@@ -17,9 +18,9 @@ def _module():
 
 def check_scale_args(n: int, out_len: int) -> None:
     if n <= 0:
-        raise ValueError(f"demo_scale: n must be positive, got {n}")
+        raise Refusal(f"demo_scale: n must be positive, got {n}")
     if out_len < n:
-        raise ValueError(f"demo_scale: out holds {out_len} elements but n is {n}: allocate at least n")
+        raise Refusal(f"demo_scale: out holds {out_len} elements but n is {n}: allocate at least n")
 
 
 def run_scale(out, x, scale: float, *, vectorised: bool = False) -> None:

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from harness.kernels import module
-from kernels_cu.fp8_gemv import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, check_aligned, check_array
+from harness.launch import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, Refusal, check_aligned, check_array
 
 SOURCE = "lm_head.cu"
 THREADS = 256  # LM_HEAD_THREADS
@@ -24,22 +24,22 @@ def check_lm_head_args(h, E, rs, excluded: int, softcap: float) -> tuple[int, in
     """Validate the arguments of `run_lm_head_argmax`; returns (T, V, H)."""
     op = "lm_head_argmax"
     if h.ndim != 2 or E.ndim != 2:
-        raise ValueError(f"{op}: h must be [T, H] bf16 and E [V, H] e4m3, got shapes {tuple(h.shape)} and {tuple(E.shape)}")
+        raise Refusal(f"{op}: h must be [T, H] bf16 and E [V, H] e4m3, got shapes {tuple(h.shape)} and {tuple(E.shape)}")
     t, hdim = (int(d) for d in h.shape)
     v = int(E.shape[0])
     if t <= 0 or v <= 0 or hdim <= 0:
-        raise ValueError(f"{op}: empty input (T={t}, V={v}, H={hdim}); there is nothing to pick")
+        raise Refusal(f"{op}: empty input (T={t}, V={v}, H={hdim}); there is nothing to pick")
     if hdim % H_PER_LANE:
-        raise ValueError(f"{op}: H={hdim} is not a multiple of {H_PER_LANE}: pad the hidden size with zeros")
+        raise Refusal(f"{op}: H={hdim} is not a multiple of {H_PER_LANE}: pad the hidden size with zeros")
     check_array(op, "h", h, (t, hdim), BF16_DTYPES, "bf16 hidden states [T, H]")
     check_array(op, "E", E, (v, hdim), E4M3_DTYPES, "e4m3 embedding [V, H], H as in h")
     check_array(op, "rs", rs, (v,), F32_DTYPES, "per-row scales [V]")
     if not (excluded == NONE or 0 <= excluded < v):
-        raise ValueError(f"{op}: excluded id {excluded} is outside [0, {v}): pass a token id, or -1 to exclude none")
+        raise Refusal(f"{op}: excluded id {excluded} is outside [0, {v}): pass a token id, or -1 to exclude none")
     if excluded != NONE and v == 1:
-        raise ValueError(f"{op}: excluded id {excluded} is the only token: there is no candidate left to pick")
+        raise Refusal(f"{op}: excluded id {excluded} is the only token: there is no candidate left to pick")
     if not (math.isfinite(softcap) and softcap >= 0):
-        raise ValueError(f"{op}: softcap {softcap} must be finite and >= 0 (0 turns capping off)")
+        raise Refusal(f"{op}: softcap {softcap} must be finite and >= 0 (0 turns capping off)")
     return t, v, hdim
 
 

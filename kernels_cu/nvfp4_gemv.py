@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.kernels import module
-from kernels_cu.fp8_gemv import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, check_aligned, check_array
+from harness.launch import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, Refusal, check_aligned, check_array
 
 SOURCE = "nvfp4_gemv.cu"
 N_PER_BLOCK = 4  # #define N_PER_BLOCK: base outputs a block
@@ -42,21 +42,21 @@ def check_nvfp4_gemv_args(y, x, w, s) -> tuple[int, int]:
     N (a sentinel tail); the kernel writes y[0:N] only."""
     op = "nvfp4_gemv"
     if x.ndim != 1:
-        raise ValueError(f"{op}: x must be 1-D [K] bf16 (decode, M = 1), got shape {tuple(x.shape)}")
+        raise Refusal(f"{op}: x must be 1-D [K] bf16 (decode, M = 1), got shape {tuple(x.shape)}")
     k = int(x.shape[0])
     if k <= 0 or k % GROUP:
-        raise ValueError(f"{op}: K={k} is not a positive multiple of {GROUP} (one e4m3 scale a group of {GROUP}): pad K with zero weights")
+        raise Refusal(f"{op}: K={k} is not a positive multiple of {GROUP} (one e4m3 scale a group of {GROUP}): pad K with zero weights")
     if w.ndim != 2 or int(w.shape[0]) <= 0:
-        raise ValueError(f"{op}: w must be 2-D [N, K / 2] packed e2m1 bytes with N > 0, got shape {tuple(w.shape)}")
+        raise Refusal(f"{op}: w must be 2-D [N, K / 2] packed e2m1 bytes with N > 0, got shape {tuple(w.shape)}")
     n = int(w.shape[0])
     check_array(op, "x", x, (k,), BF16_DTYPES, "bf16 activations [K]")
     check_array(op, "w", w, (n, k // 2), (np.dtype(np.uint8),), "e2m1 two a byte, low nibble first, [N, K / 2]")
     check_array(op, "s", s, (n, k // GROUP), E4M3_DTYPES, f"e4m3 block scales [N, K / {GROUP}]")
     if y.ndim != 1 or int(y.shape[0]) < n:
-        raise ValueError(f"{op}: y has shape {tuple(y.shape)} but N={n}: allocate a 1-D y of at least N elements")
+        raise Refusal(f"{op}: y has shape {tuple(y.shape)} but N={n}: allocate a 1-D y of at least N elements")
     check_array(op, "y", y, tuple(y.shape), BF16_DTYPES, "bf16 output [>= N]")
     if n >= 2**32 or k >= 2**32:
-        raise ValueError(f"{op}: N={n}, K={k}: the kernel takes both as 32-bit unsigned; split the GEMV")
+        raise Refusal(f"{op}: N={n}, K={k}: the kernel takes both as 32-bit unsigned; split the GEMV")
     return n, k
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.kernels import module
+from harness.launch import Refusal, check_int32_vector, ptr_or_null, require
 
 SOURCE = "paged_attention.cu"
 PAGE = 16
@@ -47,7 +48,7 @@ def _module():
 
 def check_head_size(hd: int) -> None:
     if hd not in HEAD_SIZES:
-        raise ValueError(
+        raise Refusal(
             f"paged attention: head size {hd} is not supported; the kernels are built for head sizes "
             f"{' and '.join(map(str, HEAD_SIZES))} (pad the head or add an instantiation)"
         )
@@ -65,7 +66,7 @@ def choose_splits(kv_len: int, rows: int, nh: int) -> int:
     `kv_len` is the longest visible range (min(ctx, window) for sliding layers)."""
     for name, v in (("kv_len", kv_len), ("rows", rows), ("nh", nh)):
         if not isinstance(v, (int, np.integer)) or v <= 0:
-            raise ValueError(f"choose_splits: {name} must be a positive int, got {v!r}")
+            raise Refusal(f"choose_splits: {name} must be a positive int, got {v!r}")
     want = -(-2 * SM_TARGET // (rows * nh))
     by_pages = -(-(-(-kv_len // PAGE)) // MIN_PAGES_PER_SPLIT)
     return int(max(1, min(MAX_SPLITS, want, by_pages)))
@@ -92,9 +93,9 @@ def make_tiles(off, rows_per_tile: int) -> Tiles:
     tile. `off` is the host copy of the rows' block-table offsets."""
     off = np.asarray(off)
     if off.ndim != 1 or off.size == 0:
-        raise ValueError(f"make_tiles: off must be a non-empty 1-D array of block-table offsets, got shape {off.shape}")
+        raise Refusal(f"make_tiles: off must be a non-empty 1-D array of block-table offsets, got shape {off.shape}")
     if rows_per_tile <= 0:
-        raise ValueError(f"make_tiles: rows_per_tile must be positive, got {rows_per_tile}")
+        raise Refusal(f"make_tiles: rows_per_tile must be positive, got {rows_per_tile}")
     starts, lengths = [], []
     begin = 0
     for r in range(1, off.size + 1):
@@ -112,17 +113,12 @@ def _is_bf16(a) -> bool:
     return a.dtype == np.uint16 or a.dtype.name == "bfloat16"
 
 
-def _need(cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(message)
+_need = require
 
 
 def _check_int32_vector(name: str, a, length: int | None, what: str) -> None:
-    _need(a.dtype == np.int32 and a.ndim == 1 and a.flags.c_contiguous,
-          f"paged attention: {name} must be a contiguous 1-D int32 array ({what}), got {a.dtype} of shape {a.shape}")
-    if length is not None:
-        _need(a.shape[0] == length,
-              f"paged attention: {name} has {a.shape[0]} entries but there are {length} query rows; give one per row")
+    check_int32_vector("paged attention", name, a, length,
+                       what if length is None else f"{what}: one per query row")
 
 
 def check_common(out, q, k_pool, v_pool, bt, off, qpos, pmap, window) -> tuple[int, int, int, int]:
@@ -190,8 +186,7 @@ def check_prefill_args(out, q, k_pool, v_pool, bt, off, qpos, pmap, window, tile
 # ------------------------------------------------------------------ launches
 
 
-def _ptr_or_null(a):
-    return a if a is not None else np.uint64(0)
+_ptr_or_null = ptr_or_null
 
 
 def _bits(a):

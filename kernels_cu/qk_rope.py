@@ -14,10 +14,12 @@ Pinned refusal substrings (gates assert them): `head_dim`, `rotary_dim`, `cos ta
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from harness.dtypes import bf16
+from harness.launch import Refusal, check_dtype, check_int32_vector, check_shape, shape_of
 
 SOURCE = "qk_rope.cu"
 HEAD_DIMS = (256, 512)
@@ -52,47 +54,35 @@ class Heads:
         return ((jobs + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK, 1, 1)
 
 
-def _shape(a) -> tuple[int, ...]:
-    return tuple(int(n) for n in a.shape)
-
-
-def _need_shape(name: str, a, shape: tuple[int, ...]) -> None:
-    if _shape(a) != shape:
-        raise ValueError(f"{name} has shape {_shape(a)}, expected {shape}: allocate it with that shape")
-
-
-def _need_dtype(name: str, a, dtype) -> None:
-    """The dtype, and the C-contiguous layout the kernel's pointer arithmetic assumes."""
-    if np.dtype(a.dtype) != np.dtype(dtype):
-        raise ValueError(f"{name} has dtype {a.dtype}, expected {np.dtype(dtype)}: convert it first")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} is not C-contiguous: pass a contiguous copy (ascontiguousarray)")
+_shape = shape_of
+_need_shape = partial(check_shape, "")
+_need_dtype = partial(check_dtype, "")
 
 
 def check_heads(q, k, v, q_w, k_w, cos, sin, *, rotary_dim: int) -> Heads:
     """The checks every arm shares: head size, rotary_dim, the input shapes and the tables."""
     if len(_shape(q)) != 3:
-        raise ValueError(f"q has shape {_shape(q)}, expected [num_tokens, nq, head_dim]")
+        raise Refusal(f"q has shape {_shape(q)}, expected [num_tokens, nq, head_dim]")
     num_tokens, nq, head_dim = _shape(q)
     if head_dim not in HEAD_DIMS:
-        raise ValueError(
+        raise Refusal(
             f"head_dim {head_dim} is not supported: qk_rope.cu is built for head_dim 256 or 512"
         )
     if len(_shape(k)) != 3 or _shape(k)[0] != num_tokens or _shape(k)[2] != head_dim:
-        raise ValueError(f"k has shape {_shape(k)}, expected [{num_tokens}, nkv, {head_dim}] to match q")
+        raise Refusal(f"k has shape {_shape(k)}, expected [{num_tokens}, nkv, {head_dim}] to match q")
     nkv = _shape(k)[1]
     if num_tokens <= 0 or nq <= 0 or nkv <= 0:
-        raise ValueError(f"q {_shape(q)} and k {_shape(k)} must have at least one token and one head")
+        raise Refusal(f"q {_shape(q)} and k {_shape(k)} must have at least one token and one head")
     if not isinstance(rotary_dim, (int, np.integer)) or rotary_dim <= 0 or rotary_dim > head_dim or rotary_dim % 2:
-        raise ValueError(
+        raise Refusal(
             f"rotary_dim {rotary_dim} is invalid for head_dim {head_dim}: it must be even and in (0, {head_dim}]"
         )
     if head_dim == 256:
         if v is None:
-            raise ValueError("head_dim 256 needs a v input of shape [num_tokens, nkv, 256]")
+            raise Refusal("head_dim 256 needs a v input of shape [num_tokens, nkv, 256]")
         _need_shape("v", v, (num_tokens, nkv, head_dim))
     elif v is not None:
-        raise ValueError("head_dim 512 has no v input (its V slot is the K = V fork): pass v=None")
+        raise Refusal("head_dim 512 has no v input (its V slot is the K = V fork): pass v=None")
     for name, a in (("q", q), ("k", k)) + ((("v", v),) if v is not None else ()):
         _need_dtype(name, a, bf16)
     for name, w in (("q_w", q_w), ("k_w", k_w)):
@@ -101,29 +91,29 @@ def check_heads(q, k, v, q_w, k_w, cos, sin, *, rotary_dim: int) -> Heads:
     half = int(rotary_dim) // 2
     for name, table in (("cos", cos), ("sin", sin)):
         if len(_shape(table)) != 2 or _shape(table)[1] != half:
-            raise ValueError(
+            raise Refusal(
                 f"{name} table has shape {_shape(table)}, expected [cos_max_pos, {half}] (rotary_dim / 2 columns)"
             )
         _need_dtype(f"{name} table", table, np.float32)
     if _shape(cos) != _shape(sin):
-        raise ValueError(f"cos table {_shape(cos)} and sin table {_shape(sin)} must have the same shape")
+        raise Refusal(f"cos table {_shape(cos)} and sin table {_shape(sin)} must have the same shape")
     return Heads(head_dim, num_tokens, nq, nkv, int(rotary_dim), _shape(cos)[0])
 
 
 def check_positions(heads: Heads, positions, count: int) -> np.ndarray:
     """Host positions, each inside the cos table."""
     if hasattr(positions, "get") and not isinstance(positions, np.ndarray):
-        raise ValueError(
+        raise Refusal(
             "positions must be host integers (a list or numpy array), not a device array: "
             "the launcher checks them against the cos table before the launch"
         )
     pos = np.asarray(positions)
     if pos.shape != (count,) or not np.issubdtype(pos.dtype, np.integer):
-        raise ValueError(f"positions has shape {pos.shape} and dtype {pos.dtype}, expected {count} integers")
+        raise Refusal(f"positions has shape {pos.shape} and dtype {pos.dtype}, expected {count} integers")
     bad = np.flatnonzero((pos < 0) | (pos >= heads.cos_max_pos))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(
+        raise Refusal(
             f"position {int(pos[i])} (token {i}) is outside the cos table [0, {heads.cos_max_pos}): "
             "build longer cos/sin tables"
         )
@@ -132,7 +122,7 @@ def check_positions(heads: Heads, positions, count: int) -> np.ndarray:
 
 def _check_out(name: str, a, rows: int, heads_n: int, heads: Heads) -> None:
     if len(_shape(a)) != 3 or _shape(a)[0] < rows or _shape(a)[1:] != (heads_n, heads.head_dim):
-        raise ValueError(
+        raise Refusal(
             f"{name} has shape {_shape(a)}, expected [>= {rows}, {heads_n}, {heads.head_dim}]"
         )
     _need_dtype(name, a, bf16)
@@ -141,31 +131,25 @@ def _check_out(name: str, a, rows: int, heads_n: int, heads: Heads) -> None:
 def check_pool(heads: Heads, pool, *, page_size: int, num_layers: int, layer: int) -> int:
     """The number of whole pages in the flat bf16 pool."""
     if page_size <= 0 or num_layers <= 0:
-        raise ValueError(f"page_size {page_size} and num_layers {num_layers} must be positive")
+        raise Refusal(f"page_size {page_size} and num_layers {num_layers} must be positive")
     if not 0 <= layer < num_layers:
-        raise ValueError(f"layer {layer} is outside [0, {num_layers})")
+        raise Refusal(f"layer {layer} is outside [0, {num_layers})")
     page_stride = page_size * num_layers * 2 * heads.nkv * heads.head_dim
     if len(_shape(pool)) != 1:
-        raise ValueError(f"pool has shape {_shape(pool)}, expected one flat bf16 array of whole pages")
+        raise Refusal(f"pool has shape {_shape(pool)}, expected one flat bf16 array of whole pages")
     _need_dtype("pool", pool, bf16)
     size = _shape(pool)[0]
     if size < page_stride:
-        raise ValueError(
+        raise Refusal(
             f"pool of {size} elements holds no whole page ({page_stride} elements each): "
             "allocate num_pages * page_stride elements"
         )
     if size % page_stride:
-        raise ValueError(
+        raise Refusal(
             f"pool of {size} elements is not a multiple of the page stride {page_stride}: "
             "allocate num_pages * page_stride elements"
         )
     return size // page_stride
-
-
-def _check_int_array(name: str, a, shape: tuple[int, ...] | None = None) -> None:
-    if len(_shape(a)) != 1 or (shape is not None and _shape(a) != shape):
-        raise ValueError(f"{name} has shape {_shape(a)}, expected {shape or '[n]'} int32")
-    _need_dtype(name, a, np.int32)
 
 
 def _kernel(name: str):
@@ -181,7 +165,7 @@ def run_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out, *,
     heads = check_heads(q, k, v, q_w, k_w, cos, sin, rotary_dim=rotary_dim)
     pos = check_positions(heads, positions, heads.num_tokens)
     if row_offset < 0:
-        raise ValueError(f"row_offset {row_offset} is negative")
+        raise Refusal(f"row_offset {row_offset} is negative")
     rows = row_offset + heads.num_tokens
     _check_out("q_out", q_out, rows, heads.nq, heads)
     _check_out("k_out", k_out, rows, heads.nkv, heads)
@@ -206,19 +190,19 @@ def run_paged_prefill(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_size: in
     heads = check_heads(q, k, v, q_w, k_w, cos, sin, rotary_dim=rotary_dim)
     num_pages = check_pool(heads, pool, page_size=page_size, num_layers=num_layers, layer=layer)
     if start_pos < 0:
-        raise ValueError(f"start_pos {start_pos} is negative")
+        raise Refusal(f"start_pos {start_pos} is negative")
     last = start_pos + heads.num_tokens - 1
     if last >= heads.cos_max_pos:
-        raise ValueError(
+        raise Refusal(
             f"position {last} (start_pos {start_pos} + {heads.num_tokens} tokens - 1) is outside the "
             f"cos table [0, {heads.cos_max_pos}): build longer cos/sin tables"
         )
     if page_origin < 0 or page_origin * page_size > start_pos:
-        raise ValueError(
+        raise Refusal(
             f"page_origin {page_origin} starts the window at position {page_origin * page_size}, "
             f"after start_pos {start_pos}: the window must begin at or before the first token's page"
         )
-    _check_int_array("page_indices", page_indices)
+    check_int32_vector("", "page_indices", page_indices)
     _check_out("q_out", q_out, heads.num_tokens, heads.nq, heads)
     _launch_paged(heads, False, q, k, v, q_w, k_w, cos, sin, q_out, pool, page_size, num_layers, layer,
                   num_pages, page_indices, start_pos, page_origin, _NULL, _NULL, _NULL, eps)
@@ -232,9 +216,9 @@ def run_paged_decode(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_size: int
     heads = check_heads(q, k, v, q_w, k_w, cos, sin, rotary_dim=rotary_dim)
     num_pages = check_pool(heads, pool, page_size=page_size, num_layers=num_layers, layer=layer)
     pos = check_positions(heads, positions, heads.num_tokens)
-    _check_int_array("page_indptr", page_indptr, (heads.num_tokens + 1,))
-    _check_int_array("page_indices", page_indices)
-    _check_int_array("page_origins", page_origins, (heads.num_tokens,))
+    check_int32_vector("", "page_indptr", page_indptr, heads.num_tokens + 1)
+    check_int32_vector("", "page_indices", page_indices)
+    check_int32_vector("", "page_origins", page_origins, heads.num_tokens)
     _check_out("q_out", q_out, heads.num_tokens, heads.nq, heads)
 
     import cupy

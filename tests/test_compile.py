@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import ArchError, CompileError, compile_file, recorded_options, source_closure
+from harness.compile import ArchError, CompileError, LauncherError, compile_file, recorded_options, source_closure
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,8 @@ def test_a_compile_error_shows_the_nvrtc_log_with_file_and_line_and_the_options(
     with pytest.raises(CompileError) as info:
         compile_file("bad.cu", kernel_root=tree, arch="sm_90", cache_dir=tmp_path / "cache")
     text = str(info.value)
-    assert text.splitlines()[0] == f"NVRTC could not compile {tree / 'bad.cu'}"
+    assert text.splitlines()[0] == (f"NVRTC could not compile {tree / 'bad.cu'}: line 2: "
+                                    'identifier "undefined_name" is undefined')
     assert f"{tree / 'bad.cu'}(2): error: identifier \"undefined_name\" is undefined" in text
     assert text.splitlines()[-1] == "options: " + " ".join(recorded_options("sm_90"))
 
@@ -166,5 +167,5 @@ def test_a_launcher_declaring_something_other_than_strings_is_refused(tree):
     from harness.compile import declared_name_expressions
 
     (tree / "k.py").write_text("NAME_EXPRESSIONS = 'tiled<8>'\n")
-    with pytest.raises(TypeError, match="NAME_EXPRESSIONS must be a tuple of C\\+\\+ name expressions"):
+    with pytest.raises(LauncherError, match="NAME_EXPRESSIONS must be a tuple of C\\+\\+ name expressions"):
         declared_name_expressions(tree / "k.cu")

@@ -103,10 +103,14 @@ def test_without_require_gpu_gpu_gates_skip_naming_the_flag_and_a_banner_says_so
 def test_no_fail_fast_beats_exitfirst_from_addopts(suite):
     suite.makeini("[pytest]\naddopts = -x --maxfail=1\nkernel_root = .\n")
     suite.makepyfile(test_f="""
+        import pytest
+        @pytest.mark.structural
         def test_one():
             assert False
+        @pytest.mark.structural
         def test_two():
             assert False
+        @pytest.mark.structural
         def test_three():
             pass
     """)
@@ -222,7 +226,8 @@ def test_reports_carry_kind_route_device_and_options(suite):
             assert_bits_eq("out", np.zeros(3, np.float32), np.asarray([0, 1, 0], np.float32))
         @pytest.mark.refusal
         def test_refusal_red():
-            raise ValueError("head_dim must be 256 or 512")
+            from harness.launch import Refusal
+            raise Refusal("head_dim must be 256 or 512")
         @pytest.mark.gpu
         @pytest.mark.link
         def test_link_green():
@@ -244,7 +249,7 @@ def test_reports_carry_kind_route_device_and_options(suite):
     assert "first difference at flat index 1, index [1]:" in a["failure_message"]
     r = gates["test_refusal_red"]
     assert (r["kind"], r["route"], r["gpu"], r["device"]) == ("refusal", "refusal", False, None)
-    assert r["first_failure_line"] == "ValueError: head_dim must be 256 or 512"
+    assert r["first_failure_line"] == "Refusal: head_dim must be 256 or 512"
     assert set(gates["test_link_green"]) >= {"nodeid", "module", "kind", "gpu", "outcome", "route", "duration",
                                              "first_failure_line", "device", "compile_options"}
     summary = (suite.path / "rep" / "summary.md").read_text()

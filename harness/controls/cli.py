@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import configparser
 import enum
+import math
 import sys
 from pathlib import Path
 
 from harness import _settings
+from harness._settings import ini_value
 from harness.controls.runner import KILL_ROWS, CampaignConfig, run_campaign
 from harness.controls.spec import ControlSpecError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 
 class ExitStatus(enum.IntEnum):
@@ -26,35 +22,6 @@ class ExitStatus(enum.IntEnum):
     INTERRUPTED = 130
 
 
-def ini_value(rootdir: Path, key: str) -> str | None:
-    """`key` from the rootdir's pytest configuration (the first file pytest would use)."""
-    candidates = [("pytest.ini", "pytest"), (".pytest.ini", "pytest"), ("pyproject.toml", None),
-                  ("tox.ini", "pytest"), ("setup.cfg", "tool:pytest")]
-    for name, section in candidates:
-        path = rootdir / name
-        if not path.is_file():
-            continue
-        if section is None:
-            try:
-                tool = tomllib.loads(path.read_text()).get("tool", {})
-            except (OSError, ValueError):
-                continue
-            table = tool.get("pytest", {})
-            table = table.get("ini_options", table) if isinstance(table, dict) else {}
-            if table:
-                value = table.get(key)
-                return str(value) if value is not None else None
-            continue
-        parser = configparser.ConfigParser(interpolation=None)
-        try:
-            parser.read(path)
-        except configparser.Error:
-            continue
-        if parser.has_section(section):
-            return parser.get(section, key, fallback=None)
-    return None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m harness controls",
@@ -62,12 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "prove each named gate goes red by its own assertion.",
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="controls to run (file stems); default: all")
-    p.add_argument("--rootdir", default=".", metavar="DIR",
-                   help="where pytest runs and gate node ids start (default: the current folder)")
+    p.add_argument("--rootdir", default=None, metavar="DIR",
+                   help="where pytest runs and gate node ids start (default: the project's rootdir, found as "
+                        "pytest finds it: the first folder from the working folder up with a pytest configuration)")
     p.add_argument("--kernel-root", default=None, metavar="DIR",
-                   help="folder of the .cu files (default: ini kernel_root, else kernels_cu)")
+                   help="folder of the .cu files (default: HARNESS_KERNEL_ROOT, else ini kernel_root, else kernels_cu)")
     p.add_argument("--controls-dir", default=None, metavar="DIR",
-                   help="folder of control .toml files (default: ini controls_dir, else controls)")
+                   help="folder of control .toml files (default: ini controls_dir, else controls in the rootdir)")
     p.add_argument("--report", default="harness-report", metavar="DIR",
                    help="where controls.json, controls.md and each run's log go (default: harness-report)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
@@ -91,24 +59,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from(args: argparse.Namespace) -> CampaignConfig:
-    rootdir = Path(args.rootdir).resolve()
-    kernel_root = args.kernel_root or ini_value(rootdir, "kernel_root") or _settings.DEFAULT_KERNEL_ROOT
-    controls_dir = args.controls_dir or ini_value(rootdir, "controls_dir") or "controls"
-    cache_dir = args.cache_dir or ini_value(rootdir, "harness_cache_dir") or None
+    """The campaign's settings, read as a pytest run reads them (`_settings.project_settings`):
+    paths given on the command line are relative to the working folder, ini paths to the rootdir."""
+    rootdir, settings = _settings.project_settings(kernel_root=args.kernel_root, cache_dir=args.cache_dir,
+                                                   arch=args.arch, rootdir=args.rootdir)
+    controls_dir = (Path(args.controls_dir).resolve() if args.controls_dir
+                    else rootdir / (ini_value(rootdir, "controls_dir") or "controls"))
     return CampaignConfig(
         rootdir=rootdir,
-        kernel_root=Path(kernel_root),
-        controls_dir=Path(controls_dir),
-        report_dir=Path(args.report),
+        kernel_root=settings.kernel_root,
+        controls_dir=controls_dir,
+        report_dir=Path(args.report).resolve(),
         names=tuple(args.names),
-        arch=args.arch,
+        arch=settings.arch,
         deadline=args.deadline,
         jobs=args.jobs,
         static=args.static,
         naive=args.naive,
         require_gpu=not args.no_require_gpu,
         kill_row=args.kill_row,
-        cache_dir=Path(cache_dir) if cache_dir else None,
+        cache_dir=settings.cache_dir,
     )
 
 
@@ -169,26 +139,36 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    if args.deadline <= 0:
-        err.print("[bold red]error:[/] --deadline must be a positive number of seconds, e.g. --deadline 300")
+    if not (math.isfinite(args.deadline) and args.deadline > 0):
+        err.print(f"[bold red]error:[/] --deadline {args.deadline}: it must be a positive, finite number of "
+                  "seconds, e.g. --deadline 300")
         return ExitStatus.USAGE
     if args.jobs < 1:
         err.print("[bold red]error:[/] --jobs must be at least 1")
         return ExitStatus.USAGE
-    if args.arch:
-        from harness.compile import ArchError, check_arch
+    from harness.usage import arch_problem, folder_problem, kernel_root_problem
 
-        try:
-            check_arch(args.arch)
-        except ArchError as exc:
-            err.print(f"[bold red]error:[/] {escape(str(exc))}")
-            return ExitStatus.USAGE
     config = config_from(args)
     root = config.path(config.kernel_root)
-    if not root.is_dir():
-        err.print(f"[bold red]error:[/] the kernel root {escape(str(root))} is not a folder: pass --kernel-root DIR "
-                  "(or the ini key kernel_root) naming the folder of your .cu files")
-        return ExitStatus.USAGE
+    problems = (
+        arch_problem(config.arch, "--arch" if args.arch else _settings.ARCH_ENV),
+        kernel_root_problem(root, "--kernel-root"),
+        None if config.cache_dir is None else folder_problem(config.cache_dir, "--cache-dir", "the compiled cubins"),
+        folder_problem(config.report_dir, "--report", "controls.json, controls.md and the run logs"),
+    )
+    for problem in problems:
+        if problem:
+            err.print(f"[bold red]error:[/] {escape(problem)}")
+            return ExitStatus.USAGE
+    if not config.static and config.require_gpu:
+        from harness import device
+
+        probe = device.probe()
+        if not probe.usable:
+            err.print(f"[bold red]error:[/] controls run their gates on a CUDA device, and this machine has none "
+                      f"usable ({escape(str(probe.error))}): run `python -m harness controls --static` here (it "
+                      "applies and compiles every control with no GPU), and the full campaign on a machine with a GPU")
+            return ExitStatus.USAGE
     try:
         with _Progress(err) as progress:
             campaign = run_campaign(config, progress)

@@ -28,7 +28,7 @@ class Route(str, enum.Enum):
 
     ASSERTION = "assertion"  # the gate's own assertion fails
     TRAP = "trap"  # the kernel's device guard fires (a trap, a launch failure)
-    REFUSAL = "refusal"  # the launcher refuses the arguments (ValueError)
+    REFUSAL = "refusal"  # the launcher refuses the arguments (harness.launch.Refusal)
 
     def __str__(self) -> str:
         return self.value

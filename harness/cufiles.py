@@ -1,0 +1,110 @@
+"""Every `.cu` under the kernel root is a collected gate of kind `compile`.
+
+`python -m pytest` compiles every kernel with no GPU: each `x.cu` is an item
+`x.cu::compile` that compiles it with NVRTC, with the name expressions its launcher `x.py`
+declares (`NAME_EXPRESSIONS`, the templates the gates instantiate), and fails naming the
+file and line of NVRTC's first error. Its report carries each kernel's registers, spill
+bytes and shared memory as user properties (JUnit `<properties>`) and as a report section
+(`pytest -rA` prints it).
+
+Collected two ways:
+- `pytest_collect_file`: a `.cu` under the kernel root in a folder pytest visits
+  (`pytest kernels_cu`, `pytest kernels_cu/x.cu`, or testpaths naming the kernel root);
+- `pytest_make_collect_report` on the session: when pytest runs with no path arguments
+  (testpaths, or the rootdir), every `.cu` under the kernel root that the arguments did not
+  reach is added, whatever testpaths says.
+
+The plugin imports both hooks; this module holds the items.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+KIND = "compile"
+
+
+def _kernel_root() -> Path:
+    from harness import _settings
+
+    return _settings.current().kernel_root
+
+
+def _under(path: Path, folder: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(folder)
+    except OSError:
+        return False
+
+
+class CuFile(pytest.File):
+    """One `.cu` file under the kernel root; collects its one compile item."""
+
+    def collect(self):
+        yield CompileItem.from_parent(self, name=KIND)
+
+
+class CompileItem(pytest.Item):
+    """Compiles one `.cu` with NVRTC (no GPU) and records ptxas' resource usage."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_marker(KIND)
+
+    def runtest(self) -> None:
+        from harness.compile import compile_file, declared_name_expressions
+
+        mod = compile_file(self.path, name_expressions=declared_name_expressions(self.path))
+        lines = []
+        for r in mod.resources:
+            self.user_properties.append(
+                (f"resources {r.kernel}",
+                 f"registers={r.registers} spill_bytes={r.spill_bytes} shared_bytes={r.shared_bytes}"))
+            lines.append(f"{r.kernel}: {r.registers} registers, {r.spill_bytes} spill bytes, "
+                         f"{r.shared_bytes} shared bytes")
+        self.user_properties.append(("arch", mod.arch))
+        self.add_report_section("call", "resources", "\n".join(lines) or "(no kernels)")
+
+    def repr_failure(self, excinfo, style=None):
+        from harness.compile import CompileError, LauncherError
+
+        exc = excinfo.value
+        if isinstance(exc, CompileError):
+            path, line = exc.location
+            head = f"{path}:{line}: does not compile" if line else f"{path}: does not compile"
+            return f"{head}\n{exc}"
+        if isinstance(exc, LauncherError):
+            return str(exc)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.path.name}::{KIND}"
+
+
+def pytest_collect_file(file_path: Path, parent):
+    if file_path.suffix == ".cu" and _under(file_path, _kernel_root()):
+        return CuFile.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    rep = yield
+    if not isinstance(collector, pytest.Session) or not rep.passed:
+        return rep
+    config = collector.config
+    if config.args_source == pytest.Config.ArgsSource.ARGS or getattr(config.option, "harness_serve", False):
+        return rep  # paths named on the command line (or a harness child run): only what they reach
+    root = _kernel_root()
+    if not root.is_dir():
+        return rep
+    reached = [Path(p).resolve() for p in getattr(collector, "_initialpaths", ())]
+    for source in sorted(p for p in root.rglob("*.cu") if p.is_file()):
+        if any(_under(source, r) for r in reached):
+            continue  # pytest's own collection reaches it through pytest_collect_file
+        if not source.resolve().is_relative_to(config.rootpath):
+            continue  # node ids are relative to the rootdir; a kernel root outside it is compiled by the command
+        rep.result.append(CuFile.from_parent(collector, path=source))
+    return rep

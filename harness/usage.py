@@ -1,0 +1,86 @@
+"""Bad input found before any work starts: one line naming what was wrong and what to do.
+
+The pytest plugin calls `check_configuration` from `pytest_configure`; the commands call
+the single checks. Each check returns the message, or None when the input is fine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _blocking_file(path: Path) -> Path | None:
+    """The first of `path` and its parents that exists and is not a folder."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
+def folder_problem(path: str | os.PathLike, option: str, holds: str) -> str | None:
+    """`path` must be a folder or creatable as one (it, or a parent, is not a file)."""
+    path = Path(path)
+    blocker = _blocking_file(path.resolve())
+    if blocker is None:
+        return None
+    if blocker == path.resolve():
+        return (f"{option} {path} is a file, not a folder: {option} names the folder that holds {holds}; "
+                "pass a folder (it is created when missing)")
+    return (f"{option} {path} cannot be a folder: {blocker} is a file; pass a folder path "
+            f"for {holds} (it is created when missing)")
+
+
+def kernel_root_problem(root: str | os.PathLike, option: str) -> str | None:
+    """An explicitly named kernel root must be a folder holding at least one .cu file."""
+    root = Path(root)
+    how = f"pass {option} DIR" if option.startswith("-") else f"set {option}"
+    fix = f"{how} (or the ini key kernel_root) naming the folder that holds your .cu files"
+    if not root.is_dir():
+        return f"kernel root {root} does not exist or is not a folder: {fix}"
+    if not any(p.is_file() for p in root.rglob("*.cu")):
+        return f"kernel root {root} holds no .cu file: {fix}"
+    return None
+
+
+def arch_problem(arch: str | None, source: str) -> str | None:
+    if not arch:
+        return None
+    from harness.compile import ArchError, check_arch
+
+    try:
+        check_arch(arch, source)
+    except ArchError as exc:
+        return str(exc)
+    return None
+
+
+def check_configuration(config) -> None:
+    """The plugin's options and the environment, checked once before collection: raises
+    pytest.UsageError (one line, `harness: ...`) on the first problem."""
+    import pytest
+
+    from harness import _settings
+
+    opt = config.option
+    problems = []
+    if not getattr(opt, "arch", None):
+        problems.append(arch_problem(os.environ.get(_settings.ARCH_ENV), _settings.ARCH_ENV))
+    if getattr(opt, "harness_report", None):
+        problems.append(folder_problem(opt.harness_report, "--harness-report", "gates.json and summary.md"))
+    if getattr(opt, "harness_cache_dir", None):
+        problems.append(folder_problem(opt.harness_cache_dir, "--harness-cache-dir", "the compiled cubins"))
+    elif config.getini("harness_cache_dir"):
+        problems.append(folder_problem(config.rootpath / config.getini("harness_cache_dir"),
+                                       "ini harness_cache_dir", "the compiled cubins"))
+    elif os.environ.get(_settings.CACHE_ENV):
+        problems.append(folder_problem(os.environ[_settings.CACHE_ENV], _settings.CACHE_ENV, "the compiled cubins"))
+    if getattr(opt, "harness_serve", False):
+        pass  # a pool server or worker: the pytest process that started it checked the kernel root
+    elif getattr(opt, "kernel_root", None):
+        problems.append(kernel_root_problem(opt.kernel_root, "--kernel-root"))
+    elif os.environ.get(_settings.KERNEL_ROOT_ENV):
+        problems.append(kernel_root_problem(os.environ[_settings.KERNEL_ROOT_ENV], _settings.KERNEL_ROOT_ENV))
+    for problem in problems:
+        if problem:
+            raise pytest.UsageError(f"harness: {problem}")

@@ -1,0 +1,297 @@
+"""Bad input gets one clear error: what was wrong and what to do, a non-zero exit, no
+traceback. One test per row of issue 14's table (the rows about the device probe and the
+child timeout belong to the isolation rewrite and are tested there). No GPU needed."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from harness.compile import (ArchError, CacheNotWritable, CompileError, LauncherError, _warned_caches, check_arch,
+                             compile_file, declared_name_expressions)
+
+REPO = Path(__file__).resolve().parents[1]
+SUITE = Path(__file__).parent / "fixtures" / "controls_suite"
+
+KERNEL = 'extern "C" __global__ void plain(float* out) { out[threadIdx.x] = 2.0f; }\n'
+
+
+def run_harness(*args, cwd, env=None):
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
+                          env=full_env, timeout=300)
+
+
+def run_pytest(*args, cwd, env=None):
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
+                          capture_output=True, text=True, env=full_env, timeout=300)
+
+
+def one_clear_line(result, *needles: str) -> str:
+    """The run failed with no traceback, and one stderr line holds every needle."""
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    lines = [line for line in result.stderr.splitlines() if all(n in line for n in needles)]
+    assert len(lines) == 1, (needles, result.stderr)
+    return lines[0]
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A project: pytest.ini naming the kernel root, a package of kernels with a launcher."""
+    project = tmp_path / "project"
+    root = project / "kernels"
+    root.mkdir(parents=True)
+    (project / "pytest.ini").write_text("[pytest]\nkernel_root = kernels\n")
+    (root / "__init__.py").write_text("")
+    (root / "k.cu").write_text(KERNEL)
+    return root
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return tmp_path / "cache"
+
+
+# ------------------------------------------------------------------ the launcher beside a .cu
+
+
+def test_a_launcher_that_raises_on_import_is_one_line_naming_it_and_its_line(tree, cache):
+    (tree / "k.py").write_text("SIZES = (1, 2)\nraise RuntimeError('launcher exploded')\n")
+    result = run_harness("compile", "--kernel-root", str(tree), "--cache-dir", str(cache), cwd=tree.parent)
+    assert result.returncode == 1
+    one_clear_line(result, f"{tree / 'k.py'}: importing the launcher to read NAME_EXPRESSIONS failed (line 2)",
+                   "RuntimeError: launcher exploded", "fix the launcher")
+
+
+def test_name_expressions_as_a_string_is_one_line_showing_the_tuple_to_write(tree, cache):
+    (tree / "k.py").write_text('NAME_EXPRESSIONS = "k"\n')
+    result = run_harness("compile", "--kernel-root", str(tree), "--cache-dir", str(cache), cwd=tree.parent)
+    assert result.returncode == 1
+    one_clear_line(result, "NAME_EXPRESSIONS must be a tuple of C++ name expressions (strings), got 'k'",
+                   "(note the trailing comma)")
+    with pytest.raises(LauncherError):
+        declared_name_expressions(tree / "k.cu")
+
+
+# ------------------------------------------------------------------ folders that are files
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_before_compiling(tree, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = run_harness("compile", "--kernel-root", str(tree), "--cache-dir", str(blocker), cwd=tree.parent)
+    assert result.returncode == 2
+    one_clear_line(result, f"--cache-dir {blocker} is a file, not a folder", "pass a folder")
+
+
+def test_a_harness_report_that_is_a_file_is_a_usage_error_before_the_run(tree, tmp_path):
+    project = tree.parent
+    (project / "test_x.py").write_text("import pytest\n\n@pytest.mark.structural\ndef test_x():\n    pass\n")
+    (project / "rep").write_text("")
+    result = run_pytest("test_x.py", "--harness-report", "rep", cwd=project)
+    assert result.returncode == 4  # pytest's usage error
+    one_clear_line(result, "harness: --harness-report rep is a file, not a folder")
+    assert "passed" not in result.stdout
+
+
+# ------------------------------------------------------------------ the cubin cache
+
+
+@pytest.mark.parametrize("meta", ["[]", '{"cubin_sha256": "x", "log": ""}', '{"symbol_mapping": [], "log": 3}'])
+def test_a_cache_entry_of_the_wrong_shape_is_a_miss_recompiled_and_overwritten(tree, cache, meta):
+    first = compile_file("k.cu", kernel_root=tree, arch="sm_90", cache_dir=cache)
+    meta_path = first.cubin_path.with_suffix(".json")
+    meta_path.write_text(meta)
+    again = compile_file("k.cu", kernel_root=tree, arch="sm_90", cache_dir=cache)
+    assert not again.cache_hit and again.cubin == first.cubin
+    assert isinstance(json.loads(meta_path.read_text())["symbol_mapping"], dict)  # overwritten
+    assert compile_file("k.cu", kernel_root=tree, arch="sm_90", cache_dir=cache).cache_hit
+
+
+def test_a_cache_that_cannot_be_written_compiles_without_caching_and_says_so_once(tree, tmp_path):
+    """CI runs as root, where a read-only folder is still writable, so the cache here is a
+    path that cannot be created at all: a folder under a regular file."""
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    unwritable = blocker / "cache"
+    (tree / "second.cu").write_text(KERNEL.replace("plain", "second"))
+    _warned_caches.discard(str(unwritable))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = compile_file("k.cu", kernel_root=tree, arch="sm_90", cache_dir=unwritable)
+        b = compile_file("second.cu", kernel_root=tree, arch="sm_90", cache_dir=unwritable)
+    assert a.cubin and b.cubin and not a.cache_hit and not b.cache_hit
+    said = [w for w in caught if issubclass(w.category, CacheNotWritable)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    assert f"the cubin cache {unwritable} cannot be written" in str(said[0].message)
+    assert "compiling without caching" in str(said[0].message)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through a read-only mode; the test above covers it")
+def test_a_read_only_empty_cache_folder_compiles_without_caching(tree, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.warns(CacheNotWritable):
+            assert compile_file("k.cu", kernel_root=tree, arch="sm_90", cache_dir=ro).cubin
+    finally:
+        ro.chmod(0o700)
+
+
+# ------------------------------------------------------------------ the kernel root
+
+
+def test_gates_pointed_at_an_empty_kernel_root_is_one_usage_error(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run_pytest("gates", "--kernel-root", str(empty), cwd=REPO)
+    assert result.returncode == 4
+    one_clear_line(result, f"harness: kernel root {empty} holds no .cu file", "pass --kernel-root DIR")
+    assert "FileNotFoundError" not in result.stdout + result.stderr
+
+
+def test_compile_works_from_another_folder_with_absolute_paths(tree, cache, tmp_path):
+    """The launcher imports a module of its own package: the command puts the package's
+    parent on the import path, whatever the working folder."""
+    (tree / "sizes.py").write_text("SIZES = (8,)\n")
+    (tree / "k.py").write_text("from kernels.sizes import SIZES\nNAME_EXPRESSIONS = ()\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run_harness("compile", "--kernel-root", str(tree), "--cache-dir", str(cache), cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert "1 of 1 modules compiled" in result.stdout
+
+
+def test_compile_from_a_subfolder_reads_the_projects_ini(tree, cache):
+    sub = tree.parent / "docs" / "deep"
+    sub.mkdir(parents=True)
+    result = run_harness("compile", "--cache-dir", str(cache), cwd=sub)
+    assert result.returncode == 0, result.stderr
+    assert f"kernel root {tree}" in " ".join(result.stdout.split())
+
+
+def test_controls_static_from_a_subfolder_and_from_another_folder(tmp_path):
+    suite = tmp_path / "suite"
+    shutil.copytree(SUITE, suite)
+    args = ("controls", "--static", "value_changed", "--cache-dir", str(tmp_path / "c"),
+            "--report", str(tmp_path / "report"))
+    inside = run_harness(*args, cwd=suite / "gates")
+    assert inside.returncode == 0, inside.stderr
+    assert "1 of 1 controls as expected" in inside.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    outside = run_harness(*args, "--rootdir", str(suite), "--kernel-root", str(suite / "kernels"), cwd=elsewhere)
+    assert outside.returncode == 0, outside.stderr
+
+
+# ------------------------------------------------------------------ sources and arches
+
+
+def test_a_non_utf8_byte_names_the_file_line_and_fix_not_nvrtc(tree, cache):
+    (tree / "latin1.cu").write_bytes(b"// ok\n// caf\xe9\n" + KERNEL.encode())
+    with pytest.raises(CompileError) as info:
+        compile_file("latin1.cu", kernel_root=tree, arch="sm_90", cache_dir=cache)
+    text = str(info.value)
+    assert text.splitlines()[0].startswith(f"could not read {tree / 'latin1.cu'}: line 2:")
+    assert "byte 0xe9 at column 7 is not UTF-8" in text and "save the file as UTF-8" in text
+    assert "NVRTC could not compile" not in text
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_arch_specific_variants_nvrtc_accepts_are_accepted_and_compile(tree, cache, arch):
+    assert check_arch(arch) == arch
+    mod = compile_file("k.cu", kernel_root=tree, arch=arch, cache_dir=cache)
+    assert mod.arch == arch and mod.cubin and f"--gpu-architecture={arch}" in mod.options
+
+
+def test_a_variant_of_an_arch_nvrtc_does_not_target_is_refused():
+    with pytest.raises(ArchError, match=r"unknown --arch 'sm_91a': NVRTC \S+ targets .*sm_90"):
+        check_arch("sm_91a")
+
+
+def test_a_bad_harness_arch_names_the_variable_in_the_command_and_in_pytest(tree, cache):
+    env = {"HARNESS_ARCH": "banana"}
+    result = run_harness("compile", "--kernel-root", str(tree), "--cache-dir", str(cache), cwd=tree.parent, env=env)
+    assert result.returncode == 2
+    one_clear_line(result, "unknown HARNESS_ARCH 'banana'", "set HARNESS_ARCH to one of them, or unset it")
+    (tree.parent / "test_x.py").write_text("import pytest\n\n@pytest.mark.structural\ndef test_x():\n    pass\n")
+    run = run_pytest("test_x.py", cwd=tree.parent, env=env)
+    assert run.returncode == 4
+    one_clear_line(run, "harness: unknown HARNESS_ARCH 'banana'")
+
+
+# ------------------------------------------------------------------ the controls command
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_controls_refuse_a_deadline_that_is_not_a_positive_finite_number(value, tmp_path):
+    result = run_harness("controls", "--static", "--deadline", value, "--rootdir", str(SUITE),
+                         "--report", str(tmp_path / "r"), cwd=tmp_path)
+    assert result.returncode == 2
+    one_clear_line(result, f"--deadline {float(value)}: it must be a positive, finite number of seconds")
+
+
+def test_controls_without_static_on_a_machine_with_no_gpu_say_so_and_what_to_run(tmp_path):
+    """CUDA_VISIBLE_DEVICES="" hides any device, so this holds on the GPU machine too."""
+    result = run_harness("controls", "value_changed", "--rootdir", str(SUITE), "--report", str(tmp_path / "r"),
+                         cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2
+    one_clear_line(result, "controls run their gates on a CUDA device, and this machine has none usable",
+                   "run `python -m harness controls --static` here")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_harness_cache_dir_that_is_a_file_is_a_usage_error_in_pytest(tree, tmp_path):
+    project = tree.parent
+    (project / "test_x.py").write_text("import pytest\n\n@pytest.mark.structural\ndef test_x():\n    pass\n")
+    blocker = tmp_path / "cache_file"
+    blocker.write_text("")
+    result = run_pytest("test_x.py", "--harness-cache-dir", str(blocker), cwd=project)
+    assert result.returncode == 4
+    one_clear_line(result, f"harness: --harness-cache-dir {blocker} is a file, not a folder")
+
+
+# ------------------------------------------------------------------ one set of settings
+
+
+def test_commands_resolve_settings_by_the_rules_pytest_uses(tmp_path, monkeypatch):
+    from harness import _settings
+
+    project = tmp_path / "p"
+    (project / "src" / "k").mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\nkernel_root = "src/k"\nharness_cache_dir = ".cubins"\n')
+    for var in (_settings.KERNEL_ROOT_ENV, _settings.CACHE_ENV, _settings.ARCH_ENV):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(project / "src")
+    root, s = _settings.project_settings()
+    assert root == project and s.kernel_root == project / "src" / "k" and s.cache_dir == project / ".cubins"
+    assert s.arch is None
+    monkeypatch.setenv(_settings.KERNEL_ROOT_ENV, str(tmp_path / "env_k"))
+    monkeypatch.setenv(_settings.CACHE_ENV, str(tmp_path / "env_cache"))
+    monkeypatch.setenv(_settings.ARCH_ENV, "sm_80")
+    _, s = _settings.project_settings()
+    assert s.kernel_root == tmp_path / "env_k"  # the variable beats the ini key, as in the plugin
+    assert s.cache_dir == project / ".cubins"  # the ini key beats the variable, as in the plugin
+    assert (s.arch, s.arch_source) == ("sm_80", "HARNESS_ARCH")
+    _, s = _settings.project_settings(kernel_root="k2", cache_dir="c2", arch="sm_90")
+    assert s.kernel_root == project / "src" / "k2" and s.cache_dir == project / "src" / "c2"
+    assert (s.arch, s.arch_source) == ("sm_90", "--arch")
+
+
+def test_pytest_reads_harness_arch_too(tree):
+    project = tree.parent
+    (project / "test_x.py").write_text(
+        "import pytest\nfrom harness import _settings\nfrom harness.compile import resolve_arch\n\n"
+        "@pytest.mark.structural\ndef test_x():\n    assert _settings.current().arch == 'sm_80'\n"
+        "    assert resolve_arch() == 'sm_80'\n")
+    result = run_pytest("test_x.py", cwd=project, env={"HARNESS_ARCH": "sm_80"})
+    assert result.returncode == 0, result.stdout + result.stderr

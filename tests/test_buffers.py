@@ -1,0 +1,94 @@
+"""harness.buffers: sentinel fills, the untouched check, and bf16 through its bits on the
+way to and from the device. CuPy's calls are played by a small numpy-backed stand-in, so
+this runs with no GPU; the GPU gates use the real thing on every run."""
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from harness import buffers
+from harness.bits import BitsMismatch
+from harness.dtypes import bf16, bits_of
+
+
+class FakeDeviceArray:
+    """The part of a CuPy array the helpers touch: dtype, shape, view, get."""
+
+    def __init__(self, host):
+        self._host = np.array(host, copy=True)
+
+    dtype = property(lambda self: self._host.dtype)
+    shape = property(lambda self: self._host.shape)
+
+    def view(self, dtype):
+        out = FakeDeviceArray.__new__(FakeDeviceArray)
+        out._host = self._host.view(dtype)
+        return out
+
+    def get(self):
+        return self._host.copy()
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    syncs = []
+    mod = types.SimpleNamespace(
+        asarray=lambda a: FakeDeviceArray(np.ascontiguousarray(a)),
+        full=lambda shape, value, dtype: FakeDeviceArray(np.full(shape, value, dtype=dtype)),
+        uint16=np.uint16,
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(deviceSynchronize=lambda: syncs.append(1))),
+    )
+    monkeypatch.setitem(sys.modules, "cupy", mod)
+    return syncs
+
+
+def test_the_sentinel_is_a_bf16_nan_no_kernel_computes():
+    value = np.array([buffers.BF16_SENTINEL], np.uint16).view(bf16).astype(np.float32)[0]
+    assert np.isnan(value)
+    assert buffers.BF16_SENTINEL not in (0x7FC0, 0x7FFF, 0xFFC0, 0xFFFF)  # the canonical NaNs
+
+
+def test_filled_holds_the_bits_in_every_element(fake_cupy):
+    a = buffers.filled((2, 3), bf16, buffers.BF16_SENTINEL)
+    assert a.dtype == bf16 and a.shape == (2, 3)
+    assert (bits_of(a.get()) == buffers.BF16_SENTINEL).all()
+    f = buffers.filled((4,), np.float32, 0x7FC00001)
+    assert (f.get().view(np.uint32) == 0x7FC00001).all()
+
+
+def test_nan_filled_uses_the_dtypes_quiet_nan_and_refuses_dtypes_without_one(fake_cupy):
+    assert (bits_of(buffers.nan_filled((3,), bf16).get()) == 0x7FC0).all()
+    assert (buffers.nan_filled((3,), np.float16).get().view(np.uint16) == 0x7E00).all()
+    assert (buffers.nan_filled((3,), np.float32).get().view(np.uint32) == 0x7FC00000).all()
+    with pytest.raises(TypeError, match="no NaN of int8: use filled"):
+        buffers.nan_filled((3,), np.int8)
+
+
+def test_assert_untouched_passes_on_sentinels_and_names_the_first_written_element():
+    a = np.full(6, buffers.BF16_SENTINEL, np.uint16).view(bf16)
+    buffers.assert_untouched("tail", a, buffers.BF16_SENTINEL)
+    a[4] = np.float32(1.0).astype(bf16)
+    with pytest.raises(BitsMismatch, match=r"tail: 1 of 6 elements differ bitwise .*\(a sentinel region was written\)"):
+        buffers.assert_untouched("tail", a, buffers.BF16_SENTINEL)
+
+
+def test_bf16_goes_to_the_device_as_its_bits_and_comes_back_the_same(fake_cupy):
+    host = np.array([1.5, -0.0, 3.0e38, np.nan], np.float32).astype(bf16)
+    dev = buffers.to_device(host)
+    assert dev.dtype == bf16
+    raw = buffers.to_device(host, bits=True)
+    assert raw.dtype == np.uint16 and (raw.get() == bits_of(host)).all()
+    back = buffers.to_host(dev)
+    assert back.dtype == bf16 and (bits_of(back) == bits_of(host)).all()  # -0 and the NaN payload kept
+    assert (bits_of(buffers.to_host(raw, bf16)) == bits_of(host)).all()
+    assert fake_cupy, "to_host waits for the device first, so an earlier fault surfaces there"
+
+
+def test_other_dtypes_pass_through_and_numpy_is_returned_as_it_is(fake_cupy):
+    ints = np.arange(5, dtype=np.int32)
+    assert (buffers.to_host(buffers.to_device(ints)) == ints).all()
+    assert buffers.to_host(ints) is ints
+    as_bf16 = buffers.to_host(bits_of(np.ones(2, bf16)), bf16)
+    assert as_bf16.dtype == bf16 and (as_bf16.astype(np.float32) == 1.0).all()
