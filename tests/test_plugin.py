@@ -57,6 +57,7 @@ def test_require_gpu_with_no_device_fails_at_once_with_one_line(suite, no_device
     suite.makepyfile(test_g="""
         import pytest
         @pytest.mark.gpu
+        @pytest.mark.anchor
         def test_kernel():
             pass
     """)
@@ -70,7 +71,7 @@ def test_require_gpu_with_no_device_fails_at_once_with_one_line(suite, no_device
 
 def test_require_gpu_from_the_environment_variable(suite, no_device, monkeypatch):
     monkeypatch.setenv("HARNESS_REQUIRE_GPU", "1")
-    suite.makepyfile(test_g="def test_x():\n    pass\n")
+    suite.makepyfile(test_g="import pytest\n@pytest.mark.refusal\ndef test_x():\n    pass\n")
     result = suite.runpytest_subprocess()
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*harness: --require-gpu: no CUDA device was found*"])

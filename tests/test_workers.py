@@ -179,6 +179,7 @@ def test_gpu_gates_share_a_warm_worker_and_each_trap_gate_gets_a_fresh_one(suite
         @pytest.mark.link
         def test_4():
             open("pids", "a").write(f"g {os.getpid()}\\n")
+        @pytest.mark.refusal
         def test_5_host_only():
             open("pids", "a").write(f"h {os.getpid()}\\n")
     """)
