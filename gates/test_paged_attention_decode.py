@@ -86,6 +86,23 @@ def test_decode_run_twice_on_the_same_counters_is_bitwise_identical(decode_confi
 
 
 @pytest.mark.gpu
+@pytest.mark.link
+def test_decode_never_follows_a_block_table_entry_outside_every_window(decode_config):
+    # Issue 11, class 5. Every entry no row may see (before the sliding window, past the
+    # context) is set to a page 2^30, outside any pool: the bits must not change. The NaN page of
+    # the page-map link proves a masked key is not *used*; this proves its entry is not
+    # *followed*. A kernel that follows one faults (a memory-safety kill, route trap).
+    name, dc = decode_config
+    invalid = ora.with_invalid_unseen_entries(dc.host)
+    unseen = ora.unseen_entries(dc.host)
+    first_page = int(ora.first_visible(dc.host.qpos, dc.host.window).min()) // pa.PAGE
+    assert unseen[-1] and (first_page == 0 or unseen[first_page - 1]), (
+        f"{name}: the entries just past the context and just before the earliest window must be invalid")
+    assert_bits_eq(f"decode out {name}, {int(unseen.sum())} unseen block-table entries invalid vs valid",
+                   run_paged_decode(to_device(invalid)), run_paged_decode(dc), dtype=bf16)
+
+
+@pytest.mark.gpu
 @pytest.mark.anchor
 def test_decode_matches_float64_reference_within_rel_rms_1e_2(decode_config):
     name, dc = decode_config

@@ -64,6 +64,20 @@ def test_prefill_page_mapped_pool_equals_identity_pool_bitwise(chunk_config):
 
 
 @pytest.mark.gpu
+@pytest.mark.link
+def test_prefill_never_follows_a_block_table_entry_outside_every_window(chunk_config):
+    # Issue 11, class 5, for the chunked prefill: entries before the chunk's windows and the
+    # spare page past the context are set to a page 2^30, outside any pool; the bits must not
+    # change, and a kernel that follows one faults (a memory-safety kill, route trap).
+    name, dc = chunk_config
+    unseen = ora.unseen_entries(dc.host)
+    assert unseen[-1], f"{name}: the spare entry past the context must be invalid"
+    assert_bits_eq(f"chunked prefill out {name}, {int(unseen.sum())} unseen block-table entries invalid vs valid",
+                   run_paged_prefill(to_device(ora.with_invalid_unseen_entries(dc.host))),
+                   run_paged_prefill(dc), dtype=bf16)
+
+
+@pytest.mark.gpu
 @pytest.mark.anchor
 def test_prefill_matches_float64_reference_within_rel_rms_1e_2(prefill_config):
     name, dc = prefill_config

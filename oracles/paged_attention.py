@@ -23,7 +23,7 @@ holds no zeros (|v| >= 1/64), so no signed-zero addition can turn a copied -0 in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -245,6 +245,28 @@ def live_pool_pages(case: Case) -> np.ndarray:
     for o, fv, qp in zip(case.off, first_visible(case.qpos, case.window), case.qpos):
         live[case.bt[o + fv // PAGE:o + qp // PAGE + 1]] = True
     return live
+
+
+# A block-table entry no row may follow (issue 11, class 5): far past any pool (2^30 pages of
+# at least 64 KiB each), so a kernel that follows it faults instead of reading stale data.
+INVALID_PAGE = 1 << 30
+
+
+def unseen_entries(case: Case) -> np.ndarray:
+    """bool per block-table entry: True where no row's visible page range
+    [first_visible / 16, qpos / 16] reaches it (the entry must never be followed)."""
+    used = np.zeros(case.bt.size, bool)
+    for o, fv, qp in zip(case.off, first_visible(case.qpos, case.window), case.qpos):
+        used[o + fv // PAGE:o + qp // PAGE + 1] = True
+    return ~used
+
+
+def with_invalid_unseen_entries(case: Case) -> Case:
+    """The same case with every unseen block-table entry set to INVALID_PAGE: an engine's
+    stale or freed entries outside the window. Outputs must not change by a bit."""
+    bt = np.array(case.bt, copy=True)
+    bt[unseen_entries(case)] = INVALID_PAGE
+    return replace(case, bt=bt)
 
 
 def permuted_pool(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

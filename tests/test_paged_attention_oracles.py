@@ -118,3 +118,23 @@ def test_needle_case_refuses_a_window_kind_without_a_window():
     with pytest.raises(ValueError, match="needs a sliding window"):
         ora.needle_case(hd=256, nh=8, nkv=2, window=0, kind="window_just_outside", seed=1)
 
+
+
+def test_unseen_entries_are_outside_every_window_and_invalid_ones_lie_past_any_pool():
+    case = ora.random_case(nh=2, nkv=1, hd=256, window=40, ctx=100, rows=3, seed=1)
+    unseen = ora.unseen_entries(case)
+    # rows at 97..99 with window 40 see keys from 58: pages 3..6; page 7 is past the context.
+    assert np.flatnonzero(unseen).tolist() == [0, 1, 2, 7]
+    bad = ora.with_invalid_unseen_entries(case)
+    assert np.all(bad.bt[unseen] == ora.INVALID_PAGE) and np.array_equal(bad.bt[~unseen], case.bt[~unseen])
+    assert ora.INVALID_PAGE >= 2**30 > case.k_pool.shape[0]
+
+
+def test_the_gate_configurations_have_invalid_entries_before_and_after_the_windows():
+    from gates._paged_attention import random_case
+
+    for name, rows in (("A", "decode"), ("A", "chunk"), ("B", "decode"), ("B", "chunk")):
+        unseen = ora.unseen_entries(random_case(name, rows))
+        assert unseen[-1], (name, rows)
+        if name == "A":
+            assert unseen[0] and unseen.sum() > 20, (name, rows)
