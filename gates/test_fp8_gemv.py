@@ -39,12 +39,13 @@ def test_fp8_gemv_concatenates_segments_with_row_and_token_scales():
 @pytest.mark.gpu
 @pytest.mark.anchor
 def test_fp8_gemv_pairs_every_element_of_every_token_and_segment_row():
-    # x and every weight row drawn from {+-0.5, +-1, +-2}, distinct per token and per row of each
-    # segment; row scales vary along N, token scales per token (powers of two). Exact: products
-    # are multiples of 1/4, every dot stays within +-64 (8 significant bits), scales are powers
-    # of two, so y = bf16(ws * xs * dot) holds no rounding. A mispaired element, a chunk read by
+    # x and every weight row drawn from {+-0.5, +-0.75, +-1, +-1.5, +-2, +-3}, distinct per token
+    # and per row of each segment; row scales vary along N, token scales per token (powers of
+    # two). Exact: products are multiples of 1/16 and every f32 partial sum is exact in any
+    # order, so ws * xs * dot is an exactly known f32 and y is its one bf16 rounding (nearest
+    # even; 50 of the 75 outputs round, 15 of them ties). A mispaired element, a chunk read by
     # the wrong lane, dropped or doubled, another token's x, another segment's weights or
-    # scales, or a write past N (into the sentinel tail) changes the bits.
+    # scales, a rounding toward zero, or a write past N (into the sentinel tail) changes the bits.
     case = fp8_gemv_positional_case(POS_T, POS_K, POS_SEGMENTS, POS_SEED, POS_TOKEN_SCALES)
     assert (fp8_chunk_sums(case) != 0).any(axis=(0, 1)).all(), "a chunk contributes nothing anywhere"
     y, tail = run_fp8_gemv_with_tail(case)

@@ -79,6 +79,7 @@ def test_nvfp4_designed_refuses_a_k_that_breaks_f32_exactness():
 
 # ------------------------------------------------------------------ issue 11: position-dependent designs
 
+from harness.dtypes import bf16, from_bits, to_bf16  # noqa: E402
 from oracles.quant_gemv import (  # noqa: E402
     LM_POS_H,
     LM_POS_RUNNER_UP,
@@ -87,6 +88,7 @@ from oracles.quant_gemv import (  # noqa: E402
     LM_POS_WINNERS,
     fp8_chunk_sums,
     fp8_gemv_positional_case,
+    rne_bf16_of_exact_f32,
     lm_head_argmax,
     lm_head_positional_case,
 )
@@ -103,10 +105,30 @@ def test_fp8_positional_case_is_exact_and_matches_the_contract_formula():
     x = decode_e4m3(case.x).astype(np.float64)
     w = np.concatenate([decode_e4m3(s) for s, _ in case.segments]).astype(np.float64)
     ws = np.concatenate([s for _, s in case.segments]).astype(np.float64)
-    dot = x @ w.T
-    assert np.abs(dot).max() <= 64 and np.all(np.mod(dot * 4, 1) == 0)
-    np.testing.assert_array_equal(case.expected.astype(np.float64), dot * ws[None, :] * case.xs[:, None])
+    value = (x @ w.T) * ws[None, :] * case.xs[:, None]
+    assert np.all(np.mod(x[:, None, :] * w[None, :, :] * 16, 1) == 0), "products are multiples of 1/16"
+    assert np.array_equal(value.astype(np.float32).astype(np.float64), value), "the f32 value is exact"
+    np.testing.assert_array_equal(bits_of(case.expected), bits_of(to_bf16(value)))
     assert case.expected.shape == (3, 25) and 25 % 8 and (592 // 16) % 32
+
+
+def test_fp8_positional_case_exercises_the_output_rounding_and_its_ties():
+    case = _fp8_gate_case()
+    x = decode_e4m3(case.x).astype(np.float64)
+    w = np.concatenate([decode_e4m3(s) for s, _ in case.segments]).astype(np.float64)
+    ws = np.concatenate([s for _, s in case.segments]).astype(np.float64)
+    f32 = ((x @ w.T) * ws[None, :] * case.xs[:, None]).astype(np.float32).view(np.uint32)
+    toward_zero = from_bits((f32 >> 16).astype(np.uint16), bf16)
+    low = f32 & 0xFFFF
+    assert np.count_nonzero(low) >= 40, "most outputs must round"
+    assert np.count_nonzero(bits_of(toward_zero) != bits_of(case.expected)) >= 10, "round-toward-zero must show"
+    assert np.count_nonzero(low == 0x8000) >= 5, "ties to even must occur"
+
+
+def test_rne_bf16_of_exact_f32_refuses_a_value_f32_would_round():
+    assert bits_of(rne_bf16_of_exact_f32([257.0])).tolist() == [0x4380]  # 257 -> 256 (tie to even)
+    with pytest.raises(ValueError, match="not exact in f32"):
+        rne_bf16_of_exact_f32([1.0 + 2.0**-30])
 
 
 def test_fp8_positional_case_makes_every_index_visible():
