@@ -39,6 +39,23 @@ def test_decode_output_is_the_needle_v_row_bit_for_bit(hd, window, kind):
 
 
 @pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
+def test_decode_output_of_twin_needles_is_their_v_rows_mean_rounded_once(hd):
+    # Two keys tie at the top (the first visible key and qpos, window 70: pages apart, so in
+    # different warps or splits): weights exactly 1 and 1, l = 2, acc = v1 + v2 exact, and the
+    # output is bf16((v1 + v2) / 2), nearest even. A single needle is a copy (v / 1): it cannot
+    # see the division by l, a weight other than 1 for the second key, or the output rounding
+    # (here about half the elements round, a quarter are ties). Both merges run.
+    case = ora.twin_needle_case(hd=hd, window=ora.NEEDLE_WINDOW, seed=NEEDLE_SEED, **NEEDLE_HEADS)
+    dc = to_device(case)
+    expected = ora.mean_rows(case)
+    for merge in ("last_cta", "combine"):
+        assert_bits_eq(f"decode out [row, head, dim] (twin needles, {merge} merge, splits {chosen_splits(case)})",
+                       run_paged_decode(dc, merge=merge), expected, dtype=bf16)
+
+
+@pytest.mark.gpu
 @pytest.mark.link
 @pytest.mark.parametrize("kind", SPLIT_LINK_KINDS)
 @pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")

@@ -56,6 +56,20 @@ def test_prefill_each_row_copies_the_v_row_of_its_first_visible_key(hd, window):
 
 
 @pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w}")
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
+def test_prefill_paired_staircase_rows_average_their_two_tied_keys(hd, window):
+    # Rising staircase with keys 2i and 2i + 1 on one level: an odd row's last two keys tie
+    # (weights exactly 1 and 1), so its output is bf16((v[q - 1] + v[q]) / 2), nearest even; an
+    # even row's last key stands alone (a copy). The copies above cannot see the division by l,
+    # the second key's weight or the output rounding; this can, on 100 rows of 200.
+    case = ora.staircase_case(hd=hd, nh=4, nkv=2, window=window, rising=True, seed=STAIR_SEED, paired=True)
+    assert_bits_eq(f"prefill out [row, head, dim], paired staircase, window {window}",
+                   run_paged_prefill(to_device(case)), ora.mean_rows(case), dtype=bf16)
+
+
+@pytest.mark.gpu
 @pytest.mark.link
 def test_prefill_page_mapped_pool_equals_identity_pool_bitwise(chunk_config):
     _, dc = chunk_config
