@@ -56,6 +56,7 @@ class QkData:
     cos: object
     sin: object
     host: dict  # the same arrays as numpy
+    eps: float = design.EPS  # the eps every launch of this data passes
 
     @property
     def num_tokens(self) -> int:
@@ -77,15 +78,24 @@ class QkData:
 host = buffers.to_host  # device (or host) array -> numpy, bf16 through its bits
 
 
-def _build(head_dim: int, rotary_dim: int, on_device: bool) -> QkData:
-    q = design.designed_heads(design.TENSOR_Q, NUM_TOKENS, NQ, head_dim)
-    k = design.designed_heads(design.TENSOR_K, NUM_TOKENS, NKV, head_dim)
-    v = design.designed_heads(design.TENSOR_V, NUM_TOKENS, NKV, head_dim) if head_dim == 256 else None
+def _build(head_dim: int, rotary_dim: int, on_device: bool, *, num_tokens: int = NUM_TOKENS,
+           heads=design.designed_heads, spare_tokens: int = 0, eps: float = design.EPS) -> QkData:
+    """The inputs of one (head_dim, rotary_dim). With spare_tokens, q, k and v are built for
+    num_tokens + spare_tokens tokens and the data holds views of the first num_tokens: a warp
+    past the last job reads defined (designed) rows there instead of faulting."""
+    n = num_tokens + spare_tokens
+    q = heads(design.TENSOR_Q, n, NQ, head_dim)
+    k = heads(design.TENSOR_K, n, NKV, head_dim)
+    v = heads(design.TENSOR_V, n, NKV, head_dim) if head_dim == 256 else None
     q_w, k_w = design.norm_weights(head_dim)
     cos, sin = design.rope_tables(COS_MAX_POS, rotary_dim)
     arrays = dict(q=q, k=k, v=v, q_w=q_w, k_w=k_w, cos=cos, sin=sin)
-    shell = QkData(head_dim, rotary_dim, on_device, *([None] * 7), host=arrays)
-    return replace(shell, **{name: (None if a is None else shell.put(a)) for name, a in arrays.items()})
+    shell = QkData(head_dim, rotary_dim, on_device, *([None] * 7), host={}, eps=eps)
+    heads_inputs = ("q", "k", "v")
+    placed = {name: (None if a is None else shell.put(a)[:num_tokens] if name in heads_inputs else shell.put(a))
+              for name, a in arrays.items()}
+    host_arrays = {name: (a[:num_tokens] if name in heads_inputs and a is not None else a) for name, a in arrays.items()}
+    return replace(shell, host=host_arrays, **placed)
 
 
 @functools.cache
@@ -99,6 +109,27 @@ def host_data(head_dim: int, rotary_dim: int) -> QkData:
     return _build(head_dim, rotary_dim, on_device=False)
 
 
+# Issue 11, classes 6-8: data where eps matters, 11 tokens (66 jobs: the last block of 4
+# warps has 2 idle), one spare designed token past them.
+EPS_TOKENS = design.ORIGIN0_SCENARIO.num_tokens
+EPS_ZERO_EVERY = 5  # the anchor's zero vectors: (3 t + h + tensor) % 5 == 0
+
+
+def _tiny(zero_every: int):
+    return lambda tensor, n, heads_n, hd: design.tiny_heads(tensor, n, heads_n, hd, zero_every=zero_every)
+
+
+def eps_data(head_dim: int, rotary_dim: int, *, on_device: bool = True, zeros: bool = False) -> QkData:
+    """Every head +-TINY (zeros=True: some heads the zero vector), eps EPS_TINY."""
+    return _build(head_dim, rotary_dim, on_device, num_tokens=EPS_TOKENS, spare_tokens=1,
+                  heads=_tiny(EPS_ZERO_EVERY if zeros else 0), eps=design.EPS_TINY)
+
+
+@functools.cache
+def eps_device_data(head_dim: int, rotary_dim: int, zeros: bool = False) -> QkData:
+    return eps_data(head_dim, rotary_dim, zeros=zeros)
+
+
 def layout_for(data: QkData, scenario: design.PagedScenario = SCENARIO) -> PagedKvLayout:
     return PagedKvLayout(page_size=scenario.page_size, num_layers=scenario.num_layers, nkv=NKV,
                          head_dim=data.head_dim, num_pages=scenario.num_pages)
@@ -107,14 +138,15 @@ def layout_for(data: QkData, scenario: design.PagedScenario = SCENARIO) -> Paged
 # ------------------------------------------------------------------ one helper per arm
 
 
-def flat_arm(data: QkData, positions, *, row_offset: int = 0, rotary_dim: int | None = None):
-    """(q_out, k_out, v_out) of the flat arm; outputs start as FILLER."""
-    rows = row_offset + data.num_tokens
+def flat_arm(data: QkData, positions, *, row_offset: int = 0, rotary_dim: int | None = None, spare_rows: int = 0):
+    """(q_out, k_out, v_out) of the flat arm; outputs start as FILLER (spare_rows more rows
+    than the launch covers, which must keep it)."""
+    rows = row_offset + data.num_tokens + spare_rows
     q_out = data.filled((rows, NQ, data.head_dim), FILLER)
     k_out = data.filled((rows, NKV, data.head_dim), FILLER)
     v_out = data.filled((rows, NKV, data.head_dim), FILLER)
     launcher.run_flat(data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin, positions,
-                      q_out, k_out, v_out, rotary_dim=data.rotary_dim if rotary_dim is None else rotary_dim, eps=design.EPS,
+                      q_out, k_out, v_out, rotary_dim=data.rotary_dim if rotary_dim is None else rotary_dim, eps=data.eps,
                       row_offset=row_offset)
     return q_out, k_out, v_out
 
@@ -125,18 +157,26 @@ def zero_pool(data: QkData, scenario: design.PagedScenario = SCENARIO, *, pages:
 
 
 def prefill_arm(data: QkData, scenario: design.PagedScenario = SCENARIO, *, window=None, pool=None,
-                start_pos: int | None = None, page_origin: int | None = None):
-    """(q_out, pool) of the paged prefill arm over a zeroed pool (or the one given)."""
-    q_out = data.filled((data.num_tokens, NQ, data.head_dim), FILLER)
+                start_pos: int | None = None, page_origin: int | None = None, junk_lead: bool = False,
+                spare_rows: int = 0):
+    """(q_out, pool) of the paged prefill arm over a zeroed pool (or the one given). With
+    junk_lead, page_indices is a view that starts just after an entry naming the scenario's
+    junk page (valid, unreferenced), so a read one entry before the window lands visibly; q_out
+    has spare_rows rows past the request, which must keep the filler."""
+    q_out = data.filled((data.num_tokens + spare_rows, NQ, data.head_dim), FILLER)
     pool = zero_pool(data, scenario) if pool is None else pool
     window = scenario.window if window is None else window
+    if junk_lead:
+        window = data.put(np.asarray((scenario.junk_page, *window), dtype=np.int32))[1:]
+    else:
+        window = data.put(np.asarray(window, dtype=np.int32))
     launcher.run_paged_prefill(
         data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin, q_out, pool,
         page_size=scenario.page_size, num_layers=scenario.num_layers, layer=scenario.layer,
         start_pos=scenario.start_pos if start_pos is None else start_pos,
-        page_indices=data.put(np.asarray(window, dtype=np.int32)),
+        page_indices=window,
         page_origin=scenario.page_origin if page_origin is None else page_origin,
-        rotary_dim=data.rotary_dim, eps=design.EPS)
+        rotary_dim=data.rotary_dim, eps=data.eps)
     return q_out, pool
 
 
@@ -158,7 +198,7 @@ def decode_arm(data: QkData, scenario: design.PagedScenario = SCENARIO, *, posit
         page_indptr=data.put(np.asarray(indptr, dtype=np.int32)),
         page_indices=indices,
         page_origins=data.put(np.asarray(origins, dtype=np.int32)),
-        rotary_dim=data.rotary_dim, eps=design.EPS)
+        rotary_dim=data.rotary_dim, eps=data.eps)
     return q_out, pool
 
 
@@ -185,6 +225,42 @@ def flat_matches_closed_form(data: QkData) -> None:
     assert_bits_eq("v_out (flat vs closed form, weightless)", host(v_out), expected_v)
 
 
+# Flat positions of the eps anchor: ANCHOR_POSITIONS and one more, every residue mod 3.
+EPS_ANCHOR_POSITIONS = ANCHOR_POSITIONS + (26,)
+
+
+def _magnitude_where_zero(a: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """bf16 bits with the sign bit cleared where `zero` (the contract fixes a zero's
+    magnitude, not its sign, which follows the evaluation order)."""
+    b = bits_of(a).copy()
+    b[zero] &= 0x7FFF
+    return from_bits(b, bf16)
+
+
+def flat_matches_closed_form_where_eps_matters(data: QkData) -> None:
+    """Issue 11, classes 6 and 8: tiny heads (eps sets half the norm) and zero vectors through
+    every norm (Q, K, V or the K = V fork), 11 tokens (66 jobs, 2 idle warps), a spare output row."""
+    h = data.host
+    assert data.eps == design.EPS_TINY and data.num_tokens == EPS_TOKENS
+    pos = np.asarray(EPS_ANCHOR_POSITIONS)
+    expected = {
+        "q_out": design.closed_form(h["q"], h["q_w"], pos, h["cos"], h["sin"], data.rotary_dim, eps=data.eps),
+        "k_out": design.closed_form(h["k"], h["k_w"], pos, h["cos"], h["sin"], data.rotary_dim, eps=data.eps),
+        "v_out": design.closed_form_weightless(h["v"] if h["v"] is not None else h["k"], eps=data.eps),
+    }
+    raw = {"q_out": h["q"], "k_out": h["k"], "v_out": h["v"] if h["v"] is not None else h["k"]}
+    outs = dict(zip(("q_out", "k_out", "v_out"), (host(a) for a in flat_arm(data, pos, spare_rows=1))))
+    t = data.num_tokens
+    for name, exp in expected.items():
+        zero_heads = ~np.any(raw[name].astype(np.float64) != 0, axis=-1)
+        assert zero_heads.any() and not zero_heads.all(), f"{name}: the design needs zero and tiny heads"
+        zero = np.broadcast_to(zero_heads[..., None], exp.shape)
+        assert_bits_eq(f"{name} (flat vs closed form, eps {data.eps:g}: tiny heads exact, zero heads zero)",
+                       _magnitude_where_zero(outs[name][:t], zero), _magnitude_where_zero(exp, zero))
+        filler = np.full(outs[name][t:].shape, FILLER, dtype=np.uint16).view(bf16)
+        assert_bits_eq(f"{name} row {t}, past the last token (must keep its filler)", outs[name][t:], filler)
+
+
 # ------------------------------------------------------------------ links
 
 
@@ -199,7 +275,8 @@ def _assert_no_filler_and_no_zero(label: str, a: np.ndarray) -> None:
     )
 
 
-def prefill_lands_flat_values_at_layout_addresses(data: QkData, scenario=SCENARIO) -> None:
+def prefill_lands_flat_values_at_layout_addresses(data: QkData, scenario=SCENARIO, *, junk_lead: bool = False,
+                                                  spare_rows: int = 0) -> None:
     layout = layout_for(data, scenario)
     positions = scenario.positions
     flat_q, flat_k, flat_v = (host(a) for a in flat_arm(data, positions))
@@ -207,13 +284,18 @@ def prefill_lands_flat_values_at_layout_addresses(data: QkData, scenario=SCENARI
         _assert_no_filler_and_no_zero(label, a)
     pages = [layout.page_of(int(p), scenario.window, scenario.page_origin) for p in positions]
     image = layout.image(scenario.layer, pages, positions, flat_k, flat_v)
-    q_out, pool = prefill_arm(data, scenario)
-    assert_bits_eq("q_out (paged prefill vs flat)", host(q_out), flat_q)
+    q_out, pool = prefill_arm(data, scenario, junk_lead=junk_lead, spare_rows=spare_rows)
+    q_out = host(q_out)
+    t = data.num_tokens
+    if spare_rows:
+        filler = np.full(q_out[t:].shape, FILLER, dtype=np.uint16).view(bf16)
+        assert_bits_eq(f"q_out rows {t}.., past the last job (must keep their filler)", q_out[t:], filler)
+    assert_bits_eq("q_out (paged prefill vs flat)", q_out[:t], flat_q)
     assert_bits_eq("pool (paged prefill vs flat values at layout addresses, zero elsewhere)",
                    host(pool), image)
 
 
-def decode_equals_prefill_over_the_same_positions(data: QkData, scenario=SCENARIO) -> None:
+def decode_equals_prefill_over_the_same_positions(data: QkData, scenario=SCENARIO, *, junk_lead: bool = False) -> None:
     indptr, indices = scenario.decode_csr()
     origins = scenario.decode_origins()
     spans = list(zip(indptr[:-1].tolist(), indptr[1:].tolist()))
@@ -223,11 +305,28 @@ def decode_equals_prefill_over_the_same_positions(data: QkData, scenario=SCENARI
     assert len(set(origins.tolist())) > 1 and np.any(origins != 0), f"origins {origins} are degenerate"
     assert len(set(spans)) == len(spans) and len(windows) > 1, f"windows {spans} are not over different spans"
     assert indptr[0] > 0 and indices[0] not in scenario.window, "the CSR must start after a junk entry"
-    prefill_q, prefill_pool = (host(a) for a in prefill_arm(data, scenario))
+    prefill_q, prefill_pool = (host(a) for a in prefill_arm(data, scenario, junk_lead=junk_lead))
     assert np.count_nonzero(bits_of(prefill_pool)) > 0, "the prefill arm wrote nothing into the pool"
     decode_q, decode_pool = (host(a) for a in decode_arm(data, scenario))
     assert_bits_eq("q_out (paged decode vs paged prefill)", decode_q, prefill_q)
     assert_bits_eq("pool (paged decode vs paged prefill)", decode_pool, prefill_pool)
+
+
+def origin_zero_prefill_lands_flat_values_at_layout_addresses(data: QkData) -> None:
+    """Issue 11, classes 6-8: the prefill window's origin is logical page 0, behind a junk
+    entry; 66 jobs (2 idle warps) and a spare q_out row; tiny heads, so eps sets the values."""
+    scenario = design.ORIGIN0_SCENARIO
+    assert scenario.page_origin == 0 and data.num_tokens == scenario.num_tokens
+    assert data.num_tokens * (NQ + NKV) % launcher.WARPS_PER_BLOCK, "the job count must leave idle warps"
+    prefill_lands_flat_values_at_layout_addresses(data, scenario, junk_lead=True, spare_rows=1)
+
+
+def origin_zero_decode_equals_prefill(data: QkData) -> None:
+    """Issue 11, class 7: decode tokens whose window origin is page 0 (and others at 1 and 2)."""
+    scenario = design.ORIGIN0_SCENARIO
+    origins = scenario.decode_origins()
+    assert np.any(origins == 0) and np.any(origins != 0), f"origins {origins}: need page 0 and others"
+    decode_equals_prefill_over_the_same_positions(data, scenario, junk_lead=True)
 
 
 def row_offset_serves_only_the_suffix(data: QkData, offset: int = ROW_OFFSET) -> None:

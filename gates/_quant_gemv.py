@@ -34,6 +34,29 @@ def run_fp8_gemv(case: Fp8GemvCase):
     return y
 
 
+PAD_W8 = 0x38  # e4m3 1.0: what lies past each FP8 segment's last row (nonzero, defined memory)
+
+
+def run_fp8_gemv_with_tail(case: Fp8GemvCase):
+    """The FP8 GEMV arm writing into the head of a sentinel buffer TAIL elements longer than
+    T * N: (y [T, N], the TAIL sentinels after it). Each segment's weights and scales are
+    views of allocations one block of rows longer, so a warp past N (a tail guard removed)
+    reads defined memory and its write lands in the tail or in the next token's row."""
+    import cupy
+
+    t, n = case.expected.shape
+    segments = []
+    for w, ws in case.segments:  # views of allocations ROWS_PER_BLOCK rows longer: w PAD_W8, ws 1.0
+        rows, k = w.shape
+        pad = fp8_gemv.ROWS_PER_BLOCK
+        wd = cupy.asarray(np.concatenate([w, np.full((pad, k), PAD_W8, dtype=np.uint8)]))
+        wsd = cupy.asarray(np.concatenate([ws, np.full(pad, 1.0, dtype=np.float32)]))
+        segments.append((wd[:rows], wsd[:rows]))
+    flat = bf16_sentinels((t * n + TAIL,))
+    fp8_gemv.run_fp8_gemv(flat[:t * n].reshape(t, n), cupy.asarray(case.x), cupy.asarray(case.xs), segments)
+    return flat[:t * n].reshape(t, n), flat[t * n:]
+
+
 def run_lm_head(case: LmHeadCase, excluded: int) -> tuple[np.ndarray, np.ndarray]:
     """The lm_head argmax arm: host (idx int32 [T], val f32 [T])."""
     import cupy

@@ -5,10 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gates._quant_gemv import run_fp8_gemv
+from gates._quant_gemv import SENTINEL, run_fp8_gemv, run_fp8_gemv_with_tail
 from harness import assert_bits_eq
+from harness.buffers import assert_untouched
 from kernels_cu import fp8_gemv
-from oracles.quant_gemv import fp8_gemv_case
+from oracles.quant_gemv import fp8_chunk_sums, fp8_gemv_case, fp8_gemv_positional_case
+
+# The position-dependent anchor's shape (issue 11, classes 1-3 and 8): K = 592 is 37 chunks of
+# 16 (lanes 0-4 take two, the rest one); N = 25 = 13 + 7 + 5 rows is no multiple of the 8
+# rows a block (the last block has one live warp) and the segment edges fall inside blocks.
+POS_T, POS_K, POS_SEGMENTS, POS_SEED, POS_TOKEN_SCALES = 3, 592, (13, 7, 5), 3, (0.5, 2.0, 0.25)
 
 
 @pytest.mark.gpu
@@ -28,6 +34,23 @@ def test_fp8_gemv_concatenates_segments_with_row_and_token_scales():
     case = fp8_gemv_case(t=3, k=1024, segment_rows=(32, 16, 16), segment_scales=(1.0, 2.0, 0.25),
                          token_scales=(0.5, 1.0, 4.0))
     assert_bits_eq("fp8_gemv y (segments along N)", run_fp8_gemv(case), case.expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_fp8_gemv_pairs_every_element_of_every_token_and_segment_row():
+    # x and every weight row drawn from {+-0.5, +-0.75, +-1, +-1.5, +-2, +-3}, distinct per token
+    # and per row of each segment; row scales vary along N, token scales per token (powers of
+    # two). Exact: products are multiples of 1/16 and every f32 partial sum is exact in any
+    # order, so ws * xs * dot is an exactly known f32 and y is its one bf16 rounding (nearest
+    # even; 50 of the 75 outputs round, 15 of them ties). A mispaired element, a chunk read by
+    # the wrong lane, dropped or doubled, another token's x, another segment's weights or
+    # scales, a rounding toward zero, or a write past N (into the sentinel tail) changes the bits.
+    case = fp8_gemv_positional_case(POS_T, POS_K, POS_SEGMENTS, POS_SEED, POS_TOKEN_SCALES)
+    assert (fp8_chunk_sums(case) != 0).any(axis=(0, 1)).all(), "a chunk contributes nothing anywhere"
+    y, tail = run_fp8_gemv_with_tail(case)
+    assert_bits_eq("fp8_gemv y (position-dependent x and rows, N = 25, 37 chunks)", y, case.expected)
+    assert_untouched("fp8_gemv past y[T - 1, N - 1]", tail, SENTINEL)
 
 
 def _args(t=2, k=64, rows=(8,)):

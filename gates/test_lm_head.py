@@ -8,7 +8,9 @@ import pytest
 from gates._quant_gemv import run_lm_head
 from harness import assert_bits_eq, assert_close
 from kernels_cu import lm_head
-from oracles.quant_gemv import LM_HEAD_HOT_ROW, TANHF_ULP_BOUND, capped, lm_head_case
+from oracles.quant_gemv import (LM_HEAD_HOT_ROW, LM_POS_RUNNER_UP, LM_POS_SOFTCAP, LM_POS_V, LM_POS_WINNERS,
+                                 TANHF_ULP_BOUND, LmHeadCase, capped, lm_head_argmax, lm_head_case,
+                                 lm_head_positional_case)
 
 T, V, H, SOFTCAP = 2, 1024, 64, 30.0
 
@@ -41,6 +43,52 @@ def test_lm_head_excluded_id_never_wins_and_ties_go_to_the_lowest_index(case):
     idx, val = run_lm_head(case, excluded=LM_HEAD_HOT_ROW)
     assert_bits_eq("argmax index with 777 excluded", idx, np.zeros(T, dtype=np.int32))
     assert_capped_value(val, float(H))
+
+
+@pytest.fixture(scope="module")
+def positional():
+    return lm_head_positional_case()
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_lm_head_winners_at_block_warp_and_vocabulary_edges_and_ties_across_reduce_warps(positional):
+    # Issue 11, classes 1, 2 and 4. V = 17317: 271 partials a row (the reduce kernel's upper
+    # half-warps, several reduce warps, a second pass), the last block partial; H = 264 (lane 0
+    # takes two steps). h and E position-dependent from {+-0.5, +-1, +-2}, rs in {1/2, 1, 2},
+    # every token a different winner: V - 1, a warp's last row, a three-way tie across reduce
+    # warps 1, 4 and 0 (second pass), a tie inside one reduce warp (upper half-warp lane holds
+    # the lower index), a tie inside one block. softcap 0: every logit is exact in f32 (products
+    # multiples of 1/4, |dot| <= 1056, rs powers of two), so index and value compare as bits.
+    # Then V - 1 excluded: token 0's winner moves to a block's first row, 0.5 below.
+    idx, val = lm_head_argmax(positional.logits)
+    assert idx.tolist() == [min(rows) for rows in LM_POS_WINNERS], "the design's winners moved"
+    got_idx, got_val = run_lm_head(positional.case, excluded=lm_head.NONE)
+    assert_bits_eq("argmax index (softcap 0, position-dependent h and E)", got_idx, idx)
+    assert_bits_eq("argmax value (softcap 0: exact logit)", got_val, val.astype(np.float32))
+    idx_x, val_x = lm_head_argmax(positional.logits, excluded=LM_POS_V - 1)
+    assert idx_x[0] == LM_POS_RUNNER_UP and np.array_equal(idx_x[1:], idx[1:]), "the design's runner-up moved"
+    got_idx, got_val = run_lm_head(positional.case, excluded=LM_POS_V - 1)
+    assert_bits_eq(f"argmax index with V - 1 = {LM_POS_V - 1} excluded", got_idx, idx_x)
+    assert_bits_eq(f"argmax value with V - 1 = {LM_POS_V - 1} excluded", got_val, val_x.astype(np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_lm_head_capping_keeps_the_positional_winners_and_caps_their_values(positional):
+    # softcap 2048 on the same logits (|logit| <= rs * 4 H <= 2112): tanh is increasing, its
+    # slope stays above 0.39 up to |logit / 2048| = 1.04, and distinct logits differ by >= 1/8,
+    # so distinct capped values differ by > 0.04, far past tanhf's 2 ulp (under 3e-4 below
+    # 2048); equal logits give equal capped values. So the argmax
+    # index (ties included) is the uncapped one, exactly; the value within TANHF_ULP_BOUND ulp.
+    idx, val = lm_head_argmax(positional.logits)
+    capped_case = LmHeadCase(h=positional.case.h, E=positional.case.E, rs=positional.case.rs,
+                             softcap=LM_POS_SOFTCAP)
+    got_idx, got_val = run_lm_head(capped_case, excluded=lm_head.NONE)
+    assert_bits_eq(f"argmax index (softcap {LM_POS_SOFTCAP:g})", got_idx, idx)
+    expected = np.asarray([capped(v, LM_POS_SOFTCAP) for v in val], dtype=np.float32)
+    assert_close(f"capped values (softcap {LM_POS_SOFTCAP:g})", got_val, expected,
+                 atol=TANHF_ULP_BOUND * float(np.spacing(np.abs(expected).max())), rtol=0.0)
 
 
 def _check(excluded=-1, softcap=30.0, h=64):

@@ -19,6 +19,10 @@ N, K = 301, 1616
 # (N, K) of the link: the shape above, and one whose K is all tail (3 groups) with N = 13.
 LINK_SHAPES = {"N301-K1616": (301, 1616), "N13-K48": (13, 48)}
 ARMS = {"base": False, "sw": True}
+# (N, K) of the second anchor (issue 11, class 8): K16 = 165 is two whole sweeps of 64 and a
+# tail of 37 (the sweep loop runs twice, so its stride shows); K16 = 3 is all tail; N 37 and 13
+# are multiples of neither 4 nor 8.
+SWEEP_SHAPES = {"N37-K2640": (37, 2640), "N13-K48": (13, 48)}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +40,23 @@ def test_nvfp4_base_matches_host_decode_on_exact_inputs(designed):
     y = run_nvfp4(dev, single_warp=False)
     assert_bits_eq("nvfp4_gemv y[:N]", y[:N], nvfp4_expected(case))
     assert_untouched("nvfp4_gemv y[N:]", y[N:], SENTINEL)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("shape", SWEEP_SHAPES.values(), ids=SWEEP_SHAPES.keys())
+def test_both_arms_match_host_decode_over_two_sweeps_and_an_all_tail_k(shape):
+    # Exact as the anchor above (nvfp4_designed). The link cannot see a defect in the shared
+    # partial dot (both arms call it); one sweep of 64 cannot see the sweep stride; so both
+    # arms are anchored here on K with two whole sweeps and on K with no whole sweep.
+    n, k = shape
+    case = nvfp4_designed(n, k, seed=n + k)
+    dev = nvfp4_to_device(case)
+    expected = nvfp4_expected(case)
+    for arm, single_warp in ARMS.items():
+        y = run_nvfp4(dev, single_warp=single_warp)
+        assert_bits_eq(f"nvfp4_gemv {arm} y[:N] (N={n}, K={k})", y[:n], expected)
+        assert_untouched(f"nvfp4_gemv {arm} y[N:]", y[n:], SENTINEL)
 
 
 @pytest.mark.gpu

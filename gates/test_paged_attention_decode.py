@@ -39,6 +39,23 @@ def test_decode_output_is_the_needle_v_row_bit_for_bit(hd, window, kind):
 
 
 @pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
+def test_decode_output_of_twin_needles_is_their_v_rows_mean_rounded_once(hd):
+    # Two keys tie at the top (the first visible key and qpos, window 70: pages apart, so in
+    # different warps or splits): weights exactly 1 and 1, l = 2, acc = v1 + v2 exact, and the
+    # output is bf16((v1 + v2) / 2), nearest even. A single needle is a copy (v / 1): it cannot
+    # see the division by l, a weight other than 1 for the second key, or the output rounding
+    # (here about half the elements round, a quarter are ties). Both merges run.
+    case = ora.twin_needle_case(hd=hd, window=ora.NEEDLE_WINDOW, seed=NEEDLE_SEED, **NEEDLE_HEADS)
+    dc = to_device(case)
+    expected = ora.mean_rows(case)
+    for merge in ("last_cta", "combine"):
+        assert_bits_eq(f"decode out [row, head, dim] (twin needles, {merge} merge, splits {chosen_splits(case)})",
+                       run_paged_decode(dc, merge=merge), expected, dtype=bf16)
+
+
+@pytest.mark.gpu
 @pytest.mark.link
 @pytest.mark.parametrize("kind", SPLIT_LINK_KINDS)
 @pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
@@ -83,6 +100,23 @@ def test_decode_run_twice_on_the_same_counters_is_bitwise_identical(decode_confi
                    run_paged_decode(dc, counters=counters), first, dtype=bf16)
     assert_bits_eq("ticket counters after two launches (the merging CTA resets them)",
                    counters.get(), np.zeros(dc.host.rows * dc.host.nh, np.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_decode_never_follows_a_block_table_entry_outside_every_window(decode_config):
+    # Issue 11, class 5. Every entry no row may see (before the sliding window, past the
+    # context) is set to a page 2^30, outside any pool: the bits must not change. The NaN page of
+    # the page-map link proves a masked key is not *used*; this proves its entry is not
+    # *followed*. A kernel that follows one faults (a memory-safety kill, route trap).
+    name, dc = decode_config
+    invalid = ora.with_invalid_unseen_entries(dc.host)
+    unseen = ora.unseen_entries(dc.host)
+    first_page = int(ora.first_visible(dc.host.qpos, dc.host.window).min()) // pa.PAGE
+    assert unseen[-1] and (first_page == 0 or unseen[first_page - 1]), (
+        f"{name}: the entries just past the context and just before the earliest window must be invalid")
+    assert_bits_eq(f"decode out {name}, {int(unseen.sum())} unseen block-table entries invalid vs valid",
+                   run_paged_decode(to_device(invalid)), run_paged_decode(dc), dtype=bf16)
 
 
 @pytest.mark.gpu

@@ -56,11 +56,39 @@ def test_prefill_each_row_copies_the_v_row_of_its_first_visible_key(hd, window):
 
 
 @pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w}")
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
+def test_prefill_paired_staircase_rows_average_their_two_tied_keys(hd, window):
+    # Rising staircase with keys 2i and 2i + 1 on one level: an odd row's last two keys tie
+    # (weights exactly 1 and 1), so its output is bf16((v[q - 1] + v[q]) / 2), nearest even; an
+    # even row's last key stands alone (a copy). The copies above cannot see the division by l,
+    # the second key's weight or the output rounding; this can, on 100 rows of 200.
+    case = ora.staircase_case(hd=hd, nh=4, nkv=2, window=window, rising=True, seed=STAIR_SEED, paired=True)
+    assert_bits_eq(f"prefill out [row, head, dim], paired staircase, window {window}",
+                   run_paged_prefill(to_device(case)), ora.mean_rows(case), dtype=bf16)
+
+
+@pytest.mark.gpu
 @pytest.mark.link
 def test_prefill_page_mapped_pool_equals_identity_pool_bitwise(chunk_config):
     _, dc = chunk_config
     assert_bits_eq("chunked prefill out, permuted pool with NaN null page vs identity pool",
                    run_paged_prefill(dc, pool=permuted_device_pool(dc.host)), run_paged_prefill(dc), dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_prefill_never_follows_a_block_table_entry_outside_every_window(chunk_config):
+    # Issue 11, class 5, for the chunked prefill: entries before the chunk's windows and the
+    # spare page past the context are set to a page 2^30, outside any pool; the bits must not
+    # change, and a kernel that follows one faults (a memory-safety kill, route trap).
+    name, dc = chunk_config
+    unseen = ora.unseen_entries(dc.host)
+    assert unseen[-1], f"{name}: the spare entry past the context must be invalid"
+    assert_bits_eq(f"chunked prefill out {name}, {int(unseen.sum())} unseen block-table entries invalid vs valid",
+                   run_paged_prefill(to_device(ora.with_invalid_unseen_entries(dc.host))),
+                   run_paged_prefill(dc), dtype=bf16)
 
 
 @pytest.mark.gpu

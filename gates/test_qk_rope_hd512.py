@@ -41,6 +41,29 @@ def test_row_offset_serves_only_the_suffix():
     qk.row_offset_serves_only_the_suffix(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
 
 
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_flat_arm_matches_closed_form_where_eps_matters_on_tiny_and_zero_heads():
+    # Issue 11, classes 6 and 8: every element +-2^-10 with eps = 3 * 2^-20 (exact: inv_rms =
+    # 512), some heads the zero vector (outputs zero only while eps is there), 66 jobs.
+    qk.flat_matches_closed_form_where_eps_matters(qk.eps_device_data(HEAD_DIM, LINK_ROTARY_DIM, zeros=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_paged_prefill_from_window_origin_page_zero_lands_flat_values_at_layout_addresses():
+    # Issue 11, classes 7 and 8 (and 6 through the paged norms): origin page 0, a junk entry
+    # before the window, 66 jobs with a spare q_out row past them.
+    qk.origin_zero_prefill_lands_flat_values_at_layout_addresses(qk.eps_device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_paged_decode_with_origin_zero_tokens_equals_paged_prefill():
+    # Issue 11, class 7: tokens 0-2 have window origin page 0, the rest 1 and 2.
+    qk.origin_zero_decode_equals_prefill(qk.eps_device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
 @pytest.mark.refusal
 @pytest.mark.parametrize("refusal", qk.REFUSALS, ids=[r.id for r in qk.REFUSALS])
 def test_launcher_refuses_bad_arguments_before_any_launch(refusal):

@@ -23,7 +23,7 @@ holds no zeros (|v| >= 1/64), so no signed-zero addition can turn a copied -0 in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -60,6 +60,7 @@ class Case:
     qpos: np.ndarray
     window: int
     winner: np.ndarray | None = None
+    twin: np.ndarray | None = None  # a second key tying with the winner (twin needles): mean_rows
 
     @property
     def rows(self) -> int:
@@ -204,19 +205,42 @@ def needle_case(hd: int, nh: int, nkv: int, window: int, kind: str, seed: int) -
     return Case(q, _bf16(k), v, bt, off, qpos, window, winner)
 
 
-def staircase_case(hd: int, nh: int, nkv: int, window: int, rising: bool, seed: int) -> Case:
+def twin_needle_case(hd: int, nh: int, nkv: int, window: int, seed: int) -> Case:
+    """needle_case's first_visible rows with a second needle at qpos: two keys score exactly hd,
+    every other at most hd / 8. Both weights are exactly expf(0) = 1 and every other weight
+    exactly 0 (the gap argument above), so l = 2 and acc = v1 + v2, both exact in f32 (bf16
+    values in [1/64, 1]); the output is (v1 + v2) / 2 rounded once to bf16, nearest even:
+    `mean_rows`. Unlike a single needle (v / 1, a copy), it divides and rounds."""
+    case = needle_case(hd=hd, nh=nh, nkv=nkv, window=window, kind="first_visible", seed=seed)
+    if np.any(case.winner == case.qpos):
+        raise ValueError("twin_needle_case needs a window of at least 2: the two needles coincide")
+    k = case.k_pool.astype(np.float32)
+    for r, qp in enumerate(case.qpos):
+        page, slot = _key_slot(case.bt, case.off[r], int(qp))
+        k[page, :, slot, :] = NEEDLE_K
+    return replace(case, k_pool=_bf16(k), twin=case.qpos.astype(np.int32))
+
+
+def staircase_case(hd: int, nh: int, nkv: int, window: int, rising: bool, seed: int,
+                   paired: bool = False) -> Case:
     """Prefill of all STAIR_CTX positions of one sequence (its block-table row starts after
     another sequence's STAIR_PREFIX_PAGES entries; its pages are shuffled). Key j has every
     element c*(j+1) (rising) or c*(STAIR_CTX - j) (falling), c = STAIR_STEP_SCORE / hd, q = 1:
     neighbouring scores differ by exactly STAIR_STEP_SCORE, so each row copies the V row of
-    its last visible key (rising) or its first (falling)."""
+    its last visible key (rising) or its first (falling).
+
+    paired (rising only): keys 2i and 2i + 1 share level i + 1, so an odd row's last two keys
+    tie (weights exactly 1 and 1: the output is their V rows' mean, rounded once, `mean_rows`)
+    and an even row's last key stands alone (a copy)."""
+    if paired and not rising:
+        raise ValueError("staircase_case: paired levels are built for the rising staircase")
     rng = np.random.default_rng(seed)
     ctx = STAIR_CTX
     pages = -(-ctx // PAGE) + 1
     total = pages + STAIR_PREFIX_PAGES
     j = np.arange(pages * PAGE, dtype=np.float64)
     step = STAIR_STEP_SCORE / hd
-    level = step * (j + 1) if rising else step * (ctx - j)
+    level = step * ((j // 2 if paired else j) + 1) if rising else step * (ctx - j)
     own = rng.permutation(total).astype(np.int32)
     bt = own                                   # entries [0, prefix) belong to the other sequence
     k = np.zeros((total, nkv, PAGE, hd), np.float32)
@@ -226,8 +250,13 @@ def staircase_case(hd: int, nh: int, nkv: int, window: int, rising: bool, seed: 
         raise ValueError(f"staircase_case: levels are not exact in bf16 for hd {hd}, ctx {ctx}")
     qpos = np.arange(ctx, dtype=np.int32)
     winner = (qpos if rising else first_visible(qpos, window)).astype(np.int32)
+    twin = None
+    if paired:
+        if window == 1:
+            raise ValueError("staircase_case: a paired staircase needs a window of 0 or at least 2")
+        twin = np.where(qpos % 2 == 1, qpos - 1, qpos).astype(np.int32)
     return Case(_bf16(np.ones((ctx, nh, hd))), kb, _nonzero_values(rng, (total, nkv, PAGE, hd)), bt,
-                np.full(ctx, STAIR_PREFIX_PAGES, np.int32), qpos, window, winner)
+                np.full(ctx, STAIR_PREFIX_PAGES, np.int32), qpos, window, winner, twin)
 
 
 def copy_rows(case: Case) -> np.ndarray:
@@ -239,12 +268,48 @@ def copy_rows(case: Case) -> np.ndarray:
     return case.v_pool[pages[:, None], heads[None, :], slots[:, None]]
 
 
+def mean_rows(case: Case) -> np.ndarray:
+    """The exact expected output of a tie (`twin`): bf16 of (V[winner] + V[twin]) / 2, rounded
+    once to nearest even from a value exact in f32 (two bf16 values in [1/64, 1] add exactly,
+    halving is exact); where twin == winner it is the copy."""
+    if case.twin is None:
+        raise ValueError("mean_rows needs a case with twin keys; use copy_rows for one winner")
+    a = copy_rows(case).astype(np.float64)
+    b = copy_rows(replace(case, winner=case.twin)).astype(np.float64)
+    mean = (a + b) / 2
+    if not np.array_equal(mean.astype(np.float32).astype(np.float64), mean):
+        raise ValueError("mean_rows: the mean is not exact in f32; the expected bits would depend on the order")
+    return mean.astype(bf16)
+
+
 def live_pool_pages(case: Case) -> np.ndarray:
     """bool per pool page: does some row's visible page range [first_visible/16, qpos/16] hold it?"""
     live = np.zeros(case.k_pool.shape[0], bool)
     for o, fv, qp in zip(case.off, first_visible(case.qpos, case.window), case.qpos):
         live[case.bt[o + fv // PAGE:o + qp // PAGE + 1]] = True
     return live
+
+
+# A block-table entry no row may follow (issue 11, class 5): far past any pool (2^30 pages of
+# at least 64 KiB each), so a kernel that follows it faults instead of reading stale data.
+INVALID_PAGE = 1 << 30
+
+
+def unseen_entries(case: Case) -> np.ndarray:
+    """bool per block-table entry: True where no row's visible page range
+    [first_visible / 16, qpos / 16] reaches it (the entry must never be followed)."""
+    used = np.zeros(case.bt.size, bool)
+    for o, fv, qp in zip(case.off, first_visible(case.qpos, case.window), case.qpos):
+        used[o + fv // PAGE:o + qp // PAGE + 1] = True
+    return ~used
+
+
+def with_invalid_unseen_entries(case: Case) -> Case:
+    """The same case with every unseen block-table entry set to INVALID_PAGE: an engine's
+    stale or freed entries outside the window. Outputs must not change by a bit."""
+    bt = np.array(case.bt, copy=True)
+    bt[unseen_entries(case)] = INVALID_PAGE
+    return replace(case, bt=bt)
 
 
 def permuted_pool(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

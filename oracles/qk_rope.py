@@ -13,6 +13,8 @@ Input design (docs/qk_rope.md says why each choice matters):
 - eps = 1e-6, so x * inv_rms = sign * (1 - eps / (2 m^2) + ...), within 2^-17 of the bf16
   value sign * w: every output rounds to that value whatever the f32 evaluation order.
 
+A second design (tiny_heads, EPS_TINY) makes eps matter instead of designing it out.
+
 `closed_form` checks that last claim on the inputs it is given and refuses inputs that
 do not satisfy it.
 """
@@ -43,6 +45,31 @@ def designed_heads(tensor: int, num_tokens: int, num_heads: int, head_dim: int) 
     h = np.arange(num_heads)[None, :]
     mags = np.asarray(MAGNITUDES)[(3 * t + 5 * h + tensor) % len(MAGNITUDES)]
     return to_bf16(signs * mags[..., None])
+
+
+# Where eps matters (issue 11, class 6). With every element +-TINY the mean square is TINY^2 =
+# 2^-20, and EPS_TINY = 3 * 2^-20 makes mean + eps = 2^-18 exactly: inv_rms = 2^9 and
+# x * inv_rms = +-1/2, all exact in f32, so the outputs are exact bf16 values (+-w / 2, moved
+# and negated by the rotation). An eps dropped doubles them; an eps added outside the square
+# root, or inside it scaled, moves them off their bf16 values. A zero vector has inv_rms =
+# 1 / sqrt(eps): finite only while eps is there, so its outputs are zeros (the contract fixes
+# their magnitude, not the sign of a zero, which follows the evaluation order).
+TINY = 2.0**-10
+EPS_TINY = 3.0 * 2.0**-20
+
+
+def tiny_heads(tensor: int, num_tokens: int, num_heads: int, head_dim: int, *, zero_every: int = 0) -> np.ndarray:
+    """[T, H, HD] bf16: every element +-TINY, a random sign pattern per (token, head)
+    (different streams per tensor, as designed_heads); with zero_every > 0, the heads with
+    (3 t + h + tensor) % zero_every == 0 are the zero vector."""
+    rng = np.random.default_rng([tensor, num_tokens, num_heads, head_dim, 11])
+    signs = rng.choice(np.array([-1.0, 1.0]), size=(num_tokens, num_heads, head_dim))
+    x = signs * TINY
+    if zero_every:
+        t = np.arange(num_tokens)[:, None]
+        h = np.arange(num_heads)[None, :]
+        x[(3 * t + h + tensor) % zero_every == 0] = 0.0
+    return to_bf16(x)
 
 
 def norm_weights(head_dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -160,3 +187,11 @@ class PagedScenario:
             indices.extend(self.window[origin - self.page_origin:])
             indptr.append(len(indices))
         return np.asarray(indptr, dtype=np.int32), np.asarray(indices, dtype=np.int32)
+
+
+# The request of the origin-0 links (issue 11, classes 7 and 8): positions 1..11 from logical
+# page 0, so the prefill window's origin is page 0 and decode tokens 0-2 have origin 0; 11
+# tokens make 11 * (4 + 2) = 66 jobs, not a multiple of the kernel's 4 warps a block. The
+# window's fourth entry (pool page 0) covers position 12, one past the request: a warp past
+# the last job (its tail guard gone) finds a valid page there and lands visibly.
+ORIGIN0_SCENARIO = PagedScenario(start_pos=1, num_tokens=11, page_origin=0, window=(4, 1, 3, 0), junk_page=2)

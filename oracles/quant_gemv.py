@@ -92,6 +92,67 @@ def fp8_gemv_case(t: int, k: int, segment_rows: tuple[int, ...], segment_scales:
     return Fp8GemvCase(x=x, xs=xs, segments=tuple(segments), expected=expected)
 
 
+# Position-dependent designed inputs (issue 11, classes 1-3 and 8): x and w draw from a
+# small exact set, so every element pairs with one partner only and every index shows.
+SIGNED_SET = (-2.0, -1.0, -0.5, 0.5, 1.0, 2.0)  # exact in e4m3 and bf16; products are multiples of 1/4
+FP8_CHUNK = 16  # e4m3 bytes one lane loads a step (FP8_GEMV_BYTES_PER_LANE)
+# The FP8 anchor's set: products are multiples of 1/16 (0.75 * 0.75 = 9/16), so most dots
+# need more than bf16's 8 significant bits and the output rounding is exercised.
+FP8_SET = (-3.0, -2.0, -1.5, -1.0, -0.75, -0.5, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+
+
+def rne_bf16_of_exact_f32(values) -> np.ndarray:
+    """float64 values that f32 holds exactly -> bf16, rounded to nearest even once: the
+    kernel's one rounding (`__float2bfloat16_rn` of an exact f32). Raises if f32 would round."""
+    v = np.asarray(values, dtype=np.float64)
+    if not np.array_equal(v.astype(np.float32).astype(np.float64), v):
+        raise ValueError("the designed value is not exact in f32: the expected bf16 would depend on the order")
+    return to_bf16(v)
+
+
+def fp8_gemv_positional_case(t: int, k: int, segment_rows: tuple[int, ...], seed: int,
+                             token_scales: tuple[float, ...]) -> Fp8GemvCase:
+    """x[t, k] and w[n, k] drawn from FP8_SET (seeded; exact in e4m3), a different row for every
+    token and every weight row of every segment; row scales vary along N (powers of two,
+    1/4 .. 4), token scales are powers of two. Every product is a multiple of 1/16 and every
+    f32 partial sum a multiple of 1/16 below 9 K (checked: under 2^24 units), so the f32 value
+    ws * xs * dot is exact in any order and
+
+        y[t, n] = bf16_rne(ws[n] * xs[t] * dot(x[t], w[n]))
+
+    rounds once, from an exactly known f32: the expected bits are exact, and the dots that
+    need more than 8 significant bits (most of them) exercise the rounding itself."""
+    if len(token_scales) != t:
+        raise ValueError("one scale a token")
+    if k % FP8_CHUNK:
+        raise ValueError(f"K={k} is not a multiple of {FP8_CHUNK}: the kernel loads 16 bytes a lane a step")
+    _check_f32_exact(np.asarray([9.0 * k]), 1.0 / 16, "fp8_gemv_positional_case")
+    rng = np.random.default_rng(seed)
+    values = np.asarray(FP8_SET)
+    x = rng.choice(values, size=(t, k))
+    segments, cols = [], []
+    row_base = 0
+    for rows in segment_rows:
+        w = rng.choice(values, size=(rows, k))
+        ws = 2.0 ** ((np.arange(rows) * 3 + row_base) % 5 - 2)  # 1/4 .. 4 along N
+        row_base += rows
+        segments.append((e4m3_bits(w), ws.astype(np.float32)))
+        cols.append((x @ w.T) * ws[None, :])
+    xs = np.asarray(token_scales, dtype=np.float32)
+    expected = rne_bf16_of_exact_f32(np.concatenate(cols, axis=1) * xs.astype(np.float64)[:, None])
+    return Fp8GemvCase(x=e4m3_bits(x), xs=xs, segments=tuple(segments), expected=expected)
+
+
+def fp8_chunk_sums(case: Fp8GemvCase) -> np.ndarray:
+    """float64 [T, N, K / 16]: each 16-element chunk's contribution to each raw dot (the
+    design check: a chunk that contributes 0 everywhere could be dropped unseen)."""
+    x = decode_e4m3(case.x).astype(np.float64)
+    w = np.concatenate([decode_e4m3(seg) for seg, _ in case.segments]).astype(np.float64)
+    t, k = x.shape
+    prod = x[:, None, :] * w[None, :, :]
+    return prod.reshape(t, w.shape[0], k // FP8_CHUNK, FP8_CHUNK).sum(axis=-1)
+
+
 # ------------------------------------------------------------------ lm_head argmax
 
 LM_HEAD_HOT_ROW = 777
@@ -124,6 +185,76 @@ def capped(logit: float, softcap: float) -> np.float32:
 # "Mathematical Functions", single precision); the product with softcap adds at most
 # one rounding. So the device value is within 4 ulp of `capped`.
 TANHF_ULP_BOUND = 4
+
+
+# Position-dependent lm_head design (issue 11, classes 1, 2 and 4). Block b's partial sits in
+# the reduce kernel's thread b % 256 (warp (b % 256) // 32, second pass for b >= 256), so the
+# winners below reach both half-warps, several reduce warps and both passes.
+LM_ROWS_PER_BLOCK = 64  # LM_HEAD_ROWS_PER_BLOCK (the structural gate pins it to the .cu)
+LM_POS_V = 64 * 270 + 37  # 271 partials a row (more than a warp and than a block of 256),
+                          # the last block partial (37 rows: its warp 4 has 5, warps 5-7 none)
+LM_POS_H = 264  # 33 steps of 8: lane 0 takes two, lanes 1-31 one
+LM_POS_RS = (0.5, 1.0, 2.0)
+# Per token: the rows whose logit is that token's maximum (a tie when several); the lowest wins.
+LM_POS_WINNERS = (
+    (LM_POS_V - 1,),                     # V - 1: last row of the partial last block (pass 2)
+    (64 * 53 + 8 * 3 + 7,),              # last row of a warp; block 53: reduce lane 21 (upper half-warp)
+    (64 * 45 + 63, 64 * 130 + 8, 64 * 261),  # tie across reduce warps 1, 4 and 0 (pass 2): 2943 wins
+    (64 * 20 + 56, 64 * 259 + 1),        # tie inside reduce warp 0: lane 20 (upper) beats lane 3 (pass 2)
+    (64 * 100 + 8 * 2 + 5, 64 * 100 + 8 * 2 + 6, 64 * 100 + 8 * 6),  # tie inside one block: same warp, other warp
+)
+LM_POS_RUNNER_UP = 64 * 200  # token 0's best once V - 1 is excluded: the first row of block 200
+LM_POS_SOFTCAP = 2048.0  # logits stay below 1100: tanh keeps every order (see lm_head_positional_case)
+
+
+@dataclass(frozen=True)
+class LmHeadPositionalCase:
+    case: LmHeadCase  # softcap 0
+    logits: np.ndarray  # float64 [T, V], exact (every one is exact in f32)
+
+
+def lm_head_positional_case(seed: int = 11) -> LmHeadPositionalCase:
+    """h and E drawn from SIGNED_SET, rs from LM_POS_RS (seeded); for each token t the rows
+    LM_POS_WINNERS[t] are 2 * sign(h[t]) with rs = 1, the largest dot any row can reach
+    (2 * sum |h[t]|), so they tie for the maximum; LM_POS_RUNNER_UP is token 0's winner row
+    with one element halved (2 * sum |h[0]| - 0.5 when that element is +-0.5 in h).
+
+    Exact: every product is a multiple of 1/4, every f32 partial sum a multiple of 1/4
+    below 4 H = 1056, rs is a power of two, so each logit is exact in f32 in any order and
+    the argmax (ties to the lowest index) is the one of these float64 logits. The builder
+    checks that every token's maximum is reached exactly at its designed rows."""
+    rng = np.random.default_rng(seed)
+    values = np.asarray(SIGNED_SET)
+    t = len(LM_POS_WINNERS)
+    h = rng.choice(values, size=(t, LM_POS_H))
+    E = rng.choice(values, size=(LM_POS_V, LM_POS_H))
+    rs = rng.choice(np.asarray(LM_POS_RS), size=LM_POS_V)
+    for tok, rows in enumerate(LM_POS_WINNERS):
+        for r in rows:
+            E[r] = 2.0 * np.sign(h[tok])
+            rs[r] = 1.0
+    j = int(np.flatnonzero(np.abs(h[0]) == 0.5)[0])
+    E[LM_POS_RUNNER_UP] = 2.0 * np.sign(h[0])
+    E[LM_POS_RUNNER_UP, j] = np.sign(h[0, j])
+    rs[LM_POS_RUNNER_UP] = 1.0
+    _check_f32_exact(np.asarray([4.0 * LM_POS_H]), 0.25, "lm_head_positional_case")
+    logits = rs[None, :] * (h @ E.T)
+    for tok, rows in enumerate(LM_POS_WINNERS):
+        top = np.flatnonzero(logits[tok] == logits[tok].max())
+        if tuple(top.tolist()) != tuple(sorted(rows)):
+            raise ValueError(f"token {tok}: the maximum sits at rows {top.tolist()}, not at the designed {rows}")
+    case = LmHeadCase(h=to_bf16(h), E=e4m3_bits(E), rs=rs.astype(np.float32), softcap=0.0)
+    return LmHeadPositionalCase(case=case, logits=logits)
+
+
+def lm_head_argmax(logits: np.ndarray, excluded: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """(index int32 [T], value float64 [T]) of exact logits, ties to the lowest index, the
+    excluded column never winning: the contract's rule on the contract's logits."""
+    lg = np.array(logits, dtype=np.float64, copy=True)
+    if excluded >= 0:
+        lg[:, excluded] = -np.inf
+    idx = np.argmax(lg, axis=1)  # first occurrence of the maximum: the lowest index
+    return idx.astype(np.int32), lg[np.arange(lg.shape[0]), idx]
 
 
 # ------------------------------------------------------------------ NVFP4 GEMV

@@ -118,3 +118,50 @@ def test_needle_case_refuses_a_window_kind_without_a_window():
     with pytest.raises(ValueError, match="needs a sliding window"):
         ora.needle_case(hd=256, nh=8, nkv=2, window=0, kind="window_just_outside", seed=1)
 
+
+
+def test_unseen_entries_are_outside_every_window_and_invalid_ones_lie_past_any_pool():
+    case = ora.random_case(nh=2, nkv=1, hd=256, window=40, ctx=100, rows=3, seed=1)
+    unseen = ora.unseen_entries(case)
+    # rows at 97..99 with window 40 see keys from 58: pages 3..6; page 7 is past the context.
+    assert np.flatnonzero(unseen).tolist() == [0, 1, 2, 7]
+    bad = ora.with_invalid_unseen_entries(case)
+    assert np.all(bad.bt[unseen] == ora.INVALID_PAGE) and np.array_equal(bad.bt[~unseen], case.bt[~unseen])
+    assert ora.INVALID_PAGE >= 2**30 > case.k_pool.shape[0]
+
+
+def test_the_gate_configurations_have_invalid_entries_before_and_after_the_windows():
+    from gates._paged_attention import random_case
+
+    for name, rows in (("A", "decode"), ("A", "chunk"), ("B", "decode"), ("B", "chunk")):
+        unseen = ora.unseen_entries(random_case(name, rows))
+        assert unseen[-1], (name, rows)
+        if name == "A":
+            assert unseen[0] and unseen.sum() > 20, (name, rows)
+
+
+@pytest.mark.parametrize("hd", (256, 512))
+def test_twin_needles_mean_is_the_float64_reference_and_rounds(hd):
+    case = ora.twin_needle_case(hd=hd, nh=8, nkv=2, window=ora.NEEDLE_WINDOW, seed=5)
+    assert np.all(case.twin == case.qpos) and np.all(case.winner < case.qpos)
+    assert np.all(case.qpos // 16 - case.winner // 16 >= 4), "the twins sit pages apart"
+    expected = ora.mean_rows(case)
+    np.testing.assert_array_equal(expected, ora.reference(case).astype(bf16))
+    f32 = ((ora.copy_rows(case).astype(np.float64)
+            + ora.copy_rows(ora.replace(case, winner=case.twin)).astype(np.float64)) / 2).astype(np.float32)
+    low = f32.view(np.uint32) & 0xFFFF
+    assert np.count_nonzero(low) > expected.size // 3 and np.count_nonzero(low == 0x8000) > expected.size // 10
+    assert np.count_nonzero(bits_of(expected) != bits_of(ora.copy_rows(case))) > expected.size // 2
+
+
+@pytest.mark.parametrize("window", (0, 37))
+def test_paired_staircase_ties_odd_rows_and_copies_even_rows(window):
+    case = ora.staircase_case(hd=256, nh=4, nkv=2, window=window, rising=True, seed=7, paired=True)
+    expected = ora.mean_rows(case)
+    np.testing.assert_array_equal(expected, ora.reference(case).astype(bf16))
+    copy = ora.copy_rows(case)
+    odd = case.qpos % 2 == 1
+    assert np.array_equal(bits_of(expected[~odd]), bits_of(copy[~odd]))
+    assert np.count_nonzero(bits_of(expected[odd]) != bits_of(copy[odd])) > expected[odd].size // 2
+    with pytest.raises(ValueError, match="window of 0 or at least 2"):
+        ora.staircase_case(hd=256, nh=4, nkv=2, window=1, rising=True, seed=7, paired=True)

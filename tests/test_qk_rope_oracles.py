@@ -4,7 +4,7 @@ scenario metadata) and of the launcher's refusal messages. No GPU needed."""
 import numpy as np
 import pytest
 
-from harness.dtypes import bf16
+from harness.dtypes import bf16, bits_of
 from kernels_cu import qk_rope as launcher
 from oracles import qk_rope as design
 from oracles.paged_layout import K, V, PagedKvLayout
@@ -223,3 +223,79 @@ def test_launcher_name_expressions_cover_every_arm_and_head_size():
         for kernel, meta in (("qk_rope_flat", ""), ("qk_rope_paged", ", false"), ("qk_rope_paged", ", true"))
     }
 
+
+
+# ------------------------------------------------------------------ issue 11: eps, origin 0, tail jobs
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_tiny_heads_make_eps_half_the_norm_and_the_outputs_exact(head_dim):
+    x = design.tiny_heads(design.TENSOR_Q, 11, 4, head_dim)
+    assert set(np.abs(x.astype(np.float64)).ravel().tolist()) == {design.TINY}
+    mean_square = np.mean(x.astype(np.float64) ** 2, axis=-1)
+    np.testing.assert_array_equal(1.0 / np.sqrt(mean_square + design.EPS_TINY), 512.0)
+    assert np.float32(design.EPS_TINY) == design.EPS_TINY, "eps must be exact in f32 (the kernel takes a float)"
+    q_w, _ = design.norm_weights(head_dim)
+    cos, sin = design.rope_tables(32, 128)
+    out = design.closed_form(x, q_w, np.arange(11), cos, sin, 128, eps=design.EPS_TINY)
+    # Every output is +-w / 2 of some element (moved and negated by the rotation), none zero.
+    halves = {abs(v) / 2 for v in q_w.astype(np.float64).tolist()}
+    assert set(np.abs(out.astype(np.float64)).ravel().tolist()) <= halves
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_an_eps_dropped_or_moved_changes_every_tiny_output(head_dim):
+    # The kill power of the eps anchor, from the contract's formula with other eps placements.
+    x = design.tiny_heads(design.TENSOR_K, 11, 2, head_dim).astype(np.float64)
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    right = x / np.sqrt(ms + design.EPS_TINY)
+    for wrong in (x / np.sqrt(ms), x / (np.sqrt(ms) + design.EPS_TINY), x / np.sqrt(ms + 2 * design.EPS_TINY)):
+        assert np.all(wrong.astype(np.float32).astype(bf16) != right.astype(bf16))
+
+
+def test_zero_heads_norm_to_zero_only_with_eps():
+    x = design.tiny_heads(design.TENSOR_V, 11, 2, 256, zero_every=5)
+    zero = ~np.any(x.astype(np.float64) != 0, axis=-1)
+    assert zero.any() and not zero.all()
+    out = design.closed_form_weightless(x, eps=design.EPS_TINY).astype(np.float64)
+    assert np.all(out[zero] == 0) and np.all(out[~zero] != 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        assert np.all(np.isnan(x.astype(np.float64)[zero] / np.sqrt(0.0))), "without eps a zero head is NaN"
+
+
+def test_origin_zero_scenario_reaches_page_zero_in_both_arms_and_leaves_idle_warps():
+    s = design.ORIGIN0_SCENARIO
+    assert s.page_origin == 0 and s.positions[0] // s.page_size == 0
+    origins = s.decode_origins()
+    assert origins.tolist() == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+    assert s.num_tokens * (4 + 2) % launcher.WARPS_PER_BLOCK == 2
+    # The spare position past the request has a valid window entry, so a warp past the last
+    # job writes instead of trapping; the junk page and the last page stay unreferenced.
+    spare = int(s.positions[-1]) + 1
+    layout = PagedKvLayout(page_size=s.page_size, num_layers=2, nkv=2, head_dim=256, num_pages=s.num_pages)
+    assert layout.page_of(spare, s.window, s.page_origin) == s.window[-1]
+    used = {layout.page_of(int(p), s.window, s.page_origin) for p in s.positions}
+    assert s.junk_page not in used and s.num_pages - 1 not in used and s.window[-1] not in used
+    indptr, indices = s.decode_csr()
+    assert indptr[0] == 1 and indices[0] == s.junk_page
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_eps_anchor_data_builds_on_the_host_with_zero_and_tiny_heads_and_a_spare_token(head_dim):
+    from gates import _qk_rope as qk
+
+    data = qk.eps_data(head_dim, 128, on_device=False, zeros=True)
+    assert data.eps == design.EPS_TINY and data.num_tokens == 11 and data.q.shape[0] == 11
+    h = data.host
+    for name in ("q", "k") + (("v",) if head_dim == 256 else ()):
+        zero = ~np.any(h[name].astype(np.float64) != 0, axis=-1)
+        assert zero.any() and not zero.all(), name
+    pos = np.asarray(qk.EPS_ANCHOR_POSITIONS)
+    assert pos.size == 11 and pos.max() < qk.COS_MAX_POS and set(pos % 3) == {0, 1, 2}
+    out = design.closed_form(h["q"], h["q_w"], pos, h["cos"], h["sin"], 128, eps=data.eps)
+    assert out.shape == (11, qk.NQ, head_dim)
+    zero = np.broadcast_to((~np.any(h["q"].astype(np.float64) != 0, axis=-1))[..., None], out.shape)
+    cleared = qk._magnitude_where_zero(out, zero)
+    assert np.all(bits_of(cleared)[zero] == 0), "zero heads compare as +0 whatever their sign"
+    np.testing.assert_array_equal(bits_of(cleared)[~zero], bits_of(out)[~zero])
+    assert np.all(bits_of(out)[~zero] & 0x7FFF), "tiny heads give no zero output"

@@ -75,3 +75,102 @@ def test_nvfp4_expected_refuses_inputs_it_cannot_make_exact():
 def test_nvfp4_designed_refuses_a_k_that_breaks_f32_exactness():
     with pytest.raises(ValueError, match="past 2\\^24: shrink K"):
         nvfp4_designed(n=1, k=16 * 1024 * 8, seed=0)
+
+
+# ------------------------------------------------------------------ issue 11: position-dependent designs
+
+from harness.dtypes import bf16, from_bits, to_bf16  # noqa: E402
+from oracles.quant_gemv import (  # noqa: E402
+    LM_POS_H,
+    LM_POS_RUNNER_UP,
+    LM_POS_SOFTCAP,
+    LM_POS_V,
+    LM_POS_WINNERS,
+    fp8_chunk_sums,
+    fp8_gemv_positional_case,
+    rne_bf16_of_exact_f32,
+    lm_head_argmax,
+    lm_head_positional_case,
+)
+
+
+def _fp8_gate_case():
+    from gates.test_fp8_gemv import POS_K, POS_SEED, POS_SEGMENTS, POS_T, POS_TOKEN_SCALES
+
+    return fp8_gemv_positional_case(POS_T, POS_K, POS_SEGMENTS, POS_SEED, POS_TOKEN_SCALES)
+
+
+def test_fp8_positional_case_is_exact_and_matches_the_contract_formula():
+    case = _fp8_gate_case()
+    x = decode_e4m3(case.x).astype(np.float64)
+    w = np.concatenate([decode_e4m3(s) for s, _ in case.segments]).astype(np.float64)
+    ws = np.concatenate([s for _, s in case.segments]).astype(np.float64)
+    value = (x @ w.T) * ws[None, :] * case.xs[:, None]
+    assert np.all(np.mod(x[:, None, :] * w[None, :, :] * 16, 1) == 0), "products are multiples of 1/16"
+    assert np.array_equal(value.astype(np.float32).astype(np.float64), value), "the f32 value is exact"
+    np.testing.assert_array_equal(bits_of(case.expected), bits_of(to_bf16(value)))
+    assert case.expected.shape == (3, 25) and 25 % 8 and (592 // 16) % 32
+
+
+def test_fp8_positional_case_exercises_the_output_rounding_and_its_ties():
+    case = _fp8_gate_case()
+    x = decode_e4m3(case.x).astype(np.float64)
+    w = np.concatenate([decode_e4m3(s) for s, _ in case.segments]).astype(np.float64)
+    ws = np.concatenate([s for _, s in case.segments]).astype(np.float64)
+    f32 = ((x @ w.T) * ws[None, :] * case.xs[:, None]).astype(np.float32).view(np.uint32)
+    toward_zero = from_bits((f32 >> 16).astype(np.uint16), bf16)
+    low = f32 & 0xFFFF
+    assert np.count_nonzero(low) >= 40, "most outputs must round"
+    assert np.count_nonzero(bits_of(toward_zero) != bits_of(case.expected)) >= 10, "round-toward-zero must show"
+    assert np.count_nonzero(low == 0x8000) >= 5, "ties to even must occur"
+
+
+def test_rne_bf16_of_exact_f32_refuses_a_value_f32_would_round():
+    assert bits_of(rne_bf16_of_exact_f32([257.0])).tolist() == [0x4380]  # 257 -> 256 (tie to even)
+    with pytest.raises(ValueError, match="not exact in f32"):
+        rne_bf16_of_exact_f32([1.0 + 2.0**-30])
+
+
+def test_fp8_positional_case_makes_every_index_visible():
+    case = _fp8_gate_case()
+    x = decode_e4m3(case.x).astype(np.float64)
+    w = np.concatenate([decode_e4m3(s) for s, _ in case.segments]).astype(np.float64)
+    assert len({r.tobytes() for r in x}) == 3, "tokens must differ"
+    assert len({r.tobytes() for r in w}) == w.shape[0], "rows must differ, across segments too"
+    chunks = fp8_chunk_sums(case)
+    assert (chunks != 0).any(axis=(0, 1)).all(), "every chunk contributes somewhere"
+    # A lane that reads chunk a twice and drops chunk b shows wherever their sums differ.
+    c = chunks.shape[-1]
+    for a in range(c):
+        for b in range(c):
+            if a != b:
+                assert np.any(chunks[..., a] != chunks[..., b])
+    ws = np.concatenate([s for _, s in case.segments])
+    assert len(set(ws.tolist())) > 2 and len(set(case.xs.tolist())) == 3
+
+
+def test_lm_head_positional_case_puts_each_winner_where_designed():
+    pc = lm_head_positional_case()
+    assert pc.case.E.shape == (LM_POS_V, LM_POS_H) and pc.case.softcap == 0.0
+    idx, val = lm_head_argmax(pc.logits)
+    assert idx.tolist() == [min(r) for r in LM_POS_WINNERS]
+    assert idx[0] == LM_POS_V - 1 and len(set(idx.tolist())) == len(idx), "a different winner for every token"
+    assert np.all(val.astype(np.float32) == val), "winning logits are exact in f32"
+    idx_x, val_x = lm_head_argmax(pc.logits, excluded=LM_POS_V - 1)
+    assert idx_x[0] == LM_POS_RUNNER_UP and val_x[0] == val[0] - 0.5
+    blocks = -(-LM_POS_V // 64)
+    assert blocks > 256 and LM_POS_V % 64, "more partials than a reduce block, a partial last block"
+    # The winners' partials sit in the upper half-warp, in reduce warps other than 0, and in the
+    # second pass of the reduce loop.
+    partial_threads = [(r // 64) % 256 for rows in LM_POS_WINNERS for r in rows]
+    assert any(t % 32 >= 16 for t in partial_threads) and any(t // 32 > 0 for t in partial_threads)
+    assert any(r // 64 >= 256 for rows in LM_POS_WINNERS for r in rows)
+
+
+def test_lm_head_positional_logits_keep_their_order_under_the_cap():
+    pc = lm_head_positional_case()
+    assert np.abs(pc.logits).max() <= 2 * 4 * LM_POS_H
+    top = np.sort(np.unique(pc.logits), axis=None)
+    assert np.min(np.diff(top)) >= 0.125
+    capped_top = np.asarray([capped(v, LM_POS_SOFTCAP) for v in top[-50:]], dtype=np.float64)
+    assert np.all(np.diff(capped_top) > 0.04)
