@@ -21,7 +21,7 @@ import pytest
 
 from harness import buffers
 from harness.bits import assert_bits_eq
-from harness.dtypes import bf16, bits_of
+from harness.dtypes import bf16, bits_of, from_bits
 from kernels_cu import qk_rope as launcher
 from oracles import qk_rope as design
 from oracles.paged_layout import PagedKvLayout

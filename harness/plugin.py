@@ -118,7 +118,7 @@ def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[floa
         except argparse.ArgumentTypeError as exc:
             raise pytest.UsageError(f"harness: ini harness_deadline: {exc}") from None
     if sanitize:
-        return DEFAULT_DEADLINE * SANITIZER_DEADLINE_FACTOR, f"the default under --sanitize"
+        return DEFAULT_DEADLINE * SANITIZER_DEADLINE_FACTOR, "the default under --sanitize"
     return DEFAULT_DEADLINE, "the default"
 
 
@@ -450,7 +450,6 @@ def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline:
 def _judge_trap(item: pytest.Item, reports: list, facts: list, duration: float) -> list:
     """A trap gate passes when its body died by a device fault; it fails by assertion when the
     body returned normally. Setup and teardown in the thrown-away worker do not count."""
-    setup = next((r for r in reports if r.when == "setup"), None)
     call = next((r for r in reports if r.when == "call"), None)
     if call is None:  # setup failed or skipped: that is the verdict, as reported
         for rep in reports:
@@ -501,7 +500,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         item.user_properties.extend(_properties(item))
     outcome = yield
     rep = outcome.get_result()
-    st = _state(item.config)
     if rep.failed and call.excinfo is not None:
         exc = call.excinfo.value
         props = [("route", classify_route(exc).value), ("first_failure_line", first_line(exc))]
