@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,16 @@ def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[floa
     return DEFAULT_DEADLINE, "the default"
 
 
+_TRACE = os.environ.get("HARNESS_POOL_TRACE")  # a file: the pool's timeline, for measuring it
+_T0 = time.monotonic()
+
+
+def _trace(event: str) -> None:
+    if _TRACE:
+        with open(_TRACE, "a") as f:
+            f.write(f"{time.monotonic() - _T0:8.3f} {os.getpid()} {event}\n")
+
+
 def _state(config: pytest.Config) -> HarnessState:
     return config.stash[state_key]
 
@@ -183,6 +194,7 @@ def pytest_configure(config: pytest.Config) -> None:
     recorder = _Recorder(st)
     config.stash[recorder_key] = recorder
     config.pluginmanager.register(recorder, "harness-recorder")
+    _trace("configured")
     if st.serving and workers.is_server():
         workers.server_configured()
     elif not st.serving and not st.is_controller and st.sanitizer_cmd is None and device._driver_present():
@@ -284,11 +296,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             st.pool.close()
             st.pool = None
         return
+    _trace("collected")
     _start_pool(config, gpu_items or items)
     try:
         st.probe = st.pool.wait_probe()
     except workers.PoolError as exc:
         st.probe = {"count": 0, "error": str(exc)}
+    _trace("probe answered")
     device.adopt_probe(device.DeviceProbe(count=st.probe.get("count", 0), name=st.probe.get("name"),
                                           arch=st.probe.get("arch"), error=st.probe.get("error")))
     usable = st.probe.get("error") is None and st.probe.get("count", 0) > 0
@@ -361,10 +375,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     trap = item.get_closest_marker("trap") is not None
     deadline, source = _deadline(item)
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    _trace(f"gate {item.nodeid}")
     _start_traps_ahead(st, item)
     try:
         ahead = st.inflight.pop(item.nodeid, None)
         worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
+        _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
     except workers.PoolError as exc:
         reports = _synthetic(item, "failed", str(exc), [("route", "error"),
                                                         ("first_failure_line", str(exc).splitlines()[0])])
@@ -372,6 +388,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
         if ahead is None:
             worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None)
         result = worker.wait(deadline)
+        _trace(f"  done in worker {result.phases}")
         if trap:
             worker.kill()
         reports = _reports(item, result, trap, deadline, source, worker)
@@ -405,6 +422,7 @@ def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:
         if worker is None:
             return
         nxt = st.trap_queue.pop(0)
+        _trace(f"  start ahead {nxt.nodeid} on {worker.name}")
         worker.start(nxt.nodeid, None)
         st.inflight[nxt.nodeid] = worker
 
@@ -590,6 +608,7 @@ def _facts(config: pytest.Config, records: list[GateRecord]) -> RunFacts:
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
     st = _state(config)
+    _trace("session finish")
     for worker in st.inflight.values():
         worker.kill()
     st.inflight.clear()

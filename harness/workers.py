@@ -575,6 +575,7 @@ def _become_worker(session, token: int) -> None:
             hello["device"] = _device_facts()
         except BaseException as exc:
             hello["error"] = f"{type(exc).__name__}: {exc}"
+        hello["ready_at"] = time.time()
         ch.send(hello)
         if "error" not in hello:
             _worker_channel = ch
