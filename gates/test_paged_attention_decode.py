@@ -117,6 +117,13 @@ def test_decode_never_follows_a_block_table_entry_outside_every_window(decode_co
         f"{name}: the entries just past the context and just before the earliest window must be invalid")
     assert_bits_eq(f"decode out {name}, {int(unseen.sum())} unseen block-table entries invalid vs valid",
                    run_paged_decode(to_device(invalid)), run_paged_decode(dc), dtype=bf16)
+    # Behind a page map too: decode reads a block-table entry before it knows whether any key
+    # of that page is visible, so a kernel that walks one entry too many but masks all of its
+    # keys touches no pool memory; through the map, the entry itself is dereferenced
+    # (pmap[2^30]) and faults.
+    pool = permuted_device_pool(dc.host)
+    assert_bits_eq(f"decode out {name}, unseen entries invalid vs valid, behind a page map",
+                   run_paged_decode(to_device(invalid), pool=pool), run_paged_decode(dc, pool=pool), dtype=bf16)
 
 
 @pytest.mark.gpu
