@@ -282,6 +282,9 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
     st.pool.config.pytest_args = args + ["--harness-serve"]
     if st.sanitizer_cmd is None:
         st.pool.collect(args)
+        if not st.is_worker:
+            # One device, known before the probe answers: the spares start beside the probe.
+            st.pool.warm_up()
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -401,7 +404,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     return True
 
 
-TRAPS_AHEAD = 3  # trap gates running ahead on spares, beside the main worker's gates
+TRAPS_AHEAD = 8  # trap gates running ahead on spares, beside the main worker's gates
 
 
 def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:

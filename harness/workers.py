@@ -231,7 +231,6 @@ class Pool:
         self.server: subprocess.Popen | None = None
         self.server_channel: Channel | None = None
         self.probe: dict | None = None
-        self.ready = False
         self.main: Worker | None = None
         self.spares: list[Worker] = []
         self._pending: set[int] = set()  # tokens asked for, not yet connected
@@ -320,16 +319,10 @@ class Pool:
             return {"count": 0, "error": f"the device probe failed: {out.stderr.strip()[-500:]}"}
 
     def _server(self) -> Channel:
+        """The server's channel. Spawn requests queue there while it still collects: it
+        reads them once its run loop starts."""
         if self.server_channel is None:
             self.server_channel, _ = self._accept("server")
-        if not self.ready:
-            try:
-                msg = self.server_channel.recv(timeout=self.config.start_timeout)
-            except (Timeout, ChannelClosed) as exc:
-                raise PoolError(self._start_failure(f"the server did not finish collecting ({type(exc).__name__})"))
-            if msg.get("op") != "ready":
-                raise PoolError(self._start_failure(f"the server said {msg!r} instead of ready"))
-            self.ready = True
         return self.server_channel
 
     # ---------------------------------------------------------------- workers
@@ -428,20 +421,12 @@ class Pool:
             if hello.get("pid"):
                 _kill_quietly(int(hello["pid"]))
         if self.server_channel is not None:
-            try:
-                self.server_channel.send({"op": "quit"})
-            except OSError:
-                pass
             self.server_channel.close()
-        procs = ([self.server] if self.server is not None else []) + self._procs
-        for proc in procs:
-            graceful = proc is self.server and self.server_channel is not None
+        # The server holds nothing worth a graceful exit (its pytest session ran no gate), and
+        # its forked workers share its process group: one signal ends them all, at once.
+        for proc in ([self.server] if self.server is not None else []) + self._procs:
             try:
-                proc.wait(timeout=5 if graceful else 0.2)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the server's forked workers share its group
+                os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             try:
@@ -540,7 +525,6 @@ def serve(session) -> None:
     """The server's run loop: fork a worker for each spawn request until quit or EOF."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked workers reap themselves
     ch = _server_channel
-    ch.send({"op": "ready", "collected": len(session.items)})
     while True:
         try:
             msg = ch.recv()
