@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SUMMARY = re.compile(r"=+ (?:.*?) in ([0-9.]+)s")
+SUMMARY = re.compile(r"\b\d+ (?:passed|failed)\b.* in ([0-9.]+)s")
 
 
 def _run(tree: Path, args: list[str], report: Path, env: dict) -> dict:
@@ -39,13 +39,14 @@ def _run(tree: Path, args: list[str], report: Path, env: dict) -> dict:
     summary_line = ""
     for line in reversed(tail):
         m = SUMMARY.search(line)
-        if m and (" passed" in line or " failed" in line):
+        if m:
             pytest_s, summary_line = float(m.group(1)), line.strip("= ").strip()
             break
     gates = []
     gj = report / "gates.json"
     if gj.is_file():
         gates = json.loads(gj.read_text()).get("gates", [])
+    # An isolated gate's duration is how long the run waited for it (its cost to the run).
     isolated = [g["duration"] for g in gates if g.get("isolated")]
     return {
         "command": " ".join(cmd[1:]), "tree": str(tree), "exit": proc.returncode, "wall_s": round(wall, 2),

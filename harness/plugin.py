@@ -318,6 +318,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             it.add_marker(skip)
         return
     count = st.probe.get("count", 1)
+    if st.is_worker:
+        # Under xdist no trap gate starts ahead (a worker is not told its gates in advance),
+        # and N workers share the machine: one spare each is enough.
+        st.pool.config.spares = 1
     if st.is_worker and count > 1:
         worker = config.workerinput.get("workerid", "gw0")
         index = int(worker[2:]) if worker[2:].isdigit() else 0
@@ -377,6 +381,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
         return None
     trap = item.get_closest_marker("trap") is not None
     deadline, source = _deadline(item)
+    reached = time.monotonic()
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     _trace(f"gate {item.nodeid}")
     _start_traps_ahead(st, item)
@@ -392,6 +397,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
             worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None)
         result = worker.wait(deadline)
         _trace(f"  done in worker {result.phases}")
+        # What the gate cost this run: how long it waited here (a trap gate started ahead
+        # may have finished before it was reached).
+        result.waited = time.monotonic() - reached
         if trap:
             worker.kill()
         reports = _reports(item, result, trap, deadline, source, worker)
@@ -465,7 +473,7 @@ def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline:
         for rep in reports:
             rep.user_properties.append(("worker", worker.name))
         return reports
-    return _judge_trap(item, reports, facts, result.seconds)
+    return _judge_trap(item, reports, facts, result.waited)
 
 
 def _judge_trap(item: pytest.Item, reports: list, facts: list, duration: float) -> list:

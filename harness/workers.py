@@ -112,7 +112,8 @@ class RunResult:
     last_launch: str | None = None
     launches: int = 0  # kernel launches made through harness.kernels during the gate
     phases: dict = field(default_factory=dict)  # setup / call / teardown seconds inside the worker
-    seconds: float = 0.0
+    seconds: float = 0.0  # from the gate's start in the worker to its verdict
+    waited: float = 0.0  # how long the pytest process waited for it (its cost to the run)
 
 
 class Worker:
@@ -549,7 +550,6 @@ def _become_worker(session, token: int) -> None:
     code = 0
     try:
         _worker_token = token
-        ch = connect(_connect_path)
         hello = {"role": "worker", "token": token, "pid": os.getpid(), "pgid": None}
         if os.environ.get("HARNESS_SANITIZER_LOG"):
             hello["pgid"] = os.getpgid(0)
@@ -559,7 +559,8 @@ def _become_worker(session, token: int) -> None:
             hello["device"] = _device_facts()
         except BaseException as exc:
             hello["error"] = f"{type(exc).__name__}: {exc}"
-        hello["ready_at"] = time.time()
+        # Connect only once ready: a connection the pool accepts always has its hello waiting.
+        ch = connect(_connect_path)
         ch.send(hello)
         if "error" not in hello:
             _worker_channel = ch
