@@ -78,9 +78,10 @@ def _need(op: str, name: str, arr, shape: tuple, dtypes: tuple, what: str) -> No
 
 def _aligned(op: str, name: str, arr, alignment: int = 16) -> None:
     """A device array starts on a multiple of `alignment` bytes (16-byte vector loads)."""
-    ptr = getattr(getattr(arr, "data", None), "ptr", None)
-    if ptr is None and isinstance(arr, np.ndarray):
+    if isinstance(arr, np.ndarray):
         ptr = arr.__array_interface__["data"][0]
+    else:
+        ptr = getattr(getattr(arr, "data", None), "ptr", None)
     if ptr is not None and ptr % alignment:
         _refuse(op, f"{name} starts at 0x{ptr:x}, not {alignment}-byte aligned: pass a fresh allocation "
                     f"or a slice starting on a multiple of {alignment} bytes")
