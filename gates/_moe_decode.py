@@ -58,8 +58,11 @@ def host(a) -> np.ndarray:
 
 
 def put(a):
+    """A device copy of a host array; a device array is passed through."""
     import cupy
 
+    if isinstance(a, cupy.ndarray):
+        return a
     return cupy.asarray(np.ascontiguousarray(a))
 
 
@@ -186,16 +189,22 @@ def device_experts(shape: Shape, weights: od.ExpertWeights, table: np.ndarray) -
     return moe.Experts(wgu=wgu, sgu=sgu, gs_gu=gs_gu, wdn=wdn, sdn=sdn, gs_dn=gs_dn, table=put(table.astype(np.int32)))
 
 
-def zero_experts(shape: Shape) -> moe.Experts:
-    """The seed's tables: every code zero, every block scale 1.0 (0x38), every global scale 1."""
+def zero_experts(shape: Shape, *, spare: bool = False) -> moe.Experts:
+    """The seed's tables: every code zero, every block scale 1.0 (0x38), every global scale 1.
+    With `spare`, every table is a view of an allocation one expert longer (the table one entry
+    longer on both sides, valid there): a kernel whose guard is gone then reads defined memory
+    and does not fault, so a trap gate fails by its own assertion."""
     import cupy
 
     e, h, i = shape.e, shape.h, shape.i
+    n = e + 1 if spare else e
+    table = np.concatenate([[0], np.arange(e), [0]]).astype(np.int32) if spare else np.arange(e, dtype=np.int32)
+    table_dev = put(table)[1:e + 1] if spare else put(table)
     return moe.Experts(
-        wgu=cupy.zeros((e, 2 * i, h // 2), np.uint8), sgu=cupy.full((e, 2 * i, h // od.GROUP), 0x38, np.uint8),
-        gs_gu=cupy.ones((e,), np.float32), wdn=cupy.zeros((e, h, i // 2), np.uint8),
-        sdn=cupy.full((e, h, i // od.GROUP), 0x38, np.uint8), gs_dn=cupy.ones((e,), np.float32),
-        table=put(np.arange(e, dtype=np.int32)))
+        wgu=cupy.zeros((n, 2 * i, h // 2), np.uint8)[:e], sgu=cupy.full((n, 2 * i, h // od.GROUP), 0x38, np.uint8)[:e],
+        gs_gu=cupy.ones((n,), np.float32)[:e], wdn=cupy.zeros((n, h, i // 2), np.uint8)[:e],
+        sdn=cupy.full((n, h, i // od.GROUP), 0x38, np.uint8)[:e], gs_dn=cupy.ones((n,), np.float32)[:e],
+        table=table_dev)
 
 
 def storage_weights(experts: moe.Experts, store: int):

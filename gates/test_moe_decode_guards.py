@@ -139,10 +139,12 @@ def test_launcher_refuses_bad_arguments_before_any_launch(refusal):
 
 
 def _trap_glu(ids: np.ndarray, table: np.ndarray | None = None) -> None:
+    """moe_glu on spare-backed tables (gates/_moe_decode.zero_experts): without its guard the
+    bad id reads a valid table entry and valid weights, and nothing faults."""
     import cupy
 
     s = g.SHAPES["small-E13-H192-I128-K3-T3"]
-    ex = g.zero_experts(s)
+    ex = g.zero_experts(s, spare=True)
     if table is not None:
         ex = moe.Experts(**{**vars(ex), "table": g.put(table)})
     g.run_glu(ids, np.zeros((s.t, s.h // 2), np.uint8), np.full((s.t, s.h // 16), 0x38, np.uint8), ex,
@@ -172,7 +174,7 @@ def test_down_guard_fires_on_a_negative_expert_id():
     ids = _valid_ids()
     ids[2, 0] = -1
     g.run_down(ids, np.zeros((s.t, s.kcap, s.i // 2), np.uint8), np.zeros((s.t, s.kcap, s.i // 16), np.uint8),
-               g.zero_experts(s), act_h=2.0**-8, k=s.k, h=s.h)
+               g.zero_experts(s, spare=True), act_h=2.0**-8, k=s.k, h=s.h)
     cupy.cuda.runtime.deviceSynchronize()
 
 

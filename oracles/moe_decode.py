@@ -31,7 +31,7 @@ GROUP = 16
 ANCHOR_EPS = 2.0**-10
 MARGIN = 2.0**-18  # relative: four times the device's error bound on any rounded value
 ACT_G = 2.0**-8
-ACT_H = 2.0**-8
+ACT_H = 2.0**-6  # not ACT_G: a kernel that quantizes a with act_g is visible
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 GELU_SATURATED = 10.0  # |g| >= 10: tanh's argument >= 43.6, tanhf is exactly +-1
