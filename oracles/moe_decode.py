@@ -139,7 +139,7 @@ def rms_factor64(v: np.ndarray, eps: float) -> np.ndarray:
 # ------------------------------------------------------------------ designed vectors
 
 
-def unit_rms_codes(n: int, rng: np.random.Generator, *, zero_block: int | None = None, small: int = 8,
+def unit_rms_codes(n: int, rng: np.random.Generator, *, zero_block: int | None = None, small: int = 12,
                    big: int = 127) -> np.ndarray:
     """Integers j (values j / 8) with sum(j^2) = 64 n exactly, so mean((j/8)^2) = 1: small
     random values, a few raised towards `big` to meet the sum, an optional block of 16 zeros.
@@ -148,7 +148,9 @@ def unit_rms_codes(n: int, rng: np.random.Generator, *, zero_block: int | None =
     live = np.ones(n, dtype=bool)
     if zero_block is not None:
         live[zero_block * GROUP:(zero_block + 1) * GROUP] = False
-    j = np.where(live, rng.integers(-small, small + 1, n), 0).astype(np.int64)
+    # Each block of 16 its own magnitude (1 .. small), so the block scales differ from block to block.
+    reach = np.repeat(rng.integers(1, small + 1, n // GROUP), GROUP)
+    j = np.where(live, rng.integers(-reach, reach + 1), 0).astype(np.int64)
     j[live & (j == 0)] = 1
     for _ in range(20 * n):
         d = target - int(np.sum(j * j))
@@ -266,6 +268,10 @@ def post_attn_designed(t: int, h: int, seed: int, *, act_g: float = ACT_G, eps: 
         try:
             mid, rr, fq, fs, gq, gsc = post_attn_expected(xb, ob, to_bf16(w_pa), w_router, act_g, eps)
         except DesignError:
+            continue
+        # mid must be the designed eighths (mean square exactly 1), so the device's sum of
+        # squares is exact and the second norm's factor is 1 / sqrt(1 + eps) too.
+        if not np.array_equal(mid.astype(np.float64), x + o * w_pa):
             continue
         return PostAttnCase(x=xb, o=ob, w_pa=to_bf16(w_pa), w_router=w_router, act_g=act_g, eps=eps,
                             mid=mid, rr=rr, fq=fq, fs=fs, gq=gq, gsc=gsc)
