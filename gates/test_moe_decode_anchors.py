@@ -97,6 +97,26 @@ def test_glu_reference_arm_matches_host_on_saturated_inputs(shape_id):
 @pytest.mark.gpu
 @pytest.mark.anchor
 @shapes
+def test_glu_matches_host_on_designed_expert_weights(shape_id):
+    # Exact: the production moe_glu on designed experts (two live groups a row under one
+    # power-of-two scale, gs = 1, act_g = 1): every g/u is a short dyadic sum, exact in any
+    # order; gate rows are 0 or |g| >= 10, so a = g * u exactly, then the host quantizer.
+    s = g.SHAPES[shape_id]
+    case = od.glu_weights_designed(s.t, s.h, s.e, s.i, s.k, seed=s.i + 1)
+    ids = np.full((s.t, s.kcap), -1, np.int32)
+    ids[:, :s.k] = case.ids
+    experts = g.device_experts(s, case.weights, np.arange(s.e, dtype=np.int32))
+    hq, hs, gu = g.run_glu(ids, case.gq, case.gsc, experts, act_g=case.act_g, act_h=case.act_h, k=s.k, i=s.i)
+    assert_bits_eq("glu g/u (designed experts)", g.host(gu)[:, :s.k], case.gu)
+    assert_bits_eq("glu hs (designed experts)", g.host(hs)[:, :s.k], case.hs)
+    assert_bits_eq("glu hq (designed experts)", g.host(hq)[:, :s.k], case.hq)
+    for name, a in (("g/u", gu), ("hq", hq), ("hs", hs)):
+        g.assert_slots_past_k_untouched(f"glu {name} (designed experts)", a, s.k)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
 def test_final_matches_host_on_designed_slots(shape_id):
     # Exact: the slot sum is exact (multiples of 1/8), both norms see mean(v^2) = 1 and the
     # output rounding is margin-checked; the last slot weighs most.

@@ -608,3 +608,87 @@ def _nvfp4_rel_error(v: np.ndarray, act: float) -> float:
     step = np.select([r < 2.0, r < 4.0], [0.5, 1.0], 2.0) * scale
     num = np.sqrt(np.mean((step / np.sqrt(12.0)) ** 2))
     return float(num / max(np.sqrt(np.mean(v * v)), 1e-30))
+
+
+# ------------------------------------------------------------------ stage 3: glu (designed weights)
+
+
+@dataclass(frozen=True)
+class GluWeightsCase:
+    """moe_glu on designed experts: the production kernel's own g/u rows are exact."""
+
+    ids: np.ndarray  # int32 [T, K]
+    gq: np.ndarray  # uint8 [T, H/2]
+    gsc: np.ndarray  # uint8 [T, H/16]
+    weights: ExpertWeights
+    act_g: float
+    act_h: float
+    gu: np.ndarray  # expected bf16 [T, K, 2I]
+    hq: np.ndarray  # expected uint8 [T, K, I/2]
+    hs: np.ndarray  # expected uint8 [T, K, I/16]
+
+
+def _pow2_e4m3(k) -> np.ndarray:
+    """e4m3 bits of 2^k (normal range, -6 <= k <= 8)."""
+    return ((np.asarray(k) + 7) << 3).astype(np.uint8)
+
+
+def glu_weights_designed(t: int, h: int, e: int, i: int, k: int, seed: int, *,
+                         act_g: float = 1.0, act_h: float = 64.0) -> GluWeightsCase:
+    """The activation: e2m1 codes +-1, +-2, +-4 with power-of-two block scales. Each weight row
+    has two nonzero groups (at row-dependent places) under one power-of-two scale, zero codes
+    elsewhere, gs = 1: every dot is a short sum of dyadic products, exact in any order. Gate rows
+    are scaled so |g| lands in [10, 20) (or are all zero: g = 0); up rows get a random power of
+    two. So g is 0 or beyond the tanh saturation bound, and a = g * u is exact. act_g = 1 keeps
+    every nonzero sum at least 1/8, so a scale of at most 2^7 lifts it past 10 for every token
+    that selects the expert; act_h = 64 keeps the large products of a inside the e4m3 range."""
+    rng = np.random.default_rng(seed)
+    k16 = h // GROUP
+    ids = np.stack([rng.choice(np.arange(1, e), k, replace=False) for _ in range(t)]).astype(np.int32)
+    codes_x = rng.choice(np.array([2, 4, 6, 10, 12, 14], np.uint8), (t, h))
+    gsc = _pow2_e4m3(rng.integers(-2, 3, (t, k16)))
+    gq = pack_codes(codes_x)
+    x = unpack_fp4(gq, h).astype(np.float64) * np.repeat(decode_e4m3(gsc).astype(np.float64), GROUP, -1) * act_g
+    w = ExpertWeights({}, {}, {}, {}, {}, {})
+    gu = np.zeros((t, k, 2 * i), dtype=bf16)
+    for ex in sorted({int(v) for v in ids.ravel()}):
+        codes = np.zeros((2 * i, h), np.uint8)
+        scale_k = rng.integers(-2, 3, (2 * i, k16))
+        for n in range(2 * i):
+            g1 = (7 * n + 3 * ex) % k16
+            g2 = (g1 + k16 // 2) % k16
+            if n < i and rng.random() < 0.25:
+                continue  # a zero gate row: g = 0
+            for grp in (g1, g2):
+                codes[n, grp * GROUP:(grp + 1) * GROUP] = rng.integers(0, 16, GROUP)
+        w.wgu[ex] = pack_codes(codes)
+        vals = unpack_fp4(w.wgu[ex], h).astype(np.float64)
+        w.gs_gu[ex] = np.float32(1.0)
+        w.wdn[ex] = np.zeros((h, i // 2), np.uint8)
+        w.sdn[ex] = np.full((h, i // GROUP), 0x38, np.uint8)
+        w.gs_dn[ex] = np.float32(1.0)
+        # Per-row scale of the two live groups: chosen from the row's own sums.
+        users = np.flatnonzero(np.any(ids == ex, axis=1))
+        sums = vals @ x[users].T  # [2I, users] with unit group scales; the row's scale multiplies it
+        for n in range(2 * i):
+            g1 = (7 * n + 3 * ex) % k16
+            g2 = (g1 + k16 // 2) % k16
+            if n < i:
+                live = np.abs(sums[n])[sums[n] != 0]
+                m = 0 if live.size == 0 else int(np.ceil(np.log2(10.0 / np.min(live))))
+                m = min(max(m, -6), 8)
+            else:
+                m = int(rng.integers(-2, 3))
+            scale_k[n, [g1, g2]] = m
+        w.sgu[ex] = _pow2_e4m3(scale_k)
+    for tok in range(t):
+        for kk in range(k):
+            ex = int(ids[tok, kk])
+            dq = dequant_weights64(w.wgu[ex], w.sgu[ex], w.gs_gu[ex])
+            gu[tok, kk] = to_bf16((dq @ x[tok]).astype(np.float32))
+    g, u = gu[..., :i].astype(np.float32), gu[..., i:].astype(np.float32)
+    bad = (g != 0) & (np.abs(g) < GELU_SATURATED)
+    if np.any(bad):
+        raise DesignError(f"glu_weights_designed: {int(bad.sum())} gate values between 0 and {GELU_SATURATED}")
+    hq, hs = nvfp4_quantize(glu_saturated(g, u), act_h)
+    return GluWeightsCase(ids=ids, gq=gq, gsc=gsc, weights=w, act_g=act_g, act_h=act_h, gu=gu, hq=hq, hs=hs)

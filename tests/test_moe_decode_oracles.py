@@ -148,6 +148,18 @@ def test_glu_design_has_zero_and_saturated_blocks(name):
 
 
 @pytest.mark.parametrize("name", SHAPES)
+def test_glu_weights_design_gives_zero_or_saturated_gates_and_distinct_tokens(name):
+    t, h, e, i, k = SHAPES[name]
+    c = od.glu_weights_designed(t, h, e, i, k, seed=i + 1)
+    g = c.gu[..., :i].astype(np.float32)
+    assert np.all((g == 0) | (np.abs(g) >= od.GELU_SATURATED))
+    assert 0.1 < np.mean(g == 0) < 0.5, "zero and saturated gate rows must both be present"
+    assert not np.any(c.ids == 0) and len({tuple(r) for r in c.ids.tolist()}) == t
+    assert np.count_nonzero(c.gu[..., i:].astype(np.float32)) > c.gu[..., i:].size // 2, "up rows mostly zero"
+    assert len(np.unique(c.hs)) > 5
+
+
+@pytest.mark.parametrize("name", SHAPES)
 def test_final_design_moves_when_the_last_slot_is_dropped(name):
     t, h, _, _, k = SHAPES[name]
     c = od.final_designed(t, h, k, seed=h + k)
