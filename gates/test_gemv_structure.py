@@ -26,6 +26,7 @@ from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
 pytestmark = pytest.mark.structural
 
 PARTIAL = "nvfp4_partial"
+DOT_HEADER = "nvfp4_dot.cuh"  # nvfp4_partial and its helpers, shared with moe_decode.cu
 KERNELS_CALLING_THE_PARTIAL = ("nvfp4_gemv", "nvfp4_gemv_sw")
 SINGLE_WARP_KERNELS = ("nvfp4_gemv_sw",)
 BLOCK_BARRIERS = ("__syncthreads", "__syncthreads_count", "__syncthreads_and", "__syncthreads_or", "__barrier_sync")
@@ -55,8 +56,8 @@ def test_nvfp4_launcher_constants_equal_the_cu_defines(kernel_root):
         "N_PER_BLOCK": nvfp4_gemv.N_PER_BLOCK,
         "N_PER_BLOCK_SW": nvfp4_gemv.N_PER_BLOCK_SW,
         "NVFP4_THREADS": nvfp4_gemv.THREADS,
-        "NVFP4_GROUP": nvfp4_gemv.GROUP,
     })
+    assert_constants_equal_defines(kernel_root, DOT_HEADER, {"NVFP4_GROUP": nvfp4_gemv.GROUP})
 
 
 def test_fp8_gemv_launcher_constants_equal_the_cu_defines(kernel_root):
@@ -77,13 +78,14 @@ def test_lm_head_launcher_constants_equal_the_cu_defines(kernel_root):
 
 def test_nvfp4_partial_reads_a_staged_table_never_constant_memory(kernel_root):
     src = read(kernel_root, nvfp4_gemv.SOURCE)
-    constant = declared_names(src, "__constant__")
+    header = read(kernel_root, DOT_HEADER)
+    constant = declared_names(header, "__constant__") + declared_names(src, "__constant__")
     problems = []
-    # 1. The partial and every helper it calls index no __constant__ array.
-    for fn in reachable_functions(src, PARTIAL):
-        problems += [f"{fn.name} (line {fn.line}) reads __constant__ {name}" for name in constant if mentions(fn.body, name)]
-    lut = function(src, PARTIAL).params.split(",")[-1].split()[-1]
-    if not re.search(rf"(?<!\w){lut}\s*\[", " ".join(f.body for f in reachable_functions(src, PARTIAL))):
+    # 1. The partial and every helper it calls (all in the header) index no __constant__ array.
+    for fn in reachable_functions(header, PARTIAL):
+        problems += [f"{fn.name} ({DOT_HEADER} line {fn.line}) reads __constant__ {name}" for name in constant if mentions(fn.body, name)]
+    lut = function(header, PARTIAL).params.split(",")[-1].split()[-1]
+    if not re.search(rf"(?<!\w){lut}\s*\[", " ".join(f.body for f in reachable_functions(header, PARTIAL))):
         problems.append(f"{PARTIAL}'s last parameter `{lut}` is never indexed: the partial must decode through the table it is given")
     # 2. Every kernel hands it a table staged in its own __shared__ memory.
     for kernel in KERNELS_CALLING_THE_PARTIAL:
@@ -110,12 +112,19 @@ def test_nvfp4_partial_reads_a_staged_table_never_constant_memory(kernel_root):
 
 
 def test_single_warp_kernel_has_no_block_barrier(kernel_root):
-    src = read(kernel_root, nvfp4_gemv.SOURCE)
+    # The kernel's helpers include the shared partial in the header: read both, header first.
+    header = read(kernel_root, DOT_HEADER)
+    src = header + "\n" + read(kernel_root, nvfp4_gemv.SOURCE)
+    header_lines = header.count("\n") + 1
+
+    def where(line: int) -> str:
+        return f"{DOT_HEADER} line {line}" if line <= header_lines else f"line {line - header_lines}"
+
     found = []
     for kernel in SINGLE_WARP_KERNELS:
         for fn in reachable_functions(src, kernel):
             for barrier in BLOCK_BARRIERS:
-                found += [f"{fn.name}, line {fn.body_line + call.line - 1}: {barrier}() in single-warp kernel {kernel}"
+                found += [f"{fn.name}, {where(fn.body_line + call.line - 1)}: {barrier}() in single-warp kernel {kernel}"
                           for call in calls_in(fn.body, barrier)]
     assert_no_problems(found, "a single-warp kernel's early return is warp-uniform only: "
                               "publish with __syncwarp(), never a block barrier")

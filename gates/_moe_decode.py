@@ -1,0 +1,293 @@
+"""Shared helpers of the MoE decode gates: the shapes, one helper a kernel call, device expert
+tables, sentinels, and the chain run the links share.
+
+Every kernel call of the family is spelled here once. Outputs are allocated filled with
+sentinels (NaN payloads and an out-of-range id no kernel computes), with kcap = K + 2 slots a
+token, so the two slots past K are scratch the launch does not own: reading them back
+unchanged is part of every assertion on a slot buffer.
+
+Seed-size expert tables are about 430 MB: only the experts a gate selects are filled
+(random NVFP4 weights); every other expert keeps zero codes with NaN block scales (e4m3 0x7F)
+and a NaN global scale, so an expert read by mistake poisons its output.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.buffers import assert_untouched, filled
+from harness.dtypes import bf16
+from kernels_cu import moe_decode as moe
+from kernels_cu import nvfp4_gemv
+from oracles import moe_decode as od
+
+
+@dataclass(frozen=True)
+class Shape:
+    t: int
+    h: int
+    i: int
+    e: int
+    k: int
+
+    @property
+    def kcap(self) -> int:
+        return self.k + 2
+
+
+# The seed's sizes, and small ones off every block size (E 13 is not a multiple of the 8
+# experts a router block; H 192 is three 64-lane sweeps; K 3 and T 3 are odd).
+SHAPES = {
+    "seed-E128-H2816-I704-K8-T2": Shape(t=2, h=2816, i=704, e=128, k=8),
+    "small-E13-H192-I128-K3-T3": Shape(t=3, h=192, i=128, e=13, k=3),
+}
+SHAPE_IDS = list(SHAPES)
+
+BF16_SENTINEL = 0x7FA5
+F32_SENTINEL = 0x7FA5A5A5
+ID_SENTINEL = 0x7FA5A5A5  # an int32 far outside [0, E)
+BYTE_SENTINEL = 0xA5
+NAN_E4M3 = 0x7F
+
+
+def host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def put(a):
+    """A device copy of a host array; a device array is passed through."""
+    import cupy
+
+    if isinstance(a, cupy.ndarray):
+        return a
+    return cupy.asarray(np.ascontiguousarray(a))
+
+
+def _bf16(shape):
+    return filled(shape, bf16, BF16_SENTINEL)
+
+
+def _f32(shape):
+    return filled(shape, np.float32, F32_SENTINEL)
+
+
+def _bytes(shape):
+    return filled(shape, np.uint8, BYTE_SENTINEL)
+
+
+def _ids(shape):
+    return filled(shape, np.int32, ID_SENTINEL)
+
+
+def zero_ticket():
+    import cupy
+
+    return cupy.zeros(1, dtype=np.uint32)
+
+
+# ------------------------------------------------------------------ one helper a kernel
+
+
+@dataclass
+class PostAttnOut:
+    mid: object
+    rr: object
+    fq: object
+    fs: object
+    gq: object
+    gsc: object
+
+
+def run_post_attn(x, o, w_pa, w_router, *, act_g: float, eps: float) -> PostAttnOut:
+    t, h = x.shape
+    out = PostAttnOut(mid=_bf16((t, h)), rr=_bf16((t, h)), fq=_bytes((t, h)), fs=_f32((t,)),
+                      gq=_bytes((t, h // 2)), gsc=_bytes((t, h // od.GROUP)))
+    moe.run_post_attn(out.mid, out.rr, out.fq, out.fs, out.gq, out.gsc, put(x), put(o), put(w_pa), put(w_router),
+                      act_g=act_g, eps=eps)
+    return out
+
+
+@dataclass
+class RouterOut:
+    logits: object
+    ids: object
+    wts: object
+
+
+def run_router(rr, wr, pes, *, k: int, kcap: int, ticket=None) -> RouterOut:
+    t = rr.shape[0]
+    e = wr.shape[0]
+    out = RouterOut(logits=_f32((t, e)), ids=_ids((t, kcap)), wts=_f32((t, kcap)))
+    moe.run_router(out.logits, out.ids, out.wts, zero_ticket() if ticket is None else ticket,
+                   put(rr), put(wr), put(pes), k=k)
+    return out
+
+
+def run_glu(ids, gq, gsc, experts: moe.Experts, *, act_g: float, act_h: float, k: int, i: int):
+    """(hq, hs, gu) device arrays; gu holds the bf16 g/u rows."""
+    t, kcap = ids.shape
+    hq, hs, gu = _bytes((t, kcap, i // 2)), _bytes((t, kcap, i // od.GROUP)), _bf16((t, kcap, 2 * i))
+    moe.run_glu(hq, hs, put(ids), put(gq), put(gsc), experts, act_g=act_g, act_h=act_h, k=k, gu=gu)
+    return hq, hs, gu
+
+
+def run_down(ids, hq, hs, experts: moe.Experts, *, act_h: float, k: int, h: int):
+    t, kcap = ids.shape
+    opair = _bf16((t, kcap, h))
+    moe.run_down(opair, put(ids), put(hq), put(hs), experts, act_h=act_h, k=k)
+    return opair
+
+
+def run_final(dense, opair, wts, mid, w_d, w_m, *, layer_scalar: float, eps: float, k: int):
+    out = _bf16(mid.shape)
+    moe.run_final(out, put(dense), put(opair), put(wts), put(mid), put(w_d), put(w_m),
+                  layer_scalar=layer_scalar, eps=eps, k=k)
+    return out
+
+
+def run_glu_reference(gu_rows, *, act_h: float):
+    """The reference arm: the GLU and quantizer device functions on given g/u rows [slots, 2I]."""
+    slots, two_i = gu_rows.shape
+    hq, hs = _bytes((slots, two_i // 4)), _bytes((slots, two_i // 2 // od.GROUP))
+    moe.run_glu_quant_ref(hq, hs, put(gu_rows), act_h=act_h)
+    return hq, hs
+
+
+def certified_gemv(w, s, gs: float, x_bf16):
+    """The certified NVFP4 GEMV (nvfp4_gemv base) of one weight table against bf16 x."""
+    n = w.shape[0]
+    y = _bf16((n,))
+    nvfp4_gemv.run_nvfp4_gemv(y, put(x_bf16), w, s, float(gs), single_warp=False)
+    return host(y)
+
+
+# ------------------------------------------------------------------ expert tables
+
+
+def device_experts(shape: Shape, weights: od.ExpertWeights, table: np.ndarray) -> moe.Experts:
+    """Tables of E storage slots; the experts in `weights` at table[e], the rest NaN-scaled."""
+    import cupy
+
+    e, h, i = shape.e, shape.h, shape.i
+    wgu = cupy.zeros((e, 2 * i, h // 2), np.uint8)
+    sgu = cupy.full((e, 2 * i, h // od.GROUP), NAN_E4M3, np.uint8)
+    wdn = cupy.zeros((e, h, i // 2), np.uint8)
+    sdn = cupy.full((e, h, i // od.GROUP), NAN_E4M3, np.uint8)
+    gs_gu = cupy.full((e,), np.nan, np.float32)
+    gs_dn = cupy.full((e,), np.nan, np.float32)
+    for eid in weights.wgu:
+        st = int(table[eid])
+        wgu[st] = put(weights.wgu[eid])
+        sgu[st] = put(weights.sgu[eid])
+        wdn[st] = put(weights.wdn[eid])
+        sdn[st] = put(weights.sdn[eid])
+        gs_gu[st] = weights.gs_gu[eid]
+        gs_dn[st] = weights.gs_dn[eid]
+    return moe.Experts(wgu=wgu, sgu=sgu, gs_gu=gs_gu, wdn=wdn, sdn=sdn, gs_dn=gs_dn, table=put(table.astype(np.int32)))
+
+
+def zero_experts(shape: Shape, *, spare: bool = False) -> moe.Experts:
+    """The seed's tables: every code zero, every block scale 1.0 (0x38), every global scale 1.
+    With `spare`, every table is a view of an allocation one expert longer (the table one entry
+    longer on both sides, valid there): a kernel whose guard is gone then reads defined memory
+    and does not fault, so a trap gate fails by its own assertion."""
+    import cupy
+
+    e, h, i = shape.e, shape.h, shape.i
+    n = e + 1 if spare else e
+    table = np.concatenate([[0], np.arange(e), [0]]).astype(np.int32) if spare else np.arange(e, dtype=np.int32)
+    table_dev = put(table)[1:e + 1] if spare else put(table)
+    return moe.Experts(
+        wgu=cupy.zeros((n, 2 * i, h // 2), np.uint8)[:e], sgu=cupy.full((n, 2 * i, h // od.GROUP), 0x38, np.uint8)[:e],
+        gs_gu=cupy.ones((n,), np.float32)[:e], wdn=cupy.zeros((n, h, i // 2), np.uint8)[:e],
+        sdn=cupy.full((n, h, i // od.GROUP), 0x38, np.uint8)[:e], gs_dn=cupy.ones((n,), np.float32)[:e],
+        table=table_dev)
+
+
+def storage_weights(experts: moe.Experts, store: int):
+    """(wgu, sgu, gs_gu, wdn, sdn, gs_dn) of one storage slot, device views + host scalars."""
+    return (experts.wgu[store], experts.sgu[store], float(host(experts.gs_gu[store])),
+            experts.wdn[store], experts.sdn[store], float(host(experts.gs_dn[store])))
+
+
+# ------------------------------------------------------------------ sentinels
+
+
+def assert_slots_past_k_untouched(label: str, a, k: int) -> None:
+    """Slots K..kcap-1 of a [T, kcap, ...] or [T, kcap] buffer keep their sentinel."""
+    h = host(a)
+    bits = {2: BF16_SENTINEL, 4: F32_SENTINEL if h.dtype != np.int32 else ID_SENTINEL, 1: BYTE_SENTINEL}[h.dtype.itemsize]
+    assert_untouched(f"{label} slots {k}.. past K", h[:, k:], bits)
+
+
+def assert_fully_written(label: str, a, k: int | None = None) -> None:
+    """Non-vacuity: no element of the owned part still holds its sentinel (or, for bytes,
+    not every byte of a row does)."""
+    h = host(a)
+    h = h[:, :k] if k is not None else h
+    b = h.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[h.dtype.itemsize])
+    sentinel = {1: BYTE_SENTINEL, 2: BF16_SENTINEL, 4: F32_SENTINEL if h.dtype != np.int32 else ID_SENTINEL}[h.dtype.itemsize]
+    if h.dtype.itemsize == 1:
+        rows = b.reshape(-1, b.shape[-1])
+        unwritten = int(np.count_nonzero(np.all(rows == sentinel, axis=-1)))
+        assert unwritten == 0, f"{label}: {unwritten} rows still hold only the sentinel byte 0x{sentinel:02x}"
+        return
+    unwritten = int(np.count_nonzero(b == sentinel))
+    assert unwritten == 0, f"{label}: {unwritten} of {b.size} elements still hold the sentinel 0x{sentinel:x}"
+
+
+# ------------------------------------------------------------------ the shared chain run
+
+
+@dataclass
+class Chain:
+    """One run of the whole chain on random inputs, every intermediate on the host."""
+
+    shape: Shape
+    inputs: od.LayerInputs
+    weights: od.ExpertWeights
+    experts: moe.Experts
+    post: dict
+    router: dict
+    hq: np.ndarray
+    hs: np.ndarray
+    gu: np.ndarray
+    opair: np.ndarray
+    out: np.ndarray
+
+
+def _host_all(obj) -> dict:
+    return {name: host(value) for name, value in vars(obj).items()}
+
+
+def run_chain(shape: Shape, inp: od.LayerInputs, experts: moe.Experts | None = None,
+              weights: od.ExpertWeights | None = None, table: np.ndarray | None = None) -> Chain:
+    """post_attn -> router -> (fill the selected experts) -> glu -> down -> final."""
+    post = run_post_attn(inp.x, inp.o, inp.w_pa, inp.w_router, act_g=inp.act_g, eps=inp.eps)
+    router = run_router(host(post.rr), inp.wr, inp.pes, k=shape.k, kcap=shape.kcap)
+    ids = host(router.ids)
+    if experts is None:
+        weights = od.random_experts(ids[:, :shape.k], shape.h, shape.i, seed=shape.e + shape.h)
+        table = np.arange(shape.e, dtype=np.int32) if table is None else table
+        experts = device_experts(shape, weights, table)
+    hq, hs, gu = run_glu(ids, host(post.gq), host(post.gsc), experts, act_g=inp.act_g, act_h=inp.act_h,
+                         k=shape.k, i=shape.i)
+    opair = run_down(ids, host(hq), host(hs), experts, act_h=inp.act_h, k=shape.k, h=shape.h)
+    out = run_final(inp.dense, host(opair), host(router.wts), host(post.mid), inp.w_d, inp.w_m,
+                    layer_scalar=inp.layer_scalar, eps=inp.eps, k=shape.k)
+    return Chain(shape=shape, inputs=inp, weights=weights, experts=experts, post=_host_all(post),
+                 router=_host_all(router), hq=host(hq), hs=host(hs), gu=host(gu), opair=host(opair), out=host(out))
+
+
+@functools.lru_cache(maxsize=None)
+def random_chain(shape_id: str) -> Chain:
+    """The chain on random inputs, run once a shape per process and shared by the links."""
+    shape = SHAPES[shape_id]
+    return run_chain(shape, od.random_layer(shape.t, shape.h, shape.e, seed=shape.h + shape.e))
+
+
+def selected_ids(chain: Chain) -> np.ndarray:
+    return chain.router["ids"][:, :chain.shape.k]

@@ -1,0 +1,164 @@
+"""NVFP4 MoE decode: the anchors. Each compares one GPU stage with host math on inputs
+designed so the expected bits are certain (oracles/moe_decode.py says why for each), at the
+seed's sizes and at small ones off every block size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gates import _moe_decode as g
+from harness import assert_bits_eq, assert_close, rel_rms
+from harness.dtypes import bits_of, to_bf16
+from oracles import moe_decode as od
+
+shapes = pytest.mark.parametrize("shape_id", g.SHAPE_IDS)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
+def test_post_attn_matches_host_quantization_on_designed_inputs(shape_id):
+    # Exact: mean(o^2) = mean(mid^2) = 1 by design and every rounding is margin-checked on the
+    # host (post_attn_designed), incl. block scales saturated at 448, e2m1 at 6, a zero block
+    # a token and a last token that is the zero vector.
+    s = g.SHAPES[shape_id]
+    case = od.post_attn_designed(s.t, s.h, seed=s.h)
+    out = g.run_post_attn(case.x, case.o, case.w_pa, case.w_router, act_g=case.act_g, eps=case.eps)
+    assert_bits_eq("post_attn mid", g.host(out.mid), case.mid)
+    assert_bits_eq("post_attn rr", g.host(out.rr), case.rr)
+    assert_bits_eq("post_attn gsc (NVFP4 block scales)", g.host(out.gsc), case.gsc)
+    assert_bits_eq("post_attn gq (NVFP4 codes)", g.host(out.gq), case.gq)
+    assert_bits_eq("post_attn fq (e4m3 dense input)", g.host(out.fq), case.fq)
+    # fs = amax(n) / 448 is not rounded after the norm: it carries rsqrtf's 2 ulp and three f32
+    # roundings, under 2^-20 relative; FS_RTOL is 2^-19.
+    assert_close("post_attn fs", g.host(out.fs), case.fs, atol=0.0, rtol=od.FS_RTOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
+def test_zero_token_normalises_to_zero_in_every_output(shape_id):
+    # rmsnorm(0) = 0 * rsqrt(0 + eps) = 0 exactly; without eps it is 0 * inf = NaN.
+    s = g.SHAPES[shape_id]
+    z = to_bf16(np.zeros((s.t, s.h)))
+    w = to_bf16(np.linspace(0.5, 1.5, s.h))
+    out = g.run_post_attn(z, z, w, w, act_g=od.ACT_G, eps=1e-6)
+    for name in ("mid", "rr", "fq", "gq", "gsc", "fs"):
+        got = bits_of(g.host(getattr(out, name)))
+        assert np.all(got == 0), (
+            f"zero token: post_attn {name} has {int(np.count_nonzero(got))} nonzero elements "
+            f"(first bits 0x{int(got.ravel()[np.flatnonzero(got.ravel())[0]]):x}); rmsnorm of a zero vector must be 0"
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
+def test_router_picks_designed_top_k_with_ties_to_the_lowest_id(shape_id):
+    # Exact ids and logits: integer dots times powers of two. A tie straddles the K boundary and
+    # (K >= 3) one sits inside the top K; expert 0 never wins.
+    s = g.SHAPES[shape_id]
+    case = od.router_designed(s.t, s.h, s.e, s.k, seed=s.e)
+    out = g.run_router(case.rr, case.wr, case.pes, k=s.k, kcap=s.kcap)
+    assert_bits_eq("router logits", g.host(out.logits), case.logits)
+    assert_bits_eq("router ids (descending logit, ties to the lowest id)", g.host(out.ids)[:, :s.k], case.ids)
+    # expf is within 2 ulp; with the sum and one IEEE division the weights are within 2^-20.
+    assert_close("router wts", g.host(out.wts)[:, :s.k], case.wts, atol=0.0, rtol=od.WTS_RTOL)
+    g.assert_slots_past_k_untouched("router ids", out.ids, s.k)
+    g.assert_slots_past_k_untouched("router wts", out.wts, s.k)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
+def test_router_k_equal_top_logits_weigh_exactly_one_over_k(shape_id):
+    # exp(0) = 1 exactly, the sum is K exactly, the weight is the IEEE 1 / K (1/8 exactly for K 8).
+    s = g.SHAPES[shape_id]
+    case = od.router_designed(s.t, s.h, s.e, s.k, seed=s.e + 1, equal_top=True)
+    out = g.run_router(case.rr, case.wr, case.pes, k=s.k, kcap=s.kcap)
+    assert_bits_eq("router ids (K equal logits, ascending id)", g.host(out.ids)[:, :s.k], case.ids)
+    assert_bits_eq("router wts (K equal logits)", g.host(out.wts)[:, :s.k], case.wts)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
+def test_glu_reference_arm_matches_host_on_saturated_inputs(shape_id):
+    # Exact: g is 0 or |g| >= 10, where tanhf is exactly +-1, so a = g * u, 0 or -0 with the
+    # kernel's f32 operations; the quantizer then runs on exact f32 values on both sides.
+    s = g.SHAPES[shape_id]
+    case = od.glu_designed(s.t * s.k, s.i, seed=s.i)
+    hq, hs = g.run_glu_reference(case.gu, act_h=case.act_h)
+    assert_bits_eq("glu reference hs (block scales)", g.host(hs), case.hs)
+    assert_bits_eq("glu reference hq (codes)", g.host(hq), case.hq)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
+def test_glu_matches_host_on_designed_expert_weights(shape_id):
+    # Exact: the production moe_glu on designed experts (two live groups a row under one
+    # power-of-two scale, gs = 1, act_g = 1): every g/u is a short dyadic sum, exact in any
+    # order; gate rows are 0 or |g| >= 10, so a = g * u exactly, then the host quantizer.
+    s = g.SHAPES[shape_id]
+    case = od.glu_weights_designed(s.t, s.h, s.e, s.i, s.k, seed=s.i + 1)
+    ids = np.full((s.t, s.kcap), -1, np.int32)
+    ids[:, :s.k] = case.ids
+    experts = g.device_experts(s, case.weights, np.arange(s.e, dtype=np.int32))
+    hq, hs, gu = g.run_glu(ids, case.gq, case.gsc, experts, act_g=case.act_g, act_h=case.act_h, k=s.k, i=s.i)
+    assert_bits_eq("glu g/u (designed experts)", g.host(gu)[:, :s.k], case.gu)
+    assert_bits_eq("glu hs (designed experts)", g.host(hs)[:, :s.k], case.hs)
+    assert_bits_eq("glu hq (designed experts)", g.host(hq)[:, :s.k], case.hq)
+    for name, a in (("g/u", gu), ("hq", hq), ("hs", hs)):
+        g.assert_slots_past_k_untouched(f"glu {name} (designed experts)", a, s.k)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
+def test_final_matches_host_on_designed_slots(shape_id):
+    # Exact: the slot sum is exact (multiples of 1/8), both norms see mean(v^2) = 1 and the
+    # output rounding is margin-checked; the last slot weighs most.
+    s = g.SHAPES[shape_id]
+    case = od.final_designed(s.t, s.h, s.k, seed=s.h + s.k)
+    opair = np.full((s.t, s.kcap, s.h), np.nan, dtype=np.float32)
+    opair[:, :s.k] = case.opair.astype(np.float32)
+    wts = np.full((s.t, s.kcap), np.nan, np.float32)
+    wts[:, :s.k] = case.wts
+    out = g.run_final(case.dense, to_bf16(opair), wts, case.mid, case.w_d, case.w_m,
+                      layer_scalar=case.layer_scalar, eps=case.eps, k=s.k)
+    assert_bits_eq("final out", g.host(out), case.out)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
+def test_zero_expert_weights_and_zero_dense_return_mid_times_layer_scalar(shape_id):
+    # The seed's case, on non-constant inputs: every expert output is exactly 0, so both norms
+    # give 0 and out = bf16(f32(mid) * layer_scalar) with the chain's own mid.
+    s = g.SHAPES[shape_id]
+    inp = od.random_layer(s.t, s.h, s.e, seed=7)
+    inp = od.LayerInputs(**{**vars(inp), "dense": to_bf16(np.zeros((s.t, s.h)))})
+    chain = g.run_chain(s, inp, experts=g.zero_experts(s))
+    mid = chain.post["mid"].astype(np.float32)
+    assert np.count_nonzero(mid) > mid.size // 2, "mid is mostly zero: the anchor would be vacuous"
+    assert np.all(bits_of(chain.opair[:, :s.k]) & 0x7FFF == 0), "zero experts gave a nonzero opair"
+    assert_bits_eq("layer out (zero experts, zero dense)", chain.out,
+                   to_bf16(mid * np.float32(inp.layer_scalar)))
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
+def test_layer_matches_the_float64_reference_within_the_nvfp4_bound(shape_id):
+    # The reference: the whole layer in float64 without quantization, on the device's own ids
+    # (top-K flips are not errors). The bound (oracles.moe_decode.layer_reference) comes from
+    # the NVFP4 grid steps of the two quantized activations.
+    chain = g.random_chain(shape_id)
+    ref = od.layer_reference(chain.inputs, g.selected_ids(chain), chain.weights)
+    err = rel_rms(chain.out.astype(np.float64), ref.out)
+    assert err <= ref.bound, (
+        f"layer out vs float64 reference: rel_rms {err:.3e} > bound {ref.bound:.3e} "
+        f"(NVFP4 steps of the activations; a dropped slot or a wrong expert moves it past)"
+    )

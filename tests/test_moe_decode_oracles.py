@@ -1,0 +1,226 @@
+"""Host tests of the MoE decode oracles and launcher plans: they run with no GPU.
+
+They hold the designs to their promises (exact sums of squares, ties where the controls need
+them, saturation and zero blocks present), the host quantizers to ml_dtypes, and the
+kernel's e2m1 thresholds (copied in oracles.moe_decode.e2m1_device_codes) to ml_dtypes'
+round-to-nearest-even on every boundary."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from harness.dtypes import bits_of, decode_e4m3, to_bf16, unpack_fp4
+from kernels_cu import moe_decode as moe
+from oracles import moe_decode as od
+
+SHAPES = {"seed": (2, 2816, 128, 704, 8), "small": (3, 192, 13, 128, 3)}
+
+
+# ------------------------------------------------------------------ quantizers
+
+
+def test_device_e2m1_thresholds_round_like_ml_dtypes_on_every_boundary():
+    grid = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+    mids = (grid[:-1] + grid[1:]) / 2
+    pts = np.concatenate([grid, mids, np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(9)),
+                          np.array([6.5, 7.0, 100.0, 1e30], np.float32), np.linspace(0, 8, 4001, dtype=np.float32)])
+    pts = np.concatenate([pts, -pts]).astype(np.float32)
+    expected = np.clip(pts, -6, 6).astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
+    np.testing.assert_array_equal(od.e2m1_device_codes(pts), expected)
+    np.testing.assert_array_equal(od.e2m1_sat_codes(pts), expected)
+
+
+def test_e2m1_keeps_the_sign_of_zero_and_saturates_at_six():
+    codes = od.e2m1_sat_codes(np.array([0.0, -0.0, 5.0, 5.01, 6.0, 7.5, -9.0], np.float32))
+    assert codes.tolist() == [0x0, 0x8, 0x6, 0x7, 0x7, 0x7, 0xF]
+
+
+def test_e4m3_scale_saturates_at_448_where_ml_dtypes_gives_nan():
+    assert np.isnan(np.float32(470).astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+    assert od.e4m3_sat_bits(np.array([470.0, 448.0, 1e9, -470.0])).tolist() == [0x7E, 0x7E, 0x7E, 0xFE]
+
+
+def test_nvfp4_quantizer_zero_block_saturation_and_round_trip():
+    rng = np.random.default_rng(0)
+    v = rng.normal(0, 1, (4, 64)).astype(np.float32)
+    v[0, :16] = 0.0  # a zero block
+    v[1, 16] = 40.0  # amax / (6 * 2^-8) = 1707 > 448: the scale saturates, e2m1 too
+    q, s = od.nvfp4_quantize(v, 2.0**-8)
+    assert s[0, 0] == 0 and np.all(q[0, :8] == 0), "a zero block must give s = 0 and q = 0"
+    assert s[1, 1] == 0x7E, f"block scale {s[1, 1]:#x} not saturated at 448"
+    assert (q[1, 8] & 0xF) == 0x7, "40 / (448 * 2^-8) = 22.9 must saturate at e2m1 6"
+    back = od.nvfp4_dequantize(q, s, 2.0**-8).astype(np.float32)
+    step = np.repeat(decode_e4m3(s), 16, axis=-1) * np.float32(2.0**-8)
+    ok = np.ones_like(v, dtype=bool)
+    ok[1, 16:32] = False  # the saturated block is clipped, not rounded
+    assert np.all(np.abs(back - v)[ok] <= step[ok] * 1.0 + 1e-12), "dequantized value further than a grid step"
+
+
+def test_nvfp4_dequantize_is_exact_in_bf16_for_a_power_of_two_scale():
+    q = np.arange(256, dtype=np.uint8).reshape(4, 64)
+    s = np.array([[0x01, 0x38, 0x7E, 0x40, 0x08, 0x30, 0x50, 0x77]] * 4, np.uint8)
+    x = od.nvfp4_dequantize(q, s, 2.0**-8)
+    exact = unpack_fp4(q, 128).astype(np.float64) * np.repeat(decode_e4m3(s).astype(np.float64), 16, -1) * 2.0**-8
+    np.testing.assert_array_equal(x.astype(np.float64), exact)
+
+
+def test_fp8_token_quantizer_gives_zero_for_a_zero_vector():
+    fq, fs = od.fp8_token_quantize(np.zeros((1, 64), np.float32))
+    assert fs.tolist() == [0.0] and np.all(fq == 0)
+
+
+# ------------------------------------------------------------------ designs
+
+
+@pytest.mark.parametrize("n", [64, 192, 2816])
+def test_unit_rms_codes_have_an_exact_unit_mean_square(n):
+    rng = np.random.default_rng(n)
+    j = od.unit_rms_codes(n, rng, zero_block=1)
+    assert int(np.sum(j * j)) == 64 * n
+    assert np.all(j[16:32] == 0) and np.abs(j).max() <= 127
+    assert np.count_nonzero(j) > n - 40, "more zeros than the zero block"
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_post_attn_design_has_zero_saturated_and_ordinary_blocks(name):
+    t, h, _, _, _ = SHAPES[name]
+    c = od.post_attn_designed(t, h, seed=h)
+    for tok in range(t - 1):
+        assert 0 in c.gsc[tok], f"token {tok} has no zero block"
+        assert 0x7E in c.gsc[tok], f"token {tok} has no block scale saturated at 448"
+        codes = np.stack([c.gq[tok] & 0xF, c.gq[tok] >> 4], -1).ravel()
+        assert np.any((codes & 7) == 7), f"token {tok} has no e2m1 value saturated at 6"
+        assert len(set(c.gsc[tok].tolist())) > 5, "too few distinct block scales"
+    assert np.all(bits_of(c.x[-1]) == 0) and np.all(bits_of(c.o[-1]) == 0), "the last token must be the zero vector"
+    assert np.all(bits_of(c.mid[-1]) == 0) and c.fs[-1] == 0
+    for tok in range(t - 1):
+        m = c.mid[tok].astype(np.float64)
+        assert np.mean(m * m) == 1.0, "mid's mean square must be exactly 1"
+    if t > 2:
+        assert not np.array_equal(bits_of(c.mid[0]), bits_of(c.mid[1])), "tokens must differ"
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_router_design_ties_straddle_the_k_boundary_and_expert_zero_never_wins(name):
+    t, h, e, _, k = SHAPES[name]
+    c = od.router_designed(t, h, e, k, seed=e)
+    assert not np.any(c.ids == 0), "expert 0 must not win"
+    assert len({tuple(r) for r in c.ids.tolist()}) == t, "tokens picked the same experts"
+    for tok in range(t):
+        kth = c.logits[tok, c.ids[tok, -1]]
+        tied = np.flatnonzero(c.logits[tok] == kth)
+        outside = [x for x in tied if x not in c.ids[tok]]
+        assert outside and min(outside) > max(x for x in tied if x in c.ids[tok]), (
+            f"token {tok}: no tie straddling the K boundary with the loser holding the higher id")
+        flipped = od.topk_ties_low(-(-c.logits[tok:tok + 1]), k)
+        assert np.array_equal(flipped[0], c.ids[tok])
+    # Ties to the highest id would pick another set: the control moe_router_ties_go_to_the_highest_id.
+    high = np.stack([np.lexsort((-np.arange(e), -row))[:k] for row in c.logits])
+    assert not np.array_equal(high, c.ids)
+    # A softmax over all E is far outside WTS_RTOL: the control moe_router_softmax_over_all_experts.
+    sel = np.take_along_axis(c.logits, c.ids, 1).astype(np.float64)
+    over_all = np.exp(sel - sel[:, :1]) / np.exp(c.logits - sel[:, :1]).sum(-1, keepdims=True)
+    assert np.min(np.abs(over_all / c.wts - 1)) > 100 * od.WTS_RTOL
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
+def test_equal_top_logits_weigh_exactly_one_over_k(k):
+    c = od.router_designed(2, 192, 13, k, seed=k, equal_top=True)
+    assert np.all(c.wts == np.float32(1) / np.float32(k))
+    if k in (1, 2, 4, 8):
+        assert np.all(c.wts == 1.0 / k)
+
+
+def test_glu_design_needs_zero_or_saturated_g():
+    with pytest.raises(od.DesignError, match="g must be 0 or"):
+        od.glu_saturated(np.array([3.0]), np.array([1.0]))
+    a = od.glu_saturated(np.array([0.0, 10.0, -12.0, 0.0], np.float32), np.array([2.0, -3.0, 5.0, -1.0], np.float32))
+    assert bits_of(a).tolist() == bits_of(np.array([0.0, -30.0, -0.0, -0.0], np.float32)).tolist()
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_glu_design_has_zero_and_saturated_blocks(name):
+    t, _, _, i, k = SHAPES[name]
+    c = od.glu_designed(t * k, i, seed=i)
+    assert np.all(np.any(c.hs == 0, axis=1)) and np.all(np.any(c.hs == 0x7E, axis=1))
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_glu_weights_design_gives_zero_or_saturated_gates_and_distinct_tokens(name):
+    t, h, e, i, k = SHAPES[name]
+    c = od.glu_weights_designed(t, h, e, i, k, seed=i + 1)
+    g = c.gu[..., :i].astype(np.float32)
+    assert np.all((g == 0) | (np.abs(g) >= od.GELU_SATURATED))
+    assert 0.1 < np.mean(g == 0) < 0.5, "zero and saturated gate rows must both be present"
+    assert not np.any(c.ids == 0) and len({tuple(r) for r in c.ids.tolist()}) == t
+    assert np.count_nonzero(c.gu[..., i:].astype(np.float32)) > c.gu[..., i:].size // 2, "up rows mostly zero"
+    assert len(np.unique(c.hs)) > 5
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_final_design_moves_when_the_last_slot_is_dropped(name):
+    t, h, _, _, k = SHAPES[name]
+    c = od.final_designed(t, h, k, seed=h + k)
+    m = np.einsum("tk,tkh->th", c.wts.astype(np.float64), c.opair.astype(np.float64))
+    assert np.all(np.mean(m * m, axis=-1) == 1.0)
+    wts = c.wts.copy()
+    wts[:, -1] = 0
+    try:
+        dropped = od.final_expected(c.mid, c.dense, c.opair, wts, c.w_d, c.w_m, c.layer_scalar, c.eps)
+    except od.DesignError:
+        return  # a different output that is not even cleanly rounded: certainly not equal
+    assert np.count_nonzero(bits_of(dropped) != bits_of(c.out)) > h // 2
+
+
+def test_layer_reference_with_zero_experts_is_mid_times_the_layer_scalar():
+    t, h, e, i, k = 2, 128, 5, 64, 2
+    inp = od.random_layer(t, h, e, seed=1)
+    inp = od.LayerInputs(**{**vars(inp), "dense": to_bf16(np.zeros((t, h)))})
+    ids = np.array([[1, 3], [4, 2]], np.int32)
+    w = od.random_experts(ids, h, i, seed=0)
+    for d in (w.wgu, w.wdn):
+        for key in d:
+            d[key] = np.zeros_like(d[key])
+    ref = od.layer_reference(inp, ids, w)
+    x, o = inp.x.astype(np.float64), inp.o.astype(np.float64)
+    mid = x + o * od.rms_factor64(o, inp.eps) * inp.w_pa.astype(np.float64)
+    np.testing.assert_allclose(ref.out, mid * inp.layer_scalar, rtol=1e-12)
+
+
+def test_layer_reference_bound_is_meaningful_on_random_experts():
+    t, h, e, i, k = 2, 192, 13, 128, 3
+    inp = od.random_layer(t, h, e, seed=2)
+    ids = np.array([[1, 5, 9], [2, 7, 12]], np.int32)
+    ref = od.layer_reference(inp, ids, od.random_experts(ids, h, i, seed=3))
+    assert 2.0**-8 < ref.bound < 0.5, f"bound {ref.bound}"
+    assert np.all(np.isfinite(ref.out))
+
+
+def test_permuted_table_has_no_fixed_point():
+    for e in (2, 13, 128):
+        p = od.permuted_table(e, seed=e)
+        assert sorted(p.tolist()) == list(range(e)) and np.all(p != np.arange(e))
+
+
+# ------------------------------------------------------------------ launcher plans
+
+
+def test_grids_cover_every_expert_row_and_slot():
+    assert moe.router_grid(13) == (2, 1, 1) and moe.router_grid(128) == (16, 1, 1)
+    assert moe.glu_grid(704, 2, 8) == (44, 16, 1)
+    assert moe.down_grid(2816, 3, 3) == (176, 9, 1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(t=0, h=64), "T=0 is not in 1..8"),
+    (dict(t=1, h=64, e=4, k=5), "K=5 > E=4"),
+    (dict(t=1, h=64, i=100), "I=100 is not a positive multiple of 64"),
+    (dict(t=1, h=64, e=300), "E=300 is not in 1..256"),
+    (dict(t=1, h=64, e=8, k=3, kcap=2), "kcap=2 < K=3"),
+    (dict(t=True, h=64), "T=True is not an int"),
+])
+def test_size_refusals_name_the_argument_the_value_and_the_rule(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        moe.check_sizes("moe test", **kwargs)
