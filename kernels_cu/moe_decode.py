@@ -29,6 +29,7 @@ import numpy as np
 
 from harness.dtypes import bf16, fp8_e4m3
 from harness.kernels import module
+from harness.launch import Refusal
 
 SOURCE = "moe_decode.cu"
 THREADS = 256  # #define MOE_THREADS
@@ -55,7 +56,7 @@ TICKET = (np.dtype(np.uint32), np.dtype(np.int32))
 
 
 def _refuse(op: str, text: str) -> None:
-    raise ValueError(f"{op}: {text}")
+    raise Refusal(f"{op}: {text}")
 
 
 def _int(op: str, name: str, value) -> int:
