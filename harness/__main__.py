@@ -75,6 +75,7 @@ def _controls_main(argv: list[str]) -> int:
 
 
 COMMANDS = {"compile": _compile_main, "controls": _controls_main}
+COMMANDS["mutate"] = lambda argv: __import__("harness.mutate.cli").mutate.cli.main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
