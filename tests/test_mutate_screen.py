@@ -3,7 +3,10 @@ errors, equivalents and duplicates; the source-read rule; a process pool over a 
 that never writes the kernel root."""
 
 import hashlib
+import os
 import shutil
+import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,42 @@ def test_the_pool_screens_a_suite_without_writing_its_kernel_root(tmp_path):
     sums = {out[m.id].verdict for m in ms if m.file == "sum.cu" and m.id != "broken"}
     assert Verdict.EQUIVALENT not in sums and Verdict.DUPLICATE not in sums, "a gate reads sum.cu"
     assert list(tmp_path.glob("harness-mutant-*")) == []
+
+
+def spawned_workers() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2 :].split()[1] == me and b"multiprocessing" in cmd:
+            found.append(int(entry))
+    return found
+
+
+def test_a_killed_worker_costs_nothing_but_time(tmp_path):
+    root = tmp_path / "kernels"
+    shutil.copytree(SUITE / "kernels", root)
+    before = tree_hash(root)
+    ms = mutants_of("sum.cu", (root / "sum.cu").read_bytes(), tuple(OPERATORS))[0]
+    ctx = ScreenContext(root.resolve(), "sm_90", tmp_path / "cache", {}, dependents_of(root.resolve(), {"sum.cu"}))
+    killed = []
+
+    def kill_one(c):
+        if not killed:
+            workers = spawned_workers()
+            assert workers, "the pool has workers"
+            os.kill(workers[0], signal.SIGKILL)
+            killed.append(workers[0])
+
+    compiled = compile_all(ms, ctx, jobs=2, on_done=kill_one)
+    assert killed and set(compiled) == {m.id for m in ms}
+    assert all(c.ok for c in compiled.values())
+    assert tree_hash(root) == before
+    ids = {m.id for m in ms}
+    assert [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*") if p.name.split("-")[2] in ids] == []

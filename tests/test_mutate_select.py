@@ -120,3 +120,20 @@ def test_the_registry_records_per_gate_relative_to_the_kernel_root(tmp_path, mon
         assert coverage.current().nodeid == "g.py::two"
     finally:
         coverage.reset()
+
+
+def test_kernels_module_notes_the_module_it_loads(tmp_path, monkeypatch):
+    from harness import _settings, kernels
+
+    root = tmp_path / "kernels"
+    root.mkdir()
+    (root / "m.cu").write_text('extern "C" __global__ void k(int* p) { p[0] = 1; }\n')
+    monkeypatch.setattr(_settings, "_current", _settings.Settings(root.resolve(), "sm_90", tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "load", lambda compiled: compiled)  # no GPU here: compile, note, skip the load
+    coverage.reset()
+    try:
+        coverage.begin("g.py::loads")
+        kernels.module("m.cu")
+        assert coverage.recorded()["g.py::loads"].modules == {"m.cu"}
+    finally:
+        coverage.reset()

@@ -219,8 +219,9 @@ def changed_lines(kernel_root: Path, ref: str) -> dict[str, set[int]]:
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True,
                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise SinceError(f"--since needs a git checkout, and {root} is not in one ({exc})") from None
+    except (OSError, subprocess.CalledProcessError):
+        raise SinceError(f"--since needs a git checkout, and {root} is not in one; drop --since or run from "
+                         "a clone") from None
     check = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=root,
                            capture_output=True, text=True)
     if check.returncode != 0:

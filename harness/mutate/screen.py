@@ -90,35 +90,57 @@ def _worker_init() -> None:
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 
 
+POOL_RESTARTS = 3
+
+
 def compile_all(mutants: list[Mutant], ctx: ScreenContext, jobs: int, on_done=None) -> dict[str, Compiled]:
-    """Every mutant compiled, `jobs` at once; `on_done(Compiled)` after each."""
+    """Every mutant compiled, `jobs` at once; `on_done(Compiled)` after each. A worker that
+    dies (killed, out of memory) breaks the pool: its sandboxes are swept and a fresh pool
+    takes the mutants not done yet."""
+    from concurrent.futures.process import BrokenProcessPool
+
     out: dict[str, Compiled] = {}
-    if not mutants:
-        return out
+
+    def done(c: Compiled) -> None:
+        out[c.mutant_id] = c
+        if on_done:
+            on_done(c)
+
     if jobs <= 1:
         for m in mutants:
-            out[m.id] = c = compile_mutant(m, ctx)
-            if on_done:
-                on_done(c)
+            done(compile_mutant(m, ctx))
         return out
+    for attempt in range(POOL_RESTARTS + 1):
+        todo = [m for m in mutants if m.id not in out]
+        if not todo:
+            break
+        try:
+            _pool_round(todo, ctx, jobs, done)
+        except BrokenProcessPool:
+            sweep_sandboxes([m.id for m in todo])
+            if attempt == POOL_RESTARTS:
+                raise
+    return out
+
+
+def _pool_round(todo: list[Mutant], ctx: ScreenContext, jobs: int, done) -> None:
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_worker_init)
     try:
-        futures = [pool.submit(compile_mutant, m, ctx) for m in mutants]
+        futures = [pool.submit(compile_mutant, m, ctx) for m in todo]
         for future in as_completed(futures):
-            c = future.result()
-            out[c.mutant_id] = c
-            if on_done:
-                on_done(c)
+            done(future.result())
     except BaseException:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
-        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        for proc in processes:
             proc.kill()  # a worker killed mid-compile cannot run its sandbox's `finally`:
-        sweep_sandboxes([m.id for m in mutants])  # so its sandbox is removed here
+        for proc in processes:
+            proc.join(timeout=10)
+        sweep_sandboxes([m.id for m in todo])  # so its sandbox is removed here
         raise
     finally:
         pool.shutdown(wait=True)
-    return out
 
 
 def sweep_sandboxes(ids: list[str]) -> None:
