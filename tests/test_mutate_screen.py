@@ -9,7 +9,6 @@ import signal
 import tempfile
 from pathlib import Path
 
-import pytest
 
 from harness.compile import compile_file
 from harness.mutate.campaign import dependents_of

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -101,7 +101,6 @@ class MutationCampaign:
     screen_seconds: float = 0.0
     gpu_seconds: float = 0.0
     resumed: int = 0
-    timings: dict = field(default_factory=dict)
 
     @property
     def mode(self) -> str:
@@ -185,7 +184,9 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     mutants, warnings = prepare(config)
     results_path = report_dir / RESULTS_FILE
     done = read_results(results_path) if config.resume else {}
-    done = {k: v for k, v in done.items() if k in {m.id for m in mutants}}
+    ids = {m.id for m in mutants}
+    # a `pending` line (from --static) is final only for another --static run
+    done = {k: v for k, v in done.items() if k in ids and (config.static or v.verdict is not Verdict.PENDING)}
     results_path.write_text("")  # resume: rewritten with what was read, so a torn last line goes
     for r in done.values():
         append_result(results_path, r)

@@ -14,8 +14,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 from harness import coverage
 
 ENV = "HARNESS_COVERAGE_DIR"
