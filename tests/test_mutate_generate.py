@@ -191,3 +191,13 @@ def test_since_keeps_only_mutants_on_changed_lines(tmp_path):
     assert mutants and all(m.start_line == line for m in mutants)
     with pytest.raises(SinceError, match="no commit by that name"):
         changed_lines(root, "no-such-ref")
+
+
+def test_literals_keep_their_sign_and_array_sizes_are_left_alone():
+    src = b"__global__ void k(float* a, int* b) { int s[4] = {7}; b[0] = -1; a[0] = -2.0f; a[1] = 0.f; }"
+    pairs = {(m.original, m.replacement) for m in mutants_of("k.cu", src, ("int-literal", "float-constant"))[0]}
+    assert ("-1", "-2") in pairs and ("-1", "0") in pairs
+    assert ("-2.0f", "2.0f") in pairs and ("-2.0f", "0.0f") in pairs
+    assert ("0.f", "1.0f") in pairs
+    assert not [p for p in pairs if p[0] == "4"], "the declared size of s is not an arithmetic constant"
+    assert not [p for p in pairs if p[0].startswith("-") and p[1].startswith("(--")]

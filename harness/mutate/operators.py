@@ -85,48 +85,53 @@ def bitwise(node, text):
 
 # ---------------------------------------------------------------- literals
 
-_INT = re.compile(r"^(0[xX][0-9a-fA-F']+|0[bB][01']+|[0-9][0-9']*)([uUlLzZ]*)$")
-_FLOAT_SUFFIX = re.compile(r"[fFlL]$")
+# the grammar folds a leading minus into the literal: `-1` is one number_literal
+_INT = re.compile(r"^(-?)(0[xX][0-9a-fA-F']+|0[bB][01']+|[0-9][0-9']*)([uUlLzZ]*)$")
+_FLOAT = re.compile(r"^-?(?:\d+\.\d*|\.\d+|\d+(?=[eE]))(?:[eE][+-]?\d+)?([fF]?)$|^-?\d+([fF])$")
 
 
-def _in_declarator_size(node) -> bool:
+def _array_size(node) -> bool:
+    """A literal that declares an array's size: changing it only breaks the compile or the
+    initialiser, never the arithmetic."""
     return node.parent is not None and node.parent.type == "array_declarator"
 
 
 def int_literal(node, text):
-    if node.type != "number_literal":
+    if node.type != "number_literal" or _array_size(node):
         return []
     m = _INT.match(_text(node))
     if not m:
         return []
-    digits, suffix = m.groups()
-    value = int(digits.replace("'", ""), 0)
+    sign, digits, suffix = m.groups()
+    value = int(digits.replace("'", ""), 0) * (-1 if sign else 1)
     hexa = digits[:2].lower() == "0x"
-    fmt = (lambda v: f"0x{v:x}") if hexa else str
-    out = [(node.start_byte, node.end_byte, fmt(value + 1) + suffix, "+1")]
-    if value > 0:
+
+    def fmt(v: int) -> str:
+        magnitude = f"0x{abs(v):x}" if hexa else str(abs(v))
+        return ("-" if v < 0 else "") + magnitude
+
+    out = []
+    if value != -1:  # -1 + 1 is 0, made below
+        out.append((node.start_byte, node.end_byte, fmt(value + 1) + suffix, "+1"))
+    if value > 0 or sign:
         out.append((node.start_byte, node.end_byte, fmt(value - 1) + suffix, "-1"))
-    if value not in (0, 1):  # 1 - 1 is already 0
+    if value != 0:
         out.append((node.start_byte, node.end_byte, "0" + suffix, "-> 0"))
-    return out
+    return [(s, e, r, w) for s, e, r, w in out if r != _text(node)]
 
 
 def float_constant(node, text):
     if node.type != "number_literal":
         return []
     t = _text(node)
-    if _INT.match(t) or t.lower().startswith("0x"):
+    if not _FLOAT.match(t):
         return []
-    suffix = "f" if _FLOAT_SUFFIX.search(t) and t[-1] in "fF" else ""
-    body = t[:-1] if suffix else t
-    try:
-        value = float(body)
-    except ValueError:
-        return []
+    suffix = "f" if t[-1] in "fF" else ""
+    value = float(t[:-1] if suffix else t)
     if value == 0.0:
         return [(node.start_byte, node.end_byte, "1.0" + suffix, "-> 1")]
     return [(node.start_byte, node.end_byte, "0.0" + suffix, "-> 0"),
-            (node.start_byte, node.end_byte, f"(-{t})", "negated"),
+            (node.start_byte, node.end_byte, t[1:] if t.startswith("-") else f"(-{t})", "negated"),
             (node.start_byte, node.end_byte, f"({t} * 2)", "doubled")]
 
 
