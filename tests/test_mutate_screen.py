@@ -126,12 +126,12 @@ def spawned_workers() -> list[int]:
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if stat[stat.rfind(")") + 2 :].split()[1] == me and b"multiprocessing" in cmd:
+        if stat[stat.rfind(")") + 2 :].split()[1] == me and b"spawn_main" in cmd:  # not the resource tracker
             found.append(int(entry))
     return found
 
 
-def test_a_killed_worker_costs_nothing_but_time(tmp_path):
+def test_a_killed_worker_costs_nothing_but_time(tmp_path, monkeypatch):
     root = tmp_path / "kernels"
     shutil.copytree(SUITE / "kernels", root)
     before = tree_hash(root)
@@ -146,8 +146,14 @@ def test_a_killed_worker_costs_nothing_but_time(tmp_path):
             os.kill(workers[0], signal.SIGKILL)
             killed.append(workers[0])
 
+    from harness.mutate import screen
+
+    rounds = []
+    real_round = screen._pool_round
+    monkeypatch.setattr(screen, "_pool_round", lambda todo, *a: (rounds.append(len(todo)), real_round(todo, *a)))
     compiled = compile_all(ms, ctx, jobs=2, on_done=kill_one)
     assert killed and set(compiled) == {m.id for m in ms}
+    assert len(rounds) == 2 and rounds[1] < rounds[0], "a fresh pool took the mutants not done yet"
     assert all(c.ok for c in compiled.values())
     assert tree_hash(root) == before
     ids = {m.id for m in ms}
