@@ -172,3 +172,21 @@ def test_scores_exclude_screened_out_mutants():
     s = Score({"killed": 6, "killed-by-trap": 1, "timeout": 1, "survived": 2, "no-coverage": 0, "equivalent": 3,
                "duplicate": 2, "compile-error": 4, "pending": 0})
     assert s.valid == 10 and s.score == 0.6 and s.stryker_score == 0.8
+
+
+def test_recheck_counts_agreement(suite):
+    from harness.mutate.campaign import recheck
+
+    campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped")),
+                            executor_factory=lambda *a: FakeExecutor())
+    survivors = [r for r in campaign.ordered() if r.verdict is Verdict.SURVIVED]
+    same = recheck(campaign, FakeExecutor(), sample=1)
+    assert len(same.checked) == len(survivors) + 1 and same.agreed == len(same.checked)
+
+    class Flaky(FakeExecutor):
+        def run(self, sandbox, gates, deadline):
+            return GateRuns((), timed_out=True)
+
+    differ = recheck(campaign, Flaky(), sample=1)
+    assert differ.agreed == 0 and set(differ.disagreements) == set(differ.checked)
+    assert differ.line() == f"0 of {len(differ.checked)} re-run verdicts agreed"

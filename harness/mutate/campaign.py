@@ -264,3 +264,38 @@ def resolve_duplicates(results: dict[str, MutantResult]) -> None:
     for r in results.values():
         if r.verdict is Verdict.DUPLICATE and r.duplicate_of in results:
             r.effective = results[r.duplicate_of].verdict
+
+
+@dataclass
+class Recheck:
+    """Verdict integrity: mutants run again through another executor (a fresh process)."""
+
+    checked: list[str]
+    agreed: int
+    disagreements: dict  # id -> (first verdict, second verdict)
+
+    def line(self) -> str:
+        return f"{self.agreed} of {len(self.checked)} re-run verdicts agreed"
+
+
+RECHECKED = (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT, Verdict.SURVIVED)
+
+
+def recheck(campaign: MutationCampaign, executor: Executor, *, sample: int = 10, seed: int = 0) -> Recheck:
+    """Run every survivor and `sample` other gate-run mutants again through `executor` (for
+    a warm-worker campaign: a FreshProcessExecutor) and count how many verdicts agree."""
+    import random
+
+    ran = [r for r in campaign.ordered() if r.verdict in RECHECKED]
+    survivors = [r for r in ran if r.verdict is Verdict.SURVIVED]
+    rest = sorted((r for r in ran if r.verdict is not Verdict.SURVIVED), key=lambda r: r.mutant.id)
+    chosen = survivors + random.Random(seed).sample(rest, min(sample, len(rest)))
+    deps = dependents_of(campaign.kernel_root, {r.mutant.file for r in chosen})
+    agreed, disagreements = 0, {}
+    for r in chosen:
+        again = gate_stage(r, campaign.kernel_root, campaign.coverage, deps, executor, campaign.config)
+        if again.verdict is r.verdict:
+            agreed += 1
+        else:
+            disagreements[r.mutant.id] = (r.verdict.value, again.verdict.value)
+    return Recheck([r.mutant.id for r in chosen], agreed, disagreements)
