@@ -21,9 +21,10 @@ from harness.mutate.verdicts import Verdict
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
 
 TABLE = """\
+namespace q { constexpr int kMask = 3; }  // internal linkage: NVRTC names it after a hash of the file
 __constant__ float T[4] = {1.0f, 2.0f, 3.0f, 4.0f};
 extern "C" __global__ void k(float* out, int n) {
-    int i = threadIdx.x;  // comment
+    int i = threadIdx.x & (q::kMask * 85);  // comment
     if (i < n) out[i] = T[i & 3] * 2.0f;
 }
 """

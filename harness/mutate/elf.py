@@ -5,7 +5,7 @@ global initialisers (a lookup table in `__constant__` memory), same shared-memor
 same kernel attributes (`.nv.info*`: parameter layout, register count, max threads,
 barriers), same relocations and symbols (by name, type, section, value and size). What is
 ignored: string-table offsets, section and symbol *indices* (replaced by the names they
-point at), debug sections (`.debug_*` and their relocations) and the notes NVRTC writes
+point at), the translation-unit hash NVRTC puts in internal-linkage names, debug sections (`.debug_*` and their relocations) and the notes NVRTC writes
 about itself (`.note.*`: toolkit version and options).
 """
 
@@ -13,8 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 
 _IGNORED_TYPES = {"SHT_NULL", "SHT_STRTAB", "SHT_SYMTAB", "SHT_NOTE"}
+# NVRTC names internal-linkage symbols (a namespace-scope constexpr) after a hash of the
+# translation unit: `_ZN47_INTERNAL_00000000_10_qk_rope_cu_80da4421_241043qkr5kWarpE`.
+# Any edit of the source changes it; it is a name, not code.
+_INTERNAL = re.compile(r"\d*_INTERNAL_[0-9a-f]+_\d+_\w*?_[0-9a-f]{8}_\d+")
+
+
+def _name(name: str | None) -> str | None:
+    return _INTERNAL.sub("_INTERNAL_", name) if name else name
 
 
 def _ignored(name: str) -> bool:
@@ -50,7 +59,7 @@ def fingerprint(cubin: bytes) -> str:
     for section in sections:
         if isinstance(section, SymbolTableSection):
             symbols = [
-                (sym.name, sym["st_info"]["type"], sym["st_info"]["bind"], sym["st_other"]["visibility"],
+                (_name(sym.name), sym["st_info"]["type"], sym["st_info"]["bind"], sym["st_other"]["visibility"],
                  section_name(sym["st_shndx"]), sym["st_value"], sym["st_size"])
                 for sym in section.iter_symbols()
                 if sym["st_info"]["type"] not in ("STT_FILE",) and not _ignored(section_name(sym["st_shndx"]))
@@ -72,7 +81,8 @@ def fingerprint(cubin: bytes) -> str:
             for rel in section.iter_relocations():
                 sym = table.get_symbol(rel["r_info_sym"]) if table is not None else None
                 addend = rel["r_addend"] if section.is_RELA() else None
-                entries.append((rel["r_offset"], rel["r_info_type"], sym.name if sym is not None else None, addend))
+                entries.append((rel["r_offset"], rel["r_info_type"], _name(sym.name) if sym is not None else None,
+                                addend))
             put("relocations", name, entries)
         elif kind != "SHT_NOBITS":
             put("data", name, hashlib.sha256(section.data()).hexdigest())
