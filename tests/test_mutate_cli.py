@@ -119,6 +119,22 @@ def tree_hash(root: Path) -> str:
     return h.hexdigest()
 
 
+def session_processes(session: int, needle: bytes = b"") -> list[str]:
+    """Command lines of the live processes in `session` that contain `needle`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if int(fields[3]) == session and fields[0] != "Z" and needle in cmd:
+                found.append(cmd.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
 def test_ctrl_c_during_the_screen_leaves_nothing_behind(suite):
     import signal
     import tempfile
@@ -135,7 +151,10 @@ def test_ctrl_c_during_the_screen_leaves_nothing_behind(suite):
         lines.append(line)
         if line.strip().startswith("screening"):
             break
-    time.sleep(1.5)  # the workers are compiling now
+    deadline = time.time() + 60
+    while not session_processes(proc.pid, b"spawn_main") and time.time() < deadline:
+        time.sleep(0.05)  # until the screening workers exist: then the screen is under way
+    assert session_processes(proc.pid, b"spawn_main"), "the screen started its workers"
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == ExitStatus.INTERRUPTED, "".join(lines)
@@ -147,21 +166,7 @@ def test_ctrl_c_during_the_screen_leaves_nothing_behind(suite):
     left = [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*") if p.name.split("-")[2] in ids]
     assert left == [], "no sandbox outlives the run"
 
-    def alive() -> list[str]:
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    stat = Path(f"/proc/{entry}/stat").read_text()
-                    cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                except OSError:
-                    continue
-                fields = stat[stat.rfind(")") + 2 :].split()
-                if int(fields[3]) == proc.pid and fields[0] != "Z":  # the run's session
-                    found.append(cmd)
-        return found
-
     deadline = time.time() + 10  # multiprocessing's resource tracker exits once its pipe closes
-    while alive() and time.time() < deadline:
+    while session_processes(proc.pid) and time.time() < deadline:
         time.sleep(0.2)
-    assert alive() == [], "no process of the run outlives it"
+    assert session_processes(proc.pid) == [], "no process of the run outlives it"
