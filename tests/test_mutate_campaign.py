@@ -190,3 +190,34 @@ def test_recheck_counts_agreement(suite):
     differ = recheck(campaign, Flaky(), sample=1)
     assert differ.agreed == 0 and set(differ.disagreements) == set(differ.checked)
     assert differ.line() == f"0 of {len(differ.checked)} re-run verdicts agreed"
+
+
+def test_several_mutants_run_at_once_with_the_same_verdicts(suite):
+    import threading
+
+    class Slow(FakeExecutor):
+        live = 0
+        most = 0
+        lock = threading.Lock()
+
+        def run(self, sandbox, gates, deadline):
+            import time
+
+            with Slow.lock:
+                Slow.live += 1
+                Slow.most = max(Slow.most, Slow.live)
+            time.sleep(0.05)
+            try:
+                return super().run(sandbox, gates, deadline)
+            finally:
+                with Slow.lock:
+                    Slow.live -= 1
+
+    cfg = dict(paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
+    one = run_campaign(config(suite, **cfg), executor_factory=lambda *a: FakeExecutor())
+    made = []
+    two = run_campaign(config(suite, gpu_jobs=3, report_dir=suite / "report-3", **cfg),
+                       executor_factory=lambda *a: made.append(Slow()) or made[-1])
+    assert len(made) == 3, "one executor a slot"
+    assert Slow.most > 1, "mutants ran at once"
+    assert {k: r.verdict for k, r in by_text(two).items()} == {k: r.verdict for k, r in by_text(one).items()}

@@ -38,7 +38,8 @@ class MutateConfig:
     paths: tuple[str, ...] = ()
     operators: tuple[str, ...] = ()
     since: str | None = None
-    jobs: int = 1
+    jobs: int = 1  # CPU processes for the screen
+    gpu_jobs: int = 1  # mutants whose gates run at once (fresh processes share the GPU)
     deadline: float = 120.0  # seconds per mutant on the GPU
     all_gates: bool = False
     static: bool = False
@@ -174,8 +175,11 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     from harness.controls.compilecheck import declared_names
     from harness.mutate import screen
 
+    from harness.controls import child
+
     listener = listener or _Quiet()
     start = time.perf_counter()
+    child.reset()  # an earlier interrupted campaign in this process refused new children
     root = config.path(config.kernel_root)
     cache_dir = config.path(config.cache_dir) if config.cache_dir else _settings.current().cache_dir
     report_dir = config.path(config.report_dir)
@@ -223,16 +227,54 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     if pending and not config.static:
         listener.phase(f"running the gates of {len(pending)} mutants", len(pending))
         t1 = time.perf_counter()
-        factory = executor_factory or (lambda report, cache, a: FreshProcessExecutor(
-            config.rootdir, report, cache, arch=a, require_gpu=config.require_gpu))
-        executor = factory(report_dir / "runs" / "mutants", cache_dir, arch)
-        for r in pending:
-            _finish(campaign, results_path, gate_stage(r, root, coverage, deps, executor, config), listener)
-            listener.advance()
+        factory = executor_factory or (lambda report, cache, a, device=None: FreshProcessExecutor(
+            config.rootdir, report, cache, arch=a, require_gpu=config.require_gpu, device=device))
+        run_gate_stage(campaign, pending, coverage, deps, config, results_path, listener,
+                       lambda device: factory(report_dir / "runs" / "mutants", cache_dir, arch, device))
         campaign.gpu_seconds = time.perf_counter() - t1
     resolve_duplicates(campaign.results)
     campaign.seconds = time.perf_counter() - start
     return campaign
+
+
+def run_gate_stage(campaign, pending, coverage, deps, config, results_path, listener, make_executor) -> None:
+    """The gate runs of every pending mutant, `config.gpu_jobs` at once. Each slot has its own
+    executor; with several GPUs visible, slot i gets GPU i % n (CUDA_VISIBLE_DEVICES)."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    from harness.controls import child
+    from harness.controls.runner import _devices
+
+    root = campaign.kernel_root
+    jobs = max(1, config.gpu_jobs)
+    if jobs == 1:
+        executor = make_executor(None)
+        for r in pending:
+            _finish(campaign, results_path, gate_stage(r, root, coverage, deps, executor, config), listener)
+            listener.advance()
+        return
+    devices = _devices()
+    executors = [make_executor(devices[i % len(devices)] if len(devices) > 1 else None) for i in range(jobs)]
+    free = list(range(jobs))
+    queue = list(pending)
+    running: dict = {}
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mutant") as pool:
+        try:
+            while queue or running:
+                while queue and free:
+                    slot = free.pop(0)
+                    r = queue.pop(0)
+                    running[pool.submit(gate_stage, r, root, coverage, deps, executors[slot], config)] = slot
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    free.append(running.pop(future))
+                    _finish(campaign, results_path, future.result(), listener)
+                    listener.advance()
+        except BaseException:
+            child.kill_all()  # every gate run in flight dies with its process group
+            for future in running:
+                future.cancel()
+            raise
 
 
 def _finish(campaign: MutationCampaign, path: Path, result: MutantResult, listener: Listener) -> None:

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated operators (default: all): {', '.join(OPERATORS)}")
     p.add_argument("--since", default=None, metavar="GIT_REF", help="only mutants on lines changed since GIT_REF")
     p.add_argument("--jobs", default=None, metavar="N", help="CPU workers for the screen (default: every core)")
+    p.add_argument("--gpu-jobs", default="1", metavar="N",
+                   help="mutants whose gates run at once; several GPUs are shared out (default 1)")
     p.add_argument("--deadline", default="120", metavar="S", help="seconds per mutant on the GPU (default 120)")
     p.add_argument("--all-gates", action="store_true",
                    help="run every selected gate (the full kill matrix) instead of stopping at the first kill")
@@ -96,7 +98,8 @@ def config_from(args):
     cache_dir = args.cache_dir or ini_value(rootdir, "harness_cache_dir") or None
     return MutateConfig(
         rootdir=rootdir, kernel_root=Path(kernel_root), report_dir=Path(args.report), paths=tuple(args.paths),
-        operators=parse_operators(args.operators), since=args.since, jobs=jobs, deadline=_deadline(args.deadline),
+        operators=parse_operators(args.operators), since=args.since, jobs=jobs,
+        gpu_jobs=_positive_int(args.gpu_jobs, "--gpu-jobs", "4"), deadline=_deadline(args.deadline),
         all_gates=args.all_gates, static=args.static, seed=seed, max_per_file=max_per_file, resume=args.resume,
         arch=args.arch, cache_dir=Path(cache_dir) if cache_dir else None, gates=tuple(args.gates or ("gates",)),
         require_gpu=not args.no_require_gpu,
