@@ -35,6 +35,7 @@ def run(suite: Path, *args: str) -> int:
 @pytest.mark.parametrize("args, words", [
     (["--jobs", "0"], ["--jobs must be at least 1", "--jobs 4"]),
     (["--jobs", "two"], ["not a whole number"]),
+    (["--gpu-jobs", "0"], ["--gpu-jobs must be at least 1"]),
     (["--deadline", "-5"], ["--deadline must be a positive", "--deadline 120"]),
     (["--deadline", "nan"], ["--deadline must be a positive, finite"]),
     (["--deadline", "inf"], ["finite"]),
