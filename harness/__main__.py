@@ -109,7 +109,13 @@ def _bench_main(argv: list[str]) -> int:
     return main(argv)
 
 
-COMMANDS = {"compile": _compile_main, "controls": _controls_main, "bench": _bench_main}
+def _mutate_main(argv: list[str]) -> int:
+    from harness.mutate.cli import main
+
+    return main(argv)
+
+
+COMMANDS = {"compile": _compile_main, "controls": _controls_main, "bench": _bench_main, "mutate": _mutate_main}
 
 
 def main(argv: list[str] | None = None) -> int:

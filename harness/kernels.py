@@ -95,5 +95,6 @@ def module(
 ) -> Module:
     """Compile (or hit the cache for) `<kernel_root>/<relpath>` and load it into CuPy."""
     compiled = compile_file(relpath, name_expressions=tuple(name_expressions), defines=defines, fmad=fmad)
+    __import__("harness.coverage").coverage.note_module(relpath)  # gate selection for mutation campaigns
     return load(compiled)
 

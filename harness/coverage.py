@@ -1,0 +1,73 @@
+"""Which kernel modules and source files each gate touches: a per-process registry.
+
+The gate-running plugin calls `begin(nodeid)` before a gate; `harness.kernels.module()`
+calls `note_module(relpath)` and the file reads of `harness.source` call
+`note_source(path)`. A mutation campaign reads the result (per gate, as
+`modules_loaded` and `sources_read`, kernel-root-relative) to run only the gates that
+load a mutated module or read its source. Recording is a set insert: it costs nothing
+when nobody reads it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class GateCoverage:
+    nodeid: str | None
+    modules: set[str] = field(default_factory=set)
+    sources: set[str] = field(default_factory=set)
+
+
+_current = GateCoverage(None)
+_all: dict[str | None, GateCoverage] = {None: _current}
+
+
+def begin(nodeid: str | None) -> GateCoverage:
+    """Start recording for gate `nodeid` (notes before the first `begin` go to `None`)."""
+    global _current
+    _current = _all.setdefault(nodeid, GateCoverage(nodeid))
+    return _current
+
+
+def _relative(path: str | os.PathLike) -> str:
+    """`path` relative to the active kernel root when it lies inside it, else as given."""
+    from harness import _settings
+
+    p = Path(path)
+    if not p.is_absolute():
+        return p.as_posix()
+    root = _settings.current().kernel_root
+    try:
+        return p.resolve().relative_to(root).as_posix()
+    except ValueError:
+        return p.as_posix()
+
+
+def note_module(relpath: str | os.PathLike) -> None:
+    """The current gate loaded the module compiled from `relpath`."""
+    _current.modules.add(_relative(relpath))
+
+
+def note_source(path: str | os.PathLike) -> None:
+    """The current gate read the source file `path` (absolute or kernel-root-relative)."""
+    _current.sources.add(_relative(path))
+
+
+def current() -> GateCoverage:
+    """The record being filled now."""
+    return _current
+
+
+def recorded() -> dict[str | None, GateCoverage]:
+    """Every record of this process, keyed by node id."""
+    return dict(_all)
+
+
+def reset() -> None:
+    global _current
+    _all.clear()
+    _current = _all[None] = GateCoverage(None)

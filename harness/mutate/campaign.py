@@ -1,0 +1,343 @@
+"""The mutation campaign: generate, screen on the CPU, select, run on the GPU, report.
+
+    generate (tree-sitter, device code) -> baseline (which gates load / read what)
+    -> screen (compile each mutant in a sandbox, in a process pool: compile-error,
+       equivalent, duplicate) -> per remaining mutant: its gates, fastest first, through an
+       Executor, stopping at the first kill by assertion -> verdicts, scores, reports
+
+`--static` stops after the screen (mutants left are `pending`); its baseline runs the gates
+without a GPU (structural gates run and show which sources they read, GPU gates skip).
+Every finished mutant is appended to `<report>/mutants.jsonl` at once; `--resume` skips
+the mutants found there. The kernel root is only ever read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+from harness import _settings
+from harness.mutate.execute import Executor, FreshProcessExecutor, run_mutant
+from harness.mutate.generate import Mutant, changed_lines, generate, select_files
+from harness.mutate.select import Coverage
+from harness.mutate.verdicts import MutantResult, Verdict, append_result, read_results
+
+RESULTS_FILE = "mutants.jsonl"
+BASELINE_DEADLINE_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class MutateConfig:
+    rootdir: Path
+    kernel_root: Path
+    report_dir: Path
+    paths: tuple[str, ...] = ()
+    operators: tuple[str, ...] = ()
+    since: str | None = None
+    jobs: int = 1  # CPU processes for the screen
+    gpu_jobs: int = 1  # mutants whose gates run at once (fresh processes share the GPU)
+    deadline: float = 120.0  # seconds per mutant on the GPU
+    all_gates: bool = False
+    static: bool = False
+    seed: int = 0
+    max_per_file: int | None = None
+    resume: bool = False
+    arch: str | None = None
+    cache_dir: Path | None = None
+    gates: tuple[str, ...] = ("gates",)  # what the baseline runs, relative to rootdir
+    require_gpu: bool = True  # False only in the harness's own tests and --static
+
+    def path(self, p) -> Path:
+        p = Path(p)
+        return (p if p.is_absolute() else self.rootdir / p).resolve()
+
+
+class Listener(Protocol):
+    def phase(self, text: str, total: int | None = None) -> None: ...  # a new stage; its bar counts to total
+    def advance(self) -> None: ...  # one more mutant through this stage
+    def finished(self, result: MutantResult) -> None: ...  # a final verdict
+
+
+class _Quiet:
+    def phase(self, text, total=None):
+        pass
+
+    def advance(self):
+        pass
+
+    def finished(self, result):
+        pass
+
+
+@dataclass
+class Baseline:
+    gates: int
+    red: list[str]
+    seconds: float
+    arch: str | None
+    device: str | None
+    log: str | None
+    note: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.red and self.note is None
+
+
+@dataclass
+class MutationCampaign:
+    config: MutateConfig
+    kernel_root: Path
+    arch: str | None
+    mutants: list[Mutant]
+    results: dict[str, MutantResult]
+    warnings: list[str]
+    baseline: Baseline | None
+    coverage: Coverage | None
+    seconds: float
+    screen_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+    resumed: int = 0
+
+    @property
+    def mode(self) -> str:
+        return "static" if self.config.static else "campaign"
+
+    def ordered(self) -> list[MutantResult]:
+        return [self.results[m.id] for m in self.mutants if m.id in self.results]
+
+
+# ---------------------------------------------------------------- the steps
+
+
+def prepare(config: MutateConfig) -> tuple[list[Mutant], list[str]]:
+    """The mutants (sampled) and the parse warnings. Raises PathError / SinceError."""
+    root = config.path(config.kernel_root)
+    files = select_files(root, list(config.paths))
+    since = changed_lines(root, config.since) if config.since else None
+    return generate(root, files, config.operators, since=since, seed=config.seed, max_per_file=config.max_per_file)
+
+
+@contextmanager
+def _recording(folder: Path):
+    """PYTEST_PLUGINS and the coverage folder set for the baseline's processes."""
+    from harness.mutate.recorder import ENV
+
+    saved = {k: os.environ.get(k) for k in ("PYTEST_PLUGINS", ENV)}
+    plugins = [p for p in (saved["PYTEST_PLUGINS"] or "").split(",") if p]
+    os.environ["PYTEST_PLUGINS"] = ",".join([*plugins, "harness.mutate.recorder"])
+    os.environ[ENV] = str(folder)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_baseline(config: MutateConfig, cache_dir: Path) -> tuple[Baseline, Coverage | None]:
+    import shutil
+
+    from harness.controls.child import run_gates
+
+    report = config.path(config.report_dir) / "runs" / "baseline"
+    folder = report / "coverage"
+    shutil.rmtree(folder, ignore_errors=True)
+    with _recording(folder):
+        run = run_gates(list(config.gates), kernel_root=config.path(config.kernel_root), rootdir=config.rootdir,
+                        report_dir=report, deadline=config.deadline * BASELINE_DEADLINE_FACTOR, cache_dir=cache_dir,
+                        require_gpu=config.require_gpu and not config.static, arch=config.arch)
+    data = run.report or {}
+    note = run.note()
+    if note is None and not run.records:
+        note = f"the baseline ran no gate; see {run.log}"
+    baseline = Baseline(len(run.records), [r.nodeid for r in run.red], run.seconds, data.get("arch"),
+                        data.get("device"), str(run.log), note)
+    coverage = Coverage.from_report(report / "gates.json", folder) if run.report is not None else None
+    return baseline, coverage
+
+
+def dependents_of(root: Path, files: set[str]) -> dict[str, tuple[str, ...]]:
+    from harness.controls.compilecheck import dependents
+
+    return {f: tuple(dependents(root, (f,))) for f in sorted(files)}
+
+
+def run_campaign(config: MutateConfig, listener: Listener | None = None,
+                 executor_factory: Callable[[Path, Path, str | None], Executor] | None = None) -> MutationCampaign:
+    from harness.compile import resolve_arch
+    from harness.controls.compilecheck import declared_names
+    from harness.mutate import screen
+
+    from harness.controls import child
+
+    listener = listener or _Quiet()
+    start = time.perf_counter()
+    child.reset()  # an earlier interrupted campaign in this process refused new children
+    root = config.path(config.kernel_root)
+    cache_dir = config.path(config.cache_dir) if config.cache_dir else _settings.current().cache_dir
+    report_dir = config.path(config.report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    listener.phase("generating mutants")
+    mutants, warnings = prepare(config)
+    results_path = report_dir / RESULTS_FILE
+    done = read_results(results_path) if config.resume else {}
+    ids = {m.id for m in mutants}
+    # a `pending` line (from --static) is final only for another --static run
+    done = {k: v for k, v in done.items() if k in ids and (config.static or v.verdict is not Verdict.PENDING)}
+    results_path.write_text("")  # resume: rewritten with what was read, so a torn last line goes
+    for r in done.values():
+        append_result(results_path, r)
+    results: dict[str, MutantResult] = dict(done)
+    campaign = MutationCampaign(config, root, None, mutants, results, warnings, None, None, 0.0, resumed=len(done))
+    for r in done.values():
+        listener.finished(r)
+
+    listener.phase(f"baseline: {', '.join(config.gates)}" + (" (no GPU)" if config.static else ""))
+    baseline, coverage = run_baseline(config, cache_dir)
+    campaign.baseline, campaign.coverage = baseline, coverage
+    if not baseline.ok:
+        campaign.seconds = time.perf_counter() - start
+        return campaign
+    arch = resolve_arch(config.arch or baseline.arch)
+    campaign.arch = arch
+
+    todo = [m for m in mutants if m.id not in results]
+    deps = dependents_of(root, {m.file for m in mutants})
+    ctx = screen.ScreenContext(root, arch, cache_dir, declared_names(root), deps)
+    listener.phase(f"screening {len(todo)} mutants on {config.jobs} CPU worker(s)", len(todo))
+    t0 = time.perf_counter()
+    originals = screen.original_fingerprints(ctx)
+    compiled = screen.compile_all(todo, ctx, config.jobs, on_done=lambda c: listener.advance())
+    source_read = coverage.source_read() if coverage is not None else None
+    screened = screen.classify(todo, compiled, originals, source_read)
+    campaign.screen_seconds = time.perf_counter() - t0
+    for m in todo:  # screened-out mutants are final now
+        r = screened[m.id]
+        if r.verdict is not Verdict.PENDING or config.static:
+            _finish(campaign, results_path, r, listener)
+
+    pending = [screened[m.id] for m in todo if m.id not in results]
+    if pending and not config.static:
+        listener.phase(f"running the gates of {len(pending)} mutants", len(pending))
+        t1 = time.perf_counter()
+        factory = executor_factory or (lambda report, cache, a, device=None: FreshProcessExecutor(
+            config.rootdir, report, cache, arch=a, require_gpu=config.require_gpu, device=device))
+        run_gate_stage(campaign, pending, coverage, deps, config, results_path, listener,
+                       lambda device: factory(report_dir / "runs" / "mutants", cache_dir, arch, device))
+        campaign.gpu_seconds = time.perf_counter() - t1
+    resolve_duplicates(campaign.results)
+    campaign.seconds = time.perf_counter() - start
+    return campaign
+
+
+def run_gate_stage(campaign, pending, coverage, deps, config, results_path, listener, make_executor) -> None:
+    """The gate runs of every pending mutant, `config.gpu_jobs` at once. Each slot has its own
+    executor; with several GPUs visible, slot i gets GPU i % n (CUDA_VISIBLE_DEVICES)."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    from harness.controls import child
+    from harness.controls.runner import _devices
+
+    root = campaign.kernel_root
+    jobs = max(1, config.gpu_jobs)
+    if jobs == 1:
+        executor = make_executor(None)
+        for r in pending:
+            _finish(campaign, results_path, gate_stage(r, root, coverage, deps, executor, config), listener)
+            listener.advance()
+        return
+    devices = _devices()
+    executors = [make_executor(devices[i % len(devices)] if len(devices) > 1 else None) for i in range(jobs)]
+    free = list(range(jobs))
+    queue = list(pending)
+    running: dict = {}
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mutant") as pool:
+        try:
+            while queue or running:
+                while queue and free:
+                    slot = free.pop(0)
+                    r = queue.pop(0)
+                    running[pool.submit(gate_stage, r, root, coverage, deps, executors[slot], config)] = slot
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    free.append(running.pop(future))
+                    _finish(campaign, results_path, future.result(), listener)
+                    listener.advance()
+        except BaseException:
+            child.kill_all()  # every gate run in flight dies with its process group
+            for future in running:
+                future.cancel()
+            raise
+
+
+def _finish(campaign: MutationCampaign, path: Path, result: MutantResult, listener: Listener) -> None:
+    campaign.results[result.mutant.id] = result
+    append_result(path, result)
+    listener.finished(result)
+
+
+def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dict, executor: Executor,
+               config: MutateConfig) -> MutantResult:
+    from harness.controls.sandbox import _write, sandbox
+
+    m = r.mutant
+    if coverage is None:
+        return MutantResult(m, Verdict.NO_COVERAGE, "the baseline recorded no coverage", seconds=r.seconds)
+    sel = coverage.select(m.file, deps.get(m.file, ()), cubin_identical=r.cubin_identical)
+    if not sel.direct:
+        return MutantResult(m, Verdict.NO_COVERAGE, "no gate loads its module or reads its source",
+                            seconds=r.seconds, cubin_identical=r.cubin_identical)
+    with sandbox(root, f"mutant-{m.id}") as copy:
+        _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
+        j = run_mutant(executor, copy, [sel.direct, sel.siblings], config.deadline, config.all_gates)
+    return MutantResult(m, j.verdict, j.reason, killed_by=list(j.killed_by), gates_run=list(j.gates_run),
+                        covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical)
+
+
+def resolve_duplicates(results: dict[str, MutantResult]) -> None:
+    """A duplicate takes its twin's verdict (as `effective`)."""
+    for r in results.values():
+        if r.verdict is Verdict.DUPLICATE and r.duplicate_of in results:
+            r.effective = results[r.duplicate_of].verdict
+
+
+@dataclass
+class Recheck:
+    """Verdict integrity: mutants run again through another executor (a fresh process)."""
+
+    checked: list[str]
+    agreed: int
+    disagreements: dict  # id -> (first verdict, second verdict)
+
+    def line(self) -> str:
+        return f"{self.agreed} of {len(self.checked)} re-run verdicts agreed"
+
+
+RECHECKED = (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT, Verdict.SURVIVED)
+
+
+def recheck(campaign: MutationCampaign, executor: Executor, *, sample: int = 10, seed: int = 0) -> Recheck:
+    """Run every survivor and `sample` other gate-run mutants again through `executor` (for
+    a warm-worker campaign: a FreshProcessExecutor) and count how many verdicts agree."""
+    import random
+
+    ran = [r for r in campaign.ordered() if r.verdict in RECHECKED]
+    survivors = [r for r in ran if r.verdict is Verdict.SURVIVED]
+    rest = sorted((r for r in ran if r.verdict is not Verdict.SURVIVED), key=lambda r: r.mutant.id)
+    chosen = survivors + random.Random(seed).sample(rest, min(sample, len(rest)))
+    deps = dependents_of(campaign.kernel_root, {r.mutant.file for r in chosen})
+    agreed, disagreements = 0, {}
+    for r in chosen:
+        again = gate_stage(r, campaign.kernel_root, campaign.coverage, deps, executor, campaign.config)
+        if again.verdict is r.verdict:
+            agreed += 1
+        else:
+            disagreements[r.mutant.id] = (r.verdict.value, again.verdict.value)
+    return Recheck([r.mutant.id for r in chosen], agreed, disagreements)

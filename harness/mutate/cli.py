@@ -1,0 +1,233 @@
+"""`python -m harness mutate [PATH ...]`: a mutation campaign from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from harness import _settings
+
+
+class ExitStatus(enum.IntEnum):
+    OK = 0
+    SURVIVORS = 1  # a full campaign left survivors (or no-coverage mutants)
+    USAGE = 2  # bad arguments: nothing ran
+    BASELINE_RED = 3
+    INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from harness.mutate.operators import OPERATORS
+
+    p = argparse.ArgumentParser(
+        prog="python -m harness mutate",
+        description="Mutate the device code of the kernels, screen the mutants on the CPU (compile, identical "
+                    "cubins), then run the gates that load each module and report which mutants survive.")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help=".cu/.cuh files or folders under the kernel root (default: all of it)")
+    p.add_argument("--operators", default=None, metavar="LIST",
+                   help=f"comma-separated operators (default: all): {', '.join(OPERATORS)}")
+    p.add_argument("--since", default=None, metavar="GIT_REF", help="only mutants on lines changed since GIT_REF")
+    p.add_argument("--jobs", default=None, metavar="N", help="CPU workers for the screen (default: every core)")
+    p.add_argument("--gpu-jobs", default="1", metavar="N",
+                   help="mutants whose gates run at once; several GPUs are shared out (default 1)")
+    p.add_argument("--deadline", default="120", metavar="S", help="seconds per mutant on the GPU (default 120)")
+    p.add_argument("--all-gates", action="store_true",
+                   help="run every selected gate (the full kill matrix) instead of stopping at the first kill")
+    p.add_argument("--static", action="store_true",
+                   help="generate, compile and screen only, no GPU; write the report (CI)")
+    p.add_argument("--seed", default="0", metavar="N", help="seed of the --max-per-file sample (default 0)")
+    p.add_argument("--max-per-file", default=None, metavar="N", help="at most N mutants of each file (a sample)")
+    p.add_argument("--report", default="harness-report/mutation", metavar="DIR",
+                   help="where mutation.json, mutation.html and mutants.jsonl go (default: harness-report/mutation)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted campaign from DIR/mutants.jsonl")
+    p.add_argument("--kernel-root", default=None, metavar="DIR",
+                   help="folder of the .cu files (default: ini kernel_root, else kernels_cu)")
+    p.add_argument("--rootdir", default=".", metavar="DIR", help="where pytest runs (default: the current folder)")
+    p.add_argument("--gates", action="append", default=None, metavar="PATH",
+                   help="what the baseline runs, relative to --rootdir (repeatable; default: gates)")
+    p.add_argument("--arch", default=None, metavar="sm_XX", help="compile target (default: the baseline's)")
+    p.add_argument("--cache-dir", default=None, metavar="DIR", help="the cubin cache (default: HARNESS_CACHE_DIR)")
+    p.add_argument("--no-require-gpu", action="store_true", help=argparse.SUPPRESS)  # the harness's own tests
+    return p
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _positive_int(text: str, option: str, example: str) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option} {text!r} is not a whole number; pass e.g. {option} {example}") from None
+    if value < 1:
+        raise UsageError(f"{option} must be at least 1 (got {value}); pass e.g. {option} {example}")
+    return value
+
+
+def _deadline(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--deadline {text!r} is not a number of seconds; pass e.g. --deadline 120") from None
+    if math.isnan(value) or math.isinf(value) or value <= 0:
+        raise UsageError(f"--deadline must be a positive, finite number of seconds (got {text}); "
+                         "pass e.g. --deadline 120")
+    return value
+
+
+def config_from(args):
+    from harness.controls.cli import ini_value
+    from harness.mutate.campaign import MutateConfig
+    from harness.mutate.operators import parse_operators
+
+    rootdir = Path(args.rootdir).resolve()
+    jobs = _positive_int(args.jobs, "--jobs", "4") if args.jobs is not None else (os.cpu_count() or 1)
+    try:
+        seed = int(args.seed)
+    except ValueError:
+        raise UsageError(f"--seed {args.seed!r} is not a whole number; pass e.g. --seed 1") from None
+    max_per_file = _positive_int(args.max_per_file, "--max-per-file", "12") if args.max_per_file is not None else None
+    kernel_root = args.kernel_root or ini_value(rootdir, "kernel_root") or _settings.DEFAULT_KERNEL_ROOT
+    cache_dir = args.cache_dir or ini_value(rootdir, "harness_cache_dir") or None
+    return MutateConfig(
+        rootdir=rootdir, kernel_root=Path(kernel_root), report_dir=Path(args.report), paths=tuple(args.paths),
+        operators=parse_operators(args.operators), since=args.since, jobs=jobs,
+        gpu_jobs=_positive_int(args.gpu_jobs, "--gpu-jobs", "4"), deadline=_deadline(args.deadline),
+        all_gates=args.all_gates, static=args.static, seed=seed, max_per_file=max_per_file, resume=args.resume,
+        arch=args.arch, cache_dir=Path(cache_dir) if cache_dir else None, gates=tuple(args.gates or ("gates",)),
+        require_gpu=not args.no_require_gpu,
+    )
+
+
+class _Progress:
+    """A rich bar per stage (mutants a second, ETA, live verdict counts) on a terminal;
+    plain lines otherwise (each stage, every tenth of it, every survivor)."""
+
+    def __init__(self, console):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self.console = console
+        self.live = console.is_terminal
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[counts]}"), console=console, transient=True)
+        self.task = None
+        self.counts: dict[str, int] = {}
+        self.n = 0
+        self.done = 0
+        self.start = time.perf_counter()
+
+    def __enter__(self):
+        if self.live:
+            self.progress.__enter__()
+            self.task = self.progress.add_task("starting", total=None, rate="", counts="")
+        return self
+
+    def __exit__(self, *exc):
+        if self.live:
+            self.progress.__exit__(*exc)
+
+    def _counts(self) -> str:
+        return " ".join(f"{k} {n}" for k, n in sorted(self.counts.items()))
+
+    def phase(self, text: str, total: int | None = None) -> None:
+        self.n, self.done, self.start = total or 0, 0, time.perf_counter()
+        if self.live:
+            self.progress.reset(self.task, total=total, description=text, rate="", counts=self._counts())
+        else:
+            self.console.print(text, markup=False)
+
+    def advance(self) -> None:
+        self.done += 1
+        rate = self.done / max(1e-9, time.perf_counter() - self.start)
+        if self.live:
+            self.progress.update(self.task, advance=1, rate=f"{rate:.1f} mutants/s", counts=self._counts())
+        elif self.n and (self.done == self.n or self.done % max(1, self.n // 10) == 0):
+            self.console.print(f"  {self.done}/{self.n} ({rate:.1f} mutants/s) {self._counts()}", markup=False)
+
+    def finished(self, result) -> None:
+        v = result.verdict.value
+        self.counts[v] = self.counts.get(v, 0) + 1
+        if self.live:
+            self.progress.update(self.task, counts=self._counts())
+        elif v in ("survived", "no-coverage"):
+            m = result.mutant
+            self.console.print(f"  {v}: {m.file}:{m.start_line}:{m.start_col} {m.id} {m.operator} "
+                               f"{m.original!r} -> {m.replacement!r}", markup=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from harness.mutate.generate import PathError, SinceError
+    from harness.mutate.operators import UnknownOperator
+
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 180)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    def usage(text: str) -> int:
+        err.print(f"[bold red]error:[/] {escape(text)}")
+        return ExitStatus.USAGE
+
+    try:
+        config = config_from(args)
+    except (UsageError, UnknownOperator) as exc:
+        return usage(str(exc))
+    if config.arch:
+        from harness.compile import ArchError, check_arch
+
+        try:
+            check_arch(config.arch)
+        except ArchError as exc:
+            return usage(str(exc))
+    root = config.path(config.kernel_root)
+    if not root.is_dir():
+        return usage(f"the kernel root {root} is not a folder: pass --kernel-root DIR (or the ini key kernel_root)")
+    from harness.mutate import report
+    from harness.mutate.campaign import prepare, run_campaign
+
+    try:
+        prepare(config)  # bad paths and refs are refused before anything runs
+    except (PathError, SinceError) as exc:
+        return usage(str(exc))
+    try:
+        with _Progress(err) as progress:
+            campaign = run_campaign(config, progress)
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]: workers and children killed, sandboxes removed, the kernel root "
+                  "untouched; continue with --resume")
+        return ExitStatus.INTERRUPTED
+    for w in campaign.warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}")
+    b = campaign.baseline
+    if b is not None and not b.ok:
+        err.print(f"[bold red]baseline red[/]: the unmutated gates must pass before mutants prove anything "
+                  f"({b.gates} gates ran; log {escape(str(b.log))})")
+        if b.note:
+            err.print(escape(b.note))
+        for nodeid in b.red:
+            err.print(f"  {escape(nodeid)}")
+        return ExitStatus.BASELINE_RED
+    json_path, html_path = report.write(config.path(config.report_dir), campaign)
+    out.print(report.table(campaign))
+    n = len(campaign.results)
+    out.print(f"{n} mutants ({campaign.resumed} resumed) in {campaign.seconds:.1f} s: screen {campaign.screen_seconds:.1f} s"
+              f" on {config.jobs} worker(s), gates {campaign.gpu_seconds:.1f} s; report: {escape(str(json_path))}, "
+              f"{escape(str(html_path))}")
+    if campaign.coverage is None or campaign.coverage.source_read() is None:
+        out.print("note: the baseline did not record which sources each gate reads, so no mutant was screened out "
+                  "by its cubin alone", markup=False)
+    if config.static:
+        return ExitStatus.OK
+    bad = [r for r in campaign.ordered() if r.verdict.value in ("survived", "no-coverage")]
+    return ExitStatus.SURVIVORS if bad else ExitStatus.OK

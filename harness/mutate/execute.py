@@ -1,0 +1,142 @@
+"""The GPU stage: run a mutant's selected gates and turn their records into a verdict.
+
+`Executor` is the seam: `run(mutant_sandbox, gates, deadline) -> GateRuns`. Today's
+implementation, `FreshProcessExecutor`, starts one fresh pytest per call through the
+controls' `run_gates` (its own session, killed with every descendant at the deadline). A
+warm-worker executor (CuPy, the context and the gate modules kept warm, a mutant's cubin
+loaded in-process) plugs in by implementing the same method; with `per_gate = True` the
+runner hands it one gate at a time and stops at the first kill itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from harness.mutate.verdicts import Verdict
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """One gate's result in a mutant's run."""
+
+    nodeid: str
+    outcome: str  # passed | failed | error | skipped | not run
+    route: str | None = None  # assertion | trap | refusal | compile | timeout | error, when red
+    first_failure_line: str | None = None
+
+    @property
+    def red(self) -> bool:
+        return self.outcome in ("failed", "error")
+
+
+@dataclass(frozen=True)
+class GateRuns:
+    """What one executor call did."""
+
+    outcomes: tuple[GateOutcome, ...]
+    timed_out: bool = False
+    crashed: str | None = None  # the process died without a report: why
+    seconds: float = 0.0
+    log: str | None = None
+
+
+class Executor(Protocol):
+    per_gate: bool  # True: give me one gate a call (I am cheap per call); False: a batch
+
+    def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns: ...
+
+
+@dataclass
+class FreshProcessExecutor:
+    """One fresh `pytest` per call over the given node ids, `--kernel-root=<sandbox>`."""
+
+    rootdir: Path
+    report_dir: Path
+    cache_dir: Path
+    arch: str | None = None
+    require_gpu: bool = True
+    device: str | None = None
+    per_gate: bool = False
+    _counter: itertools.count = field(default_factory=itertools.count, repr=False)
+
+    def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns:
+        from harness.controls.child import run_gates
+
+        run = run_gates(
+            list(gates), kernel_root=mutant_sandbox, rootdir=self.rootdir,
+            report_dir=Path(self.report_dir) / f"{Path(mutant_sandbox).parent.name}-{next(self._counter)}",
+            deadline=deadline, cache_dir=self.cache_dir, require_gpu=self.require_gpu, arch=self.arch,
+            device=self.device,
+        )
+        outcomes = tuple(
+            GateOutcome(g, run.records[g].outcome, run.records[g].route, run.records[g].first_failure_line)
+            if g in run.records else GateOutcome(g, "not run") for g in gates
+        )
+        crashed = None
+        if not run.timed_out and run.report is None:
+            crashed = f"the pytest process exited {run.returncode} without a report; see {run.log}"
+        return GateRuns(outcomes, run.timed_out, crashed, run.seconds, str(run.log))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    reason: str
+    killed_by: tuple[str, ...]
+    gates_run: tuple[str, ...]
+    seconds: float
+
+
+def judge(runs: list[GateRuns]) -> Judgement:
+    """The verdict over every batch a mutant ran: killed if any gate went red by its own
+    assertion; else timeout if a run hit the deadline; else killed-by-trap if anything went
+    red (a trap, a fault, a launch failure, a crash); else survived."""
+    outcomes = [o for r in runs for o in r.outcomes]
+    seconds = sum(r.seconds for r in runs)
+    ran = tuple(o.nodeid for o in outcomes if o.outcome != "not run")
+    assertion = [o for o in outcomes if o.red and o.route == "assertion"]
+    if assertion:
+        return Judgement(Verdict.KILLED, f"{assertion[0].nodeid}: {assertion[0].first_failure_line or ''}".strip(),
+                         tuple(o.nodeid for o in assertion), ran, seconds)
+    if any(r.timed_out for r in runs) or any(o.red and o.route == "timeout" for o in outcomes):
+        return Judgement(Verdict.TIMEOUT, "the gate run hit the deadline", (), ran, seconds)
+    red = [o for o in outcomes if o.red]
+    if red:
+        o = red[0]
+        return Judgement(Verdict.KILLED_BY_TRAP, f"killed by a trap only: {o.nodeid} red by {o.route or 'error'}: "
+                         f"{o.first_failure_line or ''}".strip(), tuple(x.nodeid for x in red), ran, seconds)
+    crashed = [r.crashed for r in runs if r.crashed]
+    if crashed:
+        return Judgement(Verdict.KILLED_BY_TRAP, f"killed by a trap only: {crashed[0]}", (), ran, seconds)
+    not_passed = [o for o in outcomes if o.outcome != "passed"]
+    if not_passed and len(not_passed) == len(outcomes):
+        return Judgement(Verdict.SURVIVED, f"no selected gate passed or failed ({not_passed[0].outcome}): "
+                         "run with --require-gpu on a device", (), ran, seconds)
+    return Judgement(Verdict.SURVIVED, f"{len(ran)} gate(s) stayed green", (), ran, seconds)
+
+
+def run_mutant(executor: Executor, sandbox: Path, batches: list[tuple[str, ...]], deadline: float,
+               all_gates: bool) -> Judgement:
+    """Run the batches in order until one kills (unless `all_gates`), within `deadline`."""
+    start = time.perf_counter()
+    if executor.per_gate:
+        batches = [(g,) for b in batches for g in b]
+    elif all_gates:
+        batches = [tuple(g for b in batches for g in b)]
+    runs: list[GateRuns] = []
+    for batch in batches:
+        if not batch:
+            continue
+        left = deadline - (time.perf_counter() - start)
+        if left <= 0:
+            runs.append(GateRuns((), timed_out=True))
+            break
+        runs.append(executor.run(sandbox, batch, left))
+        verdict = judge(runs).verdict
+        if not all_gates and verdict in (Verdict.KILLED, Verdict.TIMEOUT):
+            break
+    return judge(runs)

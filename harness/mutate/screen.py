@@ -1,0 +1,189 @@
+"""CPU screening, no GPU: compile every mutant, compare its cubins with the original's.
+
+Each mutant is written into its own sandbox copy of the kernel root (the real root is only
+read) and every `.cu` whose source closure holds the mutated file is compiled through
+`harness.compile.compile_file`, with the launcher's name expressions, into the shared
+cubin cache, so a later gate run over the same sandbox text hits that cubin. Work is spread
+over a process pool (`spawn`: no worker inherits a parent that may have touched CUDA).
+
+- `compile-error`: NVRTC refused the mutant.
+- `equivalent`: every affected module's fingerprint (harness.mutate.elf) equals the
+  original's.
+- `duplicate`: the fingerprints equal an earlier mutant's (by file order); it takes that
+  mutant's verdict.
+A mutant of a file some gate reads as source (a structural gate) is never screened out by
+its cubin: it stays `pending` for the gate stage, marked `cubin_identical` when the cubin
+is the original's (then only the gates that read the source can tell it apart).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.mutate.generate import Mutant
+from harness.mutate.verdicts import MutantResult, Verdict
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One mutant through the compiler."""
+
+    mutant_id: str
+    ok: bool
+    fingerprints: tuple[tuple[str, str], ...]  # (module relpath, fingerprint), sorted
+    error: str | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ScreenContext:
+    kernel_root: Path
+    arch: str
+    cache_dir: Path
+    names: dict  # {module relpath: NAME_EXPRESSIONS}
+    dependents: dict  # {source relpath: (module relpaths,)}
+
+
+def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
+    """Write `mutant` into a fresh sandbox, compile its modules, fingerprint the cubins."""
+    from harness.compile import CompileError, compile_file
+    from harness.controls.sandbox import _write, sandbox
+    from harness.mutate.elf import fingerprint
+
+    start = time.perf_counter()
+    modules = ctx.dependents.get(mutant.file, ())
+    with sandbox(ctx.kernel_root, f"mutant-{mutant.id}") as copy:
+        original = (copy / mutant.file).read_bytes()
+        _write(copy, mutant.file, mutant.apply(original).decode("utf-8"))
+        prints = []
+        for rel in modules:
+            try:
+                compiled = compile_file(rel, kernel_root=copy, arch=ctx.arch, cache_dir=ctx.cache_dir,
+                                        name_expressions=ctx.names.get(rel, ()))
+            except CompileError as exc:
+                return Compiled(mutant.id, False, (), _first_error(exc, copy), time.perf_counter() - start)
+            prints.append((rel, fingerprint(compiled.cubin)))
+    return Compiled(mutant.id, True, tuple(sorted(prints)), None, time.perf_counter() - start)
+
+
+def _first_error(exc, copy: Path) -> str:
+    log = str(exc).replace(f"{copy}/", "").replace("\x00", "")
+    errors = [line.strip() for line in log.splitlines() if "error" in line and "(" in line]
+    return errors[0] if errors else (log.splitlines()[0] if log else "does not compile")
+
+
+def original_fingerprints(ctx: ScreenContext) -> dict[str, str]:
+    from harness.compile import compile_file
+    from harness.mutate.elf import fingerprint
+
+    modules = sorted({m for ms in ctx.dependents.values() for m in ms})
+    return {rel: fingerprint(compile_file(rel, kernel_root=ctx.kernel_root, arch=ctx.arch, cache_dir=ctx.cache_dir,
+                                          name_expressions=ctx.names.get(rel, ())).cubin) for rel in modules}
+
+
+def _worker_init() -> None:
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
+
+POOL_RESTARTS = 3
+
+
+def compile_all(mutants: list[Mutant], ctx: ScreenContext, jobs: int, on_done=None) -> dict[str, Compiled]:
+    """Every mutant compiled, `jobs` at once; `on_done(Compiled)` after each. A worker that
+    dies (killed, out of memory) breaks the pool: its sandboxes are swept and a fresh pool
+    takes the mutants not done yet."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    out: dict[str, Compiled] = {}
+
+    def done(c: Compiled) -> None:
+        out[c.mutant_id] = c
+        if on_done:
+            on_done(c)
+
+    if jobs <= 1:
+        for m in mutants:
+            done(compile_mutant(m, ctx))
+        return out
+    for attempt in range(POOL_RESTARTS + 1):
+        todo = [m for m in mutants if m.id not in out]
+        if not todo:
+            break
+        try:
+            _pool_round(todo, ctx, jobs, done)
+        except BrokenProcessPool:
+            sweep_sandboxes([m.id for m in todo])
+            if attempt == POOL_RESTARTS:
+                raise
+    return out
+
+
+def _pool_round(todo: list[Mutant], ctx: ScreenContext, jobs: int, done) -> None:
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init)
+    try:
+        futures = [pool.submit(compile_mutant, m, ctx) for m in todo]
+        for future in as_completed(futures):
+            done(future.result())
+    except BaseException:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            proc.kill()  # a worker killed mid-compile cannot run its sandbox's `finally`:
+        for proc in processes:
+            proc.join(timeout=10)
+        sweep_sandboxes([m.id for m in todo])  # so its sandbox is removed here
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def sweep_sandboxes(ids: list[str]) -> None:
+    """Remove the sandboxes of these mutants that a killed worker left in the temp folder."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.gettempdir())
+    wanted = tuple(f"harness-mutant-{i}-" for i in ids)
+    for entry in base.glob("harness-mutant-*"):
+        if entry.name.startswith(wanted):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def classify(mutants: list[Mutant], compiled: dict[str, Compiled], originals: dict[str, str],
+             source_read: set[str] | None) -> dict[str, MutantResult]:
+    """Screening verdicts. `source_read`: files some gate reads (None: unknown, so every
+    file is treated as read and nothing is screened out by its cubin)."""
+    out: dict[str, MutantResult] = {}
+    first_by_print: dict[tuple, str] = {}
+    for m in mutants:  # file order: the first of identical mutants is the twin
+        c = compiled[m.id]
+        if not c.ok:
+            out[m.id] = MutantResult(m, Verdict.COMPILE_ERROR, c.error or "does not compile", seconds=c.seconds)
+            continue
+        if not c.fingerprints:
+            out[m.id] = MutantResult(m, Verdict.PENDING, "no .cu includes this file: no module to compile",
+                                     seconds=c.seconds)
+            continue
+        read = source_read is None or m.file in source_read
+        identical = all(originals.get(rel) == fp for rel, fp in c.fingerprints)
+        if identical:
+            if read:
+                out[m.id] = MutantResult(m, Verdict.PENDING, "cubin identical to the original's, but a gate reads "
+                                         "this source: only source-reading gates are run", seconds=c.seconds,
+                                         cubin_identical=True)
+            else:
+                out[m.id] = MutantResult(m, Verdict.EQUIVALENT, "equivalent: identical cubin", seconds=c.seconds)
+            continue
+        twin = first_by_print.setdefault(c.fingerprints, m.id)
+        if twin != m.id and not read:
+            out[m.id] = MutantResult(m, Verdict.DUPLICATE, f"duplicate of {twin}", duplicate_of=twin,
+                                     seconds=c.seconds)
+        else:
+            out[m.id] = MutantResult(m, Verdict.PENDING, "", seconds=c.seconds)
+    return out

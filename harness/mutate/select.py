@@ -1,0 +1,135 @@
+"""Which gates to run for a mutant: those that load its module or read its source.
+
+The baseline's gates.json lists each gate with `modules_loaded` and `sources_read`
+(kernel-root-relative paths; written by the plugin, or by `harness.mutate.recorder` into a
+folder beside it). For a mutant of file F, whose modules are the `.cu` files whose
+closure holds F:
+
+1. direct gates: those that load one of the modules, or read F, fastest first (the
+   baseline's durations);
+2. then their siblings: the other gates of the same test files. A module-scoped fixture
+   that loaded the module in an earlier gate's setup, or a structural gate that reads the
+   text itself instead of through `harness.source`, is covered this way.
+
+A mutant whose cubin equals the original's runs only the gates that read F (and their
+siblings): no numeric gate can see an identical cubin. A mutant with no direct gate is
+`no-coverage`. An isolated gate (a trap gate run in its own process) whose loads were not
+recorded inherits every module its test file's gates load.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class GateInfo:
+    nodeid: str
+    file: str  # the test file
+    kind: str | None
+    duration: float
+    modules: frozenset[str] | None  # None: not recorded
+    sources: frozenset[str] | None
+    isolated: bool = False
+
+
+@dataclass(frozen=True)
+class Selection:
+    direct: tuple[str, ...]
+    siblings: tuple[str, ...]
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return self.direct + self.siblings
+
+
+class Coverage:
+    def __init__(self, gates: list[GateInfo]):
+        self.gates = {g.nodeid: g for g in gates}
+        by_file: dict[str, set[str]] = {}
+        for g in gates:
+            by_file.setdefault(g.file, set()).update(g.modules or ())
+        self._modules: dict[str, frozenset[str]] = {}
+        for g in gates:
+            mods = g.modules
+            if not mods and g.isolated:
+                mods = frozenset(by_file.get(g.file, ()))
+            self._modules[g.nodeid] = frozenset(mods or ())
+
+    @property
+    def recorded(self) -> bool:
+        """True when every gate's loads and reads were recorded."""
+        return bool(self.gates) and all(g.modules is not None and g.sources is not None for g in self.gates.values())
+
+    def source_read(self) -> set[str] | None:
+        """Files some gate reads as source; None when that was not recorded."""
+        if not self.recorded:
+            return None
+        return {s for g in self.gates.values() for s in (g.sources or ())}
+
+    def _order(self, ids) -> tuple[str, ...]:
+        return tuple(sorted(ids, key=lambda n: (self.gates[n].duration, n)))
+
+    def select(self, file: str, modules: tuple[str, ...] | list[str], cubin_identical: bool = False) -> Selection:
+        wanted = set(modules)
+        direct = set()
+        for nodeid, g in self.gates.items():
+            reads = file in (g.sources or ())
+            loads = bool(self._modules[nodeid] & wanted)
+            if reads or (loads and not cubin_identical):
+                direct.add(nodeid)
+        files = {self.gates[n].file for n in direct}
+        siblings = {n for n, g in self.gates.items() if g.file in files and n not in direct}
+        return Selection(self._order(direct), self._order(siblings))
+
+    def modules_of(self, nodeid: str) -> frozenset[str]:
+        return self._modules.get(nodeid, frozenset())
+
+    @classmethod
+    def from_report(cls, gates_json: Path, coverage_dir: Path | None = None) -> "Coverage":
+        """From a baseline gates.json, with `coverage_dir` (the recorder's files) filling in
+        what the gates.json records lack."""
+        report = json.loads(Path(gates_json).read_text())
+        extra: dict = {}
+        if coverage_dir is not None and Path(coverage_dir).is_dir():
+            from harness.mutate.recorder import read_folder
+
+            extra = read_folder(Path(coverage_dir))
+        seen: dict[str, GateInfo] = {}
+        for rec in report.get("gates", []):
+            nodeid = rec["nodeid"]
+            rec_extra = extra.get(nodeid, {})
+
+            def field(key):
+                if rec.get(key) is not None:
+                    return frozenset(rec[key]) | frozenset(rec_extra.get(key, ()))
+                if key in rec_extra:
+                    return frozenset(rec_extra[key])
+                return None
+
+            info = GateInfo(
+                nodeid=nodeid,
+                file=rec.get("module") or nodeid.split("::")[0],
+                kind=rec.get("kind"),
+                duration=float(rec.get("duration") or 0.0),
+                modules=field("modules_loaded"),
+                sources=field("sources_read"),
+                isolated=bool(rec.get("isolated")),
+            )
+            previous = seen.get(nodeid)
+            if previous is not None:  # setup/teardown lines: keep one, with the longest time
+                info = GateInfo(nodeid, info.file, info.kind, max(info.duration, previous.duration),
+                                _union(previous.modules, info.modules), _union(previous.sources, info.sources),
+                                info.isolated or previous.isolated)
+            seen[nodeid] = info
+        return cls(list(seen.values()))
+
+
+def _union(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a | b

@@ -1,0 +1,138 @@
+"""A mutant's verdict, its record in the results file, and the scores.
+
+`Verdict` is this package's own type until the shared records module (DESIGN.md,
+"Growing the harness") replaces it and the controls' `Verdict`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.mutate.generate import Mutant
+
+
+class Verdict(str, enum.Enum):
+    KILLED = "killed"  # a gate red by its own assertion
+    KILLED_BY_TRAP = "killed-by-trap"  # red only through a device guard, a fault or a launch failure
+    TIMEOUT = "timeout"
+    SURVIVED = "survived"
+    NO_COVERAGE = "no-coverage"  # no gate loads the module or reads the source
+    EQUIVALENT = "equivalent"  # cubin identical to the original's in everything that runs
+    DUPLICATE = "duplicate"  # cubin identical to another mutant's: takes its verdict
+    COMPILE_ERROR = "compile-error"
+    PENDING = "pending"  # --static: screened, valid, not run on a GPU
+
+    def __str__(self) -> str:
+        return self.value
+
+
+SCREENED_OUT = (Verdict.EQUIVALENT, Verdict.DUPLICATE, Verdict.COMPILE_ERROR)
+
+
+@dataclass
+class MutantResult:
+    mutant: Mutant
+    verdict: Verdict
+    reason: str = ""  # one line: the killing gate's first failure line, the compile error, ...
+    duplicate_of: str | None = None  # the twin's id
+    effective: Verdict | None = None  # a duplicate's twin's verdict
+    killed_by: list[str] = field(default_factory=list)
+    gates_run: list[str] = field(default_factory=list)
+    covered_by: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    cubin_identical: bool = False  # same cubin as the original (kept only because a gate reads the source)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["mutant"] = self.mutant.to_json()
+        d["verdict"] = self.verdict.value
+        d["effective"] = self.effective.value if self.effective else None
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "MutantResult":
+        d = dict(d)
+        d["mutant"] = Mutant.from_json(d["mutant"])
+        d["verdict"] = Verdict(d["verdict"])
+        d["effective"] = Verdict(d["effective"]) if d.get("effective") else None
+        return cls(**d)
+
+
+# ---------------------------------------------------------------- results file (for --resume)
+
+
+RESULTS_VERSION = 1
+
+
+def append_result(path: Path, result: MutantResult) -> None:
+    """One JSON line per finished mutant, flushed: an interrupted campaign loses at most one."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"version": RESULTS_VERSION, **result.to_json()}) + "\n")
+        f.flush()
+
+
+def read_results(path: Path) -> dict[str, MutantResult]:
+    """The finished mutants of an earlier run, by id; a torn last line is ignored."""
+    out: dict[str, MutantResult] = {}
+    if not Path(path).is_file():
+        return out
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if d.pop("version", None) != RESULTS_VERSION:
+            continue
+        r = MutantResult.from_json(d)
+        out[r.mutant.id] = r
+    return out
+
+
+# ---------------------------------------------------------------- scores
+
+
+@dataclass
+class Score:
+    """Counts and the two scores of one row (a file, a family, an operator or the total)."""
+
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def valid(self) -> int:
+        """Mutants that count: not equivalent, not a duplicate, not a compile error (and run)."""
+        return self.total - sum(self.counts.get(v.value, 0) for v in (*SCREENED_OUT, Verdict.PENDING))
+
+    @property
+    def score(self) -> float | None:
+        """Killed by assertion over valid mutants."""
+        return self.counts.get("killed", 0) / self.valid if self.valid else None
+
+    @property
+    def stryker_score(self) -> float | None:
+        """Killed (assertion or trap) and timeouts over valid mutants, as Stryker counts."""
+        detected = sum(self.counts.get(v, 0) for v in ("killed", "killed-by-trap", "timeout"))
+        return detected / self.valid if self.valid else None
+
+    def to_json(self) -> dict:
+        return {"counts": self.counts, "total": self.total, "valid": self.valid, "score": self.score,
+                "stryker_score": self.stryker_score}
+
+
+def scores(results: list[MutantResult], key) -> dict[str, Score]:
+    """Score rows grouped by `key(result)`; a duplicate is counted as `duplicate`."""
+    rows: dict[str, Score] = {}
+    for r in results:
+        row = rows.setdefault(key(r), Score({v.value: 0 for v in Verdict}))
+        row.counts[r.verdict.value] += 1
+    return dict(sorted(rows.items()))
+
+
+def total_score(results: list[MutantResult]) -> Score:
+    return scores(results, lambda r: "total").get("total", Score({v.value: 0 for v in Verdict}))

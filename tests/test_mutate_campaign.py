@@ -1,0 +1,223 @@
+"""The campaign end to end over a fake suite (tests/fixtures/mutate_suite), no GPU: its fake
+gates read the sandbox's text and fail the way real gates fail. Verdicts, selection, stop at
+the first kill, the full matrix, resume, duplicates taking their twin's verdict, scores, the
+reports, and a kernel root that is never written."""
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from harness.mutate import report
+from harness.mutate.campaign import RESULTS_FILE, MutateConfig, run_campaign
+from harness.mutate.execute import GateOutcome, GateRuns, judge
+from harness.mutate.verdicts import MutantResult, Score, Verdict, read_results
+
+SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
+SCHEMA = Path(__file__).resolve().parents[1] / "harness" / "mutate" / "schema" / "mutation-testing-report-schema.json"
+
+
+def tree_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def suite(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the children import this checkout's harness
+    copy = tmp_path / "suite"
+    shutil.copytree(SUITE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def config(suite: Path, **changes) -> MutateConfig:
+    base = dict(rootdir=suite, kernel_root=Path("kernels"), report_dir=suite / "report", jobs=2, deadline=60.0,
+                require_gpu=False, cache_dir=suite / "cache", arch="sm_90")
+    base.update(changes)
+    return MutateConfig(**base)
+
+
+def validate(doc: dict) -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test dependency (pyproject [test])")
+    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+
+
+def by_text(campaign) -> dict[tuple, MutantResult]:
+    return {(r.mutant.file, r.mutant.start_line, r.mutant.original, r.mutant.replacement): r
+            for r in campaign.ordered()}
+
+
+def test_fresh_process_campaign_gives_every_kind_of_verdict(suite):
+    root = suite / "kernels"
+    before = tree_hash(root)
+    campaign = run_campaign(config(suite, operators=("arithmetic", "guard-dropped", "int-literal")))
+    assert campaign.baseline.ok, campaign.baseline
+    assert tree_hash(root) == before
+    ids = {m.id for m in campaign.mutants}
+    left = [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*") if p.name.split("-")[2] in ids]
+    assert left == [], "no sandbox outlives its mutant"
+    got = by_text(campaign)
+    verdicts = {k: r.verdict for k, r in got.items()}
+    assert verdicts[("sum.cu", 6, "+", "-")] is Verdict.KILLED
+    assert verdicts[("sum.cu", 6, "i < n", "true")] is Verdict.KILLED_BY_TRAP
+    assert verdicts[("sum.cu", 5, "*", "/")] is Verdict.SURVIVED
+    assert verdicts[("other.cu", 4, "*=", "/=")] is Verdict.NO_COVERAGE
+    assert verdicts[("other.cu", 3, "*", "/")] is Verdict.EQUIVALENT
+    dup = [r for r in campaign.ordered() if r.verdict is Verdict.DUPLICATE]
+    assert dup and all(r.effective is campaign.results[r.duplicate_of].verdict for r in dup)
+    killed = got[("sum.cu", 6, "+", "-")]
+    assert killed.killed_by == ["gates/gate_sum.py::test_adds_one"]
+    assert "out[0] is not in[0] + 1" in killed.reason
+    trap = got[("sum.cu", 6, "i < n", "true")]
+    assert trap.reason.startswith("killed by a trap only")
+    # the direct gates ran, the source reader among them
+    assert "gates/gate_sum.py::test_block_define" in killed.covered_by
+
+    doc = report.mutation_json(campaign)
+    validate(doc)
+    statuses = {m["id"]: (m["status"], m["statusReason"]) for f in doc["files"].values() for m in f["mutants"]}
+    assert statuses[trap.mutant.id][0] == "Killed" and "killed by a trap only" in statuses[trap.mutant.id][1]
+    eq = got[("other.cu", 3, "*", "/")]
+    assert statuses[eq.mutant.id] == ("Ignored", "equivalent: identical cubin")
+    assert statuses[dup[0].mutant.id][1] == f"duplicate of {dup[0].duplicate_of}"
+    per_file = doc["harness"]["per_file"]["sum.cu"]
+    assert per_file["valid"] == per_file["total"] and per_file["score"] < per_file["stryker_score"]
+
+
+class FakeExecutor:
+    """Reads the mutated text like the fake gates do; records every call."""
+
+    def __init__(self, per_gate=False, timeout_on=None):
+        self.per_gate = per_gate
+        self.calls = []
+        self.timeout_on = timeout_on
+
+    def run(self, sandbox, gates, deadline):
+        self.calls.append(tuple(gates))
+        text = (Path(sandbox) / "sum.cu").read_text()
+        if self.timeout_on and self.timeout_on in text:
+            return GateRuns((), timed_out=True, seconds=deadline)
+        outcomes = []
+        for g in gates:
+            if g.endswith("test_adds_one") and "in[i] + 1;" not in text:
+                outcomes.append(GateOutcome(g, "failed", "assertion", "out[0] is not in[0] + 1"))
+            elif g.endswith("test_guard_keeps_the_kernel_in_bounds") and "if (i < n)" not in text:
+                outcomes.append(GateOutcome(g, "failed", "trap", "CUDARuntimeError: illegal address"))
+            else:
+                outcomes.append(GateOutcome(g, "passed"))
+        return GateRuns(tuple(outcomes), seconds=0.01)
+
+
+def test_stop_at_the_first_kill_or_run_the_whole_matrix(suite):
+    fake = FakeExecutor(per_gate=True)
+    campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("arithmetic",)),
+                            executor_factory=lambda *a: fake)
+    killed = by_text(campaign)[("sum.cu", 6, "+", "-")]
+    assert killed.verdict is Verdict.KILLED and killed.gates_run[-1] == "gates/gate_sum.py::test_adds_one"
+    assert len(killed.gates_run) < len(killed.covered_by) + 1
+    full = FakeExecutor(per_gate=False)
+    campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("arithmetic",), all_gates=True,
+                                   report_dir=suite / "report-all"), executor_factory=lambda *a: full)
+    killed = by_text(campaign)[("sum.cu", 6, "+", "-")]
+    assert len(killed.gates_run) == 4, "every gate of the family ran"
+    assert all(len(c) == 4 for c in full.calls), "one batch: the whole matrix"
+
+
+def test_a_deadline_is_a_timeout(suite):
+    fake = FakeExecutor(timeout_on="(blockDim.x - 1)")
+    campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("gpu-index",)),
+                            executor_factory=lambda *a: fake)
+    assert by_text(campaign)[("sum.cu", 5, "blockDim.x", "(blockDim.x - 1)")].verdict is Verdict.TIMEOUT
+
+
+def test_resume_runs_only_what_is_missing(suite):
+    cfg = config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
+    first = FakeExecutor()
+    done = run_campaign(cfg, executor_factory=lambda *a: first)
+    results = suite / "report" / RESULTS_FILE
+    lines = results.read_text().splitlines()
+    assert len(lines) == len(done.mutants)
+    results.write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])  # interrupted, a torn last line
+    again = FakeExecutor()
+    resumed = run_campaign(MutateConfig(**{**vars(cfg), "resume": True}), executor_factory=lambda *a: again)
+    assert resumed.resumed == 2
+    assert len(again.calls) == len(first.calls) - 2
+    assert {k: r.verdict for k, r in by_text(resumed).items()} == {k: r.verdict for k, r in by_text(done).items()}
+    assert len(read_results(results)) == len(done.mutants)
+
+
+def test_judge_rules():
+    a = GateOutcome("g::a", "failed", "assertion", "boom")
+    t = GateOutcome("g::t", "failed", "trap", "fault")
+    p = GateOutcome("g::p", "passed")
+    assert judge([GateRuns((t, a))]).verdict is Verdict.KILLED
+    assert judge([GateRuns((t, p))]).verdict is Verdict.KILLED_BY_TRAP
+    assert judge([GateRuns((p,), timed_out=True)]).verdict is Verdict.TIMEOUT
+    assert judge([GateRuns((p,), crashed="died")]).verdict is Verdict.KILLED_BY_TRAP
+    assert judge([GateRuns((p, p))]).verdict is Verdict.SURVIVED
+    assert judge([GateRuns((GateOutcome("g::s", "skipped"),))]).verdict is Verdict.SURVIVED
+
+
+def test_scores_exclude_screened_out_mutants():
+    s = Score({"killed": 6, "killed-by-trap": 1, "timeout": 1, "survived": 2, "no-coverage": 0, "equivalent": 3,
+               "duplicate": 2, "compile-error": 4, "pending": 0})
+    assert s.valid == 10 and s.score == 0.6 and s.stryker_score == 0.8
+
+
+def test_recheck_counts_agreement(suite):
+    from harness.mutate.campaign import recheck
+
+    campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped")),
+                            executor_factory=lambda *a: FakeExecutor())
+    survivors = [r for r in campaign.ordered() if r.verdict is Verdict.SURVIVED]
+    same = recheck(campaign, FakeExecutor(), sample=1)
+    assert len(same.checked) == len(survivors) + 1 and same.agreed == len(same.checked)
+
+    class Flaky(FakeExecutor):
+        def run(self, sandbox, gates, deadline):
+            return GateRuns((), timed_out=True)
+
+    differ = recheck(campaign, Flaky(), sample=1)
+    assert differ.agreed == 0 and set(differ.disagreements) == set(differ.checked)
+    assert differ.line() == f"0 of {len(differ.checked)} re-run verdicts agreed"
+
+
+def test_several_mutants_run_at_once_with_the_same_verdicts(suite):
+    import threading
+
+    class Slow(FakeExecutor):
+        live = 0
+        most = 0
+        lock = threading.Lock()
+
+        def run(self, sandbox, gates, deadline):
+            import time
+
+            with Slow.lock:
+                Slow.live += 1
+                Slow.most = max(Slow.most, Slow.live)
+            time.sleep(0.05)
+            try:
+                return super().run(sandbox, gates, deadline)
+            finally:
+                with Slow.lock:
+                    Slow.live -= 1
+
+    cfg = dict(paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
+    one = run_campaign(config(suite, **cfg), executor_factory=lambda *a: FakeExecutor())
+    made = []
+    two = run_campaign(config(suite, gpu_jobs=3, report_dir=suite / "report-3", **cfg),
+                       executor_factory=lambda *a: made.append(Slow()) or made[-1])
+    assert len(made) == 3, "one executor a slot"
+    assert Slow.most > 1, "mutants ran at once"
+    assert {k: r.verdict for k, r in by_text(two).items()} == {k: r.verdict for k, r in by_text(one).items()}

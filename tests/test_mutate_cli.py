@@ -1,0 +1,173 @@
+"""`python -m harness mutate` from the shell: bad input refused with the fix, `--static`
+end to end with a report that validates, and the HTML page rendered by headless Chromium."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.__main__ import main as harness_main
+from harness.mutate.cli import ExitStatus, main
+from harness.mutate.operators import OPERATORS
+
+SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = REPO / "harness" / "mutate" / "schema" / "mutation-testing-report-schema.json"
+
+
+@pytest.fixture
+def suite(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    copy = tmp_path / "suite"
+    shutil.copytree(SUITE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def run(suite: Path, *args: str) -> int:
+    return main(["--rootdir", str(suite), "--no-require-gpu", "--cache-dir", str(suite / "cache"),
+                 "--report", str(suite / "report"), "--arch", "sm_90", *args])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--jobs", "0"], ["--jobs must be at least 1", "--jobs 4"]),
+    (["--jobs", "two"], ["not a whole number"]),
+    (["--gpu-jobs", "0"], ["--gpu-jobs must be at least 1"]),
+    (["--deadline", "-5"], ["--deadline must be a positive", "--deadline 120"]),
+    (["--deadline", "nan"], ["--deadline must be a positive, finite"]),
+    (["--deadline", "inf"], ["finite"]),
+    (["--max-per-file", "0"], ["--max-per-file must be at least 1"]),
+    (["--operators", "arithmetic,nope"], ["'nope'", *OPERATORS]),
+    (["--since", "no-such-ref-anywhere"], ["--since no-such-ref-anywhere", "no commit by that name"]),
+    (["missing.cu"], ["missing.cu: no such file"]),
+    (["--kernel-root", "nowhere"], ["is not a folder"]),
+    (["--arch", "sm_1"], ["unknown --arch"]),
+])
+def test_bad_input_is_refused_with_the_fix(suite, capsys, args, words):
+    if "--since" in args:
+        env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin", "HOME": str(suite)}
+        for cmd in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "base"]):
+            subprocess.run(["git", *cmd], cwd=suite, check=True, capture_output=True, env=env)
+    assert run(suite, *args) == ExitStatus.USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    for word in words:
+        assert word in err, err
+    assert not (suite / "report" / "mutation.json").exists(), "nothing ran"
+
+
+def test_since_outside_git_says_so(suite, capsys):
+    assert run(suite, "--since", "HEAD") == ExitStatus.USAGE
+    assert "--since needs a git checkout" in capsys.readouterr().err
+
+
+def test_the_command_is_registered():
+    assert harness_main(["mutate", "--jobs", "0"]) == ExitStatus.USAGE
+
+
+def test_static_screens_and_writes_a_report_that_validates(suite, capsys):
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test dependency (pyproject [test])")
+    assert run(suite, "--static", "--jobs", "2") == ExitStatus.OK
+    out = capsys.readouterr().out
+    assert "sum.cu" in out and "other.cu" in out and "mutants (0 resumed)" in out
+    doc = json.loads((suite / "report" / "mutation.json").read_text())
+    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+    statuses = {m["status"] for f in doc["files"].values() for m in f["mutants"]}
+    assert statuses <= {"Pending", "Ignored", "CompileError"} and "Pending" in statuses and "Ignored" in statuses
+    assert doc["harness"]["mode"] == "static"
+    assert (suite / "report" / "mutation.html").is_file()
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_the_html_report_shows_every_mutant_in_headless_chromium(suite, tmp_path):
+    if chromium() is None:
+        why = "headless Chromium is not installed: apt-get install chromium (.ci/run does)"
+        if os.environ.get("HARNESS_REQUIRE_CHROMIUM"):
+            pytest.fail(why)
+        pytest.skip(why)
+    assert run(suite, "--static", "--jobs", "2") == ExitStatus.OK
+    page = suite / "report" / "mutation.html"
+    doc = json.loads((suite / "report" / "mutation.json").read_text())
+    n = sum(len(f["mutants"]) for f in doc["files"].values())
+    base = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    # the page's script builds every mutant row from the embedded data: they exist only if it ran
+    assert f'id="rendered" data-mutants="{n}"' in dom, dom[-2000:]
+    assert dom.count('class="mutant"') == n
+    first = next(iter(doc["files"].values()))["mutants"][0]
+    assert f'data-id="{first["id"]}"' in dom
+    shot = tmp_path / "report.png"
+    subprocess.run([*base, f"--screenshot={shot}", "--window-size=1400,1000", page.as_uri()],
+                   capture_output=True, timeout=120)
+    assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def tree_hash(root: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def session_processes(session: int, needle: bytes = b"") -> list[str]:
+    """Command lines of the live processes in `session` that contain `needle`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if int(fields[3]) == session and fields[0] != "Z" and needle in cmd:
+                found.append(cmd.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def test_ctrl_c_during_the_screen_leaves_nothing_behind(suite):
+    import signal
+    import tempfile
+    import time
+
+    root = suite / "kernels"
+    before = tree_hash(root)
+    cmd = [sys.executable, "-m", "harness", "mutate", "--rootdir", str(suite), "--no-require-gpu", "--static",
+           "--cache-dir", str(suite / "cache"), "--report", str(suite / "report"), "--arch", "sm_90", "--jobs", "2"]
+    proc = subprocess.Popen(cmd, cwd=suite, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = []
+    for line in proc.stderr:  # plain lines: stderr is not a terminal
+        lines.append(line)
+        if line.strip().startswith("screening"):
+            break
+    deadline = time.time() + 60
+    while not session_processes(proc.pid, b"spawn_main") and time.time() < deadline:
+        time.sleep(0.05)  # until the screening workers exist: then the screen is under way
+    assert session_processes(proc.pid, b"spawn_main"), "the screen started its workers"
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == ExitStatus.INTERRUPTED, "".join(lines)
+    assert tree_hash(root) == before
+    time.sleep(0.5)
+    from harness.mutate.generate import generate, select_files
+
+    ids = {m.id for m in generate(root, select_files(root, []), tuple(OPERATORS))[0]}
+    left = [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*") if p.name.split("-")[2] in ids]
+    assert left == [], "no sandbox outlives the run"
+
+    deadline = time.time() + 10  # multiprocessing's resource tracker exits once its pipe closes
+    while session_processes(proc.pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert session_processes(proc.pid) == [], "no process of the run outlives it"

@@ -1,0 +1,161 @@
+"""CPU screening: the cubin fingerprint sees what runs and ignores what does not; compile
+errors, equivalents and duplicates; the source-read rule; a process pool over a fake suite
+that never writes the kernel root."""
+
+import hashlib
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+
+from harness.compile import compile_file
+from harness.mutate.campaign import dependents_of
+from harness.mutate.elf import fingerprint
+from harness.mutate.generate import Mutant, mutants_of
+from harness.mutate.operators import OPERATORS
+from harness.mutate.screen import Compiled, ScreenContext, classify, compile_all, original_fingerprints
+from harness.mutate.verdicts import Verdict
+
+SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
+
+TABLE = """\
+namespace q { constexpr int kMask = 3; }  // internal linkage: NVRTC names it after a hash of the file
+__constant__ float T[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+extern "C" __global__ void k(float* out, int n) {
+    int i = threadIdx.x & (q::kMask * 85);  // comment
+    if (i < n) out[i] = T[i & 3] * 2.0f;
+}
+"""
+
+
+def tree_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def cubin(tmp_path: Path, name: str, text: str, folder: str = "a") -> bytes:
+    root = tmp_path / folder
+    root.mkdir(exist_ok=True)
+    (root / name).write_text(text)
+    return compile_file(name, kernel_root=root, arch="sm_90", use_cache=False).cubin
+
+
+def test_fingerprint_ignores_paths_and_comments(tmp_path):
+    a = fingerprint(cubin(tmp_path, "k.cu", TABLE, "a"))
+    b = fingerprint(cubin(tmp_path, "k.cu", TABLE.replace("// comment", "// another comment"), "elsewhere"))
+    assert a == b
+
+
+def test_fingerprint_sees_code_constants_and_shared_sizes(tmp_path):
+    base = fingerprint(cubin(tmp_path, "k.cu", TABLE))
+    code = fingerprint(cubin(tmp_path, "k.cu", TABLE.replace("* 2.0f", "* 3.0f")))
+    table = fingerprint(cubin(tmp_path, "k.cu", TABLE.replace("3.0f, 4.0f", "3.0f, 5.0f")))
+    assert len({base, code, table}) == 3
+    shared = TABLE.replace("    if (i < n) out[i] = T[i & 3] * 2.0f;",
+                           "    __shared__ float s[SIZE];\n    s[i & 7] = T[i & 3];\n    __syncthreads();\n"
+                           "    if (i < n) out[i] = s[(i + 1) & 7];")
+    eight = fingerprint(cubin(tmp_path, "k.cu", shared.replace("SIZE", "8")))
+    sixteen = fingerprint(cubin(tmp_path, "k.cu", shared.replace("SIZE", "16")))
+    assert eight != sixteen, "only the shared-memory size differs"
+
+
+def mutant(mid, file="k.cu"):
+    return Mutant(mid, file, "arithmetic", 1, 1, 1, 2, 0, 1, "+", "-", "arithmetic: + -> -", "k")
+
+
+def test_classify_compile_error_equivalent_duplicate():
+    ms = [mutant("m1"), mutant("m2"), mutant("m3"), mutant("m4"), mutant("m5")]
+    compiled = {
+        "m1": Compiled("m1", False, (), "k.cu(3): error: expected an expression", 0.1),
+        "m2": Compiled("m2", True, (("k.cu", "ORIG"),), None, 0.1),
+        "m3": Compiled("m3", True, (("k.cu", "X"),), None, 0.1),
+        "m4": Compiled("m4", True, (("k.cu", "X"),), None, 0.1),
+        "m5": Compiled("m5", True, (("k.cu", "Y"),), None, 0.1),
+    }
+    out = classify(ms, compiled, {"k.cu": "ORIG"}, source_read=set())
+    assert [out[m.id].verdict for m in ms] == [Verdict.COMPILE_ERROR, Verdict.EQUIVALENT, Verdict.PENDING,
+                                               Verdict.DUPLICATE, Verdict.PENDING]
+    assert out["m1"].reason.startswith("k.cu(3): error")
+    assert out["m4"].duplicate_of == "m3" and out["m4"].reason == "duplicate of m3"
+    # a file a gate reads is never screened out by its cubin alone
+    read = classify(ms, compiled, {"k.cu": "ORIG"}, source_read={"k.cu"})
+    assert [read[m.id].verdict for m in ms] == [Verdict.COMPILE_ERROR] + [Verdict.PENDING] * 4
+    assert read["m2"].cubin_identical and not read["m3"].cubin_identical
+    # unknown readers: nothing screened out by its cubin
+    unknown = classify(ms, compiled, {"k.cu": "ORIG"}, source_read=None)
+    assert unknown["m2"].verdict is Verdict.PENDING and unknown["m4"].verdict is Verdict.PENDING
+
+
+def test_the_pool_screens_a_suite_without_writing_its_kernel_root(tmp_path):
+    root = tmp_path / "kernels"
+    shutil.copytree(SUITE / "kernels", root)
+    before = tree_hash(root)
+    ms = []
+    for f in ("sum.cu", "other.cu"):
+        ms += mutants_of(f, (root / f).read_bytes(), tuple(OPERATORS))[0]
+    broken = Mutant("broken", "sum.cu", "arithmetic", 1, 1, 1, 1, 0, 0, "", "not C++ at all", "a compile error", "-")
+    ms.append(broken)
+    ctx = ScreenContext(root.resolve(), "sm_90", tmp_path / "cache", {}, dependents_of(root.resolve(), {"sum.cu", "other.cu"}))
+    done = []
+    compiled = compile_all(ms, ctx, jobs=2, on_done=done.append)
+    assert len(done) == len(ms) and set(compiled) == {m.id for m in ms}
+    out = classify(ms, compiled, original_fingerprints(ctx), source_read={"sum.cu"})
+    assert tree_hash(root) == before
+    assert out["broken"].verdict is Verdict.COMPILE_ERROR and "error" in out["broken"].reason
+    other = {out[m.id].verdict for m in ms if m.file == "other.cu"}
+    assert Verdict.EQUIVALENT in other, "the dead `unused = 7 * 3` mutants compile to the original's code"
+    assert Verdict.DUPLICATE in other, "`+ 1 - 1`: 1 -> 0 on the first and 1 -> 2 on the second give the same code"
+    sums = {out[m.id].verdict for m in ms if m.file == "sum.cu" and m.id != "broken"}
+    assert Verdict.EQUIVALENT not in sums and Verdict.DUPLICATE not in sums, "a gate reads sum.cu"
+    assert list(tmp_path.glob("harness-mutant-*")) == []
+
+
+def spawned_workers() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2 :].split()[1] == me and b"spawn_main" in cmd:  # not the resource tracker
+            found.append(int(entry))
+    return found
+
+
+def test_a_killed_worker_costs_nothing_but_time(tmp_path, monkeypatch):
+    root = tmp_path / "kernels"
+    shutil.copytree(SUITE / "kernels", root)
+    before = tree_hash(root)
+    ms = mutants_of("sum.cu", (root / "sum.cu").read_bytes(), tuple(OPERATORS))[0]
+    ctx = ScreenContext(root.resolve(), "sm_90", tmp_path / "cache", {}, dependents_of(root.resolve(), {"sum.cu"}))
+    killed = []
+
+    def kill_one(c):
+        if not killed:
+            workers = spawned_workers()
+            assert workers, "the pool has workers"
+            os.kill(workers[0], signal.SIGKILL)
+            killed.append(workers[0])
+
+    from harness.mutate import screen
+
+    rounds = []
+    real_round = screen._pool_round
+    monkeypatch.setattr(screen, "_pool_round", lambda todo, *a: (rounds.append(len(todo)), real_round(todo, *a)))
+    compiled = compile_all(ms, ctx, jobs=2, on_done=kill_one)
+    assert killed and set(compiled) == {m.id for m in ms}
+    assert len(rounds) == 2 and rounds[1] < rounds[0], "a fresh pool took the mutants not done yet"
+    assert all(c.ok for c in compiled.values())
+    assert tree_hash(root) == before
+    ids = {m.id for m in ms}
+    assert [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*") if p.name.split("-")[2] in ids] == []
