@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness import _settings
+from harness import _settings, coverage
 from harness.compile import CompiledModule, compile_file
 from harness.workers import note_launch
 
@@ -95,6 +95,6 @@ def module(
 ) -> Module:
     """Compile (or hit the cache for) `<kernel_root>/<relpath>` and load it into CuPy."""
     compiled = compile_file(relpath, name_expressions=tuple(name_expressions), defines=defines, fmad=fmad)
-    __import__("harness.coverage").coverage.note_module(relpath)  # gate selection for mutation campaigns
+    coverage.note_module(relpath)  # which gates load which module: gate selection for mutation campaigns
     return load(compiled)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import _settings, device, usage, workers
+from harness import _settings, coverage, device, usage, workers
 from harness.cufiles import pytest_collect_file, pytest_make_collect_report  # noqa: F401  (.cu: compile gates)
 from harness.kinds import check_kinds
 from harness.report import (MESSAGE_LIMIT, KINDS, GateRecord, RunFacts, classify_route, failure_message, first_line,
@@ -522,6 +522,11 @@ def _properties(item: pytest.Item) -> list[tuple[str, str]]:
     return props
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    coverage.begin(item.nodeid)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when == "setup":
@@ -529,6 +534,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         item.user_properties.extend(_properties(item))
     outcome = yield
     rep = outcome.get_result()
+    if call.when == "teardown":
+        # What the gate loaded and read, in the process that ran it (a worker, for GPU gates).
+        cov = coverage.current()
+        if cov.nodeid == item.nodeid and (cov.modules or cov.sources):
+            rep.user_properties.extend([("modules_loaded", " ".join(sorted(cov.modules))),
+                                        ("sources_read", " ".join(sorted(cov.sources)))])
     if rep.failed and call.excinfo is not None:
         exc = call.excinfo.value
         props = [("route", classify_route(exc).value), ("first_failure_line", first_line(exc))]
@@ -568,6 +579,9 @@ class _Recorder:
             rec.kind = None if props["kind"] == "other" else props["kind"]
             rec.gpu = props.get("gpu") == "true"
         rec.isolated = rec.isolated or props.get("isolated") == "true"
+        for key in ("modules_loaded", "sources_read"):
+            if props.get(key):
+                getattr(rec, key).extend(x for x in props[key].split() if x not in getattr(rec, key))
         for key in ("worker", "device", "device_ordinal", "device_uuid", "worker_phases"):
             if props.get(key):
                 setattr(rec, key, int(props[key]) if key == "device_ordinal" and props[key].isdigit() else props[key])

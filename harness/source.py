@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import coverage
+
 __all__ = [
     "Call",
     "FunctionSource",
@@ -125,7 +127,7 @@ def _read(text_or_path: str | Path) -> tuple[str, str]:
     anything with a newline, or a str that names no existing file, is source)."""
     if isinstance(text_or_path, Path) or ("\n" not in text_or_path and Path(text_or_path).is_file()):
         path = Path(text_or_path)
-        __import__("harness.coverage").coverage.note_source(path)  # gate selection for mutation campaigns
+        coverage.note_source(path)  # which gates read which source: gate selection for mutation campaigns
         return path.read_text(), str(path)
     return text_or_path, "<source text>"
 
