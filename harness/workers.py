@@ -175,6 +175,31 @@ class Worker:
         result.seconds = time.monotonic() - start
         return result
 
+    def run_set(self, kernel_root: str, gates: list[str], deadline: float, stop_on_kill: bool):
+        """A mutant's gates in this (fresh) worker: (outcomes, timed_out, died, last_launch)."""
+        start = time.monotonic()
+        try:
+            self.channel.send({"op": "run_set", "kernel_root": kernel_root, "gates": gates,
+                               "stop_on_kill": stop_on_kill})
+        except OSError as exc:
+            self.kill()
+            return [], False, f"the worker could not be sent the gates ({exc})", None
+        last = None
+        while True:
+            try:
+                msg = self.channel.recv(timeout=max(deadline - (time.monotonic() - start), 0.0))
+            except Timeout:
+                self.kill()
+                return [], True, None, last
+            except ChannelClosed:
+                self.kill()
+                return [], False, "the worker process ended without a verdict (it crashed or was killed)", last
+            if msg.get("op") == "launch":
+                last = msg.get("name")
+            elif msg.get("op") == "done_set":
+                self.kill()
+                return msg["outcomes"], False, None, last
+
     def kill(self) -> None:
         if not self.alive:
             return
@@ -643,6 +668,9 @@ def _worker_loop(session, ch: Channel) -> None:
             session._setupstate.teardown_exact(None)
             ch.send({"op": "bye"})
             break
+        if msg.get("op") == "run_set":
+            ch.send(_run_set(session, items, sink, msg, props))
+            break  # a mutant's worker serves one mutant: no cache or stray store outlives it
         if msg.get("op") != "run":
             continue
         item = items.get(msg["nodeid"])
@@ -671,6 +699,58 @@ def _worker_loop(session, ch: Channel) -> None:
                  "phases": phases})
         if poisoned:
             break
+
+
+def _outcome(item, reports: list) -> dict:
+    """One gate's outcome from its phase reports, judged as the plugin judges it (a trap
+    gate passes when its body died by a device fault)."""
+    props = {}
+    outcome, route, line = "passed", None, None
+    for rep in reports:
+        props.update((k, v) for k, v in rep.user_properties)
+        if rep.skipped and outcome == "passed":
+            outcome = "skipped"
+        elif rep.failed and outcome not in ("failed", "error"):
+            outcome = "failed" if rep.when == "call" else "error"
+            route = dict(rep.user_properties).get("route", "error")
+            line = dict(rep.user_properties).get("first_failure_line")
+    if item.get_closest_marker("trap") is not None and outcome in ("passed", "failed"):
+        if outcome == "passed":
+            outcome, route = "failed", "assertion"
+            line = "the device guard did not fire: the gate's body returned normally"
+        elif route == "trap":
+            outcome, route, line = "passed", None, None
+    return {"nodeid": item.nodeid, "outcome": outcome, "route": route, "first_failure_line": line,
+            "poisoned": props.get("poisoned_context") == "true"}
+
+
+def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) -> dict:
+    """A mutant's gates in this fresh worker, against its sandboxed kernel root: in order,
+    stopping at the first kill by assertion unless told to run them all, and at a gate that
+    poisoned the context (the rest go to another fresh worker)."""
+    from harness import _settings
+
+    _settings.configure(kernel_root=msg["kernel_root"])
+    gates = list(msg["gates"])
+    outcomes = []
+    for i, nodeid in enumerate(gates):
+        item = items.get(nodeid)
+        if item is None:
+            outcomes.append({"nodeid": nodeid, "outcome": "not run", "route": None,
+                             "first_failure_line": "not collected by the campaign's workers", "poisoned": False})
+            continue
+        nxt = items.get(gates[i + 1]) if i + 1 < len(gates) else None
+        sink.reports.clear()
+        try:
+            session._setupstate.teardown_exact(item)
+        except BaseException:
+            pass
+        session.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt)
+        out = _outcome(item, sink.reports)
+        outcomes.append(out)
+        if out["poisoned"] or (msg.get("stop_on_kill") and out["outcome"] == "failed" and out["route"] == "assertion"):
+            break
+    return {"op": "done_set", "outcomes": outcomes}
 
 
 # ====================================================================== entry points

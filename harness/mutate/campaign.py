@@ -102,6 +102,7 @@ class MutationCampaign:
     screen_seconds: float = 0.0
     gpu_seconds: float = 0.0
     resumed: int = 0
+    recheck: "Recheck | None" = None  # verdict integrity: re-runs in fresh processes
 
     @property
     def mode(self) -> str:

@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the baseline runs, relative to --rootdir (repeatable; default: gates)")
     p.add_argument("--arch", default=None, metavar="sm_XX", help="compile target (default: the baseline's)")
     p.add_argument("--cache-dir", default=None, metavar="DIR", help="the cubin cache (default: HARNESS_CACHE_DIR)")
+    p.add_argument("--executor", choices=("warm", "fresh"), default="warm",
+                   help="warm: each mutant in a fresh process forked from a server that collected the gates, its "
+                        "context made ahead (default); fresh: a new pytest per mutant (the slow reference way)")
+    p.add_argument("--recheck", default="10", metavar="N",
+                   help="after a warm campaign, run every survivor and N other mutants again in a fresh pytest "
+                        "and report how many verdicts agree (default 10; 0: none)")
     p.add_argument("--no-require-gpu", action="store_true", help=argparse.SUPPRESS)  # the harness's own tests
     return p
 
@@ -104,6 +110,35 @@ def config_from(args):
         arch=args.arch, cache_dir=Path(cache_dir) if cache_dir else None, gates=tuple(args.gates or ("gates",)),
         require_gpu=not args.no_require_gpu,
     )
+
+
+def _survivors(campaign) -> bool:
+    return any(r.verdict.value == "survived" for r in campaign.ordered())
+
+
+def _executor_factory(config, kind: str):
+    """(factory for run_campaign, the executors it made, to close). Warm: one executor per GPU,
+    shared by the campaign's slots on that GPU; its spares cover every slot."""
+    from harness.mutate.execute import FreshProcessExecutor
+    from harness.mutate.warm import WarmExecutor
+
+    made: dict = {}
+
+    def factory(report, cache, arch, device=None):
+        if kind == "fresh":
+            return FreshProcessExecutor(config.rootdir, report, cache, arch=arch, require_gpu=config.require_gpu,
+                                        device=device)
+        if device not in made:
+            ordinal = None
+            if device is not None:
+                visible = [d.strip() for d in (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
+                ordinal = visible.index(device) if device in visible else int(device) if device.isdigit() else None
+            made[device] = WarmExecutor(config.rootdir, config.gates, config.path(config.kernel_root), cache,
+                                        arch=arch, device_ordinal=ordinal, spares=config.gpu_jobs + 2,
+                                        stop_on_kill=not config.all_gates)
+        return made[device]
+
+    return factory, made
 
 
 class _Progress:
@@ -193,16 +228,45 @@ def main(argv: list[str] | None = None) -> int:
     root = config.path(config.kernel_root)
     if not root.is_dir():
         return usage(f"the kernel root {root} is not a folder: pass --kernel-root DIR (or the ini key kernel_root)")
-    from harness.mutate import report
-    from harness.mutate.campaign import prepare, run_campaign
+    from harness.mutate.campaign import prepare
 
     try:
         prepare(config)  # bad paths and refs are refused before anything runs
     except (PathError, SinceError) as exc:
         return usage(str(exc))
     try:
+        recheck_n = int(args.recheck)
+        if recheck_n < 0:
+            raise ValueError
+    except ValueError:
+        return usage(f"--recheck {args.recheck!r} is not a whole number of mutants >= 0; pass e.g. --recheck 10")
+    factory, executors = _executor_factory(config, args.executor)
+    try:
+        return _run(config, args, recheck_n, factory, out, err)
+    finally:
+        for ex in executors.values():
+            ex.close()  # no server or worker outlives the campaign, interrupted or not
+
+
+def _run(config, args, recheck_n, factory, out, err) -> int:
+    from rich.markup import escape
+
+    from harness.mutate import report
+    from harness.mutate.campaign import run_campaign
+
+    try:
         with _Progress(err) as progress:
-            campaign = run_campaign(config, progress)
+            campaign = run_campaign(config, progress, executor_factory=factory)
+            if not config.static and args.executor == "warm" and (recheck_n or _survivors(campaign)):
+                from harness.mutate.campaign import recheck
+                from harness.mutate.execute import FreshProcessExecutor
+
+                progress.phase("re-running survivors and a sample in fresh processes")
+                fresh = FreshProcessExecutor(config.rootdir, config.path(config.report_dir) / "runs" / "recheck",
+                                             config.path(config.cache_dir) if config.cache_dir
+                                             else _settings.current().cache_dir,
+                                             arch=campaign.arch, require_gpu=config.require_gpu)
+                campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: workers and children killed, sandboxes removed, the kernel root "
                   "untouched; continue with --resume")
@@ -227,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     if campaign.coverage is None or campaign.coverage.source_read() is None:
         out.print("note: the baseline did not record which sources each gate reads, so no mutant was screened out "
                   "by its cubin alone", markup=False)
+    if getattr(campaign, "recheck", None) is not None:
+        line = campaign.recheck.line()
+        out.print(f"verdict integrity: {line} (every survivor and a sample, each in a fresh pytest)"
+                  + (f"; disagreements: {campaign.recheck.disagreements}" if campaign.recheck.disagreements else ""),
+                  markup=False)
     if config.static:
         return ExitStatus.OK
     bad = [r for r in campaign.ordered() if r.verdict.value in ("survived", "no-coverage")]

@@ -1,0 +1,117 @@
+"""The warm executor over a fake suite with a fake device (no GPU needed): each call runs in
+a fresh forked worker against the mutant's sandbox, stops at the first kill by assertion,
+judges trap gates as the plugin does, goes on in another worker after a poisoned context,
+and turns a hang into a timeout."""
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.mutate.warm import WarmExecutor
+
+CONFTEST = """
+import sys
+pytest_plugins = [] if "harness.plugin" in sys.modules else ["harness.plugin"]
+import harness.device as device
+from harness.device import DeviceProbe
+_fake = DeviceProbe(count=1, name="Fake GPU", arch="sm_90")
+device.probe = lambda: _fake
+device.context_is_poisoned = lambda: False
+"""
+
+GATES = """
+import ctypes, os, signal
+import pytest
+from harness import coverage
+
+class CUDARuntimeError(RuntimeError):
+    pass
+
+def text(kernel_root):
+    coverage.note_module("k.cu")
+    return (kernel_root / "k.cu").read_text()
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_adds_one(kernel_root):
+    assert "x + 1" in text(kernel_root), "out is not x + 1"
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_guard_fires(kernel_root):
+    if "guard" in text(kernel_root):
+        raise CUDARuntimeError("cudaErrorLaunchFailure: unspecified launch failure")
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_pid(kernel_root):
+    open(kernel_root.parent / "pids", "a").write(f"{os.getpid()}\\n")
+    if "SPIN" in text(kernel_root):
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        ctypes.CDLL(None).sleep(3600)
+"""
+
+KERNEL = "// guard\n__global__ void k(float* y, const float* x) { *y = *x + 1; }  // x + 1\n"
+
+
+@pytest.fixture
+def suite(tmp_path, monkeypatch):
+    root = tmp_path / "suite"
+    (root / "kernels").mkdir(parents=True)
+    (root / "gates").mkdir()
+    (root / "pytest.ini").write_text("[pytest]\nkernel_root = kernels\n")
+    (root / "conftest.py").write_text(CONFTEST)
+    (root / "gates" / "test_k.py").write_text(textwrap.dedent(GATES))
+    (root / "kernels" / "k.cu").write_text(KERNEL)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    ex = WarmExecutor(root, ("gates",), root / "kernels", tmp_path / "cache", spares=2)
+    yield root, ex
+    ex.close()
+
+
+def _mutant(root: Path, name: str, text: str) -> Path:
+    box = root.parent / name / "kernels"
+    box.mkdir(parents=True)
+    (box / "k.cu").write_text(text)
+    return box
+
+
+GATE_IDS = ["gates/test_k.py::test_adds_one", "gates/test_k.py::test_guard_fires", "gates/test_k.py::test_pid"]
+
+
+def test_the_unmutated_tree_passes_every_gate_each_call_in_a_fresh_worker(suite):
+    root, ex = suite
+    box = _mutant(root, "same", KERNEL)
+    first = ex.run(box, GATE_IDS, 60)
+    second = ex.run(box, GATE_IDS, 60)
+    assert [o.outcome for o in first.outcomes] == ["passed"] * 3, first
+    assert [o.outcome for o in second.outcomes] == ["passed"] * 3
+    pids = (box.parent / "pids").read_text().split()
+    assert len(set(pids)) == 2  # one worker per call: nothing outlives a mutant
+
+
+def test_a_kill_by_assertion_stops_the_run_and_names_the_gate(suite):
+    root, ex = suite
+    box = _mutant(root, "minus", KERNEL.replace("x + 1", "x - 1").replace("*x + 1", "*x - 1"))
+    runs = ex.run(box, GATE_IDS, 60)
+    first = runs.outcomes[0]
+    assert (first.outcome, first.route, first.first_failure_line) == ("failed", "assertion", "out is not x + 1")
+    assert [o.outcome for o in runs.outcomes[1:]] == ["not run", "not run"]
+
+
+def test_a_silent_guard_fails_its_trap_gate_by_assertion(suite):
+    root, ex = suite
+    box = _mutant(root, "noguard", KERNEL.replace("// guard", "// none"))
+    runs = ex.run(box, GATE_IDS[1:2], 60)
+    assert (runs.outcomes[0].outcome, runs.outcomes[0].route) == ("failed", "assertion")
+
+
+def test_a_hang_is_a_timeout_and_the_next_mutant_gets_a_new_worker(suite):
+    root, ex = suite
+    box = _mutant(root, "spin", KERNEL + "// SPIN\n")
+    runs = ex.run(box, GATE_IDS[2:], 3)
+    assert runs.timed_out
+    ok = ex.run(_mutant(root, "after", KERNEL), GATE_IDS[:1], 60)
+    assert ok.outcomes[0].outcome == "passed"
