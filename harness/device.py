@@ -111,6 +111,17 @@ def _uuid_text(raw) -> str:
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+def _driver_uuid(ordinal: int) -> str:
+    try:
+        from cuda.bindings import driver
+
+        err, dev = driver.cuDeviceGet(ordinal)
+        err, uuid = driver.cuDeviceGetUuid(dev)
+        return _uuid_text(bytes(uuid.bytes)) if int(err) == 0 else ""
+    except Exception:
+        return ""
+
+
 def list_devices() -> list[tuple[int, str, str]]:
     """(ordinal, name, UUID) of every visible device; empty when they cannot be read."""
     try:
@@ -120,7 +131,10 @@ def list_devices() -> list[tuple[int, str, str]]:
         for i in range(cupy.cuda.runtime.getDeviceCount()):
             props = cupy.cuda.runtime.getDeviceProperties(i)
             name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-            out.append((i, name, _uuid_text(props.get("uuid", b""))))
+            # The driver's own query first: CuPy reads the 16-byte UUID as a C string, so a
+            # UUID holding a zero byte comes back cut short.
+            uuid = _driver_uuid(i) or _uuid_text(props.get("uuid", b""))
+            out.append((i, name, uuid))
         return out
     except Exception:
         return []
@@ -135,9 +149,15 @@ def current_device_facts() -> dict:
 
         dev = cupy.cuda.Device().id
         facts["ordinal"] = dev
-        facts["uuid"] = _uuid_text(cupy.cuda.runtime.getDeviceProperties(dev).get("uuid", b""))
-    except Exception:
-        pass
+    except Exception as exc:
+        facts["uuid_error"] = f"{type(exc).__name__}: {exc}"
+        return facts
+    for ordinal, name, uuid in list_devices():
+        if ordinal == dev:
+            facts["uuid"] = uuid
+            facts["name"] = name or facts["name"]
+    if not facts["uuid"]:
+        facts["uuid_error"] = "the device's properties carry no UUID"
     return facts
 
 
