@@ -91,9 +91,11 @@ def module(
     relpath: str | os.PathLike,
     name_expressions: tuple[str, ...] | list[str] = (),
     defines: dict | None = None,
-    fmad: bool = True,
+    fmad: bool | None = None,
 ) -> Module:
-    """Compile (or hit the cache for) `<kernel_root>/<relpath>` and load it into CuPy."""
+    """Compile (or hit the cache for) `<kernel_root>/<relpath>` and load it into CuPy, with
+    the compile settings its launcher declares (`harness.modsettings`). The arguments may
+    repeat the declaration or fill in what it leaves out, never contradict it."""
     compiled = compile_file(relpath, name_expressions=tuple(name_expressions), defines=defines, fmad=fmad)
     return load(compiled)
 

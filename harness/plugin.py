@@ -72,6 +72,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("kernel_root", "folder holding the .cu files, relative to the rootdir", default="kernels_cu")
     parser.addini("controls_dir", "folder of negative-control TOML files, relative to the rootdir", default="controls")
     parser.addini("harness_cache_dir", "compiled cubin cache folder", default="")
+    group.addoption("--include-dir", action="append", default=[], metavar="DIR",
+                    help="an extra include directory for every module (repeatable; before ini harness_include_dirs)")
+    parser.addini(_settings.INCLUDE_DIRS_INI, "extra include directories, one per line, relative to the rootdir",
+                  type="linelist", default=[])
     parser.addini("harness_deadline", f"per-gate deadline for GPU gates in seconds (default {DEFAULT_DEADLINE:g})",
                   default="")
 
@@ -169,7 +173,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"harness: {exc}") from None
     st.arch = config.option.arch
     _settings.configure(kernel_root=st.kernel_root, arch=config.option.arch,
-                        cache_dir=Path(cache).resolve() if cache else None)
+                        cache_dir=Path(cache).resolve() if cache else None, include_dirs=_include_dirs(config))
     if st.sanitize and not st.serving:
         from harness import sanitizer
 
@@ -188,6 +192,16 @@ def pytest_configure(config: pytest.Config) -> None:
     elif not st.serving and not st.is_controller and st.sanitizer_cmd is None and device._driver_present():
         # Where a GPU may be, the server imports CuPy while this process collects.
         st.pool = _new_pool(config)
+
+
+def _include_dirs(config: pytest.Config) -> tuple:
+    from harness.toolchain import IncludeDirError
+
+    try:
+        return _settings.include_dirs(config.option.include_dir, config.getini(_settings.INCLUDE_DIRS_INI),
+                                      config.rootpath)
+    except IncludeDirError as exc:
+        raise pytest.UsageError(f"harness: {exc}") from None
 
 
 def _probe_in_subprocess(config: pytest.Config) -> dict:
@@ -237,6 +251,7 @@ def _server_args(config: pytest.Config, files: list[str], pool_tmp: Path) -> lis
         args.append(f"--config-file={config.inipath}")
     if st.arch:
         args.append(f"--arch={st.arch}")
+    args += [f"--include-dir={d}" for d in _settings.current().include_dirs]
     for plugin in getattr(config.option, "plugins", None) or []:
         if plugin not in ("no:cacheprovider",):
             args += ["-p", plugin]
