@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness import _settings
 from harness.compile import CompiledModule, compile_file
+from harness.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, allow_dynamic_shared
 from harness.workers import note_launch
 
 
@@ -53,15 +54,22 @@ class Module:
 
 
 class Launch:
-    """A kernel that notes its own launches (for the watchdog and the sanitizer's count)."""
+    """A kernel that notes its own launches (for the watchdog and the sanitizer's count).
+    A launch with `shared_mem` above 48 KiB first raises the function's dynamic shared
+    memory attribute (`harness.launch.allow_dynamic_shared`), once per size."""
 
-    __slots__ = ("function", "name")
+    __slots__ = ("function", "name", "shared_allowed")
 
     def __init__(self, function, name: str):
         self.function = function
         self.name = name
+        self.shared_allowed = DEFAULT_DYNAMIC_SHARED_LIMIT
 
     def __call__(self, grid, block, args, *rest, **kwargs):
+        shared = kwargs.get("shared_mem", rest[0] if rest else 0)
+        if int(shared) > self.shared_allowed:
+            allow_dynamic_shared(self, int(shared))
+            self.shared_allowed = int(shared)
         note_launch(self.name)
         return self.function(grid, block, args, *rest, **kwargs)
 
