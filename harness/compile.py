@@ -277,9 +277,10 @@ def include_path(source: Path, kernel_root: Path, module_dirs=(), backend: str =
         d = Path(d).resolve()
         if d not in user and d != root:
             user.append(d)
-    system = [(cuda_include_dir().resolve(), f"@cuda-headers({_cuda_headers_version()})")]
-    system += [(d, f"@cccl({toolchain.cccl_version()})") for d in toolchain.cccl_dirs()[0]]
-    if backend == "nvrtc":
+    system = []
+    if backend == "nvrtc":  # nvcc brings its own toolkit's headers and CCCL (its version is in the key)
+        system = [(cuda_include_dir().resolve(), f"@cuda-headers({_cuda_headers_version()})")]
+        system += [(d, f"@cccl({toolchain.cccl_version()})") for d in toolchain.cccl_dirs()[0]]
         system.append((toolchain.SHIMS, f"@harness-shims({toolchain.shims_version()[:8]})"))
     return IncludePath(Path(source).resolve().parent, root, tuple(user), tuple(system))
 

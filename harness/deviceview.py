@@ -10,8 +10,8 @@ installed. So the harness compiles a view of the file it derives from the syntax
   `__device__` (directly, or through a macro the file defines, e.g.
   `#define DEVICE_INLINE __device__ __forceinline__`) that no kept code names: host
   helpers, `main`, `PYBIND11_MODULE(...) {...}`, host template dispatch and its explicit
-  instantiations; every variable, `using` and `typedef` with no device memory space that
-  no kept code names (a `static cublasHandle_t handle;`); `using namespace` of a host
+  instantiations; every variable (not `constexpr`), `using` and `typedef` with no device
+  memory space that no kept code names (a `static cublasHandle_t handle;`); `using namespace` of a host
   library (torch, at, c10, pybind11);
 - **set aside**: every `#include` the include path cannot resolve (torch, ATen, cuBLAS,
   the C++ standard library headers NVRTC lacks and the harness has no shim for) or that
@@ -240,8 +240,9 @@ def device_view(text: str, where: str | Path, resolve: Callable[[str, bool], Pat
                 head = _head(src, inner)
                 if is_fn:
                     items.append(_Item(child, "function", _declared_names(src, inner), has(fn_markers, head)))
-                else:
-                    items.append(_Item(child, "variable", _declared_names(src, inner), has(var_markers, head)))
+                else:  # a constexpr constant is usable in device code: kept
+                    items.append(_Item(child, "variable", _declared_names(src, inner),
+                                       has(var_markers, head) or "constexpr" in _IDENT.findall(head)))
             elif t in ("alias_declaration", "type_definition", "using_declaration"):
                 body = src[child.start_byte:child.end_byte].decode(errors="replace")
                 m = re.match(r"\s*using\s+namespace\s+([A-Za-z_]\w*)", body)
