@@ -286,9 +286,10 @@ def include_path(source: Path, kernel_root: Path, module_dirs=(), backend: str =
 
 
 def _closure(source: Path, inc: IncludePath) -> list[tuple[str, str]]:
-    """(label, sha256) of the `.cu` and every header it includes, transitively, from the
-    kernel root or a user include directory (`$ROOT`-relative path, or `@include<N>/path`).
-    CUDA's and CCCL's headers are covered by their versions in the key instead."""
+    """(label, sha256) of the `.cu` and every header it includes, transitively, except the
+    CUDA headers, CCCL and the shims (covered by their versions in the key): the kernel
+    root's (a root-relative path), a user include directory's (`@include<N>/path`), and any
+    a symlink in the root leads to (`@external/abs/path`)."""
     seen: dict[Path, str] = {}
     stack = [source.resolve()]
     while stack:
@@ -299,8 +300,8 @@ def _closure(source: Path, inc: IncludePath) -> list[tuple[str, str]]:
         seen[path] = hashlib.sha256(data).hexdigest()
         for m in _INCLUDE_Q.finditer(_strip_comments(data.decode("utf-8", errors="replace"))):
             found = inc.resolve(m.group(2), m.group(1) == '"', origin=path)
-            if found is not None and any(found.is_relative_to(d) for d in (inc.root, *inc.user)):
-                stack.append(found)
+            if found is not None and not any(found.is_relative_to(d) for d, _ in inc.system):
+                stack.append(found)  # the kernel root's, a user include dir's, or one a symlink leads to
 
     def rel(p: Path) -> str:
         if p.is_relative_to(inc.root):
@@ -308,7 +309,7 @@ def _closure(source: Path, inc: IncludePath) -> list[tuple[str, str]]:
         for i, d in enumerate(inc.user):
             if p.is_relative_to(d):
                 return f"@include{i}/{p.relative_to(d).as_posix()}"
-        return p.name
+        return f"@external{p.as_posix()}"  # reached through a symlink: the same path from a sandbox
 
     return sorted((rel(p), digest) for p, digest in seen.items())
 

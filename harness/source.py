@@ -170,9 +170,9 @@ def define_value(text_or_path: str | Path, name: str, defines: dict | None = Non
         lines = ", ".join(str(line) for line, _, _ in found)
         raise SourceError(
             f"{where}: `#define {name}` appears {len(found)} times (lines {lines}); "
-            + ("keep one definition so the gate knows which value builds" if defines is not None else
-               "pass defines={...} (the macros the module is compiled with) to take its #if branch, or keep one "
-               "definition")
+            + "keep one definition so the gate knows which value builds"
+            + ("" if defines is not None else
+               ", or pass defines={...} (the macros the module is compiled with) to take its #if branch")
         )
     line, paren, value = found[0]
     if paren:
@@ -389,8 +389,8 @@ def constexpr_int(text_or_path: str | Path, name: str, defines: dict | None = No
     if len(found) > 1:
         lines = ", ".join(str(line) for line, _ in found)
         raise SourceError(f"{where}: `constexpr ... {name}` is declared {len(found)} times (lines {lines}); "
-                          + ("keep one declaration so the gate knows which value builds" if defines is not None else
-                             "pass defines={...} to take its #if branch, or keep one declaration"))
+                          + "keep one declaration so the gate knows which value builds"
+                          + ("" if defines is not None else ", or pass defines={...} to take its #if branch"))
     line, expr = found[0]
     value = _int_expression(re.sub(r"^\(\s*|static_cast<[^>]*>\s*", "", expr) if expr.startswith("static_cast")
                             else expr)
