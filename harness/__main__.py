@@ -75,6 +75,7 @@ def _compile_main(argv: list[str]) -> int:
                       ("set aside", "left")):
         table.add_column(col, justify=just, overflow="fold")
     failures: list[str] = []
+    details: list[str] = []
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -90,8 +91,11 @@ def _compile_main(argv: list[str]) -> int:
                 table.add_row(escape(rel), f"[bold red]{what}[/]", "", "", "", "", "", "", "")
                 continue
             cache = "hit" if mod.cache_hit else ("miss" if not args.no_cache else "off")
-            aside = "; ".join(f"{s.what} (line {s.line})" for s in mod.set_aside) or "nothing"
+            aside = f"{len(mod.set_aside)} (below)" if mod.set_aside else "nothing"
             backend = mod.compiler
+            details.append(f"{rel}: compiled by {mod.compiler} ({mod.backend_reason}); device view set aside: "
+                           + ("nothing" if not mod.set_aside else
+                              "; ".join(f"line {s.line} {s.what} ({s.reason})" for s in mod.set_aside)))
             if not mod.resources:
                 table.add_row(escape(rel), "(no kernels)", "", "", "", cache, f"{mod.seconds:.2f}", backend,
                               escape(aside))
@@ -101,6 +105,8 @@ def _compile_main(argv: list[str]) -> int:
                               str(r.shared_bytes), cache if i == 0 else "", f"{mod.seconds:.2f}" if i == 0 else "",
                               backend if i == 0 else "", escape(aside) if i == 0 else "")
     console.print(table)
+    for line in details:
+        print(line)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     for text in failures:
