@@ -567,9 +567,12 @@ def compile_file(
     text_source = _read_source(path, provisional)
     closure = _closure(path, inc)
     view = None
+    view_missing = False
     if ms.device_view:
-        from harness.deviceview import DeviceViewError, device_view
+        from harness.deviceview import DeviceViewError, available, device_view
 
+        view_missing = not available()
+    if ms.device_view and not view_missing:
         headers = [inc.resolve(n, q == '"', origin=path) for q, n in _INCLUDE_Q.findall(_strip_comments(text_source))]
         extra = tuple(h.read_text(errors="replace") for h in headers
                       if h is not None and any(h.is_relative_to(d) for d in (inc.root, *inc.user)))
@@ -585,6 +588,8 @@ def compile_file(
             closure_headers += [n for _, n in _INCLUDE_Q.findall(_strip_comments(p.read_text(errors="replace")))]
     view_includes = [n for _, n in _INCLUDE_Q.findall(_strip_comments(compiled_text))]
     backend, backend_why = _backend(ms, view_includes, closure_headers)
+    if view_missing:  # compiled as it is: right for device-only files; host code then fails, saying why
+        backend_why += "; no device view (tree-sitter and tree-sitter-cuda are not installed)"
     if backend == "nvcc":
         from harness import toolchain
 
@@ -635,6 +640,11 @@ def compile_file(
             cubin, mapping, text = _compile_nvrtc(path, compiled_text, real_options, name_expressions)
     except _Failed as exc:
         log_text = exc.log
+        if view_missing:
+            log_text = log_text.rstrip() + (
+                "\n\nthe file was compiled as it is, with no device view: tree-sitter and tree-sitter-cuda are not "
+                "installed (pip install tree-sitter tree-sitter-cuda; on a machine with no registry, carry their "
+                "wheels), so host code and host-only includes were not set aside")
         if set_aside:
             log_text = log_text.rstrip() + (
                 "\n\nthe device view set aside (if device code needs one of these, see docs/your-kernels.md, "

@@ -67,6 +67,18 @@ class DeviceViewError(ValueError):
     """A host-code section the device view cannot separate from device code."""
 
 
+class ViewUnavailable(DeviceViewError):
+    """tree-sitter or its CUDA grammar is not installed (the device machine may lack them)."""
+
+
+def available() -> bool:
+    try:
+        _parser()
+    except ViewUnavailable:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class SetAside:
     line: int
@@ -98,13 +110,13 @@ _IDENT = re.compile(r"[A-Za-z_]\w*")
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(?![\w(])[ \t]*(.*)$", re.MULTILINE)
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=None)
 def _parser():
     try:
         import tree_sitter_cuda
         from tree_sitter import Language, Parser
     except ImportError as exc:  # pragma: no cover - a dependency
-        raise DeviceViewError(f"the device view needs tree-sitter and tree-sitter-cuda ({exc}): "
+        raise ViewUnavailable(f"the device view needs tree-sitter and tree-sitter-cuda ({exc}): "
                               "pip install tree-sitter tree-sitter-cuda (pyproject lists them)") from None
     return Parser(Language(tree_sitter_cuda.language()))
 

@@ -329,3 +329,14 @@ def test_a_bad_declaration_is_one_line_naming_the_constant(tmp_path, cache):
                           str(tmp_path) in str(getattr(sys.modules[m], "__file__", ""))), ""), None)
     with pytest.raises(LauncherError, match="include directory .*nope .*INCLUDE_DIRS in .*does not exist"):
         compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", cache_dir=cache)
+
+
+def test_without_tree_sitter_a_file_compiles_as_it_is_and_host_code_fails_saying_why(tmp_path, cache, monkeypatch):
+    from harness import deviceview
+
+    monkeypatch.setattr(deviceview, "available", lambda: False)
+    write(tmp_path, {"k.cu": KERNEL, "h.cu": "#include <torch/extension.h>\n" + KERNEL})
+    mod = compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", cache_dir=cache)
+    assert mod.set_aside == () and "no device view" in mod.backend_reason
+    with pytest.raises(CompileError, match="pip install tree-sitter tree-sitter-cuda"):
+        compile_file("h.cu", kernel_root=tmp_path, arch="sm_90", cache_dir=cache)
