@@ -105,5 +105,17 @@ def module(
     the compile settings its launcher declares (`harness.modsettings`). The arguments may
     repeat the declaration or fill in what it leaves out, never contradict it."""
     compiled = compile_file(relpath, name_expressions=tuple(name_expressions), defines=defines, fmad=fmad)
+    _used[compiled.source.name if compiled.source.parent == kernel_root() else str(relpath)] = compiled.options
     return load(compiled)
+
+
+_used: dict[str, tuple[str, ...]] = {}
+
+
+def take_used() -> dict[str, list[str]]:
+    """{module: the options it was compiled with} for every module loaded through `module`
+    since the last call (the plugin records them on the gate that loaded them)."""
+    out = {k: list(v) for k, v in _used.items()}
+    _used.clear()
+    return out
 

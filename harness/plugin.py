@@ -4,8 +4,10 @@ isolation, failure routes, reports and the terminal summary. In lifecycle order.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -516,6 +518,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         item.user_properties.extend(_properties(item))
     outcome = yield
     rep = outcome.get_result()
+    if "harness.kernels" in sys.modules:  # the options each module this gate loaded was compiled with
+        used = sys.modules["harness.kernels"].take_used()
+        if used:
+            rep.user_properties.append(("compile_options", json.dumps(used)))
     st = _state(item.config)
     if rep.failed and call.excinfo is not None:
         exc = call.excinfo.value
@@ -556,6 +562,10 @@ class _Recorder:
             rec.kind = None if props["kind"] == "other" else props["kind"]
             rec.gpu = props.get("gpu") == "true"
         rec.isolated = rec.isolated or props.get("isolated") == "true"
+        if props.get("compile_options"):
+            used = json.loads(props["compile_options"])
+            rec.compile_options = (list(next(iter(used.values()))) if len(used) == 1 else
+                                   [f"{m}: {' '.join(o)}" for m, o in sorted(used.items())])
         for key in ("worker", "device", "device_ordinal", "device_uuid", "worker_phases"):
             if props.get(key):
                 setattr(rec, key, int(props[key]) if key == "device_ordinal" and props[key].isdigit() else props[key])
@@ -621,7 +631,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         for r in records:
             if r.gpu:
                 r.device = r.device or facts.device
-                r.compile_options = facts.compile_options
+                r.compile_options = r.compile_options or facts.compile_options  # its modules' own, when known
             else:
                 r.device = None
         write_reports(st.report_dir, records, facts)

@@ -340,3 +340,28 @@ def test_without_tree_sitter_a_file_compiles_as_it_is_and_host_code_fails_saying
     assert mod.set_aside == () and "no device view" in mod.backend_reason
     with pytest.raises(CompileError, match="pip install tree-sitter tree-sitter-cuda"):
         compile_file("h.cu", kernel_root=tmp_path, arch="sm_90", cache_dir=cache)
+
+
+def test_gates_json_records_the_options_each_gates_module_was_compiled_with(tmp_path):
+    write(tmp_path, {"kernels/k.cu": TEMPLATED, "kernels/k.py": LAUNCHER, "conftest.py": CONFTEST,
+                     "pytest.ini": "[pytest]\nkernel_root = kernels\ntestpaths = gates\n",
+                     "gates/test_k.py": """\
+                         import pytest
+                         from harness import kernels
+
+                         @pytest.mark.structural
+                         def test_loads_k(monkeypatch):
+                             monkeypatch.setattr(kernels, "load", lambda compiled: compiled)  # no GPU here
+                             assert kernels.module("k.cu").symbol_mapping
+                         """})
+    env = dict(os.environ, PYTHONPATH=str(REPO), HARNESS_CACHE_DIR=str(tmp_path / "c"), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "gates",
+                           "--harness-report", str(tmp_path / "rep")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    gate = json.loads((tmp_path / "rep" / "gates.json").read_text())["gates"][0]
+    opts = gate["compile_options"]
+    assert "--define-macro=SCALE=3" in opts and "--use_fast_math" in opts and "--include-path=$ROOT" in opts
+    assert not any(str(tmp_path) in o for o in opts)
