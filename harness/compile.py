@@ -524,6 +524,9 @@ def _read_source(path: Path, options: tuple[str, ...]) -> str:
 # ---------------------------------------------------------------- the entry point
 
 
+_views: dict[tuple, object] = {}  # memo of device views (see compile_file)
+
+
 def compile_file(
     source: str | os.PathLike,
     *,
@@ -575,10 +578,18 @@ def compile_file(
         headers = [inc.resolve(n, q == '"', origin=path) for q, n in _INCLUDE_Q.findall(_strip_comments(text_source))]
         extra = tuple(h.read_text(errors="replace") for h in headers
                       if h is not None and any(h.is_relative_to(d) for d in (inc.root, *inc.user)))
-        try:
-            view = device_view(text_source, path, lambda n, q: inc.resolve(n, q, origin=path), extra)
-        except DeviceViewError as exc:
-            raise CompileError(path, str(exc), provisional, what="could not derive the device view of") from None
+        # The view depends on the text, the macros of its kernel-root headers and where each
+        # include resolves: memoised on exactly those, so a launcher calling module() per launch
+        # pays for the syntax tree once per process.
+        memo = (str(path), hashlib.sha256(text_source.encode()).hexdigest(),
+                tuple(hashlib.sha256(e.encode()).hexdigest() for e in extra), tuple(map(str, headers)))
+        view = _views.get(memo)
+        if view is None:
+            try:
+                view = device_view(text_source, path, lambda n, q: inc.resolve(n, q, origin=path), extra)
+            except DeviceViewError as exc:
+                raise CompileError(path, str(exc), provisional, what="could not derive the device view of") from None
+            _views[memo] = view
     compiled_text = view.text if view is not None else text_source
     closure_headers = []
     for rel, _ in closure:
