@@ -26,6 +26,8 @@ def compile_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                         help="default: ini harness_cache_dir, else HARNESS_CACHE_DIR, else ~/.cache/harness/cubin")
     parser.add_argument("--no-cache", action="store_true", help="compile even when the cache has the cubin")
+    parser.add_argument("--include-dir", action="append", default=[], metavar="DIR",
+                        help="an extra include directory (repeatable), searched before ini harness_include_dirs")
     return parser
 
 
@@ -35,8 +37,8 @@ def _compile_main(argv: list[str]) -> int:
     from rich.table import Table
 
     from harness import _settings
-    from harness.compile import (ArchError, CompileError, LauncherError, compile_file, declared_name_expressions,
-                                 find_sources, resolve_arch)
+    from harness.compile import ArchError, CompileError, LauncherError, compile_file, find_sources, resolve_arch
+    from harness.toolchain import IncludeDirError, NvccNotFound
     from harness.usage import folder_problem, kernel_root_problem
 
     args = compile_parser().parse_args(argv)
@@ -46,7 +48,11 @@ def _compile_main(argv: list[str]) -> int:
         print(f"error: {text}", file=sys.stderr)
         return 2
 
-    _, settings = _settings.project_settings(kernel_root=args.kernel_root, cache_dir=args.cache_dir, arch=args.arch)
+    try:
+        _, settings = _settings.project_settings(kernel_root=args.kernel_root, cache_dir=args.cache_dir, arch=args.arch,
+                                                 include_dir=args.include_dir)
+    except IncludeDirError as exc:
+        return usage_error(str(exc))
     root = settings.kernel_root
     option = ("--kernel-root" if args.kernel_root else
               _settings.KERNEL_ROOT_ENV if os.environ.get(_settings.KERNEL_ROOT_ENV) else "--kernel-root")
@@ -56,7 +62,8 @@ def _compile_main(argv: list[str]) -> int:
                                  "the compiled cubins")
     if problem:
         return usage_error(problem)
-    _settings.configure(kernel_root=root, cache_dir=settings.cache_dir, arch=args.arch)
+    _settings.configure(kernel_root=root, cache_dir=settings.cache_dir, arch=args.arch,
+                        include_dirs=settings.include_dirs)
     try:
         sources = find_sources(root)
         arch = resolve_arch(args.arch)
@@ -64,9 +71,11 @@ def _compile_main(argv: list[str]) -> int:
         return usage_error(str(exc))
     table = Table(title=f"NVRTC {arch}, kernel root {root}", title_justify="left")
     for col, just in (("module", "left"), ("kernel", "left"), ("registers", "right"), ("spill bytes", "right"),
-                      ("shared bytes", "right"), ("cache", "left"), ("seconds", "right")):
+                      ("shared bytes", "right"), ("cache", "left"), ("seconds", "right"), ("backend", "left"),
+                      ("set aside", "left")):
         table.add_column(col, justify=just, overflow="fold")
     failures: list[str] = []
+    details: list[str] = []
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -74,20 +83,30 @@ def _compile_main(argv: list[str]) -> int:
             rel = src.relative_to(root).as_posix()
             try:
                 mod = compile_file(src, kernel_root=root, arch=arch, cache_dir=settings.cache_dir,
-                                   name_expressions=declared_name_expressions(src), use_cache=not args.no_cache)
-            except (CompileError, LauncherError) as exc:
-                failures.append(str(exc))
-                what = "compile error" if isinstance(exc, CompileError) else "launcher error"
-                table.add_row(escape(rel), f"[bold red]{what}[/]", "", "", "", "", "")
+                                   use_cache=not args.no_cache)
+            except (CompileError, LauncherError, IncludeDirError, NvccNotFound) as exc:
+                failures.append(str(exc) if isinstance(exc, CompileError) else f"{rel}: {exc}")
+                what = {CompileError: "compile error", LauncherError: "launcher error",
+                        IncludeDirError: "include error", NvccNotFound: "nvcc not found"}[type(exc)]
+                table.add_row(escape(rel), f"[bold red]{what}[/]", "", "", "", "", "", "", "")
                 continue
             cache = "hit" if mod.cache_hit else ("miss" if not args.no_cache else "off")
+            aside = f"{len(mod.set_aside)} (below)" if mod.set_aside else "nothing"
+            backend = mod.compiler
+            details.append(f"{rel}: compiled by {mod.compiler} ({mod.backend_reason}); device view set aside: "
+                           + ("nothing" if not mod.set_aside else
+                              "; ".join(f"line {s.line} {s.what} ({s.reason})" for s in mod.set_aside)))
             if not mod.resources:
-                table.add_row(escape(rel), "(no kernels)", "", "", "", cache, f"{mod.seconds:.2f}")
+                table.add_row(escape(rel), "(no kernels)", "", "", "", cache, f"{mod.seconds:.2f}", backend,
+                              escape(aside))
             for i, r in enumerate(mod.resources):
                 spill = f"[bold red]{r.spill_bytes}[/]" if r.spill_bytes else "0"
                 table.add_row(escape(rel) if i == 0 else "", escape(r.kernel), str(r.registers), spill,
-                              str(r.shared_bytes), cache if i == 0 else "", f"{mod.seconds:.2f}" if i == 0 else "")
+                              str(r.shared_bytes), cache if i == 0 else "", f"{mod.seconds:.2f}" if i == 0 else "",
+                              backend if i == 0 else "", escape(aside) if i == 0 else "")
     console.print(table)
+    for line in details:
+        print(line)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     for text in failures:

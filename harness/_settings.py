@@ -30,6 +30,7 @@ class Settings:
     arch: str | None  # None: the device's arch, or sm_90 with no device
     cache_dir: Path
     arch_source: str = "--arch"  # where `arch` came from, for error messages: --arch or HARNESS_ARCH
+    include_dirs: tuple[Path, ...] = ()  # --include-dir, then ini harness_include_dirs (absolute)
 
 
 def _default_cache_dir() -> Path:
@@ -67,6 +68,8 @@ def configure(**changes) -> Settings:
         changes["kernel_root"] = Path(changes["kernel_root"]).resolve()
     if "cache_dir" in changes and changes["cache_dir"] is not None:
         changes["cache_dir"] = Path(changes["cache_dir"])
+    if "include_dirs" in changes and changes["include_dirs"] is not None:
+        changes["include_dirs"] = tuple(Path(d).resolve() for d in changes["include_dirs"])
     if "arch" in changes:
         explicit = changes["arch"]
         changes["arch"] = explicit or os.environ.get(ARCH_ENV) or None
@@ -127,6 +130,24 @@ def ini_value(rootdir: Path, key: str) -> str | None:
     return None
 
 
+def ini_lines(rootdir: Path, key: str) -> list[str]:
+    """`key` as a list: a TOML array's items, or an ini value's non-empty lines."""
+    for name, section in _INI_CANDIDATES:
+        path = Path(rootdir) / name
+        if not path.is_file():
+            continue
+        table = _pytest_table(path, section)
+        if table is None:
+            continue
+        value = table.get(key)
+        if value is None:
+            return []
+        if isinstance(value, (list, tuple)):
+            return [str(v) for v in value]
+        return [ln.strip() for ln in str(value).splitlines() if ln.strip()]
+    return []
+
+
 def find_rootdir(start: str | os.PathLike | None = None) -> Path:
     """The first folder from `start` (default: the working folder) up that holds a pytest
     configuration; `start` itself when there is none."""
@@ -139,7 +160,28 @@ def find_rootdir(start: str | os.PathLike | None = None) -> Path:
     return here
 
 
-def project_settings(*, kernel_root=None, cache_dir=None, arch=None,
+INCLUDE_DIRS_INI = "harness_include_dirs"
+
+
+def include_dirs(options=(), ini_lines: str | list | None = None, rootdir: Path | None = None) -> tuple[Path, ...]:
+    """The extra include directories: `--include-dir` (relative to the working folder) in
+    the order given, then ini `harness_include_dirs` (one per line, relative to the
+    rootdir). A missing folder is a `harness.toolchain.IncludeDirError` naming where it was
+    given and what to do."""
+    from harness.toolchain import check_include_dirs
+
+    out = list(check_include_dirs(options or (), "--include-dir"))
+    if isinstance(ini_lines, str):
+        ini_lines = ini_lines.splitlines()
+    lines = [ln.strip() for ln in (ini_lines or []) if ln.strip()]
+    base = Path(rootdir) if rootdir is not None else Path.cwd()
+    for d in check_include_dirs([base / ln for ln in lines], f"ini {INCLUDE_DIRS_INI} in {base}"):
+        if d not in out:
+            out.append(d)
+    return tuple(out)
+
+
+def project_settings(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(),
                      rootdir: str | os.PathLike | None = None) -> tuple[Path, Settings]:
     """(rootdir, settings) for a command, by the rules a pytest run uses:
 
@@ -166,4 +208,5 @@ def project_settings(*, kernel_root=None, cache_dir=None, arch=None,
         cache = _default_cache_dir()
     explicit = arch or None
     return root, Settings(kernel_root=kr, arch=explicit or os.environ.get(ARCH_ENV) or None, cache_dir=cache,
-                          arch_source="--arch" if explicit else ARCH_ENV)
+                          arch_source="--arch" if explicit else ARCH_ENV,
+                          include_dirs=include_dirs(include_dir, ini_lines(root, INCLUDE_DIRS_INI), root))

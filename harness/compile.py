@@ -9,11 +9,9 @@ version, so a perturbed header can never hit a stale cubin.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 import warnings
@@ -24,6 +22,8 @@ from pathlib import Path
 from cuda.core import Program, ProgramOptions  # at import: a first import from several threads races
 
 from harness import _settings
+from harness.backends import _compile_nvcc, _compile_nvrtc, _Failed
+from harness.modsettings import LauncherError, ModuleSettings, _import_root, declared_settings  # noqa: F401 (re-exported)
 
 CACHE_FORMAT = 1
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"]', re.MULTILINE)
@@ -63,11 +63,6 @@ class ArchError(ValueError):
     """An arch NVRTC cannot target."""
 
 
-class LauncherError(Exception):
-    """The launcher beside a `.cu` could not be read for its NAME_EXPRESSIONS. The message is
-    one line: the launcher, what went wrong, what to do."""
-
-
 @dataclass(frozen=True)
 class KernelResources:
     """ptxas' report for one entry function."""
@@ -100,6 +95,10 @@ class CompiledModule:
     seconds: float
     nvrtc_version: str
     cubin_path: Path | None = None
+    backend: str = "nvrtc"  # "nvrtc" or "nvcc"
+    backend_reason: str = "auto"
+    set_aside: tuple = ()  # harness.deviceview.SetAside: what the device view left out
+    compiler: str = ""  # "nvrtc 13.2" or "nvcc 13.0.88"
 
 
 # ---------------------------------------------------------------- toolchain facts
@@ -194,7 +193,7 @@ def resolve_arch(arch: str | None = None) -> str:
     return check_arch(device.device_arch() or _settings.DEFAULT_ARCH_WITHOUT_DEVICE)
 
 
-# ---------------------------------------------------------------- source closure
+# ---------------------------------------------------------------- include path and source closure
 
 
 def _strip_comments(text: str) -> str:
@@ -202,11 +201,94 @@ def _strip_comments(text: str) -> str:
     return re.sub(r"//[^\n]*", "", text)
 
 
-def source_closure(source: Path, kernel_root: Path) -> list[tuple[str, str]]:
-    """(path relative to the kernel root, sha256) of the `.cu` and every header it
-    includes, transitively, that lies inside the kernel root. Headers outside the root
-    (CUDA's) are covered by the toolchain versions in the key instead."""
-    root = kernel_root.resolve()
+@dataclass(frozen=True)
+class IncludePath:
+    """The folders a module's includes are searched in, in order, each with the label the
+    recorded options use for it: `$ROOT` and `$ROOT/sub` inside the kernel root (a sandbox
+    copy records the same), `@include<N>` for a user include directory outside the root
+    (its content hash is added per module), `@cuda-headers`, `@cccl`, `@harness-shims`
+    (versions)."""
+
+    source_dir: Path
+    root: Path
+    user: tuple[Path, ...]  # the launcher's INCLUDE_DIRS, then --include-dir / ini harness_include_dirs
+    system: tuple[tuple[Path, str], ...]  # (dir, label) for CUDA headers, CCCL, shims
+
+    def folders(self, quoted: bool) -> list[Path]:
+        first = [self.source_dir] if quoted else []
+        out = []
+        for d in [*first, self.root, *self.user, *(d for d, _ in self.system)]:
+            if d not in out:
+                out.append(d)
+        return out
+
+    def label(self, folder: Path) -> str:
+        folder = Path(folder)
+        if folder.is_relative_to(self.root):
+            rel = folder.relative_to(self.root).as_posix()
+            return "$ROOT" if rel == "." else f"$ROOT/{rel}"
+        for i, d in enumerate(self.user):
+            if folder == d:
+                return f"@include{i}"
+        for d, label in self.system:
+            if folder == d:
+                return label
+        return str(folder)
+
+    def searched(self) -> list[Path]:
+        """The folders handed to the compiler, in order (the source's folder first)."""
+        return self.folders(quoted=True)
+
+    def resolve(self, name: str, quoted: bool, origin: Path | None = None) -> Path | None:
+        """Where `#include name` is found: the including file's folder first for quoted
+        includes, then the search path. A header that two user include directories (or one
+        and the kernel root) hold is an `IncludeDirError` saying which wins."""
+        candidates = ([origin.parent] if quoted and origin is not None else []) + self.folders(quoted)
+        hits = []
+        for d in candidates:
+            p = d / name
+            if p.is_file():
+                hits.append(p.resolve())
+        if not hits:
+            return None
+        user_hits = [h for h in dict.fromkeys(hits)
+                     if any(h.is_relative_to(d) for d in (self.root, *self.user))
+                     and not (origin is not None and h.parent == origin.parent.resolve())]
+        distinct = {h.read_bytes() for h in user_hits} if len(user_hits) > 1 else set()
+        if len(distinct) > 1:
+            from harness.toolchain import IncludeDirError
+
+            spelled = f'"{name}"' if quoted else f"<{name}>"
+            raise IncludeDirError(
+                f"#include {spelled} is found in two include "
+                f"directories: {user_hits[0]} (wins: it comes first in the search order) and {user_hits[1]}: "
+                "rename or remove one copy, or drop one of the folders from INCLUDE_DIRS / --include-dir / "
+                "ini harness_include_dirs")
+        return hits[0]
+
+
+def include_path(source: Path, kernel_root: Path, module_dirs=(), backend: str = "nvrtc") -> IncludePath:
+    from harness import toolchain
+
+    root = Path(kernel_root).resolve()
+    user = []
+    for d in (*module_dirs, *_settings.current().include_dirs):
+        d = Path(d).resolve()
+        if d not in user and d != root:
+            user.append(d)
+    system = []
+    if backend == "nvrtc":  # nvcc brings its own toolkit's headers and CCCL (its version is in the key)
+        system = [(cuda_include_dir().resolve(), f"@cuda-headers({_cuda_headers_version()})")]
+        system += [(d, f"@cccl({toolchain.cccl_version()})") for d in toolchain.cccl_dirs()[0]]
+        system.append((toolchain.SHIMS, f"@harness-shims({toolchain.shims_version()[:8]})"))
+    return IncludePath(Path(source).resolve().parent, root, tuple(user), tuple(system))
+
+
+def _closure(source: Path, inc: IncludePath) -> list[tuple[str, str]]:
+    """(label, sha256) of the `.cu` and every header it includes, transitively, except the
+    CUDA headers, CCCL and the shims (covered by their versions in the key): the kernel
+    root's (a root-relative path), a user include directory's (`@include<N>/path`), and any
+    a symlink in the root leads to (`@external/abs/path`)."""
     seen: dict[Path, str] = {}
     stack = [source.resolve()]
     while stack:
@@ -215,53 +297,103 @@ def source_closure(source: Path, kernel_root: Path) -> list[tuple[str, str]]:
             continue
         data = path.read_bytes()
         seen[path] = hashlib.sha256(data).hexdigest()
-        for name in _INCLUDE.findall(_strip_comments(data.decode("utf-8", errors="replace"))):
-            for base in (path.parent, root):
-                candidate = (base / name).resolve()
-                if candidate.is_file() and candidate.is_relative_to(root):
-                    stack.append(candidate)
-                    break
+        for m in _INCLUDE_Q.finditer(_strip_comments(data.decode("utf-8", errors="replace"))):
+            found = inc.resolve(m.group(2), m.group(1) == '"', origin=path)
+            if found is not None and not any(found.is_relative_to(d) for d, _ in inc.system):
+                stack.append(found)  # the kernel root's, a user include dir's, or one a symlink leads to
 
     def rel(p: Path) -> str:
-        return p.relative_to(root).as_posix() if p.is_relative_to(root) else p.name
+        if p.is_relative_to(inc.root):
+            return p.relative_to(inc.root).as_posix()
+        for i, d in enumerate(inc.user):
+            if p.is_relative_to(d):
+                return f"@include{i}/{p.relative_to(d).as_posix()}"
+        return f"@external{p.as_posix()}"  # reached through a symlink: the same path from a sandbox
 
     return sorted((rel(p), digest) for p, digest in seen.items())
 
 
-# ---------------------------------------------------------------- options
+_INCLUDE_Q = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.MULTILINE)
 
 
-def recorded_options(arch: str, defines: dict | None = None, fmad: bool = True) -> tuple[str, ...]:
-    """The options as NVRTC spells them; part of the cache key and of every report."""
-    opts = [
-        f"--gpu-architecture={arch}",
-        "-std=c++17",
-        "--ftz=false",
-        "--prec-div=true",
-        "--prec-sqrt=true",
-        f"--fmad={'true' if fmad else 'false'}",
-        "--use_fast_math=false",
-    ]
-    for name, value in sorted((defines or {}).items()):
-        opts.append(f"-D{name}" if value is None else f"-D{name}={value}")
-    return tuple(opts)
+def source_closure(source: Path, kernel_root: Path, include_dirs=()) -> list[tuple[str, str]]:
+    """(path relative to the kernel root, sha256) of the `.cu` and every header it
+    includes, transitively, that lies inside the kernel root or a user include directory
+    (`@include<N>/...`). Headers of CUDA and CCCL are covered by their versions."""
+    return _closure(Path(source), include_path(source, kernel_root, include_dirs))
 
 
-def _program_options(source: Path, kernel_root: Path, arch: str, defines: dict | None, fmad: bool):
-    macros = [name if value is None else f"{name}={value}" for name, value in sorted((defines or {}).items())]
-    return ProgramOptions(
-        name=str(source),
-        arch=arch,
-        std="c++17",
-        ftz=False,
-        prec_div=True,
-        prec_sqrt=True,
-        fma=fmad,
-        use_fast_math=False,
-        include_path=[str(source.parent), str(kernel_root), str(cuda_include_dir())],
+# ---------------------------------------------------------------- options: one list, what the compiler receives
+
+NVCC_HEADERS = re.compile(r"^(cub/cub\.cuh|cub/device/.*|cub/agent/.*|cub/dispatch/.*|thrust/.*)$")
+
+
+def _nvrtc_options(arch: str, ms: ModuleSettings, inc: IncludePath) -> list[str]:
+    """The option list NVRTC receives, from `cuda.core.ProgramOptions` (its own spelling)
+    plus the module's EXTRA_FLAGS verbatim."""
+    po = ProgramOptions(
+        arch=arch, std="c++17", ftz=ms.ftz_effective, prec_div=not ms.fast_math, prec_sqrt=not ms.fast_math,
+        fma=ms.fmad, use_fast_math=ms.fast_math, include_path=[str(d) for d in inc.searched()],
         ptxas_options=["-v"],
-        define_macro=macros or None,
+        define_macro=[name if value is None else f"{name}={value}" for name, value in ms.defines] or None,
     )
+    return [b.decode() for b in po.as_bytes("nvrtc")] + list(ms.extra_flags)
+
+
+def _nvcc_options(arch: str, ms: ModuleSettings, inc: IncludePath) -> list[str]:
+    """The nvcc command line between `nvcc` and the input and output files."""
+    opts = [f"-arch={arch}", "--cubin", "-std=c++17", f"--ftz={str(ms.ftz_effective).lower()}",
+            f"--prec-div={str(not ms.fast_math).lower()}", f"--prec-sqrt={str(not ms.fast_math).lower()}",
+            f"--fmad={str(ms.fmad).lower()}"]
+    if ms.fast_math:
+        opts.append("--use_fast_math")
+    opts += [f"-D{name}" if value is None else f"-D{name}={value}" for name, value in ms.defines]
+    opts += [f"-I{d}" for d in inc.searched()]
+    opts += ["-Xptxas=-v", *ms.extra_flags]
+    return opts
+
+
+_PATH_OPTION = re.compile(r"^(--include-path=|-I)(.+)$")
+
+
+def normalise_options(options: list[str], inc: IncludePath) -> tuple[str, ...]:
+    """`options` with every include folder replaced by its label (`$ROOT/...`, `@cccl`, ...),
+    so the recorded and hashed options are the compiler's own list and a sandbox copy of the
+    kernel root records (and hits) the same."""
+    out = []
+    for o in options:
+        m = _PATH_OPTION.match(o)
+        out.append(m.group(1) + inc.label(Path(m.group(2))) if m else o)
+    return tuple(out)
+
+
+def recorded_options(arch: str, defines: dict | None = None, fmad: bool = True,
+                     settings: ModuleSettings | None = None) -> tuple[str, ...]:
+    """The options a module with these settings is compiled with by NVRTC, as recorded:
+    derived from the very list NVRTC receives, include folders as labels. With no kernel
+    root at hand the source folder is the root (`$ROOT`)."""
+    ms = settings or ModuleSettings()
+    if defines:
+        ms = ms.with_overrides(defines=defines)
+    if not fmad:
+        ms = ms.with_overrides(fmad=False)
+    root = _settings.current().kernel_root
+    inc = include_path(root / "x.cu", root, ms.include_dirs)
+    return normalise_options(_nvrtc_options(arch, ms, inc), inc)
+
+
+def _backend(ms: ModuleSettings, view_includes: list[str], closure_headers: list[str]) -> tuple[str, str]:
+    """(backend, why). The rule: COMPILER = "nvrtc" or "nvcc" in the launcher decides;
+    "auto" (the default) is NVRTC unless the device view of the `.cu`, or a kernel-root
+    header it includes, keeps an include of a CCCL header that pulls in host-side
+    device-wide algorithms (`cub/cub.cuh`, `cub/device/...`, `cub/agent/...`,
+    `cub/dispatch/...`, `thrust/...`), which NVRTC cannot compile: then nvcc."""
+    if ms.compiler != "auto":
+        return ms.compiler, f"COMPILER = {ms.compiler!r} in {ms.declared_in}"
+    for name in [*view_includes, *closure_headers]:
+        if NVCC_HEADERS.match(name):
+            return "nvcc", f"auto: <{name}> needs nvcc (NVRTC cannot compile CCCL's host-side algorithms)"
+    return "nvrtc", "auto"
 
 
 # ---------------------------------------------------------------- ptxas report
@@ -307,7 +439,7 @@ def parse_resources(log: str, symbol_mapping: dict) -> tuple[KernelResources, ..
 # ---------------------------------------------------------------- cache
 
 
-def _cache_key(closure, options, name_expressions, arch) -> str:
+def _cache_key(closure, options, name_expressions, arch, extra: dict | None = None) -> str:
     material = {
         "format": CACHE_FORMAT,
         "closure": closure,
@@ -316,6 +448,7 @@ def _cache_key(closure, options, name_expressions, arch) -> str:
         "arch": arch,
         "nvrtc": nvrtc_version(),
         "cuda_headers": _cuda_headers_version(),
+        **(extra or {}),
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
@@ -391,6 +524,9 @@ def _read_source(path: Path, options: tuple[str, ...]) -> str:
 # ---------------------------------------------------------------- the entry point
 
 
+_views: dict[tuple, object] = {}  # memo of device views (see compile_file)
+
+
 def compile_file(
     source: str | os.PathLike,
     *,
@@ -398,13 +534,20 @@ def compile_file(
     arch: str | None = None,
     name_expressions: tuple[str, ...] | list[str] = (),
     defines: dict | None = None,
-    fmad: bool = True,
+    fmad: bool | None = None,
+    settings: ModuleSettings | None = None,
     cache_dir: str | os.PathLike | None = None,
     use_cache: bool = True,
 ) -> CompiledModule:
-    """Compile one `.cu` to a cubin. `source` is absolute or relative to the kernel root."""
-    settings = _settings.current()
-    root = Path(kernel_root).resolve() if kernel_root is not None else settings.kernel_root
+    """Compile one `.cu` to a cubin. `source` is absolute or relative to the kernel root.
+
+    The compile settings are the ones the launcher beside the `.cu` declares
+    (`harness.modsettings`), or `settings` when given (the controls pass the real tree's);
+    `name_expressions`, `defines` and `fmad` may repeat what the launcher declares, or give
+    what it leaves undeclared. The file is compiled through its device-only view
+    (`harness.deviceview`) by NVRTC, or by nvcc by the rule in `_backend`."""
+    run_settings = _settings.current()
+    root = Path(kernel_root).resolve() if kernel_root is not None else run_settings.kernel_root
     if not root.is_dir():
         raise FileNotFoundError(
             f"kernel root {root} does not exist or is not a folder: "
@@ -417,11 +560,71 @@ def compile_file(
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such .cu file under the kernel root {root}")
     arch = resolve_arch(arch)
-    name_expressions = tuple(name_expressions)
-    options = recorded_options(arch, defines, fmad)
-    closure = source_closure(path, root)
-    key = _cache_key(closure, options, name_expressions, arch)
-    cache = Path(cache_dir) if cache_dir is not None else settings.cache_dir
+    ms = settings if settings is not None else declared_settings(path)
+    ms = ms.with_overrides(name_expressions=name_expressions, defines=defines, fmad=fmad)
+    name_expressions = ms.name_expressions
+
+    inc = include_path(path, root, ms.include_dirs)
+    provisional = normalise_options(_nvrtc_options(arch, ms, inc), inc)
+    text_source = _read_source(path, provisional)
+    closure = _closure(path, inc)
+    view = None
+    view_missing = False
+    if ms.device_view:
+        from harness.deviceview import DeviceViewError, available, device_view
+
+        view_missing = not available()
+    if ms.device_view and not view_missing:
+        headers = [inc.resolve(n, q == '"', origin=path) for q, n in _INCLUDE_Q.findall(_strip_comments(text_source))]
+        extra = tuple(h.read_text(errors="replace") for h in headers
+                      if h is not None and any(h.is_relative_to(d) for d in (inc.root, *inc.user)))
+        # The view depends on the text, the macros of its kernel-root headers and where each
+        # include resolves: memoised on exactly those, so a launcher calling module() per launch
+        # pays for the syntax tree once per process.
+        memo = (str(path), hashlib.sha256(text_source.encode()).hexdigest(),
+                tuple(hashlib.sha256(e.encode()).hexdigest() for e in extra), tuple(map(str, headers)))
+        view = _views.get(memo)
+        if view is None:
+            try:
+                view = device_view(text_source, path, lambda n, q: inc.resolve(n, q, origin=path), extra)
+            except DeviceViewError as exc:
+                raise CompileError(path, str(exc), provisional, what="could not derive the device view of") from None
+            _views[memo] = view
+    compiled_text = view.text if view is not None else text_source
+    closure_headers = []
+    for rel, _ in closure:
+        p = root / rel if not rel.startswith("@") else None
+        if p is not None and p != path and p.is_file():
+            closure_headers += [n for _, n in _INCLUDE_Q.findall(_strip_comments(p.read_text(errors="replace")))]
+    view_includes = [n for _, n in _INCLUDE_Q.findall(_strip_comments(compiled_text))]
+    backend, backend_why = _backend(ms, view_includes, closure_headers)
+    if view_missing:  # compiled as it is: right for device-only files; host code then fails, saying why
+        backend_why += "; no device view (tree-sitter and tree-sitter-cuda are not installed)"
+    if backend == "nvcc":
+        from harness import toolchain
+
+        nvcc = toolchain.require_nvcc(f"{path.name} is compiled by nvcc ({backend_why})")
+        inc = include_path(path, root, ms.include_dirs, backend="nvcc")
+        real_options = _nvcc_options(arch, ms, inc)
+        compiler_version = f"nvcc {toolchain.nvcc_version(str(nvcc))}"
+    else:
+        real_options = _nvrtc_options(arch, ms, inc)
+        compiler_version = f"nvrtc {nvrtc_version()}"
+    options = normalise_options(real_options, inc)
+    set_aside = view.set_aside if view is not None else ()
+    from harness import toolchain as _tc
+
+    user_hash = {}
+    for i, _ in enumerate(inc.user):
+        h = hashlib.sha256(json.dumps([c for c in closure if c[0].startswith(f"@include{i}/")]).encode())
+        user_hash[f"@include{i}"] = h.hexdigest()[:16]
+    key = _cache_key(closure, options, name_expressions, arch, {
+        "backend": backend, "compiler": compiler_version, "cccl": _tc.cccl_version(),
+        "shims": _tc.shims_version() if backend == "nvrtc" else None,
+        "device_view": (__import__("harness.deviceview").deviceview.VERSION if view is not None else None),
+        "set_aside": [str(s) for s in set_aside], "include_hashes": user_hash,
+    })
+    cache = Path(cache_dir) if cache_dir is not None else run_settings.cache_dir
     cubin_path, meta_path = _cache_paths(cache, key)
 
     start = time.perf_counter()
@@ -431,7 +634,8 @@ def compile_file(
             source=path, arch=arch, options=options, name_expressions=name_expressions, key=key,
             cubin=cubin, symbol_mapping=mapping, resources=parse_resources(log, mapping), log=log,
             cache_hit=hit, seconds=time.perf_counter() - start, nvrtc_version=nvrtc_version(),
-            cubin_path=cubin_path if use_cache else None,
+            cubin_path=cubin_path if use_cache else None, backend=backend, backend_reason=backend_why,
+            set_aside=tuple(set_aside), compiler=compiler_version,
         )
 
     if use_cache:
@@ -439,25 +643,31 @@ def compile_file(
         if hit is not None:
             return result(*hit, hit=True)
 
-    text_source = _read_source(path, options)
-    log = io.StringIO()
     try:
-        program = Program(text_source, "c++", _program_options(path, root, arch, defines, fmad))
-        code = program.compile("cubin", name_expressions=name_expressions, logs=log)
-    except Exception as exc:  # cuda.core raises a generic error carrying the log
-        text = (log.getvalue() or str(exc)).replace("\x00", "")
-        detail = str(exc).replace("\x00", "")
-        if detail and detail not in text:
-            text = text.rstrip() + "\n" + detail
-        raise CompileError(path, text, options) from None
-    cubin = bytes(code.code)
-    mapping = {expr: (sym.decode() if isinstance(sym, bytes) else sym) for expr, sym in code.symbol_mapping.items()}
-    text = log.getvalue()
+        if backend == "nvcc":
+            cubin, mapping, text = _compile_nvcc(nvcc, path, compiled_text, real_options, name_expressions)
+        else:
+            cubin, mapping, text = _compile_nvrtc(path, compiled_text, real_options, name_expressions)
+    except _Failed as exc:
+        log_text = exc.log
+        if view_missing:
+            log_text = log_text.rstrip() + (
+                "\n\nthe file was compiled as it is, with no device view: tree-sitter and tree-sitter-cuda are not "
+                "installed (pip install tree-sitter tree-sitter-cuda; on a machine with no registry, carry their "
+                "wheels), so host code and host-only includes were not set aside")
+        if set_aside:
+            log_text = log_text.rstrip() + (
+                "\n\nthe device view set aside (if device code needs one of these, see docs/your-kernels.md, "
+                "'Host code'):\n" + "\n".join(f"  {s}" for s in set_aside))
+        raise CompileError(path, log_text, options,
+                           what="nvcc could not compile" if backend == "nvcc" else "NVRTC could not compile") from None
     if use_cache:
         meta = {
             "source": str(path),
             "closure": closure,
             "options": list(options),
+            "backend": backend,
+            "set_aside": [str(s) for s in set_aside],
             "name_expressions": list(name_expressions),
             "symbol_mapping": mapping,
             "log": text,
@@ -474,66 +684,10 @@ def compile_file(
 LAUNCHER_ATTRIBUTE = "NAME_EXPRESSIONS"
 
 
-def _import_root(folder: Path) -> Path:
-    """The folder a launcher's package imports resolve from: the first parent of `folder`
-    that is not a package (holds no __init__.py). For kernels_cu/x.py: the project root, so
-    `from kernels_cu.y import ...` and `from harness ...` inside the launcher work from any
-    working folder."""
-    while (folder / "__init__.py").is_file() and folder.parent != folder:
-        folder = folder.parent
-    return folder
-
-
 def declared_name_expressions(source: str | os.PathLike) -> tuple[str, ...]:
-    """The C++ name expressions that the launcher beside `x.cu` (`x.py`) declares as
-    `NAME_EXPRESSIONS`, so that tools compiling without a gate (the compile command, the
-    compile items, the static control check) instantiate the same templates the gates do.
-    `()` when there is no launcher or it declares none. Raises `LauncherError` (one line)
-    when the launcher fails to import or declares something other than a tuple of strings."""
-    import importlib.util
-
-    launcher = Path(source).with_suffix(".py")
-    if not launcher.is_file():
-        return ()
-    name = "_harness_launcher_" + hashlib.sha256(str(launcher.resolve()).encode()).hexdigest()[:16]
-    mod = sys.modules.get(name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(name, launcher)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # dataclasses in the launcher look their module up here
-        root = str(_import_root(launcher.resolve().parent))
-        added = root not in sys.path
-        if added:
-            sys.path.insert(0, root)
-        try:
-            spec.loader.exec_module(mod)
-        except BaseException as exc:
-            del sys.modules[name]
-            if not isinstance(exc, Exception):
-                raise
-            where = ""
-            tb = exc.__traceback__
-            while tb is not None:  # the deepest frame inside the launcher: where it failed
-                if Path(tb.tb_frame.f_code.co_filename).resolve() == launcher.resolve():
-                    where = f" (line {tb.tb_lineno})"
-                tb = tb.tb_next
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise LauncherError(
-                f"{launcher}: importing the launcher to read {LAUNCHER_ATTRIBUTE} failed{where}: "
-                f"{type(exc).__name__}{': ' + detail if detail else ''}; fix the launcher so that "
-                f"`import` of it succeeds with no GPU"
-            ) from None
-        finally:
-            if added and root in sys.path:
-                sys.path.remove(root)
-    names = getattr(mod, LAUNCHER_ATTRIBUTE, ())
-    if isinstance(names, (str, bytes)) or not isinstance(names, (tuple, list)) \
-            or not all(isinstance(n, str) for n in names):
-        raise LauncherError(
-            f"{launcher}: {LAUNCHER_ATTRIBUTE} must be a tuple of C++ name expressions (strings), got "
-            f"{names!r}; write e.g. {LAUNCHER_ATTRIBUTE} = (\"my_kernel<256>\",) (note the trailing comma)"
-        )
-    return tuple(names)
+    """The C++ name expressions the launcher beside `x.cu` declares (`NAME_EXPRESSIONS`);
+    `()` when there is none. Raises `LauncherError` (one line)."""
+    return declared_settings(source).name_expressions
 
 
 def find_sources(kernel_root: str | os.PathLike) -> list[Path]:

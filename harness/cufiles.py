@@ -54,9 +54,9 @@ class CompileItem(pytest.Item):
         self.add_marker(KIND)
 
     def runtest(self) -> None:
-        from harness.compile import compile_file, declared_name_expressions
+        from harness.compile import compile_file
 
-        mod = compile_file(self.path, name_expressions=declared_name_expressions(self.path))
+        mod = compile_file(self.path)  # the launcher's declared settings, as every tool reads them
         lines = []
         for r in mod.resources:
             self.user_properties.append(
@@ -65,7 +65,12 @@ class CompileItem(pytest.Item):
             lines.append(f"{r.kernel}: {r.registers} registers, {r.spill_bytes} spill bytes, "
                          f"{r.shared_bytes} shared bytes")
         self.user_properties.append(("arch", mod.arch))
+        self.user_properties.append(("backend", f"{mod.compiler} ({mod.backend_reason})"))
+        self.user_properties.append(("set aside", mod_set_aside(mod)))
+        self.user_properties.append(("compile options", " ".join(mod.options)))
         self.add_report_section("call", "resources", "\n".join(lines) or "(no kernels)")
+        self.add_report_section("call", "device view", f"backend: {mod.compiler} ({mod.backend_reason})\n"
+                                                       f"set aside: {mod_set_aside(mod)}")
 
     def repr_failure(self, excinfo, style=None):
         from harness.compile import CompileError, LauncherError
@@ -77,10 +82,19 @@ class CompileItem(pytest.Item):
             return f"{head}\n{exc}"
         if isinstance(exc, LauncherError):
             return str(exc)
+        from harness.toolchain import IncludeDirError, NvccNotFound
+
+        if isinstance(exc, (IncludeDirError, NvccNotFound)):
+            return f"{self.path}: {exc}"
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self):
         return self.path, None, f"{self.path.name}::{KIND}"
+
+
+def mod_set_aside(mod) -> str:
+    """What the device view set aside, one line ("nothing" when the file is device code only)."""
+    return "; ".join(str(s) for s in mod.set_aside) if mod.set_aside else "nothing"
 
 
 def pytest_collect_file(file_path: Path, parent):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness import _settings, coverage
 from harness.compile import CompiledModule, compile_file
+from harness.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, allow_dynamic_shared
 from harness.workers import note_launch
 
 
@@ -53,15 +54,22 @@ class Module:
 
 
 class Launch:
-    """A kernel that notes its own launches (for the watchdog and the sanitizer's count)."""
+    """A kernel that notes its own launches (for the watchdog and the sanitizer's count).
+    A launch with `shared_mem` above 48 KiB first raises the function's dynamic shared
+    memory attribute (`harness.launch.allow_dynamic_shared`), once per size."""
 
-    __slots__ = ("function", "name")
+    __slots__ = ("function", "name", "shared_allowed")
 
     def __init__(self, function, name: str):
         self.function = function
         self.name = name
+        self.shared_allowed = DEFAULT_DYNAMIC_SHARED_LIMIT
 
     def __call__(self, grid, block, args, *rest, **kwargs):
+        shared = kwargs.get("shared_mem", rest[0] if rest else 0)
+        if int(shared) > self.shared_allowed:
+            allow_dynamic_shared(self, int(shared))
+            self.shared_allowed = int(shared)
         note_launch(self.name)
         return self.function(grid, block, args, *rest, **kwargs)
 
@@ -91,10 +99,24 @@ def module(
     relpath: str | os.PathLike,
     name_expressions: tuple[str, ...] | list[str] = (),
     defines: dict | None = None,
-    fmad: bool = True,
+    fmad: bool | None = None,
 ) -> Module:
-    """Compile (or hit the cache for) `<kernel_root>/<relpath>` and load it into CuPy."""
+    """Compile (or hit the cache for) `<kernel_root>/<relpath>` and load it into CuPy, with
+    the compile settings its launcher declares (`harness.modsettings`). The arguments may
+    repeat the declaration or fill in what it leaves out, never contradict it."""
     compiled = compile_file(relpath, name_expressions=tuple(name_expressions), defines=defines, fmad=fmad)
     coverage.note_module(relpath)  # which gates load which module: gate selection for mutation campaigns
+    _used[compiled.source.name if compiled.source.parent == kernel_root() else str(relpath)] = compiled.options
     return load(compiled)
+
+
+_used: dict[str, tuple[str, ...]] = {}
+
+
+def take_used() -> dict[str, list[str]]:
+    """{module: the options it was compiled with} for every module loaded through `module`
+    since the last call (the plugin records them on the gate that loaded them)."""
+    out = {k: list(v) for k, v in _used.items()}
+    _used.clear()
+    return out
 

@@ -98,3 +98,38 @@ def check_int32_vector(op: str, name: str, arr, length: int | None = None, what:
                       f"got {arr.dtype} of shape {shape_of(arr)}: convert it with .astype(int32)")
     if length is not None and int(arr.shape[0]) != int(length):
         raise Refusal(f"{_prefix(op)}{name} has {int(arr.shape[0])} entries, expected {int(length)}{holds}")
+
+
+# ------------------------------------------------------------------ dynamic shared memory above 48 KiB
+
+DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024
+"""Dynamic shared memory a kernel may take with no opt-in. Above it the function attribute
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES must be raised first (or the launch fails
+with "invalid argument"); `harness.kernels` does that for every launch with
+`shared_mem=` above the limit, through `allow_dynamic_shared`."""
+
+
+def check_dynamic_shared(op: str, nbytes: int, static_bytes: int, optin_limit: int) -> None:
+    """Refuse `nbytes` of dynamic shared memory that, with the kernel's static shared memory,
+    exceeds the device's opt-in limit per block (227 KiB on an H100/H200)."""
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise Refusal(f"{_prefix(op)}shared_mem={nbytes} is negative: pass the dynamic shared memory in bytes")
+    if static_bytes + nbytes > optin_limit:
+        raise Refusal(
+            f"{_prefix(op)}shared_mem={nbytes} bytes of dynamic shared memory plus the kernel's {static_bytes} static "
+            f"bytes exceed the device's {optin_limit} bytes per block (opt-in limit): use a smaller tile or fewer "
+            "stages")
+
+
+def allow_dynamic_shared(function, nbytes: int, op: str = "") -> None:
+    """Let `function` (a kernel from `Module.get`, or a CuPy function) launch with `nbytes`
+    of dynamic shared memory: raises the function's max-dynamic-shared attribute on the
+    current device after checking the opt-in limit (a `Refusal` when it is exceeded)."""
+    from cupy.cuda import Device, driver, runtime
+
+    fn = getattr(function, "function", function)
+    static = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn.ptr)
+    optin = runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, Device().id)
+    check_dynamic_shared(op or getattr(function, "name", ""), nbytes, static, optin)
+    driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes))

@@ -4,8 +4,10 @@ isolation, failure routes, reports and the terminal summary. In lifecycle order.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -73,6 +75,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("kernel_root", "folder holding the .cu files, relative to the rootdir", default="kernels_cu")
     parser.addini("controls_dir", "folder of negative-control TOML files, relative to the rootdir", default="controls")
     parser.addini("harness_cache_dir", "compiled cubin cache folder", default="")
+    group.addoption("--include-dir", action="append", default=[], metavar="DIR",
+                    help="an extra include directory for every module (repeatable; before ini harness_include_dirs)")
+    parser.addini(_settings.INCLUDE_DIRS_INI, "extra include directories, one per line, relative to the rootdir",
+                  type="linelist", default=[])
     parser.addini("harness_deadline", f"per-gate deadline for GPU gates in seconds (default {DEFAULT_DEADLINE:g})",
                   default="")
 
@@ -180,7 +186,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"harness: {exc}") from None
     st.arch = config.option.arch
     _settings.configure(kernel_root=st.kernel_root, arch=config.option.arch,
-                        cache_dir=Path(cache).resolve() if cache else None)
+                        cache_dir=Path(cache).resolve() if cache else None, include_dirs=_include_dirs(config))
     if st.sanitize and not st.serving:
         from harness import sanitizer
 
@@ -200,6 +206,16 @@ def pytest_configure(config: pytest.Config) -> None:
     elif not st.serving and not st.is_controller and st.sanitizer_cmd is None and device._driver_present():
         # Where a GPU may be, the server imports CuPy while this process collects.
         st.pool = _new_pool(config)
+
+
+def _include_dirs(config: pytest.Config) -> tuple:
+    from harness.toolchain import IncludeDirError
+
+    try:
+        return _settings.include_dirs(config.option.include_dir, config.getini(_settings.INCLUDE_DIRS_INI),
+                                      config.rootpath)
+    except IncludeDirError as exc:
+        raise pytest.UsageError(f"harness: {exc}") from None
 
 
 def _probe_in_subprocess(config: pytest.Config) -> dict:
@@ -249,6 +265,7 @@ def _server_args(config: pytest.Config, files: list[str], pool_tmp: Path) -> lis
         args.append(f"--config-file={config.inipath}")
     if st.arch:
         args.append(f"--arch={st.arch}")
+    args += [f"--include-dir={d}" for d in _settings.current().include_dirs]
     for plugin in getattr(config.option, "plugins", None) or []:
         if plugin not in ("no:cacheprovider",):
             args += ["-p", plugin]
@@ -540,6 +557,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         if cov.nodeid == item.nodeid and (cov.modules or cov.sources):
             rep.user_properties.extend([("modules_loaded", " ".join(sorted(cov.modules))),
                                         ("sources_read", " ".join(sorted(cov.sources)))])
+    if "harness.kernels" in sys.modules:  # the options each module this gate loaded was compiled with
+        used = sys.modules["harness.kernels"].take_used()
+        if used:
+            rep.user_properties.append(("compile_options", json.dumps(used)))
     if rep.failed and call.excinfo is not None:
         exc = call.excinfo.value
         props = [("route", classify_route(exc).value), ("first_failure_line", first_line(exc))]
@@ -582,6 +603,10 @@ class _Recorder:
         for key in ("modules_loaded", "sources_read"):
             if props.get(key):
                 getattr(rec, key).extend(x for x in props[key].split() if x not in getattr(rec, key))
+        if props.get("compile_options"):
+            used = json.loads(props["compile_options"])
+            rec.compile_options = (list(next(iter(used.values()))) if len(used) == 1 else
+                                   [f"{m}: {' '.join(o)}" for m, o in sorted(used.items())])
         for key in ("worker", "device", "device_ordinal", "device_uuid", "worker_phases"):
             if props.get(key):
                 setattr(rec, key, int(props[key]) if key == "device_ordinal" and props[key].isdigit() else props[key])
@@ -648,7 +673,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         for r in records:
             if r.gpu:
                 r.device = r.device or facts.device
-                r.compile_options = facts.compile_options
+                r.compile_options = r.compile_options or facts.compile_options  # its modules' own, when known
             else:
                 r.device = None
         write_reports(st.report_dir, records, facts)

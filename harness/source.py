@@ -25,7 +25,9 @@ __all__ = [
     "Call",
     "FunctionSource",
     "SourceError",
+    "active_text",
     "calls_in",
+    "constexpr_int",
     "contains_call",
     "declared_names",
     "define_int",
@@ -146,14 +148,18 @@ def _logical_lines(text: str):
         i += 1
 
 
-def define_value(text_or_path: str | Path, name: str) -> str:
+def define_value(text_or_path: str | Path, name: str, defines: dict | None = None) -> str:
     """The replacement text of the object-like macro `#define name value`, stripped.
 
-    Raises `SourceError` when `name` is never defined, is defined more than once (even
-    under different `#if` branches: a structural gate must not guess which one builds),
-    or is a function-like macro.
+    With `defines` (the macros the module is compiled with, e.g. its launcher's DEFINES;
+    `{}` for none), the preprocessor branches are taken first (`active_text`), so a macro
+    defined once per branch of an `#if` has the one value that builds. Without it, raises
+    `SourceError` when `name` is defined more than once (a structural gate must not guess
+    which branch builds). Also when it is never defined, or is a function-like macro.
     """
     text, where = _read(text_or_path)
+    if defines is not None:
+        text = active_text(text, defines)
     clean = strip_comments_and_literals(text)
     pattern = re.compile(rf"^\s*#\s*define\s+{re.escape(name)}(?![\w])(\(?)(.*)$")
     found = []
@@ -167,7 +173,9 @@ def define_value(text_or_path: str | Path, name: str) -> str:
         lines = ", ".join(str(line) for line, _, _ in found)
         raise SourceError(
             f"{where}: `#define {name}` appears {len(found)} times (lines {lines}); "
-            "keep one definition so the gate knows which value builds"
+            + "keep one definition so the gate knows which value builds"
+            + ("" if defines is not None else
+               ", or pass defines={...} (the macros the module is compiled with) to take its #if branch")
         )
     line, paren, value = found[0]
     if paren:
@@ -175,9 +183,9 @@ def define_value(text_or_path: str | Path, name: str) -> str:
     return value
 
 
-def define_int(text_or_path: str | Path, name: str) -> int:
+def define_int(text_or_path: str | Path, name: str, defines: dict | None = None) -> int:
     """`define_value` read as an integer literal: `8`, `8u`, `(8)`, `0x10`."""
-    value = define_value(text_or_path, name)
+    value = define_value(text_or_path, name, defines)
     m = re.fullmatch(r"\(?\s*(0[xX][0-9a-fA-F]+|\d+)[uUlL]*\s*\)?", value)
     if not m:
         raise SourceError(f"`#define {name} {value}` is not an integer literal; structural gates compare literals only")
@@ -336,3 +344,146 @@ def reachable_functions(text: str, name: str) -> list[FunctionSource]:
             continue  # a keyword, an intrinsic, or a function defined in another file
         pending += [m.group(1) for m in _CALLED.finditer(found[current].body) if m.group(1) not in _STATEMENT_KEYWORDS]
     return list(found.values())
+
+
+# ------------------------------------------------------------------ constexpr constants and #if branches
+
+_INT_LITERAL = re.compile(r"\b(0[xX][0-9a-fA-F]+|0[bB][01]+|\d+)(?:[uU](?:ll|LL|l|L)?|(?:ll|LL|l|L)[uU]?)?\b")
+
+
+def _int_expression(expr: str) -> int | None:
+    """The value of an integer constant expression made of literals, `+ - * / % << >> & | ^ ~`
+    and parentheses; None when it holds anything else (a name, a call, a float)."""
+    import ast
+
+    py = _INT_LITERAL.sub(lambda m: str(int(m.group(1).replace("'", ""), 0)), expr.replace("'", ""))
+    py = py.replace("/", "//")
+    try:
+        tree = ast.parse(py.strip(), mode="eval")
+    except SyntaxError:
+        return None
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv,
+               ast.Mod, ast.LShift, ast.RShift, ast.BitAnd, ast.BitOr, ast.BitXor, ast.Invert, ast.USub, ast.UAdd)
+    if not all(isinstance(n, allowed) for n in ast.walk(tree)):
+        return None
+    if not all(isinstance(n.value, int) for n in ast.walk(tree) if isinstance(n, ast.Constant)):
+        return None
+    try:
+        return int(eval(compile(tree, "<constexpr>", "eval")))
+    except (ArithmeticError, ValueError):
+        return None
+
+
+def constexpr_int(text_or_path: str | Path, name: str, defines: dict | None = None) -> int:
+    """The value of the integer constant `name` declared `constexpr` (at file, namespace or
+    class scope): `constexpr int N = 8;`, `static constexpr unsigned kRows{16};`,
+    `inline constexpr int kTile = 4 * 32;`. The initializer must be an integer constant
+    expression of literals. With `defines`, the preprocessor branches are taken first
+    (`active_text`). Raises `SourceError` when it is not found, found more than once, or its
+    initializer is not a literal expression."""
+    text, where = _read(text_or_path)
+    if defines is not None:
+        text = active_text(text, defines)
+    clean = strip_comments_and_literals(text)
+    pattern = re.compile(rf"\bconstexpr\b[^;{{}}()=]*?(?<![\w:]){re.escape(name)}\s*(?:=\s*([^;{{}}]+?)|\{{\s*([^;{{}}]+?)\s*\}})\s*;")
+    found = [(line_of(clean, m.start()), (m.group(1) or m.group(2)).strip()) for m in pattern.finditer(clean)]
+    if not found:
+        raise SourceError(f"{where}: no `constexpr ... {name} = ...;`; declare it there or check the name")
+    if len(found) > 1:
+        lines = ", ".join(str(line) for line, _ in found)
+        raise SourceError(f"{where}: `constexpr ... {name}` is declared {len(found)} times (lines {lines}); "
+                          + "keep one declaration so the gate knows which value builds"
+                          + ("" if defines is not None else ", or pass defines={...} to take its #if branch"))
+    line, expr = found[0]
+    value = _int_expression(re.sub(r"^\(\s*|static_cast<[^>]*>\s*", "", expr) if expr.startswith("static_cast")
+                            else expr)
+    if value is None:
+        raise SourceError(f"{where}:{line}: `{name}` is initialised with `{expr}`, not an integer expression of "
+                          "literals; structural gates compare literals only")
+    return value
+
+
+_DIRECTIVE = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif|else|endif|define|undef)\b(.*)$")
+
+
+def _condition_value(expr: str, macros: dict, where: str, line: int) -> bool:
+    def defined(m):
+        return " 1 " if m.group(1) in macros else " 0 "
+
+    text = re.sub(r"\bdefined\s*\(\s*([A-Za-z_]\w*)\s*\)", defined, expr)
+    text = re.sub(r"\bdefined\s+([A-Za-z_]\w*)", defined, text)
+    for _ in range(16):  # expand macros to their values (a name with no numeric value is 0, as in C)
+        new = re.sub(r"\b(?!\d)([A-Za-z_]\w*)\b",
+                     lambda m: f" ({macros[m.group(1)] if macros.get(m.group(1)) not in (None, '') else 0}) "
+                     if m.group(1) in macros else " 0 ", text)
+        if new == text:
+            break
+        text = new
+    text = text.replace("&&", " and ").replace("||", " or ")
+    text = re.sub(r"!(?!=)", " not ", text)
+    py = _INT_LITERAL.sub(lambda m: str(int(m.group(1), 0)), text).replace("/", "//")
+    import ast
+
+    try:
+        tree = ast.parse(py.strip() or "0", mode="eval")
+    except SyntaxError:
+        raise SourceError(f"{where}:{line}: cannot evaluate `#if {expr.strip()}` by its defines; "
+                          "structural gates take branches on integer conditions and defined() only") from None
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Constant, ast.And, ast.Or,
+               ast.Not, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.LShift, ast.RShift, ast.BitAnd,
+               ast.BitOr, ast.BitXor, ast.Invert, ast.USub, ast.UAdd, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt,
+               ast.GtE)
+    if not all(isinstance(n, allowed) for n in ast.walk(tree)):
+        raise SourceError(f"{where}:{line}: cannot evaluate `#if {expr.strip()}` by its defines")
+    return bool(eval(compile(tree, "<if>", "eval")))
+
+
+def active_text(text_or_path: str | Path, defines: dict) -> str:
+    """`text` with every line in an inactive preprocessor branch blanked (line numbers kept),
+    taking `#if` / `#ifdef` / `#ifndef` / `#elif` / `#else` by `defines` (a dict of macro
+    name to value, None for a bare `-DNAME`) and by the `#define`s and `#undef`s met on the
+    way in active text. A macro no one defines is 0 in a condition, as in C."""
+    text, where = _read(text_or_path)
+    macros = {k: (None if v is None else str(v)) for k, v in (defines or {}).items()}
+    clean = strip_comments_and_literals(text)
+    out = text.split("\n")
+    stack: list[tuple[bool, bool]] = []  # (this branch active, some branch of this #if taken)
+    logical_lines = list(_logical_lines(clean))
+    for index, (start, logical) in enumerate(logical_lines):
+        end = logical_lines[index + 1][0] - 1 if index + 1 < len(logical_lines) else len(out)
+        m = _DIRECTIVE.match(logical)
+        kind, rest = (m.group(1), m.group(2)) if m else (None, "")
+        parent = all(a for a, _ in stack)
+        if kind in ("if", "ifdef", "ifndef"):
+            if not parent:
+                stack.append((False, True))
+            else:
+                name = rest.strip().split()[0] if rest.strip() else ""
+                value = (_condition_value(rest, macros, where, start) if kind == "if" else
+                         (name in macros) if kind == "ifdef" else (name not in macros))
+                stack.append((value, value))
+        elif kind in ("elif", "else", "endif") and not stack:
+            raise SourceError(f"{where}:{start}: #{kind} without #if")
+        elif kind == "elif":
+            _, taken = stack[-1]
+            outer = all(a for a, _ in stack[:-1])
+            value = outer and not taken and _condition_value(rest, macros, where, start)
+            stack[-1] = (value, taken or value)
+        elif kind == "else":
+            _, taken = stack[-1]
+            stack[-1] = (not taken, True)
+        elif kind == "endif":
+            stack.pop()
+        active_now = all(a for a, _ in stack)
+        if kind in ("define", "undef") and active_now:
+            dm = re.match(r"\s*([A-Za-z_]\w*)(\(?)(.*)$", rest)
+            if dm and kind == "define" and not dm.group(2):
+                macros[dm.group(1)] = dm.group(3).strip()
+            elif dm and kind == "undef":
+                macros.pop(dm.group(1), None)
+        if not active_now:
+            for physical in range(start - 1, end):
+                out[physical] = ""
+    if stack:
+        raise SourceError(f"{where}: an #if is not closed by #endif")
+    return "\n".join(out)

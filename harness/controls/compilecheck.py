@@ -17,7 +17,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.compile import CompileError, compile_file, declared_name_expressions, find_sources, source_closure
+from dataclasses import replace
+
+from harness import _settings
+from harness.compile import CompileError, compile_file, find_sources, source_closure
+from harness.modsettings import LauncherError, ModuleSettings, declared_settings
+from harness.toolchain import IncludeDirError, NvccNotFound
 
 
 @dataclass(frozen=True)
@@ -43,16 +48,41 @@ def dependents(kernel_root: Path, files: tuple[str, ...]) -> list[str]:
     return out
 
 
-def declared_names(kernel_root: Path) -> dict[str, tuple[str, ...]]:
-    """{relpath: NAME_EXPRESSIONS} for every `.cu` of the (real) kernel root, read without
-    writing __pycache__ into it."""
+class Declared(dict):
+    """{relpath: ModuleSettings} of the real kernel root `root`."""
+
+    def __init__(self, root: Path, items):
+        super().__init__(items)
+        self.root = root
+
+
+def declared_names(kernel_root: Path) -> Declared:
+    """{relpath: the compile settings its launcher declares (harness.modsettings)} for every
+    `.cu` of the (real) kernel root, read without writing __pycache__ into it. Also applies
+    the project's ini `harness_include_dirs` (the rootdir found from the kernel root up)
+    when no include directories are configured in this process."""
     root = Path(kernel_root).resolve()
+    if not _settings.current().include_dirs:
+        rootdir = _settings.find_rootdir(root)
+        dirs = _settings.include_dirs((), _settings.ini_lines(rootdir, _settings.INCLUDE_DIRS_INI), rootdir)
+        if dirs:
+            _settings.configure(include_dirs=dirs)
     before = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
-        return {s.resolve().relative_to(root).as_posix(): declared_name_expressions(s) for s in find_sources(root)}
+        return Declared(root, {s.resolve().relative_to(root).as_posix(): declared_settings(s)
+                               for s in find_sources(root)})
     finally:
         sys.dont_write_bytecode = before
+
+
+def _in_sandbox(ms: ModuleSettings, real_root: Path | None, sandbox_root: Path) -> ModuleSettings:
+    """`ms` with include directories inside the real kernel root moved to the sandbox copy."""
+    if real_root is None or not ms.include_dirs:
+        return ms
+    dirs = tuple(sandbox_root / d.relative_to(real_root) if d.is_relative_to(real_root) else d
+                 for d in ms.include_dirs)
+    return replace(ms, include_dirs=dirs)
 
 
 def compile_perturbed(
@@ -61,19 +91,23 @@ def compile_perturbed(
     *,
     arch: str | None,
     cache_dir: Path,
-    names: dict[str, tuple[str, ...]],
+    names: dict,
 ) -> CompileCheck:
-    """Compile every `.cu` in the sandbox that includes an edited file, with its launcher's
-    name expressions (`names`, from `declared_names` over the real kernel root)."""
+    """Compile every `.cu` in the sandbox that includes an edited file, with the settings its
+    launcher declares (`names`, from `declared_names` over the real kernel root; a tuple of
+    name expressions is accepted too)."""
     start = time.perf_counter()
     modules = dependents(sandbox_root, files)
     misses = 0
     for rel in modules:
+        declared = names.get(rel)
+        if declared is None or isinstance(declared, (tuple, list)):
+            ms = ModuleSettings(name_expressions=tuple(declared or ()))
+        else:
+            ms = _in_sandbox(declared, getattr(names, "root", None), Path(sandbox_root).resolve())
         try:
-            compiled = compile_file(
-                rel, kernel_root=sandbox_root, arch=arch, name_expressions=names.get(rel, ()), cache_dir=cache_dir,
-            )
-        except CompileError as exc:
+            compiled = compile_file(rel, kernel_root=sandbox_root, arch=arch, settings=ms, cache_dir=cache_dir)
+        except (CompileError, LauncherError, IncludeDirError, NvccNotFound) as exc:
             return CompileCheck(False, tuple(modules), misses, str(exc), time.perf_counter() - start)
         misses += not compiled.cache_hit
     return CompileCheck(True, tuple(modules), misses, None, time.perf_counter() - start)

@@ -1,5 +1,10 @@
 """The sandbox: a fresh temporary copy of the kernel root that a control perturbs.
 
+Only the kernel root is copied. Headers outside it (the CUDA headers, CCCL, the user's
+include directories) are read where they are; a symlink in the root that leads outside it
+(a CCCL checkout linked into the tree) is recreated as the same symlink, never copied, and
+a write through it is refused like any write outside the sandbox.
+
 The real kernel root is only ever read. Every write goes through `_write`, which refuses
 any path outside the sandbox, and the sandbox is removed on every way out of the `with`
 block: success, a failed control, an exception, KeyboardInterrupt.
@@ -30,7 +35,20 @@ def sandbox(kernel_root: Path, label: str = "control"):
     base = Path(tempfile.mkdtemp(prefix=f"harness-{_safe(label)}-"))
     try:
         copy = (base / kernel_root.name).resolve()
-        shutil.copytree(kernel_root, copy, symlinks=False, ignore=_IGNORE)
+        outside: list[tuple[Path, Path]] = []
+
+        def ignore(folder, names):
+            skipped = set(_IGNORE(folder, names))
+            for name in names:
+                entry = Path(folder) / name
+                if entry.is_symlink() and not entry.resolve().is_relative_to(kernel_root):
+                    outside.append((entry.relative_to(kernel_root), entry.resolve()))
+                    skipped.add(name)
+            return skipped
+
+        shutil.copytree(kernel_root, copy, symlinks=False, ignore=ignore)
+        for rel, target in outside:  # headers outside the root are linked, never copied
+            (copy / rel).symlink_to(target, target_is_directory=target.is_dir())
         _live.add(copy)
         yield copy
     finally:

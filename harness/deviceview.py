@@ -1,0 +1,345 @@
+"""The device-only view of a `.cu`: the file as the compiler sees it, host code set aside.
+
+Real kernel files mix kernels with host code: a `main()`, cuBLAS calls, torch-extension
+entry points and the headers they need (`<torch/extension.h>`, `<cublas_v2.h>`). NVRTC
+compiles device code only, and neither it nor nvcc can open a header that is not
+installed. So the harness compiles a view of the file it derives from the syntax tree
+(tree-sitter with the CUDA grammar), never an edited copy the user keeps:
+
+- **set aside**: every function definition or declaration with no `__global__` /
+  `__device__` (directly, or through a macro the file defines, e.g.
+  `#define DEVICE_INLINE __device__ __forceinline__`) that no kept code names: host
+  helpers, `main`, `PYBIND11_MODULE(...) {...}`, host template dispatch and its explicit
+  instantiations; every variable (not `constexpr`), `using` and `typedef` with no device
+  memory space that no kept code names (a `static cublasHandle_t handle;`); `using namespace` of a host
+  library (torch, at, c10, pybind11);
+- **set aside**: every `#include` the include path cannot resolve (torch, ATen, cuBLAS,
+  the C++ standard library headers NVRTC lacks and the harness has no shim for) or that
+  names a host-only library (`HOST_HEADERS`);
+- **kept**: everything else, byte for byte: kernels, device functions, structs, constants,
+  macros, `#if` blocks (both branches: the preprocessor still chooses).
+
+Set-aside text is replaced by blanks with every newline kept, so compiler messages carry
+the file's own line numbers. `DeviceView.set_aside` lists each item with its line and
+reason; the compile table and the compile items report them.
+
+Limits:
+- `#if` branches are not evaluated: a function whose head differs between branches, or a
+  construct the grammar cannot parse (a macro call with no `;` at file level) without a
+  `__global__`/`__device__` in it, is a `DeviceViewError` naming the line and the text;
+- device code that uses a type from a header set aside (`at::Half` in a kernel's
+  signature) does not compile: the compile error is followed by the list of what was set
+  aside;
+- template instances that exist only in host dispatch (`AT_DISPATCH...` launching
+  `topk<scalar_t, 4>`) are set aside with the dispatch: name them in the launcher's
+  `NAME_EXPRESSIONS`;
+- headers from the kernel root are taken whole: host code in a header is not set aside.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+VERSION = "1"  # part of the cache key: bump when the rules change
+
+DEVICE_FUNCTION_MARKERS = ("__global__", "__device__")
+DEVICE_VARIABLE_MARKERS = ("__device__", "__constant__", "__shared__", "__managed__", "__global__")
+HOST_NAMESPACES = frozenset({"torch", "at", "c10", "pybind11", "py"})
+_HOST_PREFIXES = ("torch/", "ATen/", "c10/", "pybind11/", "nvtx3/", "cublas", "cusparse", "cufft", "cusolver",
+                  "nccl", "cudnn", "nvToolsExt")
+HOST_HEADERS = frozenset({"Python.h", "curand.h", "cuda_profiler_api.h", "iostream", "fstream", "sstream", "vector",
+                          "string", "map", "unordered_map", "set", "unordered_set", "memory", "thread", "mutex",
+                          "chrono", "random", "stdexcept", "exception", "cstdlib", "stdlib.h", "cstring", "string.h",
+                          "iomanip", "ostream", "istream", "list", "deque", "optional", "tuple", "functional",
+                          "algorithm", "numeric", "cstdio"})
+# cstdio: printf is built into NVRTC; the shim is for files that only include it.
+
+
+def is_host_header(name: str) -> bool:
+    return name in HOST_HEADERS or name.startswith(_HOST_PREFIXES)
+
+
+class DeviceViewError(ValueError):
+    """A host-code section the device view cannot separate from device code."""
+
+
+class ViewUnavailable(DeviceViewError):
+    """tree-sitter or its CUDA grammar is not installed (the device machine may lack them)."""
+
+
+def available() -> bool:
+    try:
+        _parser()
+    except ViewUnavailable:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class SetAside:
+    line: int
+    what: str  # "function main", "#include <torch/extension.h>", "declaration handle"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.what} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    text: str
+    set_aside: tuple[SetAside, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.set_aside)
+
+    def summary(self) -> str:
+        return "; ".join(str(s) for s in self.set_aside) if self.set_aside else "nothing"
+
+    def includes_kept(self) -> list[str]:
+        return _INCLUDE.findall(self.text)
+
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"]', re.MULTILINE)
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(?![\w(])[ \t]*(.*)$", re.MULTILINE)
+
+
+@lru_cache(maxsize=None)
+def _parser():
+    try:
+        import tree_sitter_cuda
+        from tree_sitter import Language, Parser
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise ViewUnavailable(f"the device view needs tree-sitter and tree-sitter-cuda ({exc}): "
+                              "pip install tree-sitter tree-sitter-cuda (pyproject lists them)") from None
+    return Parser(Language(tree_sitter_cuda.language()))
+
+
+def _markers(texts: list[str]) -> tuple[set[str], set[str]]:
+    """(function markers, variable markers): the CUDA keywords plus every object-like macro
+    the texts define whose expansion holds one (transitively)."""
+    fn, var = set(DEVICE_FUNCTION_MARKERS), set(DEVICE_VARIABLE_MARKERS)
+    defs = []
+    for t in texts:
+        defs += _DEFINE.findall(t)
+    changed = True
+    while changed:
+        changed = False
+        for name, body in defs:
+            words = set(_IDENT.findall(body))
+            if name not in fn and words & fn:
+                fn.add(name)
+                changed = True
+            if name not in var and words & var:
+                var.add(name)
+                changed = True
+    return fn, var
+
+
+def _head(src: bytes, node) -> str:
+    """The text of a declaration before its body, parameters or initializer."""
+    body = node.child_by_field_name("body")
+    end = body.start_byte if body is not None else node.end_byte
+    text = src[node.start_byte:end].decode("utf-8", errors="replace")
+    return re.split(r"[({=]", text, maxsplit=1)[0] if body is None else text
+
+
+def _function_declarator(node):
+    stack = [node]
+    while stack:
+        n = stack.pop(0)
+        if n.type == "function_declarator":
+            return n
+        if n.type in ("compound_statement", "initializer_list", "argument_list"):
+            continue
+        stack += list(n.named_children)
+    return None
+
+
+def _last_ident(text: str) -> str | None:
+    idents = _IDENT.findall(text.split("<", 1)[0])
+    return idents[-1] if idents else None
+
+
+def _declared_names(src: bytes, node) -> list[str]:
+    fd = _function_declarator(node)
+    if fd is not None:
+        inner = fd.child_by_field_name("declarator")
+        name = _last_ident(src[inner.start_byte:inner.end_byte].decode(errors="replace")) if inner else None
+        return [name] if name else []
+    names = []
+    for d in node.children_by_field_name("declarator") or []:
+        text = src[d.start_byte:d.end_byte].decode(errors="replace")
+        name = _last_ident(re.split(r"[\[=({]", text, maxsplit=1)[0])
+        if name:
+            names.append(name)
+    if not names and node.type in ("alias_declaration", "type_definition", "using_declaration"):
+        text = src[node.start_byte:node.end_byte].decode(errors="replace")
+        if node.type == "alias_declaration":
+            m = re.match(r"\s*using\s+([A-Za-z_]\w*)", text)
+            names = [m.group(1)] if m else []
+        else:
+            name = _last_ident(re.split(r"[;\[(]", text.replace("using", " ", 1), maxsplit=1)[0].split("=")[0])
+            names = [name] if name else []
+    return names
+
+
+def _snippet(src: bytes, node) -> str:
+    text = src[node.start_byte:node.end_byte].decode(errors="replace").strip()
+    first = text.splitlines()[0] if text else ""
+    return first[:80] + (" ..." if len(first) > 80 or "\n" in text else "")
+
+
+_CONTAINERS = {"translation_unit", "declaration_list", "preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif",
+               "preproc_elifdef", "linkage_specification", "namespace_definition"}
+
+
+@dataclass
+class _Item:
+    node: object
+    kind: str  # "function", "variable", "alias", "using-namespace"
+    names: list[str]
+    device: bool
+
+
+def device_view(text: str, where: str | Path, resolve: Callable[[str, bool], Path | None],
+                extra_texts: tuple[str, ...] = ()) -> DeviceView:
+    """The device-only view of `text` (the source of `where`). `resolve(name, quoted)` says
+    where the include path finds a header (None: not found). `extra_texts`: the kernel-root
+    headers it includes, read for macros that expand to `__device__` / `__global__`."""
+    src = text.encode("utf-8")
+    tree = _parser().parse(src)
+    fn_markers, var_markers = _markers([text, *extra_texts])
+    items: list[_Item] = []
+    includes = []
+
+    def has(markers, head: str) -> bool:
+        return bool(set(_IDENT.findall(head)) & markers)
+
+    def visit(node):
+        for child in node.named_children:
+            t = child.type
+            if t in ("comment", "string_literal", "namespace_identifier", "identifier", "preproc_arg"):
+                continue
+            if node.type in ("preproc_if", "preproc_elif") and child == node.child_by_field_name("condition"):
+                continue
+            if t in _CONTAINERS:
+                if t == "namespace_definition" or t == "linkage_specification":
+                    body = child.child_by_field_name("body")
+                    if body is not None:
+                        visit(body)
+                else:
+                    visit(child)
+            elif t == "preproc_include":
+                includes.append(child)
+            elif t in ("function_definition", "template_declaration", "template_instantiation", "declaration"):
+                inner = child
+                while inner.type == "template_declaration":
+                    nxt = [c for c in inner.named_children if c.type in ("function_definition", "declaration",
+                                                                           "template_declaration")]
+                    if not nxt:
+                        break
+                    inner = nxt[-1]
+                if inner.type == "template_declaration" or (child.type == "template_declaration" and inner is child):
+                    continue  # a class template or alias template: kept
+                is_fn = inner.type in ("function_definition", "template_instantiation") or _is_prototype(inner)
+                head = _head(src, inner)
+                if is_fn:
+                    items.append(_Item(child, "function", _declared_names(src, inner), has(fn_markers, head)))
+                else:  # a constexpr constant is usable in device code: kept
+                    items.append(_Item(child, "variable", _declared_names(src, inner),
+                                       has(var_markers, head) or "constexpr" in _IDENT.findall(head)))
+            elif t in ("alias_declaration", "type_definition", "using_declaration"):
+                body = src[child.start_byte:child.end_byte].decode(errors="replace")
+                m = re.match(r"\s*using\s+namespace\s+([A-Za-z_]\w*)", body)
+                if m:
+                    if m.group(1) in HOST_NAMESPACES:
+                        items.append(_Item(child, "using-namespace", [], False))
+                    continue
+                items.append(_Item(child, "alias", _declared_names(src, child), False))
+            elif t == "ERROR":
+                snippet = src[child.start_byte:child.end_byte].decode(errors="replace")
+                if has(fn_markers | var_markers, snippet):
+                    continue  # device code the grammar half-parses: kept whole
+                line = child.start_point[0] + 1
+                raise DeviceViewError(
+                    f"{where}:{line}: the device view cannot separate `{_snippet(src, child)}`: the CUDA grammar "
+                    "does not parse it as a declaration (a macro call with no `;` at file level, or a declaration "
+                    "whose head is split across #if branches). Fix: set DEVICE_VIEW = False in the launcher and "
+                    "compile the file as it is (guard its host code with `#ifndef __CUDACC_RTC__`), or move the "
+                    "construct into a host-only file")
+
+    visit(tree.root_node)
+
+    candidates = [it for it in items if not it.device]
+    dropped = list(candidates)
+    while True:  # a candidate that kept code names is kept, and what it names counts too
+        spans = sorted([(it.node.start_byte, it.node.end_byte) for it in dropped]
+                       + [(inc.start_byte, inc.end_byte) for inc in includes])  # `.h` is no reference
+        kept_text = _blank(src, spans).decode("utf-8", errors="replace")
+        from harness.source import strip_comments_and_literals
+
+        referenced = set(_IDENT.findall(strip_comments_and_literals(kept_text)))
+        rescued = [it for it in dropped if set(it.names) & referenced]
+        if not rescued:
+            break
+        dropped = [it for it in dropped if it not in rescued]
+
+    set_aside: list[SetAside] = []
+    spans = []
+    for it in dropped:
+        line = it.node.start_point[0] + 1
+        if it.kind == "function":
+            name = it.names[0] if it.names else _snippet(src, it.node)
+            what = f"function {name}" if it.node.type != "template_instantiation" else f"instantiation {name}"
+            reason = "host code: no __global__ or __device__, and no kept code names it"
+        elif it.kind == "using-namespace":
+            what, reason = _snippet(src, it.node), "a host library's namespace"
+        else:
+            what = f"{'declaration' if it.kind == 'variable' else 'alias'} {', '.join(it.names) or _snippet(src, it.node)}"
+            reason = "host-only: no device memory space, and no kept code names it"
+        set_aside.append(SetAside(line, what, reason))
+        spans.append((it.node.start_byte, it.node.end_byte))
+
+    for inc in includes:
+        if any(s <= inc.start_byte < e for s, e in spans):
+            continue
+        path_node = inc.child_by_field_name("path")
+        raw = src[path_node.start_byte:path_node.end_byte].decode(errors="replace") if path_node else ""
+        name, quoted = raw.strip('<>"'), raw.startswith('"')
+        if is_host_header(name):
+            reason = "a host-only library header"
+        elif resolve(name, quoted) is None:
+            reason = "not found on the include path; device code must not need it"
+        else:
+            continue
+        line = inc.start_point[0] + 1
+        set_aside.append(SetAside(line, f"#include {raw}", reason))
+        end = inc.end_byte
+        if src[end - 1:end] == b"\n":
+            end -= 1
+        spans.append((inc.start_byte, end))
+
+    set_aside.sort(key=lambda s: s.line)
+    view = _blank(src, sorted(spans)).decode("utf-8") if spans else text
+    return DeviceView(view, tuple(set_aside))
+
+
+def _is_prototype(node) -> bool:
+    return node.type == "declaration" and any(c.type == "function_declarator"
+                                               for c in node.children_by_field_name("declarator") or [])
+
+
+def _blank(src: bytes, spans) -> bytes:
+    out = bytearray(src)
+    for s, e in spans:
+        for i in range(s, e):
+            if out[i] not in (0x0A,):
+                out[i] = 0x20
+    return bytes(out)

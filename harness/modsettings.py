@@ -1,0 +1,204 @@
+"""One declaration of a module's compile settings, read by every tool that compiles it.
+
+A `.cu` is compiled with the settings its launcher (the `x.py` beside `x.cu`) declares as
+module-level constants; every tool that compiles the module (gates through
+`harness.kernels.module`, the collected `x.cu::compile` items, `python -m harness compile`,
+controls and campaigns) reads them here, so they all build the same cubin:
+
+    NAME_EXPRESSIONS = ("topk<float, 4>",)  # C++ name expressions to instantiate and look up
+    DEFINES = {"BLOCK": 256, "USE_FAST": None}  # -DBLOCK=256 -DUSE_FAST
+    FAST_MATH = False      # --use_fast_math (implies FTZ, approximate division and sqrt)
+    FTZ = False            # --ftz (default: FAST_MATH)
+    FMAD = True            # --fmad
+    EXTRA_FLAGS = ()       # more compiler flags, verbatim (e.g. "--maxrregcount=64")
+    INCLUDE_DIRS = ()      # extra include folders, relative to the launcher's folder
+    COMPILER = "auto"      # "auto", "nvrtc" or "nvcc" (harness.compile: the backend rule)
+    DEVICE_VIEW = True     # compile the device-only view of the file (harness.deviceview)
+
+A `.cu` with no launcher compiles with the defaults. A constant of the wrong type is a
+`LauncherError` naming the launcher, the constant and an example.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+CONSTANTS = ("NAME_EXPRESSIONS", "DEFINES", "FAST_MATH", "FTZ", "FMAD", "EXTRA_FLAGS", "INCLUDE_DIRS", "COMPILER",
+             "DEVICE_VIEW")
+COMPILERS = ("auto", "nvrtc", "nvcc")
+
+
+class LauncherError(Exception):
+    """The launcher beside a `.cu` could not be read for its compile settings. The message is
+    one line: the launcher, what went wrong, what to do."""
+
+
+@dataclass(frozen=True)
+class ModuleSettings:
+    name_expressions: tuple[str, ...] = ()
+    defines: tuple[tuple[str, str | None], ...] = ()  # sorted (name, value) pairs
+    fast_math: bool = False
+    ftz: bool | None = None  # None: as fast_math
+    fmad: bool = True
+    extra_flags: tuple[str, ...] = ()
+    include_dirs: tuple[Path, ...] = ()  # absolute
+    compiler: str = "auto"
+    device_view: bool = True
+    declared_in: str | None = field(default=None, compare=False)  # the launcher, for messages
+
+    @property
+    def ftz_effective(self) -> bool:
+        return self.fast_math if self.ftz is None else self.ftz
+
+    def with_overrides(self, *, name_expressions=None, defines=None, fmad=None) -> "ModuleSettings":
+        """These settings with a caller's arguments (`module(..., defines=...)`). A value the
+        launcher declares may only be repeated, never changed: one declaration per module."""
+        changes = {}
+        where = self.declared_in or "the launcher"
+        if name_expressions is not None and tuple(name_expressions):
+            ne = tuple(name_expressions)
+            if self.name_expressions and set(ne) - set(self.name_expressions):
+                raise LauncherError(
+                    f"{where} declares NAME_EXPRESSIONS = {self.name_expressions!r} but the module is loaded with "
+                    f"{ne!r}: add every name expression to NAME_EXPRESSIONS (one declaration, so the compile "
+                    "command, the compile items and the controls build the same cubin)")
+            if not self.name_expressions:
+                changes["name_expressions"] = ne
+        if defines:
+            d = normalise_defines(defines, "module(defines=...)")
+            if self.defines and d != self.defines:
+                raise LauncherError(
+                    f"{where} declares DEFINES {dict(self.defines)!r} but the module is loaded with defines="
+                    f"{dict(d)!r}: declare them once, in DEFINES")
+            changes["defines"] = d
+        if fmad is not None and fmad != self.fmad:
+            if self.declared_in and _declares(self.declared_in, "FMAD"):
+                raise LauncherError(f"{where} declares FMAD = {self.fmad} but the module is loaded with fmad={fmad}: "
+                                    "declare it once, in FMAD")
+            changes["fmad"] = bool(fmad)
+        return replace(self, **changes) if changes else self
+
+
+def _declares(launcher: str, constant: str) -> bool:
+    mod = sys.modules.get(_module_name(Path(launcher)))
+    return mod is not None and hasattr(mod, constant)
+
+
+def normalise_defines(defines, origin: str) -> tuple[tuple[str, str | None], ...]:
+    if not isinstance(defines, dict):
+        raise LauncherError(f"{origin}: DEFINES must be a dict of macro name to value (or None), got {defines!r}; "
+                            "write e.g. DEFINES = {\"BLOCK\": 256}")
+    out = []
+    for k, v in defines.items():
+        if not isinstance(k, str) or not k.isidentifier():
+            raise LauncherError(f"{origin}: DEFINES key {k!r} is not a macro name; write e.g. DEFINES = {{\"BLOCK\": 256}}")
+        out.append((k, None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))))
+    return tuple(sorted(out))
+
+
+def _module_name(launcher: Path) -> str:
+    return "_harness_launcher_" + hashlib.sha256(str(launcher.resolve()).encode()).hexdigest()[:16]
+
+
+def _import_root(folder: Path) -> Path:
+    """The folder a launcher's package imports resolve from: the first parent of `folder`
+    that is not a package (holds no __init__.py). For kernels_cu/x.py: the project root, so
+    `from kernels_cu.y import ...` and `from harness ...` inside the launcher work from any
+    working folder."""
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        folder = folder.parent
+    return folder
+
+
+def _load_launcher(launcher: Path):
+    name = _module_name(launcher)
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return mod
+    spec = importlib.util.spec_from_file_location(name, launcher)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses in the launcher look their module up here
+    root = str(_import_root(launcher.resolve().parent))
+    added = root not in sys.path
+    if added:
+        sys.path.insert(0, root)
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException as exc:
+        del sys.modules[name]
+        if not isinstance(exc, Exception):
+            raise
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None:  # the deepest frame inside the launcher: where it failed
+            if Path(tb.tb_frame.f_code.co_filename).resolve() == launcher.resolve():
+                where = f" (line {tb.tb_lineno})"
+            tb = tb.tb_next
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise LauncherError(
+            f"{launcher}: importing the launcher to read NAME_EXPRESSIONS failed{where}: "
+            f"{type(exc).__name__}{': ' + detail if detail else ''}; fix the launcher so that "
+            f"`import` of it succeeds with no GPU"
+        ) from None
+    finally:
+        if added and root in sys.path:
+            sys.path.remove(root)
+    return mod
+
+
+def _bool(launcher: Path, name: str, value, allow_none: bool = False):
+    if isinstance(value, bool) or (allow_none and value is None):
+        return value
+    raise LauncherError(f"{launcher}: {name} must be True or False, got {value!r}; write e.g. {name} = False")
+
+
+def _strings(launcher: Path, name: str, value, example: str) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) \
+            or not all(isinstance(n, str) for n in value):
+        raise LauncherError(f"{launcher}: {name} must be a tuple of strings, got {value!r}; write e.g. "
+                            f"{name} = ({example!r},) (note the trailing comma)")
+    return tuple(value)
+
+
+def declared_settings(source: str | os.PathLike) -> ModuleSettings:
+    """The settings the launcher beside `source` (`x.py` beside `x.cu`) declares; the
+    defaults when there is no launcher. Raises `LauncherError` (one line)."""
+    launcher = Path(source).with_suffix(".py")
+    if not launcher.is_file():
+        return ModuleSettings()
+    mod = _load_launcher(launcher)
+    g = lambda name, default: getattr(mod, name, default)  # noqa: E731
+    names = g("NAME_EXPRESSIONS", ())
+    if isinstance(names, (str, bytes)) or not isinstance(names, (tuple, list)) \
+            or not all(isinstance(n, str) for n in names):
+        raise LauncherError(
+            f"{launcher}: NAME_EXPRESSIONS must be a tuple of C++ name expressions (strings), got "
+            f"{names!r}; write e.g. NAME_EXPRESSIONS = (\"my_kernel<256>\",) (note the trailing comma)"
+        )
+    compiler = g("COMPILER", "auto")
+    if compiler not in COMPILERS:
+        raise LauncherError(f"{launcher}: COMPILER must be one of {', '.join(map(repr, COMPILERS))}, got {compiler!r}")
+    include = _strings(launcher, "INCLUDE_DIRS", g("INCLUDE_DIRS", ()), "third_party/include")
+    from harness.toolchain import IncludeDirError, check_include_dirs
+
+    try:
+        include_dirs = check_include_dirs([launcher.parent / d for d in include], f"INCLUDE_DIRS in {launcher}")
+    except IncludeDirError as exc:
+        raise LauncherError(str(exc)) from None
+    return ModuleSettings(
+        name_expressions=tuple(names),
+        defines=normalise_defines(g("DEFINES", {}), f"{launcher}"),
+        fast_math=_bool(launcher, "FAST_MATH", g("FAST_MATH", False)),
+        ftz=_bool(launcher, "FTZ", g("FTZ", None), allow_none=True),
+        fmad=_bool(launcher, "FMAD", g("FMAD", True)),
+        extra_flags=_strings(launcher, "EXTRA_FLAGS", g("EXTRA_FLAGS", ()), "--maxrregcount=64"),
+        include_dirs=include_dirs,
+        compiler=compiler,
+        device_view=_bool(launcher, "DEVICE_VIEW", g("DEVICE_VIEW", True)),
+        declared_in=str(launcher),
+    )

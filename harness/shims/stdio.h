@@ -1,0 +1,3 @@
+// harness shim for NVRTC (no C++ standard library): stdio.h
+#pragma once
+// printf is built into NVRTC

@@ -1,0 +1,173 @@
+"""Where the compilers and the headers outside the kernel root are: CCCL, the user's include
+directories, the NVRTC shims for C++ standard headers, and nvcc.
+
+CCCL (cub, thrust, libcu++ `<cuda/std/...>`, `<nv/target>`, which `<cooperative_groups.h>`
+needs) is found by default, first match wins:
+
+1. `$CUDA_HOME/include/cccl` (or `$CUDA_PATH/include/cccl`), when the variable is set;
+2. `/usr/local/cuda/include/cccl` (a CUDA 13 toolkit);
+3. the `nvidia-cuda-cccl` wheel (`cuda.pathfinder.find_nvidia_header_directory("cccl")`);
+4. the copy CuPy bundles (`cupy/_core/include/cupy/_cccl`: its `cub`, `libcudacxx`, `thrust`).
+
+Headers outside the kernel root enter the cache key by version (the CUDA headers' and
+CCCL's version numbers) or by content (every header a module includes from a user include
+directory), never by absolute path, and the control sandbox copies only the kernel root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+NVCC_ENV = "HARNESS_NVCC"
+SHIMS = Path(__file__).resolve().parent / "shims"
+
+
+class IncludeDirError(ValueError):
+    """An include directory that does not exist, or a header two of them hold."""
+
+
+class NvccNotFound(RuntimeError):
+    """nvcc was asked for (by a launcher or by the backend rule) and is not installed."""
+
+
+@dataclass(frozen=True)
+class IncludeSet:
+    """One set of headers outside the kernel root, as it enters the options and the key."""
+
+    label: str  # how recorded options spell it: "@cuda", "@cccl", "@shims", "@include0"
+    dirs: tuple[Path, ...]
+    version: str  # a version string, or the content hash for user dirs (filled per module)
+
+
+@lru_cache(maxsize=None)
+def cccl_dirs() -> tuple[tuple[Path, ...], str]:
+    """(include dirs, where they came from) for CCCL, by the order in the module docstring;
+    ((), "not found") when none has it."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and (Path(home) / "include" / "cccl" / "cuda").is_dir():
+            return (Path(home, "include", "cccl").resolve(),), f"${var}/include/cccl"
+    toolkit = Path("/usr/local/cuda/include/cccl")
+    if (toolkit / "cuda").is_dir():
+        return (toolkit.resolve(),), str(toolkit)
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        found = find_nvidia_header_directory("cccl")
+    except Exception:
+        found = None
+    if found and "site-packages" in str(found) and (Path(found) / "cuda").is_dir():
+        return (Path(found).resolve(),), "the nvidia-cuda-cccl wheel"
+    try:
+        import cupy
+
+        bundled = Path(cupy.__file__).resolve().parent / "_core" / "include" / "cupy" / "_cccl"
+    except Exception:
+        bundled = None
+    if bundled is not None and (bundled / "libcudacxx" / "cuda").is_dir():
+        return (bundled / "libcudacxx", bundled / "cub", bundled / "thrust"), "CuPy's bundled copy"
+    return (), "not found"
+
+
+@lru_cache(maxsize=None)
+def cccl_version() -> str:
+    dirs, where = cccl_dirs()
+    for d in dirs:
+        header = d / "cuda" / "std" / "__cccl" / "version.h"
+        if header.is_file():
+            m = re.search(r"#\s*define\s+CCCL_VERSION\s+(\d+)", header.read_text(errors="replace"))
+            if m:
+                return m.group(1)
+    return "none" if not dirs else f"unknown ({where})"
+
+
+@lru_cache(maxsize=None)
+def shims_version() -> str:
+    h = hashlib.sha256()
+    for p in sorted(SHIMS.iterdir()):
+        if p.is_file():
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def check_include_dirs(dirs, origin: str) -> tuple[Path, ...]:
+    """The include directories as absolute paths; a missing one is an `IncludeDirError`
+    naming where it was given (`origin`: --include-dir, ini harness_include_dirs, a
+    launcher's INCLUDE_DIRS) and what to do."""
+    out = []
+    for d in dirs:
+        p = Path(d).expanduser().resolve()
+        if not p.is_dir():
+            raise IncludeDirError(
+                f"include directory {d} ({origin}) does not exist or is not a folder (resolved to {p}): "
+                "fix the path, or remove it")
+        if p not in out:
+            out.append(p)
+    return tuple(out)
+
+
+# ------------------------------------------------------------------ nvcc
+
+
+def find_nvcc() -> Path | None:
+    """nvcc: HARNESS_NVCC, else PATH, else $CUDA_HOME/bin, /usr/local/cuda/bin, else the
+    nvidia-cuda-nvcc wheel."""
+    env = os.environ.get(NVCC_ENV)
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    found = shutil.which("nvcc")
+    if found:
+        return Path(found)
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return Path(home) / "bin" / "nvcc"
+    try:
+        from cuda.pathfinder import find_nvidia_binary_utility
+
+        found = find_nvidia_binary_utility("nvcc")
+        return Path(found) if found else None
+    except Exception:
+        return None
+
+
+def require_nvcc(why: str) -> Path:
+    nvcc = find_nvcc()
+    if nvcc is None:
+        where = (f"HARNESS_NVCC={os.environ[NVCC_ENV]} is not a file" if os.environ.get(NVCC_ENV)
+                 else "not on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin, nor the nvidia-cuda-nvcc wheel")
+        raise NvccNotFound(
+            f"{why}, but nvcc was not found ({where}): install a CUDA toolkit or `pip install nvidia-cuda-nvcc`, "
+            "or set HARNESS_NVCC to the nvcc binary; or set COMPILER = \"nvrtc\" in the launcher if NVRTC can take "
+            "the file")
+    return nvcc
+
+
+@lru_cache(maxsize=None)
+def nvcc_version(nvcc: str) -> str:
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    m = re.search(r"release [\d.]+, V([\d.]+)", out)
+    return m.group(1) if m else "unknown"
+
+
+def demangle(symbols: list[str]) -> dict[str, str]:
+    """{mangled: demangled} through c++filt (binutils, which nvcc's host compiler brings);
+    {} when c++filt is absent."""
+    tool = shutil.which("c++filt") or shutil.which("cu++filt")
+    if not tool or not symbols:
+        return {}
+    try:
+        out = subprocess.run([tool], input="\n".join(symbols) + "\n", capture_output=True, text=True,
+                             timeout=60).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(zip(symbols, out)) if len(out) == len(symbols) else {}
