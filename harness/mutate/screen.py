@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ class ScreenContext:
     kernel_root: Path
     arch: str
     cache_dir: Path
-    names: dict  # {module relpath: NAME_EXPRESSIONS}
+    names: dict  # {module relpath: ModuleSettings}: the compile settings its launcher declares
     dependents: dict  # {source relpath: (module relpaths,)}
 
 
@@ -64,7 +65,7 @@ def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
         for rel in modules:
             try:
                 compiled = compile_file(rel, kernel_root=copy, arch=ctx.arch, cache_dir=ctx.cache_dir,
-                                        name_expressions=ctx.names.get(rel, ()))
+                                        settings=ctx.names.get(rel))
             except CompileError as exc:
                 return Compiled(mutant.id, False, (), _first_error(exc, copy), time.perf_counter() - start)
             prints.append((rel, fingerprint(compiled.cubin)))
@@ -74,6 +75,8 @@ def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
 def _first_error(exc, copy: Path) -> str:
     log = str(exc).replace(f"{copy}/", "").replace("\x00", "")
     errors = [line.strip() for line in log.splitlines() if "error" in line and "(" in line]
+    if not errors:  # the device view's own message: "file:line: what it cannot separate"
+        errors = [line.strip() for line in log.splitlines() if re.match(r"\S+:\d+: ", line.strip())]
     return errors[0] if errors else (log.splitlines()[0] if log else "does not compile")
 
 
@@ -83,7 +86,7 @@ def original_fingerprints(ctx: ScreenContext) -> dict[str, str]:
 
     modules = sorted({m for ms in ctx.dependents.values() for m in ms})
     return {rel: fingerprint(compile_file(rel, kernel_root=ctx.kernel_root, arch=ctx.arch, cache_dir=ctx.cache_dir,
-                                          name_expressions=ctx.names.get(rel, ())).cubin) for rel in modules}
+                                          settings=ctx.names.get(rel)).cubin) for rel in modules}
 
 
 def _worker_init() -> None:
