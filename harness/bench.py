@@ -84,8 +84,12 @@ def main(argv: list[str]) -> int:
         return 2
     cache = Path(os.environ.get("HARNESS_CACHE_DIR") or tempfile.mkdtemp(prefix="harness-bench-cache-"))
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
-    env_before = dict(os.environ, HARNESS_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(before))
-    env_after = dict(os.environ, HARNESS_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(after))
+    def env_for(tree: Path) -> dict:
+        # the tree first, then whatever the caller put on the path (carried wheels, say)
+        path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+        return dict(os.environ, HARNESS_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=path)
+
+    env_before, env_after = env_for(before), env_for(after)
     old_ids = _collect_ids(before, env_before)
     rows: dict[str, dict] = {}
 
