@@ -124,81 +124,65 @@ class Worker:
         self.pid = int(hello["pid"])
         self.pgid = hello.get("pgid")
         self.device = hello.get("device") or {}
-        self.probe = hello.get("probe") or {}
         self.name = f"{prefix}w{hello['token']}"
         self.alive = True
 
-    def run(self, nodeid: str, nextid: str | None, deadline: float) -> RunResult:
-        self.start(nodeid, nextid)
-        return self.wait(deadline)
-
     def start(self, nodeid: str, nextid: str | None) -> None:
         """Send the gate; `wait` collects the verdict (a trap gate may be started ahead)."""
-        self._started = time.monotonic()
-        self._send_error = None
-        try:
-            self.channel.send({"op": "run", "nodeid": nodeid, "nextid": nextid})
-        except OSError as exc:
-            self._send_error = f"the worker could not be sent the gate ({exc})"
+        self._send({"op": "run", "nodeid": nodeid, "nextid": nextid})
 
     def wait(self, deadline: float) -> RunResult:
         """The verdict, or a timeout `deadline` seconds after `start`."""
-        start = self._started
         result = RunResult()
+        msg, result.timed_out, result.died, result.last_launch = self._receive("done", deadline)
+        if msg is not None:
+            result.reports = msg["reports"]
+            result.poisoned = bool(msg.get("poisoned"))
+            result.launches = int(msg.get("launches") or 0)
+            result.phases = msg.get("phases") or {}
+            if result.poisoned:
+                self.kill()
+        result.seconds = time.monotonic() - self._started
+        return result
+
+    def run_set(self, kernel_root: str, gates: list[str], deadline: float, stop_on_kill: bool):
+        """A mutant's gates in this fresh worker, which serves no other:
+        (outcomes, timed_out, died, last_launch)."""
+        self._send({"op": "run_set", "kernel_root": kernel_root, "gates": gates, "stop_on_kill": stop_on_kill})
+        msg, timed_out, died, last = self._receive("done_set", deadline)
+        self.kill()
+        return (msg["outcomes"] if msg is not None else []), timed_out, died, last
+
+    def _send(self, msg: dict) -> None:
+        self._started = time.monotonic()
+        self._send_error = None
+        try:
+            self.channel.send(msg)
+        except OSError as exc:
+            self._send_error = f"the worker could not be sent the gate ({exc})"
+
+    def _receive(self, done: str, deadline: float):
+        """(the `done` message or None, timed out, why it died or None, the last kernel
+        launched): waits at most `deadline` seconds after the send; a worker past it, or
+        gone, is killed."""
         if self._send_error:
             self.kill()
-            result.died = self._send_error
-            return result
+            return None, False, self._send_error, None
+        last = None
         while True:
-            remaining = deadline - (time.monotonic() - start)
+            remaining = deadline - (time.monotonic() - self._started)
             try:
                 msg = self.channel.recv(timeout=max(remaining, 0.0))
             except Timeout:
                 self.kill()
-                result.timed_out = True
-                break
+                return None, True, None, last
             except ChannelClosed:
                 self.kill()
-                result.died = "the worker process ended without a verdict (it crashed or was killed)"
-                break
-            op = msg.get("op")
-            if op == "launch":
-                result.last_launch = msg.get("name")
-            elif op == "done":
-                result.reports = msg["reports"]
-                result.poisoned = bool(msg.get("poisoned"))
-                result.launches = int(msg.get("launches") or 0)
-                result.phases = msg.get("phases") or {}
-                if result.poisoned:
-                    self.kill()
-                break
-        result.seconds = time.monotonic() - start
-        return result
-
-    def run_set(self, kernel_root: str, gates: list[str], deadline: float, stop_on_kill: bool):
-        """A mutant's gates in this (fresh) worker: (outcomes, timed_out, died, last_launch)."""
-        start = time.monotonic()
-        try:
-            self.channel.send({"op": "run_set", "kernel_root": kernel_root, "gates": gates,
-                               "stop_on_kill": stop_on_kill})
-        except OSError as exc:
-            self.kill()
-            return [], False, f"the worker could not be sent the gates ({exc})", None
-        last = None
-        while True:
-            try:
-                msg = self.channel.recv(timeout=max(deadline - (time.monotonic() - start), 0.0))
-            except Timeout:
-                self.kill()
-                return [], True, None, last
-            except ChannelClosed:
-                self.kill()
-                return [], False, "the worker process ended without a verdict (it crashed or was killed)", last
+                return None, False, "the worker process ended without a verdict (it crashed or was killed)", last
             if msg.get("op") == "launch":
                 last = msg.get("name")
-            elif msg.get("op") == "done_set":
-                self.kill()
-                return msg["outcomes"], False, None, last
+            elif msg.get("op") == done:
+                return msg, False, None, last
 
     def kill(self) -> None:
         if not self.alive:
