@@ -16,7 +16,8 @@ import pytest
 from harness import _settings, coverage, device, usage, workers
 from harness.cufiles import pytest_collect_file, pytest_make_collect_report  # noqa: F401  (.cu: compile gates)
 from harness.kinds import check_kinds
-from harness.report import (MESSAGE_LIMIT, KINDS, GateRecord, RunFacts, classify_route, failure_message, first_line,
+from harness.records import GateRecord
+from harness.report import (MESSAGE_LIMIT, KINDS, RunFacts, classify_route, failure_message, first_line,
                             write_reports)
 
 MARKERS = {

@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # The gate vocabulary: every gate carries exactly one of these markers. `compile` is the kind of
 # the items harness.cufiles collects, one per `.cu` under the kernel root.
+from harness.records import RECORD_VERSION, GateRecord, Route  # noqa: F401  (re-exported)
+
 KINDS = ("anchor", "link", "refusal", "trap", "structural", "compile")
-
-
-class Route(str, Enum):
-    """How a red gate went red."""
-
-    ASSERTION = "assertion"  # the gate's own assertion (or a trap gate whose guard did not fire)
-    TRAP = "trap"  # a CUDA fault: the kernel's __trap(), an illegal address, a poisoned context
-    REFUSAL = "refusal"  # a launcher refused the arguments (harness.launch.Refusal)
-    COMPILE = "compile"  # the module did not compile
-    TIMEOUT = "timeout"  # the gate ran past its deadline; its worker was killed
-    SANITIZER = "sanitizer"  # compute-sanitizer reported a finding while the gate ran (--sanitize)
-    ERROR = "error"  # anything else
 
 
 def classify_route(exc: BaseException) -> Route:
@@ -63,29 +52,6 @@ def failure_message(exc: BaseException) -> str:
 
 
 @dataclass
-class GateRecord:
-    nodeid: str
-    module: str
-    kind: str | None
-    gpu: bool
-    outcome: str = "passed"  # passed | failed | skipped | error
-    route: str | None = None
-    duration: float = 0.0
-    first_failure_line: str | None = None
-    failure_message: str | None = None  # the whole message, bounded; for controls' substrings
-    skip_reason: str | None = None
-    device: str | None = None
-    device_ordinal: int | None = None  # which GPU of the machine (nvidia-smi's index)
-    device_uuid: str | None = None  # tells apart GPUs that share a name
-    worker: str | None = None  # the pool worker process that ran the gate
-    worker_phases: str | None = None  # an isolated gate's setup / call / teardown seconds inside its worker
-    compile_options: list[str] = field(default_factory=list)
-    isolated: bool = False  # ran alone in a fresh worker process (trap gates)
-    modules_loaded: list[str] = field(default_factory=list)  # kernel-root-relative modules the gate loaded
-    sources_read: list[str] = field(default_factory=list)  # kernel-root-relative sources it read (structural)
-
-
-@dataclass
 class RunFacts:
     device: str | None
     arch: str | None
@@ -110,7 +76,7 @@ def summarize(records: list[GateRecord]) -> dict:
 
 def gates_json(records: list[GateRecord], facts: RunFacts) -> dict:
     return {
-        "version": 1,
+        "version": RECORD_VERSION,
         "device": facts.device,
         "arch": facts.arch,
         "kernel_root": facts.kernel_root,
@@ -120,7 +86,7 @@ def gates_json(records: list[GateRecord], facts: RunFacts) -> dict:
         "devices": facts.devices,
         "sanitizer": facts.sanitizer,
         "summary": summarize(records),
-        "gates": [asdict(r) for r in records],
+        "gates": [r.to_json() for r in records],
     }
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.controls.child import GateRecord
+from harness.records import GateRecord
 from harness.controls.classify import Verdict, check_gate, decide
 from harness.controls.spec import Expect, Route
 

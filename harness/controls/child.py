@@ -17,22 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-RED = ("failed", "error")
-
-
-@dataclass(frozen=True)
-class GateRecord:
-    """One gate's line of gates.json."""
-
-    nodeid: str
-    outcome: str  # passed | failed | skipped | error
-    route: str | None = None  # assertion | trap | refusal | compile | timeout | error (only when red)
-    first_failure_line: str | None = None
-    message: str | None = None  # the whole failure message (gates.json failure_message)
-
-    @property
-    def red(self) -> bool:
-        return self.outcome in RED
+from harness.records import GateRecord
 
 
 @dataclass(frozen=True)
@@ -216,13 +201,7 @@ def run_gates(
     if gates_json.is_file() and not timed_out:
         report = json.loads(gates_json.read_text())
         for gate in report.get("gates", []):
-            rec = GateRecord(
-                nodeid=gate["nodeid"],
-                outcome=gate["outcome"],
-                route=gate.get("route"),
-                first_failure_line=gate.get("first_failure_line"),
-                message=gate.get("failure_message"),
-            )
+            rec = GateRecord.from_json(gate)
             previous = records.get(rec.nodeid)
             # setup/teardown errors can add a second line for a gate: keep the red one
             if previous is None or (rec.red and not previous.red):

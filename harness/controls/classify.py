@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from harness.controls.child import GateRecord
+from harness.records import GateRecord
 from harness.controls.spec import Expect, Route
 
 
@@ -52,7 +52,7 @@ def check_gate(expect: Expect, record: GateRecord | None) -> GateCheck:
     if route != expect.route.value:
         return result(record.outcome, route, line, False, f"red by {route}, not by {expect.route.value}")
     if expect.message is not None:
-        text = record.message or line or ""
+        text = record.failure_message or line or ""
         if expect.message not in text:
             return result(record.outcome, route, line, False, f"red by {route}, but the failure message lacks {expect.message!r}")
     return result(record.outcome, route, line, True, f"red by {route} as expected")

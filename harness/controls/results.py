@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.controls.child import GateRecord
+from harness.records import GateRecord
 from harness.controls.classify import GateCheck, Verdict
 from harness.controls.edits import Edit
 

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from harness import _settings
 from harness.controls import child
-from harness.controls.child import GateRecord, GateRun, run_gates
+from harness.controls.child import GateRun, run_gates
 from harness.controls.classify import GateCheck, Verdict, check_gate, decide
 from harness.controls.collect import collect_gates
 from harness.controls.compilecheck import compile_perturbed, declared_names
@@ -30,6 +30,7 @@ from harness.controls.edits import EditError
 from harness.controls.results import BaselineResult, CampaignResult, ControlResult
 from harness.controls.sandbox import perturb, sandbox
 from harness.controls.spec import Control, load_controls
+from harness.records import GateRecord
 
 KILL_ROWS = ("modules", "campaign")
 # The baseline runs every module of the campaign, usually with a cold compile cache.
@@ -292,7 +293,7 @@ def _classify(control: Control, run: GateRun, compiled: tuple[str, ...], seconds
         if run.report is None:
             # the child died before writing its report: red, but not by any gate's assertion
             died = f"the pytest process died (exit status {run.returncode}) before writing gates.json"
-            records = {e.gate: GateRecord(e.gate, "error", "error", died) for e in control.expects}
+            records = {e.gate: GateRecord(e.gate, "error", "error", died, died) for e in control.expects}
         checks = tuple(check_gate(e, records.get(e.gate)) for e in control.expects)
         verdict, matches = decide(checks)
     return ControlResult(

@@ -9,11 +9,11 @@ each naming the file, the key and the fix.
 from __future__ import annotations
 
 import difflib
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.controls.edits import Edit, EditError, apply
+from harness.records import Route
 
 try:
     import tomllib
@@ -23,15 +23,8 @@ except ModuleNotFoundError:  # Python 3.10
 SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".hh", ".inl", ".inc")
 
 
-class Route(str, enum.Enum):
-    """How an expected gate must go red."""
-
-    ASSERTION = "assertion"  # the gate's own assertion fails
-    TRAP = "trap"  # the kernel's device guard fires (a trap, a launch failure)
-    REFUSAL = "refusal"  # the launcher refuses the arguments (harness.launch.Refusal)
-
-    def __str__(self) -> str:
-        return self.value
+# The routes a control may expect a gate to go red by (harness.records.Route holds them all).
+EXPECTABLE = (Route.ASSERTION, Route.TRAP, Route.REFUSAL)
 
 
 @dataclass(frozen=True)
@@ -159,8 +152,10 @@ def _expect(path: Path, table: dict, prefix: str, problems: list[Problem]) -> Ex
     if route_text is not None:
         try:
             route = Route(route_text)
+            if route not in EXPECTABLE:
+                raise ValueError(route_text)
         except ValueError:
-            valid = [r.value for r in Route]
+            valid = [r.value for r in EXPECTABLE]
             close = difflib.get_close_matches(route_text, valid, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             problems.append(Problem(path, f"{prefix}route", f"{route_text!r} is not a route; use one of {', '.join(valid)}{hint}"))

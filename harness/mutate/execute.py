@@ -17,20 +17,12 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from harness.mutate.verdicts import Verdict
+from harness.records import GateRecord
 
 
-@dataclass(frozen=True)
-class GateOutcome:
-    """One gate's result in a mutant's run."""
-
-    nodeid: str
-    outcome: str  # passed | failed | error | skipped | not run
-    route: str | None = None  # assertion | trap | refusal | compile | timeout | error, when red
-    first_failure_line: str | None = None
-
-    @property
-    def red(self) -> bool:
-        return self.outcome in ("failed", "error")
+# One gate's result in a mutant's run: the record every engine shares (outcome "not run"
+# when the run stopped before it).
+GateOutcome = GateRecord
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,81 @@
+"""One typed record of a gate's verdict, shared by the plugin (which writes gates.json), the
+controls engine and the mutation campaign (which read it), and the pool's workers.
+
+Outcome and route are str enums: they compare equal to their plain values, and JSON writes
+them as those values. `RECORD_VERSION` is gates.json's `version`; `GateRecord.from_json`
+reads one line of its `gates` list and ignores fields it does not know (a newer writer), so
+a reader never breaks on an added field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+
+RECORD_VERSION = 1
+
+
+class Outcome(str, Enum):
+    PASSED = "passed"
+    FAILED = "failed"  # its call went red
+    ERROR = "error"  # its setup or teardown went red
+    SKIPPED = "skipped"
+    NOT_RUN = "not run"  # a campaign stopped before it (an earlier gate killed the mutant)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+RED = (Outcome.FAILED, Outcome.ERROR)
+
+
+class Route(str, Enum):
+    """How a red gate went red."""
+
+    ASSERTION = "assertion"  # the gate's own assertion (or a trap gate whose guard did not fire)
+    TRAP = "trap"  # a CUDA fault: the kernel's __trap(), an illegal address, a poisoned context
+    REFUSAL = "refusal"  # a launcher refused the arguments (harness.launch.Refusal)
+    COMPILE = "compile"  # the module did not compile
+    TIMEOUT = "timeout"  # the gate ran past its deadline; its worker was killed
+    SANITIZER = "sanitizer"  # compute-sanitizer reported a finding while the gate ran (--sanitize)
+    ERROR = "error"  # anything else
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class GateRecord:
+    """One gate: what it is, how it ended, where it ran, what it touched."""
+
+    nodeid: str
+    outcome: str = Outcome.PASSED.value  # an Outcome value
+    route: str | None = None  # a Route value, when red
+    first_failure_line: str | None = None
+    failure_message: str | None = None  # the whole message, bounded; for controls' substrings
+    module: str = ""
+    kind: str | None = None
+    gpu: bool = False
+    duration: float = 0.0
+    skip_reason: str | None = None
+    device: str | None = None
+    device_ordinal: int | None = None  # which GPU of the machine (nvidia-smi's index)
+    device_uuid: str | None = None  # tells apart GPUs that share a name
+    worker: str | None = None  # the pool worker process that ran the gate
+    worker_phases: str | None = None  # an isolated gate's setup / call / teardown seconds inside its worker
+    compile_options: list[str] = field(default_factory=list)
+    isolated: bool = False  # ran alone in a fresh worker process (trap gates)
+    modules_loaded: list[str] = field(default_factory=list)  # kernel-root-relative modules the gate loaded
+    sources_read: list[str] = field(default_factory=list)  # kernel-root-relative sources it read (structural)
+
+    @property
+    def red(self) -> bool:
+        return self.outcome in RED
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "GateRecord":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
