@@ -298,6 +298,10 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
         st.pool = _new_pool(config)
     args = _server_args(config, files, st.pool.tmp)
     st.pool.config.pytest_args = args + ["--harness-serve"]
+    # The main worker, plus one spare for each trap gate that can start ahead (up to 3): a
+    # control's run over one module holds one context, not five.
+    traps = sum(1 for it in items if it.get_closest_marker("trap"))
+    st.pool.config.spares = 1 + min(3, traps)
     if st.sanitizer_cmd is None:
         st.pool.collect(args)
         if not st.is_worker:

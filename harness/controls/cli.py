@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=float, default=300.0, metavar="SECONDS",
                    help="per-control deadline; a run past it is killed and recorded as timeout (default 300)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="controls run at once when their gate modules do not overlap (default 1)")
+                   help="controls run at once, each in its own sandbox and processes (default 1)")
     p.add_argument("--arch", default=None, metavar="sm_XX", help="compile target passed to every run")
     p.add_argument("--kill-row", choices=KILL_ROWS, default="modules",
                    help="which gates each control runs: its expected gates' modules (default), or every "

@@ -324,8 +324,12 @@ def _devices() -> list[str]:
 
 
 def _parallel(controls: list[Control], targets: dict, jobs: int, one) -> list[ControlResult]:
-    """Run up to `jobs` controls at once, never two whose gate modules overlap; with
-    several GPUs each job gets its own (CUDA_VISIBLE_DEVICES)."""
+    """Run up to `jobs` controls at once, in file order; with several GPUs each job gets its
+    own (CUDA_VISIBLE_DEVICES). Controls whose gate modules overlap run at once too: each
+    has its own sandbox copy of the kernel root, its own pytest process (with its own pool
+    of worker processes and CUDA contexts) and its own report folder, and the one thing they
+    share, the cubin cache, is content-addressed and written by atomic rename. (Until
+    issue 10 they waited for each other, which made a family's controls run one by one.)"""
     devices = _devices()
     slots = list(range(jobs))
     pending = list(controls)
@@ -334,17 +338,11 @@ def _parallel(controls: list[Control], targets: dict, jobs: int, one) -> list[Co
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="control") as pool:
         try:
             while pending or running:
-                busy = {t for c, _ in running.values() for t in targets[c.name]}
-                for control in list(pending):
-                    if not slots:
-                        break
-                    if busy & set(targets[control.name]):
-                        continue
+                while pending and slots:
+                    control = pending.pop(0)
                     slot = slots.pop(0)
                     device = devices[slot % len(devices)] if len(devices) > 1 else None
                     running[pool.submit(one, control, device)] = (control, slot)
-                    busy |= set(targets[control.name])
-                    pending.remove(control)
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for future in done:
                     control, slot = running.pop(future)
