@@ -73,6 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run the GPU gates under NVIDIA compute-sanitizer with this tool; a finding turns the gate "
                          "that launched the kernel red by route sanitizer (trap gates are skipped)")
     group.addoption("--harness-serve", action="store_true", default=False, help=argparse.SUPPRESS)
+    group.addoption("--harness-child-timeout", default=None, help=argparse.SUPPRESS)  # removed: says what replaced it
     parser.addini("kernel_root", "folder holding the .cu files, relative to the rootdir", default="kernels_cu")
     parser.addini("controls_dir", "folder of negative-control TOML files, relative to the rootdir", default="controls")
     parser.addini("harness_cache_dir", "compiled cubin cache folder", default="")
@@ -160,6 +161,9 @@ def _resolve_kernel_root(config: pytest.Config) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    if config.option.harness_child_timeout is not None:
+        raise pytest.UsageError("harness: --harness-child-timeout was removed: every GPU gate now runs under a "
+                                "per-gate deadline; pass --harness-deadline S (or the ini key harness_deadline)")
     st = HarnessState(config)
     config.stash[state_key] = st
     if config.option.no_fail_fast:

@@ -282,3 +282,21 @@ def test_findings_in_a_sanitizer_log_are_parsed_into_blocks_with_one_actionable_
     assert line.startswith("memcheck: Invalid __global__ write of size 4 bytes; at oob_write+0x70")
     assert "by thread (104,0,0) in block (3,0,0)" in line and "Address 0x7f00000fa0 is out of bounds" in line
     assert findings("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n") == []
+
+
+def test_no_nvidia_driver_is_named_as_such_not_as_a_driver_version(monkeypatch):
+    from harness import device
+
+    monkeypatch.setattr(device, "_driver_present", lambda: False)
+    p = device._probe.__wrapped__()
+    assert not p.usable
+    assert "this machine has no NVIDIA driver (libcuda.so.1 is not installed)" in p.error
+    assert "version" not in p.error
+
+
+def test_the_removed_child_timeout_option_is_one_clear_usage_error(suite):
+    suite.makepyfile(test_x="import pytest\n@pytest.mark.refusal\ndef test_x():\n    pass\n")
+    result = suite.runpytest_subprocess("--harness-child-timeout", "-1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*harness: --harness-child-timeout was removed*pass --harness-deadline S*"])
+    assert "Traceback" not in result.stderr.str()
