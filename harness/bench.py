@@ -65,9 +65,13 @@ def _collect_ids(tree: Path, env: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "mutate":
+        from harness.mutate.bench import main as bench_mutate
+
+        return bench_mutate(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m harness bench gates",
                                      description="Time the GPU gate run, the old way against this one, in one run.")
-    parser.add_argument("what", choices=["gates"])
+    parser.add_argument("what", choices=["gates", "mutate"])
     parser.add_argument("--before", required=True, metavar="DIR",
                         help="a checkout of the code before the change (its own gates/ and harness/)")
     parser.add_argument("--jobs", type=int, default=8, metavar="N", help="xdist workers for the parallel figure")

@@ -115,3 +115,24 @@ def test_a_hang_is_a_timeout_and_the_next_mutant_gets_a_new_worker(suite):
     assert runs.timed_out
     ok = ex.run(_mutant(root, "after", KERNEL), GATE_IDS[:1], 60)
     assert ok.outcomes[0].outcome == "passed"
+
+
+def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verdicts(suite, tmp_path):
+    import json
+
+    from harness.mutate.bench import main
+
+    root, _ = suite
+    (root / "kernels" / "k.cu").write_text(
+        "// guard\n__global__ void k(float* y, const float* x, int n) {\n"
+        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = x[i] + 1;  // x + 1\n}\n")
+    out = tmp_path / "out"
+    status = main(["--out", str(out), "--name", "b", "--naive-jobs", "2", "--rootdir", str(root), "--seed", "1",
+                   "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
+                   "--cache-dir", str(tmp_path / "cache")])
+    result = json.loads((out / "b.json").read_text())
+    assert status == 0, result
+    assert result["campaign"]["reached_gpu"] == result["naive"]["reached_gpu"] > 0
+    assert result["compared"] == result["agreed"] == result["campaign"]["reached_gpu"]
+    assert result["campaign"]["mutants_per_minute"] and result["naive"]["mutants_per_minute"]
+    assert "Speed-up" in (out / "b.md").read_text()
