@@ -689,7 +689,7 @@ def _outcome(item, reports: list) -> dict:
     """One gate's outcome from its phase reports, judged as the plugin judges it (a trap
     gate passes when its body died by a device fault)."""
     props = {}
-    outcome, route, line = "passed", None, None
+    outcome, route, line, message = "passed", None, None, None
     for rep in reports:
         props.update((k, v) for k, v in rep.user_properties)
         if rep.skipped and outcome == "passed":
@@ -698,6 +698,7 @@ def _outcome(item, reports: list) -> dict:
             outcome = "failed" if rep.when == "call" else "error"
             route = dict(rep.user_properties).get("route", "error")
             line = dict(rep.user_properties).get("first_failure_line")
+            message = getattr(rep, "harness_failure_message", None) or str(rep.longrepr)[:4000]
     if item.get_closest_marker("trap") is not None and outcome in ("passed", "failed"):
         if outcome == "passed":
             outcome, route = "failed", "assertion"
@@ -705,7 +706,7 @@ def _outcome(item, reports: list) -> dict:
         elif route == "trap":
             outcome, route, line = "passed", None, None
     return {"nodeid": item.nodeid, "outcome": outcome, "route": route, "first_failure_line": line,
-            "poisoned": props.get("poisoned_context") == "true"}
+            "failure_message": message, "poisoned": props.get("poisoned_context") == "true"}
 
 
 def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) -> dict:

@@ -136,3 +136,42 @@ def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verd
     assert result["compared"] == result["agreed"] == result["campaign"]["reached_gpu"]
     assert result["campaign"]["mutants_per_minute"] and result["naive"]["mutants_per_minute"]
     assert "Speed-up" in (out / "b.md").read_text()
+
+
+def test_controls_on_the_warm_executor_are_proven_in_fresh_workers_at_once(suite, tmp_path):
+    from harness.controls.runner import CampaignConfig, run_campaign
+
+    root, _ = suite
+    (root / "kernels" / "k.cu").write_text("// guard\n__global__ void k(float* y, const float* x) { *y = *x + 1; }\n")
+    controls = root / "controls"
+    controls.mkdir()
+    (controls / "minus.toml").write_text(textwrap.dedent('''
+        description = "subtracts one"
+        file = "k.cu"
+        find = "*x + 1"
+        replace = "*x - 1"
+        why = "the anchor compares the value"
+
+        [[expect]]
+        gate = "gates/test_k.py::test_adds_one"
+        route = "assertion"
+        message = "out is not x + 1"
+    '''))
+    (controls / "no_guard.toml").write_text(textwrap.dedent('''
+        description = "the guard is gone"
+        file = "k.cu"
+        find = "// guard"
+        replace = "// none"
+        why = "the trap gate fails by its own assertion when the guard stays silent"
+
+        [[expect]]
+        gate = "gates/test_k.py::test_guard_fires"
+        route = "assertion"
+    '''))
+    config = CampaignConfig(rootdir=root, kernel_root=root / "kernels", controls_dir=controls,
+                            report_dir=tmp_path / "report", jobs=2, executor="warm", cache_dir=tmp_path / "cache",
+                            deadline=60)
+    result = run_campaign(config)
+    assert result.baseline.ok, result.baseline
+    verdicts = {r.name: (r.verdict.value, r.matches) for r in result.controls}
+    assert verdicts == {"minus": ("proven", True), "no_guard": ("proven", True)}, result.controls

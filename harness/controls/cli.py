@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--naive", action="store_true",
                    help="the slow reference way: a fresh pytest over the whole gates folder per control, "
                         "each with a cold compile cache (for timing against the default)")
+    p.add_argument("--executor", choices=("fresh", "warm"), default="fresh",
+                   help="fresh: a pytest per control (default); warm: each control's gates in a fresh worker "
+                        "forked from a server that collected them, context made ahead (the mutation campaign's "
+                        "executor)")
     p.add_argument("--no-require-gpu", action="store_true", help=argparse.SUPPRESS)  # the harness's own tests
     return p
 
@@ -79,6 +83,7 @@ def config_from(args: argparse.Namespace) -> CampaignConfig:
         require_gpu=not args.no_require_gpu,
         kill_row=args.kill_row,
         cache_dir=settings.cache_dir,
+        executor=args.executor,
     )
 
 

@@ -52,6 +52,7 @@ class CampaignConfig:
     require_gpu: bool = True  # False only in the harness's own tests (no GPU there)
     kill_row: str = "modules"  # run the expected gates' modules, or every module of the campaign
     cache_dir: Path | None = None  # default: HARNESS_CACHE_DIR or the harness' cache
+    executor: str = "fresh"  # fresh: a pytest per control; warm: a fresh forked worker per control (the mutants' way)
 
     def path(self, p: Path) -> Path:
         p = Path(p)
@@ -128,18 +129,24 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
         return CampaignResult(mode, root, config.arch, baseline, (), time.perf_counter() - start)
     arch = config.arch or baseline.arch
     names = declared_names(root)
+    warm = (_warm_controls(config, root, cache_dir, baseline_targets, arch)
+            if config.executor == "warm" and not config.naive else None)
 
     def one(control: Control, device: str | None) -> ControlResult:
         listener.started(control)
-        result = _run_control(control, targets[control.name], root, config, arch, cache_dir, names, device)
+        result = _run_control(control, targets[control.name], root, config, arch, cache_dir, names, device, warm)
         listener.finished(result)
         return result
 
     jobs = 1 if config.naive else max(1, config.jobs)
-    if jobs == 1:
-        results = [one(c, None) for c in controls]
-    else:
-        results = _parallel(controls, targets, jobs, one)
+    try:
+        if jobs == 1:
+            results = [one(c, None) for c in controls]
+        else:
+            results = _parallel(controls, targets, jobs, one)
+    finally:
+        if warm is not None:
+            warm.executor.close()
     return CampaignResult(mode, root, arch, baseline, tuple(results), time.perf_counter() - start)
 
 
@@ -252,6 +259,7 @@ def _run_control(
     cache_dir: Path,
     names: dict,
     device: str | None,
+    warm: "WarmControls | None" = None,
 ) -> ControlResult:
     start = time.perf_counter()
     with sandbox(root, control.name) as copy, _cache(config, cache_dir) as cache:
@@ -267,6 +275,9 @@ def _run_control(
                 return _invalid(control, outcome, time.perf_counter() - start)
             compiled = outcome
         remaining = max(1.0, config.deadline - (time.perf_counter() - start))
+        if warm is not None:
+            return _classify(control, _warm_run(warm, copy, targets, remaining), compiled,
+                             time.perf_counter() - start)
         run = run_gates(
             list(targets),
             kernel_root=copy,
@@ -279,6 +290,44 @@ def _run_control(
             device=device,
         )
     return _classify(control, run, compiled, time.perf_counter() - start)
+
+
+@dataclass
+class WarmControls:
+    """The controls on the mutation campaign's warm executor: each control's gates (its
+    modules' whole kill row) in one fresh worker forked from a server that collected them,
+    context made ahead; a worker serves one control and is thrown away."""
+
+    executor: object  # harness.mutate.warm.WarmExecutor
+    gates: dict  # module -> its node ids, in collection order
+
+    def nodeids(self, targets: tuple[str, ...]) -> list[str]:
+        return [n for t in targets for n in self.gates.get(t, ())]
+
+
+def _warm_controls(config: CampaignConfig, root: Path, cache_dir: Path, targets: list[str],
+                   arch: str | None) -> WarmControls:
+    from harness.mutate.warm import WarmExecutor
+
+    collected, error = collect_gates(targets, rootdir=config.rootdir.resolve(), kernel_root=root)
+    if error:
+        raise RuntimeError(f"collecting the controls' gates failed:\n{error}")
+    gates: dict = {}
+    for nodeid in sorted(collected):
+        gates.setdefault(nodeid.split("::", 1)[0], []).append(nodeid)
+    executor = WarmExecutor(config.rootdir.resolve(), tuple(targets), root, cache_dir, arch=arch,
+                            spares=max(1, config.jobs) + 2, stop_on_kill=False)
+    return WarmControls(executor, gates)
+
+
+def _warm_run(warm: WarmControls, copy: Path, targets: tuple[str, ...], deadline: float) -> GateRun:
+    """A control's run on the warm executor, as a GateRun the classification reads."""
+    start = time.perf_counter()
+    runs = warm.executor.run(copy, warm.nodeids(targets), deadline)
+    records = {o.nodeid: o for o in runs.outcomes if o.outcome != "not run"}
+    report = None if runs.crashed else {"gates": [r.to_json() for r in records.values()]}
+    return GateRun(records, None if runs.timed_out else (0 if report is not None else 1), runs.timed_out,
+                   time.perf_counter() - start, Path(runs.log or "."), report)
 
 
 def _classify(control: Control, run: GateRun, compiled: tuple[str, ...], seconds: float) -> ControlResult:

@@ -94,7 +94,8 @@ class WarmExecutor:
                     crashed = f"timed out; the last kernel launched was {last}"
                 break
             for o in got:
-                outcomes.append(GateOutcome(o["nodeid"], o["outcome"], o["route"], o["first_failure_line"]))
+                outcomes.append(GateOutcome(o["nodeid"], o["outcome"], o["route"], o["first_failure_line"],
+                                            o.get("failure_message")))
             done = {o["nodeid"] for o in got}
             killed = any(o["outcome"] == "failed" and o["route"] == "assertion" for o in got)
             poisoned = any(o["poisoned"] for o in got)
