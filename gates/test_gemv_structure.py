@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from harness.source import calls_in, declared_names, define_int, function, mentions, reachable_functions
+from harness.source import calls_in, declared_names, define_int, function, mentions, reachable_functions, read_source
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
 
 pytestmark = pytest.mark.structural
@@ -33,7 +33,7 @@ BLOCK_BARRIERS = ("__syncthreads", "__syncthreads_count", "__syncthreads_and", "
 
 
 def read(kernel_root, relpath: str) -> str:
-    return (kernel_root / relpath).read_text()
+    return read_source(kernel_root / relpath)
 
 
 def assert_no_problems(problems: list[str], fix: str) -> None:

@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from harness.source import calls_in, declared_names, define_int, function, mentions
+from harness.source import calls_in, declared_names, define_int, function, mentions, read_source
 from kernels_cu import moe_decode as moe
 
 pytestmark = pytest.mark.structural
@@ -51,7 +51,7 @@ def test_moe_launcher_constants_equal_the_cu_defines(kernel_root):
 
 
 def test_expert_kernels_use_the_certified_partial_dot_with_a_staged_table(kernel_root):
-    src = (kernel_root / moe.SOURCE).read_text()
+    src = read_source(kernel_root / moe.SOURCE)
     problems = []
     for kernel in EXPERT_KERNELS:
         fn = function(src, kernel)
@@ -78,7 +78,7 @@ def test_expert_kernels_use_the_certified_partial_dot_with_a_staged_table(kernel
 
 
 def test_every_expert_kernel_guards_its_expert_before_reading_weights(kernel_root):
-    src = (kernel_root / moe.SOURCE).read_text()
+    src = read_source(kernel_root / moe.SOURCE)
     problems = []
     guard = function(src, "moe_expert_store")
     traps = len(calls_in(guard.body, "__trap"))
@@ -102,7 +102,7 @@ def test_every_expert_kernel_guards_its_expert_before_reading_weights(kernel_roo
 
 
 def test_router_tail_resets_its_ticket_after_the_selection(kernel_root):
-    src = (kernel_root / moe.SOURCE).read_text()
+    src = read_source(kernel_root / moe.SOURCE)
     body = function(src, "moe_router").body
     reset = re.search(r"\*\s*ticket\s*=\s*0u?\s*;", body)
     select = re.search(r"\bmoe_topk_softmax\s*\(", body)

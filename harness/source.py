@@ -134,6 +134,12 @@ def _read(text_or_path: str | Path) -> tuple[str, str]:
     return text_or_path, "<source text>"
 
 
+def read_source(path: str | Path) -> str:
+    """A source file's text, noted as read by the running gate (a mutation campaign then
+    never screens a mutant of that file out by its cubin alone: the gate reads its text)."""
+    return _read(Path(path))[0]
+
+
 def _logical_lines(text: str):
     """(first line number, joined text) for each line, backslash continuations joined."""
     lines = text.split("\n")

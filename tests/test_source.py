@@ -173,3 +173,17 @@ def test_reachable_functions_follow_calls_to_functions_defined_in_the_text():
     assert [f.name for f in reachable_functions(KERNEL, "partial")] == ["partial"]
     with pytest.raises(SourceError, match="no definition of `absent"):
         reachable_functions(KERNEL, "absent")
+
+
+def test_read_source_returns_the_text_and_notes_it_for_the_running_gate(tmp_path):
+    from harness import coverage
+    from harness.source import read_source
+
+    f = tmp_path / "k.cu"
+    f.write_text("#define BLOCK 128\n")
+    coverage.begin("gates/test_x.py::test_y")
+    try:
+        assert read_source(f) == "#define BLOCK 128\n"
+        assert str(f) in coverage.current().sources or "k.cu" in coverage.current().sources
+    finally:
+        coverage.reset()
