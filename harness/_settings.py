@@ -116,36 +116,32 @@ def _pytest_table(path: Path, section: str | None) -> dict | None:
     return dict(parser.items(section)) if parser.has_section(section) else None
 
 
-def ini_value(rootdir: Path, key: str) -> str | None:
-    """`key` from the rootdir's pytest configuration (the first file pytest would use)."""
+def _ini_table(rootdir: Path) -> dict | None:
+    """The rootdir's pytest configuration table (the first file pytest would use), or None."""
     for name, section in _INI_CANDIDATES:
         path = Path(rootdir) / name
         if not path.is_file():
             continue
         table = _pytest_table(path, section)
-        if table is None:
-            continue
-        value = table.get(key)
-        return str(value) if value is not None else None
+        if table is not None:
+            return table
     return None
+
+
+def ini_value(rootdir: Path, key: str) -> str | None:
+    """`key` from the rootdir's pytest configuration (the first file pytest would use)."""
+    value = (_ini_table(rootdir) or {}).get(key)
+    return str(value) if value is not None else None
 
 
 def ini_lines(rootdir: Path, key: str) -> list[str]:
     """`key` as a list: a TOML array's items, or an ini value's non-empty lines."""
-    for name, section in _INI_CANDIDATES:
-        path = Path(rootdir) / name
-        if not path.is_file():
-            continue
-        table = _pytest_table(path, section)
-        if table is None:
-            continue
-        value = table.get(key)
-        if value is None:
-            return []
-        if isinstance(value, (list, tuple)):
-            return [str(v) for v in value]
-        return [ln.strip() for ln in str(value).splitlines() if ln.strip()]
-    return []
+    value = (_ini_table(rootdir) or {}).get(key)
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [ln.strip() for ln in str(value).splitlines() if ln.strip()]
 
 
 def find_rootdir(start: str | os.PathLike | None = None) -> Path:

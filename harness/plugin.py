@@ -201,7 +201,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"harness: {exc}") from None
     if st.is_controller and (st.require_gpu or st.sanitize):
         # xdist's controller runs no gate: ask a throwaway process, so no CUDA context lives here.
-        _refuse_without_device(st, _probe_in_subprocess(config))
+        _refuse_without_device(st, workers.probe_in_subprocess(config.invocation_params.dir))
     recorder = _Recorder(st)
     config.stash[recorder_key] = recorder
     config.pluginmanager.register(recorder, "harness-recorder")
@@ -221,15 +221,6 @@ def _include_dirs(config: pytest.Config) -> tuple:
                                       config.rootpath)
     except IncludeDirError as exc:
         raise pytest.UsageError(f"harness: {exc}") from None
-
-
-def _probe_in_subprocess(config: pytest.Config) -> dict:
-    pool = workers.Pool(workers.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
-                                           pytest_args=[], sanitizer=[]))
-    try:
-        return pool.wait_probe()
-    finally:
-        pool.close()
 
 
 def _refuse_without_device(st: HarnessState, probe: dict) -> None:
@@ -260,7 +251,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # ------------------------------------------------------------------ the pool and the require-gpu policy
 
 
-def _server_args(config: pytest.Config, files: list[str], pool_tmp: Path) -> list[str]:
+def _server_args(config: pytest.Config, files: list[str]) -> list[str]:
     """What the pool's server passes to pytest.main: the files to collect and the settings
     that decide what they collect to, never what the run reports or where it writes."""
     st = _state(config)
@@ -300,7 +291,7 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
     files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
     if st.pool is None:
         st.pool = _new_pool(config)
-    args = _server_args(config, files, st.pool.tmp)
+    args = _server_args(config, files)
     st.pool.config.pytest_args = args + ["--harness-serve"]
     # The main worker, plus one spare for each trap gate that can start ahead (up to 3): a
     # control's run over one module holds one context, not five.

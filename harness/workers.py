@@ -313,20 +313,12 @@ class Pool:
         """The device probe, made in a process forked from the server after the conftests loaded."""
         if self.probe is None:
             if self.config.sanitizer is not None:
-                self.probe = self._probe_exec()
+                self.probe = probe_in_subprocess(self.config.invocation_dir, self.config.start_timeout)
             else:
                 ch, hello = self._accept("probe")
                 ch.close()
                 self.probe = hello["probe"]
         return self.probe
-
-    def _probe_exec(self) -> dict:
-        out = subprocess.run([sys.executable, "-m", "harness.workers", "probe"], capture_output=True, text=True,
-                             timeout=self.config.start_timeout, cwd=self.config.invocation_dir)
-        try:
-            return json.loads(out.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return {"count": 0, "error": f"the device probe failed: {out.stderr.strip()[-500:]}"}
 
     def _server(self) -> Channel:
         """The server's channel. Spawn requests queue there while it still collects: it
@@ -453,6 +445,17 @@ class Pool:
             return "\n".join(self.log.read_text(errors="replace").strip().splitlines()[-n:])
         except OSError:
             return ""
+
+
+def probe_in_subprocess(cwd: Path, timeout: float = WORKER_START_TIMEOUT) -> dict:
+    """The device probe in a throwaway process (no conftest loaded): for a process that must
+    make no CUDA context itself and has no server to ask."""
+    out = subprocess.run([sys.executable, "-m", "harness.workers", "probe"], capture_output=True, text=True,
+                         timeout=timeout, cwd=cwd)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"count": 0, "error": f"the device probe failed: {out.stderr.strip()[-500:]}"}
 
 
 def _kill_quietly(pid: int) -> None:
