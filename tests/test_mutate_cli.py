@@ -39,6 +39,7 @@ def run(suite: Path, *args: str) -> int:
     (["--deadline", "-5"], ["--deadline must be a positive", "--deadline 120"]),
     (["--deadline", "nan"], ["--deadline must be a positive, finite"]),
     (["--deadline", "inf"], ["finite"]),
+    (["--deadline", "soon"], ["--deadline 'soon' is not a number of seconds or auto"]),
     (["--max-per-file", "0"], ["--max-per-file must be at least 1"]),
     (["--operators", "arithmetic,nope"], ["'nope'", *OPERATORS]),
     (["--since", "no-such-ref-anywhere"], ["--since no-such-ref-anywhere", "no commit by that name"]),

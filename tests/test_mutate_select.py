@@ -137,3 +137,27 @@ def test_kernels_module_notes_the_module_it_loads(tmp_path, monkeypatch):
         assert coverage.recorded()["g.py::loads"].modules == {"m.cu"}
     finally:
         coverage.reset()
+
+
+def test_auto_deadline_grows_with_the_selected_gates_baseline_time_and_is_capped(tmp_path):
+    from harness.mutate.campaign import AUTO_CAP, AUTO_FACTOR, AUTO_FLOOR, MutateConfig, mutant_deadline
+
+    cov = Coverage.from_report(write_report(tmp_path, GATES))
+    sel = cov.select("a.cu", ("a.cu",))
+    took = 2.0 + 0.1 + 0.01 + 1.0 + 0.02 + 0.03  # every direct and sibling gate of a.cu
+    assert abs(cov.seconds(sel.all) - took) < 1e-9
+    auto = MutateConfig(rootdir=tmp_path, kernel_root=tmp_path, report_dir=tmp_path)
+    assert abs(mutant_deadline(auto, cov, sel) - (AUTO_FLOOR + AUTO_FACTOR * took)) < 1e-9
+    slow = Coverage.from_report(write_report(tmp_path, [gate("g.py::slow", 1000.0, ["a.cu"], [])]))
+    assert mutant_deadline(auto, slow, slow.select("a.cu", ("a.cu",))) == AUTO_CAP
+    fixed = MutateConfig(rootdir=tmp_path, kernel_root=tmp_path, report_dir=tmp_path, deadline=7.0)
+    assert mutant_deadline(fixed, slow, slow.select("a.cu", ("a.cu",))) == 7.0
+
+
+def test_pending_mutants_interleave_their_files():
+    from types import SimpleNamespace as NS
+
+    from harness.mutate.campaign import interleave
+
+    rs = [NS(mutant=NS(file=f, id=f"{f}{i}")) for f, n in (("a.cu", 3), ("b.cu", 1), ("c.cu", 2)) for i in range(n)]
+    assert [r.mutant.id for r in interleave(rs)] == ["a.cu0", "b.cu0", "c.cu0", "a.cu1", "c.cu1", "a.cu2"]

@@ -28,6 +28,10 @@ from harness.mutate.verdicts import MutantResult, Verdict, append_result, read_r
 
 RESULTS_FILE = "mutants.jsonl"
 BASELINE_DEADLINE_FACTOR = 4
+# --deadline auto: a mutant gets AUTO_FLOOR s plus AUTO_FACTOR x what its selected gates took in
+# the baseline, at most AUTO_CAP s. A hung mutant (a loop that never ends) then costs its
+# slot seconds, not minutes; a mutant that merely slows its kernel down tenfold still finishes.
+AUTO_FLOOR, AUTO_FACTOR, AUTO_CAP = 10.0, 5.0, 120.0
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class MutateConfig:
     since: str | None = None
     jobs: int = 1  # CPU processes for the screen
     gpu_jobs: int = 1  # mutants whose gates run at once (fresh processes share the GPU)
-    deadline: float = 120.0  # seconds per mutant on the GPU
+    deadline: float | None = None  # seconds per mutant on the GPU; None: derived from the baseline
     all_gates: bool = False
     static: bool = False
     seed: int = 0
@@ -151,8 +155,9 @@ def run_baseline(config: MutateConfig, cache_dir: Path) -> tuple[Baseline, Cover
     folder = report / "coverage"
     shutil.rmtree(folder, ignore_errors=True)
     with _recording(folder):
+        deadline = (config.deadline or AUTO_CAP) * BASELINE_DEADLINE_FACTOR
         run = run_gates(list(config.gates), kernel_root=config.path(config.kernel_root), rootdir=config.rootdir,
-                        report_dir=report, deadline=config.deadline * BASELINE_DEADLINE_FACTOR, cache_dir=cache_dir,
+                        report_dir=report, deadline=deadline, cache_dir=cache_dir,
                         require_gpu=config.require_gpu and not config.static, arch=config.arch)
     data = run.report or {}
     note = run.note()
@@ -224,7 +229,7 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
         if r.verdict is not Verdict.PENDING or config.static:
             _finish(campaign, results_path, r, listener)
 
-    pending = [screened[m.id] for m in todo if m.id not in results]
+    pending = interleave([screened[m.id] for m in todo if m.id not in results])
     if pending and not config.static:
         listener.phase(f"running the gates of {len(pending)} mutants", len(pending))
         t1 = time.perf_counter()
@@ -297,9 +302,31 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
                             seconds=r.seconds, cubin_identical=r.cubin_identical)
     with sandbox(root, f"mutant-{m.id}") as copy:
         _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
-        j = run_mutant(executor, copy, [sel.direct, sel.siblings], config.deadline, config.all_gates)
+        j = run_mutant(executor, copy, [sel.direct, sel.siblings], mutant_deadline(config, coverage, sel),
+                       config.all_gates)
     return MutantResult(m, j.verdict, j.reason, killed_by=list(j.killed_by), gates_run=list(j.gates_run),
                         covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical)
+
+
+def mutant_deadline(config: MutateConfig, coverage: Coverage, sel) -> float:
+    """The fixed --deadline, or (auto) the floor plus a multiple of the selected gates' baseline time."""
+    if config.deadline is not None:
+        return config.deadline
+    return min(AUTO_CAP, AUTO_FLOOR + AUTO_FACTOR * coverage.seconds(sel.all))
+
+
+def interleave(results: list) -> list:
+    """Pending mutants in round-robin over their files (each file's own order kept), so a run
+    cut short (a device command's limit; --resume continues) has sampled every family."""
+    by_file: dict[str, list] = {}
+    for r in results:
+        by_file.setdefault(r.mutant.file, []).append(r)
+    queues = list(by_file.values())
+    out = []
+    while queues:
+        out += [q.pop(0) for q in queues]
+        queues = [q for q in queues if q]
+    return out
 
 
 def resolve_duplicates(results: dict[str, MutantResult]) -> None:

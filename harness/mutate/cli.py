@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", default=None, metavar="N", help="CPU workers for the screen (default: every core)")
     p.add_argument("--gpu-jobs", default="1", metavar="N",
                    help="mutants whose gates run at once; several GPUs are shared out (default 1)")
-    p.add_argument("--deadline", default="120", metavar="S", help="seconds per mutant on the GPU (default 120)")
+    p.add_argument("--deadline", default="auto", metavar="S",
+                   help="seconds per mutant on the GPU; auto (default): 10 s plus 5 times what the mutant's "
+                        "selected gates took in the baseline, at most 120 s")
     p.add_argument("--all-gates", action="store_true",
                    help="run every selected gate (the full kill matrix) instead of stopping at the first kill")
     p.add_argument("--static", action="store_true",
@@ -77,11 +79,14 @@ def _positive_int(text: str, option: str, example: str) -> int:
     return value
 
 
-def _deadline(text: str) -> float:
+def _deadline(text: str) -> float | None:
+    """None: derived per mutant from the baseline (auto)."""
+    if text == "auto":
+        return None
     try:
         value = float(text)
     except ValueError:
-        raise UsageError(f"--deadline {text!r} is not a number of seconds; pass e.g. --deadline 120") from None
+        raise UsageError(f"--deadline {text!r} is not a number of seconds or auto; pass e.g. --deadline 120") from None
     if math.isnan(value) or math.isinf(value) or value <= 0:
         raise UsageError(f"--deadline must be a positive, finite number of seconds (got {text}); "
                          "pass e.g. --deadline 120")
