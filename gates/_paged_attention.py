@@ -16,7 +16,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from harness import buffers
+from harness import buffers, host_cache
 from harness.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
@@ -43,7 +43,7 @@ def config_id(name: str) -> str:
     return f"{name}-nh{c['nh']}-nkv{c['nkv']}-hd{c['hd']}-w{c['window']}-ctx{c['ctx']}"
 
 
-@functools.lru_cache(maxsize=None)
+@host_cache
 def random_case(name: str, rows: str) -> ora.Case:
     """Config `name` with the decode rows, every row ('prefill') or the last CHUNK_ROWS ('chunk')."""
     c = dict(CONFIGS[name])
@@ -51,7 +51,7 @@ def random_case(name: str, rows: str) -> ora.Case:
     return ora.random_case(**c, seed={"A": 101, "B": 202}[name])
 
 
-@functools.lru_cache(maxsize=None)
+@host_cache
 def reference_of(name: str, rows: str) -> np.ndarray:
     """The float64 reference of a random case, computed once per process."""
     return ora.reference(random_case(name, rows))

@@ -3,6 +3,7 @@
 What a gate author uses is re-exported here; the rest stays in its modules.
 """
 
+from harness.caching import host_cache
 from harness.bits import BitsMismatch, NotClose, assert_bits_eq, assert_close, rel_rms
 from harness.compile import ArchError, CompileError, CompiledModule, compile_file
 from harness.kernels import kernel_root, module
@@ -16,6 +17,7 @@ __all__ = [
     "assert_bits_eq",
     "assert_close",
     "compile_file",
+    "host_cache",
     "kernel_root",
     "module",
     "rel_rms",

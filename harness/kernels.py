@@ -95,6 +95,13 @@ def load(compiled: CompiledModule) -> Module:
     return mod
 
 
+def forget_loaded() -> None:
+    """Drop every loaded module (CuPy unloads each once unreferenced): a warm worker that
+    served one mutant serves the next without its cubins."""
+    _loaded.clear()
+    _used.clear()
+
+
 def module(
     relpath: str | os.PathLike,
     name_expressions: tuple[str, ...] | list[str] = (),

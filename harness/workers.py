@@ -126,6 +126,7 @@ class Worker:
         self.device = hello.get("device") or {}
         self.name = f"{prefix}w{hello['token']}"
         self.alive = True
+        self.served = 0  # mutants served (a reused worker of a campaign)
 
     def start(self, nodeid: str, nextid: str | None) -> None:
         """Send the gate; `wait` collects the verdict (a trap gate may be started ahead)."""
@@ -145,12 +146,18 @@ class Worker:
         result.seconds = time.monotonic() - self._started
         return result
 
-    def run_set(self, kernel_root: str, gates: list[str], deadline: float, stop_on_kill: bool):
-        """A mutant's gates in this fresh worker, which serves no other:
-        (outcomes, timed_out, died, last_launch)."""
-        self._send({"op": "run_set", "kernel_root": kernel_root, "gates": gates, "stop_on_kill": stop_on_kill})
+    def run_set(self, kernel_root: str, gates: list[str], deadline: float, stop_on_kill: bool,
+                reuse: bool = False):
+        """A mutant's gates in this worker: (outcomes, timed_out, died, last_launch). With
+        `reuse`, a worker that reset itself cleanly stays alive for the next mutant
+        (`self.alive`); otherwise, or when it could not, it is gone."""
+        self._send({"op": "run_set", "kernel_root": kernel_root, "gates": gates, "stop_on_kill": stop_on_kill,
+                    "reuse": reuse})
         msg, timed_out, died, last = self._receive("done_set", deadline)
-        self.kill()
+        if msg is None or not msg.get("reusable"):
+            self.kill()
+        else:
+            self.served += 1
         return (msg["outcomes"] if msg is not None else []), timed_out, died, last
 
     def _send(self, msg: dict) -> None:
@@ -656,8 +663,16 @@ def _worker_loop(session, ch: Channel) -> None:
             ch.send({"op": "bye"})
             break
         if msg.get("op") == "run_set":
-            ch.send(_run_set(session, items, sink, msg, props))
-            break  # a mutant's worker serves one mutant: no cache or stray store outlives it
+            reply = _run_set(session, items, sink, msg, props)
+            why_not = "not asked to serve another mutant"
+            if msg.get("reuse") and not any(o["poisoned"] for o in reply["outcomes"]):
+                why_not = reset_for_next_mutant(session)
+            reply["reusable"] = why_not is None
+            reply["why_not_reusable"] = why_not
+            ch.send(reply)
+            if why_not is None:
+                continue
+            break  # no cache, buffer or stray store of this mutant outlives it
         if msg.get("op") != "run":
             continue
         item = items.get(msg["nodeid"])
@@ -739,6 +754,55 @@ def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) ->
         if out["poisoned"] or (msg.get("stop_on_kill") and out["outcome"] == "failed" and out["route"] == "assertion"):
             break
     return {"op": "done_set", "outcomes": outcomes}
+
+
+def reset_for_next_mutant(session) -> str | None:
+    """Make this worker as good as fresh for the next mutant; None when it is, else why not.
+
+    Nothing a mutant computed may reach the next one: every fixture is torn down; every
+    functools cache of the project's own modules (gates, oracles, launchers) is cleared,
+    except those marked `harness.host_cache` (pure host data, no kernel involved); every
+    loaded module is dropped; CuPy's pools are released, so no device buffer outlives the
+    mutant (a stray store of this mutant landed in memory that the next one allocates and
+    fills afresh). A context with a sticky error is not reused."""
+    import gc
+
+    from harness import device, kernels
+
+    try:
+        session._setupstate.teardown_exact(None)
+    except BaseException as exc:  # noqa: BLE001 - a finaliser of the mutant's gates failed
+        return f"a fixture's teardown raised {type(exc).__name__}: {exc}"
+    clear_project_caches(Path(session.config.rootpath))
+    kernels.forget_loaded()
+    gc.collect()
+    if device.context_is_poisoned():
+        return "the CUDA context has a sticky error"
+    try:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+    except Exception:  # noqa: BLE001 - no CuPy (a fake device in the harness's own tests)
+        pass
+    return None
+
+
+def clear_project_caches(rootdir: Path) -> int:
+    """Clear every functools cache defined in a module under `rootdir` (not an installed
+    package) unless marked `harness.host_cache`; returns how many were cleared."""
+    root = str(rootdir.resolve())
+    cleared = 0
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if not f or not f.startswith(root) or "site-packages" in f:
+            continue
+        for obj in list(vars(mod).values()):
+            if callable(getattr(obj, "cache_clear", None)) and hasattr(obj, "cache_info") \
+                    and not getattr(obj, "harness_host_cache", False):
+                obj.cache_clear()
+                cleared += 1
+    return cleared
 
 
 # ====================================================================== entry points

@@ -1,7 +1,8 @@
-"""The warm executor over a fake suite with a fake device (no GPU needed): each call runs in
-a fresh forked worker against the mutant's sandbox, stops at the first kill by assertion,
-judges trap gates as the plugin does, goes on in another worker after a poisoned context,
-and turns a hang into a timeout."""
+"""The warm executor over a fake suite with a fake device (no GPU needed): a forked worker
+serves one mutant after another against each mutant's sandbox, with the project's caches
+cleared between them (host caches kept); it stops at the first kill by assertion, judges
+trap gates as the plugin does, goes on in another worker after a poisoned context, and
+turns a hang into a timeout with a new worker for the next mutant."""
 
 import shutil
 import textwrap
@@ -22,9 +23,17 @@ device.context_is_poisoned = lambda: False
 """
 
 GATES = """
-import ctypes, os, signal
+import ctypes, functools, os, signal
 import pytest
-from harness import coverage
+from harness import coverage, host_cache
+
+@functools.cache
+def device_side(kernel_root):
+    return [str(kernel_root)]
+
+@host_cache
+def host_side():
+    return [os.getpid()]
 
 class CUDARuntimeError(RuntimeError):
     pass
@@ -47,7 +56,12 @@ def test_guard_fires(kernel_root):
 @pytest.mark.gpu
 @pytest.mark.link
 def test_pid(kernel_root):
-    open(kernel_root.parent / "pids", "a").write(f"{os.getpid()}\\n")
+    cached = device_side(kernel_root)
+    assert cached == [str(kernel_root)], f"a cache kept {cached} from another mutant"
+    cached.append("seen")
+    host = host_side()
+    host.append("seen")
+    open(kernel_root.parent / "pids", "a").write(f"{os.getpid()} {len(host)}\\n")
     if "SPIN" in text(kernel_root):
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         ctypes.CDLL(None).sleep(3600)
@@ -81,15 +95,37 @@ def _mutant(root: Path, name: str, text: str) -> Path:
 GATE_IDS = ["gates/test_k.py::test_adds_one", "gates/test_k.py::test_guard_fires", "gates/test_k.py::test_pid"]
 
 
-def test_the_unmutated_tree_passes_every_gate_each_call_in_a_fresh_worker(suite):
+def test_one_worker_serves_mutant_after_mutant_with_the_projects_caches_cleared(suite):
     root, ex = suite
+    first_box, second_box = _mutant(root, "same", KERNEL), _mutant(root, "again", KERNEL)
+    no_trap = [GATE_IDS[0], GATE_IDS[2]]  # a trap gate poisons its context: its worker is not reused
+    first = ex.run(first_box, no_trap, 60)
+    second = ex.run(second_box, no_trap, 60)
+    assert [o.outcome for o in first.outcomes] == ["passed"] * 2, first
+    assert [o.outcome for o in second.outcomes] == ["passed"] * 2, second
+    # test_pid checks device_side's cache holds its own kernel root (cleared between mutants);
+    # host_side (marked host_cache) is kept: its list grew in the first mutant
+    (pid1, n1), = [line.split() for line in (first_box.parent / "pids").read_text().splitlines()]
+    (pid2, n2), = [line.split() for line in (second_box.parent / "pids").read_text().splitlines()]
+    assert pid1 == pid2 and (n1, n2) == ("2", "3")
+
+
+def test_without_reuse_each_mutant_gets_a_fresh_worker(suite):
+    root, ex = suite
+    ex.reuse = False
     box = _mutant(root, "same", KERNEL)
-    first = ex.run(box, GATE_IDS, 60)
-    second = ex.run(box, GATE_IDS, 60)
-    assert [o.outcome for o in first.outcomes] == ["passed"] * 3, first
-    assert [o.outcome for o in second.outcomes] == ["passed"] * 3
-    pids = (box.parent / "pids").read_text().split()
-    assert len(set(pids)) == 2  # one worker per call: nothing outlives a mutant
+    assert [o.outcome for o in ex.run(box, GATE_IDS, 60).outcomes] == ["passed"] * 3
+    assert [o.outcome for o in ex.run(box, GATE_IDS, 60).outcomes] == ["passed"] * 3
+    pids = [line.split()[0] for line in (box.parent / "pids").read_text().splitlines()]
+    assert len(set(pids)) == 2
+
+
+def test_a_gate_that_poisons_the_context_ends_its_worker(suite):
+    root, ex = suite
+    box = _mutant(root, "trap", KERNEL)
+    runs = ex.run(box, GATE_IDS[1:], 60)  # the trap gate (passes, context poisoned), then test_pid
+    assert [o.outcome for o in runs.outcomes] == ["passed", "passed"], runs
+    assert all(w.alive for w in ex._idle) and len(ex._idle) == 1
 
 
 def test_a_kill_by_assertion_stops_the_run_and_names_the_gate(suite):

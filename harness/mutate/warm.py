@@ -1,16 +1,19 @@
-"""The warm executor: each mutant's gates run in a fresh process forked from a server that
-already imported CuPy and the harness and collected every gate, with its CUDA context made
-and CuPy warmed before the mutant arrives (the gate run's pool, `harness.workers`).
+"""The warm executor: a mutant's gates run in a worker forked from a server that already
+imported CuPy and the harness and collected every gate, with its CUDA context made and
+CuPy warmed before the first mutant arrives (the gate run's pool, `harness.workers`).
 
-Why a fresh worker per mutant rather than one long-lived process: gate helpers cache what
-they build (`functools.cache` over device inputs, a chain's GPU outputs), and a mutant's
-stray stores can corrupt device memory a later mutant would read. A process that served
-one mutant is thrown away, so no cache, buffer or context outlives it; the cost of a fresh
-process (a fork and a context) is paid ahead, on spares, while other mutants run.
+A worker serves one mutant after another (`reuse`, the default): after each it tears every
+fixture down, clears the project's functools caches (a cache may hold what the mutated
+kernel computed, or a device buffer its stray store hit; `harness.host_cache` marks the
+host-only ones it may keep), drops the loaded modules, releases CuPy's pools and checks
+the context. No device buffer outlives a mutant, so a stray store lands in memory the next
+mutant allocates and fills afresh. A worker that cannot be reset so (a sticky error, a
+failing teardown), whose gate poisoned the context, or that passed its deadline is thrown
+away and a fresh one (made ahead, on a spare) takes the next gates. After MAX_SERVED
+mutants a worker retires, which bounds what any leak could accumulate. `reuse=False`
+gives every mutant a fresh worker (the stricter, slower way).
 
-A gate that poisons the context ends its worker; the mutant's remaining gates go to another
-fresh worker. A deadline kills the worker (route timeout). Thread-safe: the campaign runs
-several mutants at once through one executor.
+Thread-safe: the campaign runs several mutants at once through one executor.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Sequence
 
 from harness import _settings, workers
 from harness.mutate.execute import GateOutcome, GateRuns
+
+MAX_SERVED = 200  # mutants one worker serves before it retires
 
 
 def server_args(rootdir: Path, gates: Sequence[str], kernel_root: Path, cache_dir: Path, arch: str | None) -> list[str]:
@@ -48,8 +53,10 @@ class WarmExecutor:
     spares: int = 4
     stop_on_kill: bool = True
     per_gate: bool = False
+    reuse: bool = True
     _pool: workers.Pool | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _idle: list = field(default_factory=list, repr=False)  # reset workers waiting for a mutant
 
     def start(self) -> None:
         """Start the server and the spares; raises workers.PoolError with the reason."""
@@ -67,10 +74,22 @@ class WarmExecutor:
         pool.warm_up()
         self._pool = pool
 
-    def _fresh(self) -> workers.Worker:
+    def _take(self) -> workers.Worker:
+        """A reset worker that served earlier mutants, else a fresh one."""
         with self._lock:
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.alive:
+                    return worker
             self.start()
             return self._pool.fresh_worker()
+
+    def _give_back(self, worker: workers.Worker) -> None:
+        with self._lock:
+            if worker.alive and worker.served >= MAX_SERVED:
+                worker.quit()
+            if worker.alive:
+                self._idle.append(worker)
 
     def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns:
         start = time.monotonic()
@@ -83,11 +102,13 @@ class WarmExecutor:
                 timed_out = True
                 break
             try:
-                worker = self._fresh()
+                worker = self._take()
             except workers.PoolError as exc:
                 crashed = str(exc)
                 break
-            got, timed_out, died, last = worker.run_set(str(mutant_sandbox), remaining, left, self.stop_on_kill)
+            got, timed_out, died, last = worker.run_set(str(mutant_sandbox), remaining, left, self.stop_on_kill,
+                                                        reuse=self.reuse)
+            self._give_back(worker)
             if timed_out or died:
                 crashed = died
                 if timed_out and last:
@@ -108,6 +129,9 @@ class WarmExecutor:
 
     def close(self) -> None:
         with self._lock:
+            for worker in self._idle:
+                worker.kill()
+            self._idle.clear()
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
