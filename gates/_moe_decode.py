@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.buffers import assert_untouched, filled
+from harness.caching import host_cache
 from harness.dtypes import bf16
 from kernels_cu import moe_decode as moe
 from kernels_cu import nvfp4_gemv
@@ -291,3 +292,27 @@ def random_chain(shape_id: str) -> Chain:
 
 def selected_ids(chain: Chain) -> np.ndarray:
     return chain.router["ids"][:, :chain.shape.k]
+
+
+@host_cache
+def designed_glu(shape_id: str) -> od.GluWeightsCase:
+    """The designed GLU case of a shape (host only; a warm campaign worker keeps it)."""
+    s = SHAPES[shape_id]
+    return od.glu_weights_designed(s.t, s.h, s.e, s.i, s.k, seed=s.i + 1)
+
+
+def random_chain_reference(shape_id: str):
+    """The float64 reference of `random_chain(shape_id)` on the ids its router selected."""
+    ids = np.ascontiguousarray(selected_ids(random_chain(shape_id)), dtype=np.int32)
+    return _reference_on(shape_id, ids.tobytes())
+
+
+@host_cache
+def _reference_on(shape_id: str, ids: bytes):
+    # A pure function of its key (the shape and the selected ids): the random inputs and the
+    # experts random_chain fills are recomputed here from the same seeds, so a mutant whose
+    # router selects other ids gets its own entry, never another mutant's reference.
+    s = SHAPES[shape_id]
+    sel = np.frombuffer(ids, dtype=np.int32).reshape(s.t, s.k)
+    inp = od.random_layer(s.t, s.h, s.e, seed=s.h + s.e)
+    return od.layer_reference(inp, sel, od.random_experts(sel, s.h, s.i, seed=s.e + s.h))

@@ -102,7 +102,7 @@ def test_glu_matches_host_on_designed_expert_weights(shape_id):
     # power-of-two scale, gs = 1, act_g = 1): every g/u is a short dyadic sum, exact in any
     # order; gate rows are 0 or |g| >= 10, so a = g * u exactly, then the host quantizer.
     s = g.SHAPES[shape_id]
-    case = od.glu_weights_designed(s.t, s.h, s.e, s.i, s.k, seed=s.i + 1)
+    case = g.designed_glu(shape_id)
     ids = np.full((s.t, s.kcap), -1, np.int32)
     ids[:, :s.k] = case.ids
     experts = g.device_experts(s, case.weights, np.arange(s.e, dtype=np.int32))
@@ -156,7 +156,7 @@ def test_layer_matches_the_float64_reference_within_the_nvfp4_bound(shape_id):
     # (top-K flips are not errors). The bound (oracles.moe_decode.layer_reference) comes from
     # the NVFP4 grid steps of the two quantized activations.
     chain = g.random_chain(shape_id)
-    ref = od.layer_reference(chain.inputs, g.selected_ids(chain), chain.weights)
+    ref = g.random_chain_reference(shape_id)
     err = rel_rms(chain.out.astype(np.float64), ref.out)
     assert err <= ref.bound, (
         f"layer out vs float64 reference: rel_rms {err:.3e} > bound {ref.bound:.3e} "
