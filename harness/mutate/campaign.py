@@ -351,21 +351,36 @@ class Recheck:
 RECHECKED = (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT, Verdict.SURVIVED)
 
 
-def recheck(campaign: MutationCampaign, executor: Executor, *, sample: int = 10, seed: int = 0) -> Recheck:
+def recheck(campaign: MutationCampaign, executor: Executor | list, *, sample: int = 10, seed: int = 0) -> Recheck:
     """Run every survivor and `sample` other gate-run mutants again through `executor` (for
-    a warm-worker campaign: a FreshProcessExecutor) and count how many verdicts agree."""
+    a warm-worker campaign: a FreshProcessExecutor) and count how many verdicts agree. A
+    list of executors runs that many mutants at once, one on each."""
     import random
+    from concurrent.futures import ThreadPoolExecutor
+    from queue import Queue
 
     ran = [r for r in campaign.ordered() if r.verdict in RECHECKED]
     survivors = [r for r in ran if r.verdict is Verdict.SURVIVED]
     rest = sorted((r for r in ran if r.verdict is not Verdict.SURVIVED), key=lambda r: r.mutant.id)
     chosen = survivors + random.Random(seed).sample(rest, min(sample, len(rest)))
     deps = dependents_of(campaign.kernel_root, {r.mutant.file for r in chosen})
+    free: Queue = Queue()
+    for ex in (executor if isinstance(executor, list) else [executor]):
+        free.put(ex)
+
+    def again(r: MutantResult) -> MutantResult:
+        ex = free.get()
+        try:
+            return gate_stage(r, campaign.kernel_root, campaign.coverage, deps, ex, campaign.config)
+        finally:
+            free.put(ex)
+
+    with ThreadPoolExecutor(max_workers=free.qsize(), thread_name_prefix="recheck") as pool:
+        second = list(pool.map(again, chosen))
     agreed, disagreements = 0, {}
-    for r in chosen:
-        again = gate_stage(r, campaign.kernel_root, campaign.coverage, deps, executor, campaign.config)
-        if again.verdict is r.verdict:
+    for r, a in zip(chosen, second):
+        if a.verdict is r.verdict:
             agreed += 1
         else:
-            disagreements[r.mutant.id] = (r.verdict.value, again.verdict.value)
+            disagreements[r.mutant.id] = (r.verdict.value, a.verdict.value)
     return Recheck([r.mutant.id for r in chosen], agreed, disagreements)
