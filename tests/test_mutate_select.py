@@ -30,18 +30,18 @@ GATES = [
     gate("gates/test_a.py::slow_link", 2.0, ["a.cu"], []),
     gate("gates/test_a.py::fast_anchor", 0.1, ["a.cu"], []),
     gate("gates/test_a.py::refusal", 0.01, [], []),
-    gate("gates/test_a.py::trap", 1.0, [], [], isolated=True),
+    gate("gates/test_a.py::trap", 0.001, [], [], isolated=True, kind="trap"),
     gate("gates/test_b.py::b_link", 0.5, ["b.cu"], []),
     gate("gates/test_s.py::structure_a", 0.02, [], ["a.cu"], kind="structural"),
     gate("gates/test_s.py::structure_text", 0.03, [], [], kind="structural"),
 ]
 
 
-def test_direct_gates_fastest_first_then_their_files_other_gates(tmp_path):
+def test_direct_gates_fastest_first_trap_gates_last_then_their_files_other_gates(tmp_path):
     cov = Coverage.from_report(write_report(tmp_path, GATES))
     sel = cov.select("a.cu", ("a.cu",))
     assert sel.direct == ("gates/test_s.py::structure_a", "gates/test_a.py::fast_anchor",
-                          "gates/test_a.py::trap", "gates/test_a.py::slow_link")
+                          "gates/test_a.py::slow_link", "gates/test_a.py::trap")
     assert sel.siblings == ("gates/test_a.py::refusal", "gates/test_s.py::structure_text")
     assert "gates/test_b.py::b_link" not in sel.all
 
@@ -144,7 +144,7 @@ def test_auto_deadline_grows_with_the_selected_gates_baseline_time_and_is_capped
 
     cov = Coverage.from_report(write_report(tmp_path, GATES))
     sel = cov.select("a.cu", ("a.cu",))
-    took = 2.0 + 0.1 + 0.01 + 1.0 + 0.02 + 0.03  # every direct and sibling gate of a.cu
+    took = 2.0 + 0.1 + 0.01 + 0.001 + 0.02 + 0.03  # every direct and sibling gate of a.cu
     assert abs(cov.seconds(sel.all) - took) < 1e-9
     auto = MutateConfig(rootdir=tmp_path, kernel_root=tmp_path, report_dir=tmp_path)
     assert abs(mutant_deadline(auto, cov, sel) - (AUTO_FLOOR + AUTO_FACTOR * took)) < 1e-9

@@ -31,7 +31,9 @@ BASELINE_DEADLINE_FACTOR = 4
 # --deadline auto: a mutant gets AUTO_FLOOR s plus AUTO_FACTOR x what its selected gates took in
 # the baseline, at most AUTO_CAP s. A hung mutant (a loop that never ends) then costs its
 # slot seconds, not minutes; a mutant that merely slows its kernel down tenfold still finishes.
-AUTO_FLOOR, AUTO_FACTOR, AUTO_CAP = 10.0, 5.0, 120.0
+# The floor is generous because a fault or trap on a shared GPU is slow to surface when many
+# workers fault at once (seen on the H200: 10 s was too short under 16 concurrent mutants).
+AUTO_FLOOR, AUTO_FACTOR, AUTO_CAP = 20.0, 5.0, 120.0
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-jobs", default="1", metavar="N",
                    help="mutants whose gates run at once; several GPUs are shared out (default 1)")
     p.add_argument("--deadline", default="auto", metavar="S",
-                   help="seconds per mutant on the GPU; auto (default): 10 s plus 5 times what the mutant's "
+                   help="seconds per mutant on the GPU; auto (default): 20 s plus 5 times what the mutant's "
                         "selected gates took in the baseline, at most 120 s")
     p.add_argument("--all-gates", action="store_true",
                    help="run every selected gate (the full kill matrix) instead of stopping at the first kill")

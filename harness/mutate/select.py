@@ -6,7 +6,10 @@ folder beside it). For a mutant of file F, whose modules are the `.cu` files who
 closure holds F:
 
 1. direct gates: those that load one of the modules, or read F, fastest first (the
-   baseline's durations);
+   baseline's durations), trap gates last. A trap gate ends its worker (its `__trap()`
+   leaves the context unusable, so the next mutant needs a fresh process and context),
+   and the baseline records it as taking next to nothing (it ran ahead, on a spare):
+   first, it would cost every mutant a worker;
 2. then their siblings: the other gates of the same test files. A module-scoped fixture
    that loaded the module in an earlier gate's setup, or a structural gate that reads the
    text itself instead of through `harness.source`, is covered this way.
@@ -70,7 +73,11 @@ class Coverage:
         return {s for g in self.gates.values() for s in (g.sources or ())}
 
     def _order(self, ids) -> tuple[str, ...]:
-        return tuple(sorted(ids, key=lambda n: (self.gates[n].duration, n)))
+        def key(n):
+            g = self.gates[n]
+            return (g.kind == "trap" or g.isolated, g.duration, n)
+
+        return tuple(sorted(ids, key=key))
 
     def select(self, file: str, modules: tuple[str, ...] | list[str], cubin_identical: bool = False) -> Selection:
         wanted = set(modules)
