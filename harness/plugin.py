@@ -293,10 +293,13 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
         st.pool = _new_pool(config)
     args = _server_args(config, files)
     st.pool.config.pytest_args = args + ["--harness-serve"]
-    # The main worker, plus one spare for each trap gate that can start ahead (up to 3): a
-    # control's run over one module holds one context, not five.
+    # The main worker, plus one spare for each trap gate that can start ahead (up to
+    # TRAPS_AHEAD) and one kept for the main worker's replacement: every trap gate then
+    # starts at the beginning of the run. A trap surfaces slowly (about 0.5 s on the H200,
+    # longer when several fault at once), so started late, traps are the run's critical
+    # path; started at once, they overlap the main worker's gates.
     traps = sum(1 for it in items if it.get_closest_marker("trap"))
-    st.pool.config.spares = 1 + min(3, traps)
+    st.pool.config.spares = 2 + min(TRAPS_AHEAD, traps) if traps else 1
     if st.sanitizer_cmd is None:
         st.pool.collect(args)
         if not st.is_worker:
