@@ -1,4 +1,5 @@
-"""Demonstration gates: an anchor, a link, a refusal and a trap gate over kernels_cu/demo.cu."""
+"""Demonstration gates over kernels_cu/demo.cu: anchors (one block, and several blocks with
+guard zones around sentinel-filled outputs), a link, a refusal and a trap gate."""
 
 import numpy as np
 import pytest
@@ -70,3 +71,62 @@ def test_gather_in_bounds_after_a_trap_gate():
     out = cupy.zeros(3, dtype=cupy.float32)
     demo.run_gather(out, x, idx)
     assert_bits_eq("out", out, np.asarray([7, 0, 3], dtype=np.float32))
+
+
+# Multi-block launches with guard zones (issue 11, class 8, on the demonstration kernels):
+# sizes put a partial block last (1000), leave the last full stride one short (1022: a
+# stride of blockDim - 1 no longer reaches the end), and give the vectorised kernel several
+# blocks (4099); outputs start as sentinels inside guard zones, so an element never
+# written, a store one before or past the output, and a block that overwrites another's
+# range all show.
+PAD = 64
+SIZES = (1000, 1022, 4 * demo.BLOCK * demo.VEC + 3)
+
+
+def _guarded_out(n, dtype, sentinel):
+    from harness.buffers import filled
+
+    whole = filled((n + 2 * PAD,), dtype, sentinel)
+    return whole, whole[PAD:PAD + n]
+
+
+def _check_guards(label, whole, n, sentinel):
+    from harness.buffers import assert_untouched
+
+    assert_untouched(f"{label}: guard before the output", whole[:PAD], sentinel)
+    assert_untouched(f"{label}: guard past the output", whole[PAD + n:], sentinel)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("vectorised", [False, True], ids=["scalar", "vec"])
+@pytest.mark.parametrize("n", SIZES)
+def test_scale_writes_every_element_once_and_nothing_around_it(n, vectorised):
+    import cupy
+
+    from harness.buffers import BF16_SENTINEL
+
+    # Position-dependent exact values: (i mod 251) / 8, a period prime to every block size
+    # (bf16 holds each, doubling is exact), so an element written from its neighbour shows.
+    host = to_bf16((np.arange(n) % 251 / 8).astype(np.float32))
+    whole, out = _guarded_out(n, np.uint16, BF16_SENTINEL)
+    x = cupy.asarray(host.view(np.uint16))
+    demo.run_scale(out, x, 2.0, vectorised=vectorised)
+    label = f"demo_scale{'_vec' if vectorised else ''} n={n}"
+    assert_bits_eq(label, out.get().view(host.dtype), to_bf16(host.astype(np.float32) * 2))
+    _check_guards(label, whole, n, BF16_SENTINEL)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_gather_over_several_blocks_lands_each_index_in_its_own_slot():
+    import cupy
+
+    m, n = 3 * demo.BLOCK - 69, 1000  # three blocks, the last partial
+    idx = np.random.default_rng(7).permutation(n)[:m].astype(np.int32)
+    x = np.arange(n, dtype=np.float32) + 0.5
+    sentinel = 0x7FC0_0A5A
+    whole, out = _guarded_out(m, np.float32, sentinel)
+    demo.run_gather(out, cupy.asarray(x), cupy.asarray(idx))
+    assert_bits_eq(f"gather m={m}", out, x[idx])
+    _check_guards(f"gather m={m}", whole, m, sentinel)
