@@ -96,9 +96,12 @@ def fp8_gemv_case(t: int, k: int, segment_rows: tuple[int, ...], segment_scales:
 # small exact set, so every element pairs with one partner only and every index shows.
 SIGNED_SET = (-2.0, -1.0, -0.5, 0.5, 1.0, 2.0)  # exact in e4m3 and bf16; products are multiples of 1/4
 FP8_CHUNK = 16  # e4m3 bytes one lane loads a step (FP8_GEMV_BYTES_PER_LANE)
-# The FP8 anchor's set: products are multiples of 1/16 (0.75 * 0.75 = 9/16), so most dots
-# need more than bf16's 8 significant bits and the output rounding is exercised.
-FP8_SET = (-3.0, -2.0, -1.5, -1.0, -0.75, -0.5, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+# The FP8 anchor's set: products are multiples of 1/64 (1.125 * 1.125 = 81/64), so most dots
+# need more than bf16's 8 significant bits and the output rounding is exercised. 1.125 and
+# -1.375 have odd e4m3 mantissas (codes ...001 and ...011): without them every code's lowest
+# bit is 0 and a kernel that drops it (a mask 0xfffe where 0xffff belongs) is invisible.
+FP8_SET = (-3.0, -2.0, -1.5, -1.375, -1.0, -0.75, -0.5, 0.5, 0.75, 1.0, 1.125, 1.5, 2.0, 3.0)
+FP8_GRANULE = 1.0 / 64  # every product of two FP8_SET values is a multiple of it
 
 
 def rne_bf16_of_exact_f32(values) -> np.ndarray:
@@ -114,8 +117,8 @@ def fp8_gemv_positional_case(t: int, k: int, segment_rows: tuple[int, ...], seed
                              token_scales: tuple[float, ...]) -> Fp8GemvCase:
     """x[t, k] and w[n, k] drawn from FP8_SET (seeded; exact in e4m3), a different row for every
     token and every weight row of every segment; row scales vary along N (powers of two,
-    1/4 .. 4), token scales are powers of two. Every product is a multiple of 1/16 and every
-    f32 partial sum a multiple of 1/16 below 9 K (checked: under 2^24 units), so the f32 value
+    1/4 .. 4), token scales are powers of two. Every product is a multiple of 1/64 and every
+    f32 partial sum a multiple of 1/64 below 9 K (checked: under 2^24 units), so the f32 value
     ws * xs * dot is exact in any order and
 
         y[t, n] = bf16_rne(ws[n] * xs[t] * dot(x[t], w[n]))
@@ -126,7 +129,7 @@ def fp8_gemv_positional_case(t: int, k: int, segment_rows: tuple[int, ...], seed
         raise ValueError("one scale a token")
     if k % FP8_CHUNK:
         raise ValueError(f"K={k} is not a multiple of {FP8_CHUNK}: the kernel loads 16 bytes a lane a step")
-    _check_f32_exact(np.asarray([9.0 * k]), 1.0 / 16, "fp8_gemv_positional_case")
+    _check_f32_exact(np.asarray([9.0 * k]), FP8_GRANULE, "fp8_gemv_positional_case")
     rng = np.random.default_rng(seed)
     values = np.asarray(FP8_SET)
     x = rng.choice(values, size=(t, k))

@@ -106,10 +106,19 @@ def test_fp8_positional_case_is_exact_and_matches_the_contract_formula():
     w = np.concatenate([decode_e4m3(s) for s, _ in case.segments]).astype(np.float64)
     ws = np.concatenate([s for _, s in case.segments]).astype(np.float64)
     value = (x @ w.T) * ws[None, :] * case.xs[:, None]
-    assert np.all(np.mod(x[:, None, :] * w[None, :, :] * 16, 1) == 0), "products are multiples of 1/16"
+    assert np.all(np.mod(x[:, None, :] * w[None, :, :] * 64, 1) == 0), "products are multiples of 1/64"
     assert np.array_equal(value.astype(np.float32).astype(np.float64), value), "the f32 value is exact"
     np.testing.assert_array_equal(bits_of(case.expected), bits_of(to_bf16(value)))
     assert case.expected.shape == (3, 25) and 25 % 8 and (592 // 16) % 32
+
+
+def test_fp8_positional_case_sets_the_lowest_mantissa_bit_of_both_bytes_of_a_pair_everywhere():
+    # A kernel that masks the low byte of a pair with 0xfffe (or the high one) drops a code's
+    # lowest bit: it must change some product of every token and row, in both pair halves.
+    case = _fp8_gate_case()
+    for name, codes in [("x", case.x)] + [(f"w{i}", s) for i, (s, _) in enumerate(case.segments)]:
+        odd = (codes & 1) == 1
+        assert odd[:, 0::2].any(axis=1).all() and odd[:, 1::2].any(axis=1).all(), name
 
 
 def test_fp8_positional_case_exercises_the_output_rounding_and_its_ties():
