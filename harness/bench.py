@@ -74,7 +74,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("what", choices=["gates", "mutate"])
     parser.add_argument("--before", required=True, metavar="DIR",
                         help="a checkout of the code before the change (its own gates/ and harness/)")
-    parser.add_argument("--jobs", type=int, default=8, metavar="N", help="xdist workers for the parallel figure")
+    parser.add_argument("--jobs", type=int, default=8, metavar="N",
+                        help="xdist workers for the parallel figure (0: no parallel figure)")
     parser.add_argument("--out", default="docs/observed", metavar="DIR")
     parser.add_argument("--name", default="bench-gates", help="file name stem for the JSON and Markdown")
     args = parser.parse_args(argv)
@@ -83,8 +84,8 @@ def main(argv: list[str]) -> int:
     if not (before / "gates").is_dir():
         print(f"error: --before {before} has no gates/ folder: pass a checkout of the old tree", file=sys.stderr)
         return 2
-    if args.jobs < 1:
-        print(f"error: --jobs {args.jobs}: pass 1 or more", file=sys.stderr)
+    if args.jobs < 0:
+        print(f"error: --jobs {args.jobs}: pass 1 or more, or 0 for no parallel figure", file=sys.stderr)
         return 2
     cache = Path(os.environ.get("HARNESS_CACHE_DIR") or tempfile.mkdtemp(prefix="harness-bench-cache-"))
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
@@ -108,8 +109,9 @@ def main(argv: list[str]) -> int:
     step("before serial", before, env_before, ["gates"])
     step("after serial (old gates)", after, env_after, old_ids)
     step("after serial (all gates)", after, env_after, ["gates"])
-    step(f"before -n {args.jobs}", before, env_before, ["gates", "-n", str(args.jobs)])
-    step(f"after -n {args.jobs}", after, env_after, ["gates", "-n", str(args.jobs)])
+    if args.jobs:
+        step(f"before -n {args.jobs}", before, env_before, ["gates", "-n", str(args.jobs)])
+        step(f"after -n {args.jobs}", after, env_after, ["gates", "-n", str(args.jobs)])
     b, a, full = rows["before serial"], rows["after serial (old gates)"], rows["after serial (all gates)"]
     result = {"device": _device_name(), "old_gate_ids": len(old_ids), "runs": rows,
               "added_gates": full["gates"] - a["gates"],
