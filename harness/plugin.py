@@ -300,10 +300,18 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
     # path; started at once, they overlap the main worker's gates.
     traps = sum(1 for it in items if it.get_closest_marker("trap"))
     st.pool.config.spares = 2 + min(TRAPS_AHEAD, traps) if traps else 1
+    if st.is_worker:
+        # N xdist workers share the machine and none knows its gates ahead: one spare each,
+        # on the worker's own GPU when the driver says how many there are without CUDA.
+        st.pool.config.spares = 1
+        hint = workers.device_count_hint()
+        if hint:
+            st.pool.config.device_ordinal = workers.ordinal_for_xdist_worker(
+                config.workerinput.get("workerid", "gw0"), hint) if hint > 1 else None
     if st.sanitizer_cmd is None:
         st.pool.collect(args)
-        if not st.is_worker:
-            # One device, known before the probe answers: the spares start beside the probe.
+        if not st.is_worker or workers.device_count_hint():
+            # The device is known before the probe answers: the spares start beside the probe.
             st.pool.warm_up()
 
 
@@ -339,13 +347,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     count = st.probe.get("count", 1)
     if st.is_worker:
-        # Under xdist no trap gate starts ahead (a worker is not told its gates in advance),
-        # and N workers share the machine: one spare each is enough.
-        st.pool.config.spares = 1
-    if st.is_worker and count > 1:
-        worker = config.workerinput.get("workerid", "gw0")
-        index = int(worker[2:]) if worker[2:].isdigit() else 0
-        st.pool.config.device_ordinal = index % count
+        # The probe's count is the truth: it corrects the hint for the spares started from now.
+        st.pool.config.device_ordinal = (workers.ordinal_for_xdist_worker(
+            config.workerinput.get("workerid", "gw0"), count) if count > 1 else None)
     st.pool.warm_up()
     if st.sanitize:
         skip = pytest.mark.skip(reason=f"trap gate: its device guard's __trap() is itself a {st.sanitize} finding, "

@@ -482,6 +482,27 @@ def visible_device(ordinal: int) -> str:
     return str(ordinal)
 
 
+def device_count_hint() -> int | None:
+    """How many GPUs this process will see, without initialising CUDA: CUDA_VISIBLE_DEVICES
+    when set, else the driver's /proc entries; None when neither says. Only a hint (MIG
+    slices, say, are not counted): it lets an xdist worker start its first spare on its own
+    GPU beside the device probe, and the probe's answer corrects it."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [v.strip() for v in visible.split(",") if v.strip()]
+        return len(entries) or None
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus")) or None
+    except OSError:
+        return None
+
+
+def ordinal_for_xdist_worker(workerid: str, count: int) -> int:
+    """The GPU an xdist worker (gw0, gw1, ...) uses among `count`: round robin."""
+    index = int(workerid[2:]) if workerid[2:].isdigit() else 0
+    return index % max(count, 1)
+
+
 # ====================================================================== the server side
 
 _server_channel: Channel | None = None  # set in the server process

@@ -300,3 +300,14 @@ def test_the_removed_child_timeout_option_is_one_clear_usage_error(suite):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*harness: --harness-child-timeout was removed*pass --harness-deadline S*"])
     assert "Traceback" not in result.stderr.str()
+
+
+def test_the_device_count_hint_reads_cuda_visible_devices_without_cuda(monkeypatch):
+    from harness import workers
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
+    assert workers.device_count_hint() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert workers.device_count_hint() is None  # no device visible: the probe will say so
+    assert [workers.ordinal_for_xdist_worker(w, 2) for w in ("gw0", "gw1", "gw2", "gw3")] == [0, 1, 0, 1]
+    assert workers.ordinal_for_xdist_worker("gw5", 1) == 0
