@@ -54,10 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--naive", action="store_true",
                    help="the slow reference way: a fresh pytest over the whole gates folder per control, "
                         "each with a cold compile cache (for timing against the default)")
-    p.add_argument("--executor", choices=("fresh", "warm"), default="fresh",
-                   help="fresh: a pytest per control (default); warm: each control's gates in a fresh worker "
-                        "forked from a server that collected them, context made ahead (the mutation campaign's "
-                        "executor)")
+    p.add_argument("--executor", choices=("fresh", "warm"), default="warm",
+                   help="warm (default): each control's gates in a worker forked from a server that collected "
+                        "them, context made ahead, reset between controls (the mutation campaign's executor); "
+                        "fresh: a pytest per control")
     p.add_argument("--no-require-gpu", action="store_true", help=argparse.SUPPRESS)  # the harness's own tests
     return p
 

@@ -295,8 +295,9 @@ def _run_control(
 @dataclass
 class WarmControls:
     """The controls on the mutation campaign's warm executor: each control's gates (its
-    modules' whole kill row) in one fresh worker forked from a server that collected them,
-    context made ahead; a worker serves one control and is thrown away."""
+    modules' whole kill row) in a worker forked from a server that collected them, context
+    made ahead; a worker serves control after control, reset between them as between
+    mutants (harness.workers.reset_for_next_mutant), and is replaced when a gate poisons it."""
 
     executor: object  # harness.mutate.warm.WarmExecutor
     gates: dict  # module -> its node ids, in collection order
