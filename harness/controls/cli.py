@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--naive", action="store_true",
                    help="the slow reference way: a fresh pytest over the whole gates folder per control, "
                         "each with a cold compile cache (for timing against the default)")
-    p.add_argument("--executor", choices=("fresh", "warm"), default="warm",
+    p.add_argument("--executor", choices=("fresh", "warm"), default=None,
                    help="warm (default): each control's gates in a worker forked from a server that collected "
                         "them, context made ahead, reset between controls (the mutation campaign's executor); "
                         "fresh: a pytest per control")
@@ -83,7 +83,8 @@ def config_from(args: argparse.Namespace) -> CampaignConfig:
         require_gpu=not args.no_require_gpu,
         kill_row=args.kill_row,
         cache_dir=settings.cache_dir,
-        executor=args.executor,
+        # warm needs a device to make contexts on; the harness's own tests (no GPU) run fresh
+        executor=args.executor or ("fresh" if args.no_require_gpu else "warm"),
     )
 
 
