@@ -113,13 +113,16 @@ def test_warp_primitives_name_the_full_warp(kernel_root, source, record_property
         mask = call.args[0]
         if not full_mask(mask, consts):
             try:
-                found = f"`{text_of(mask)}` = {evaluate(mask, {}, consts):#x}"
+                bits = evaluate(mask, {}, consts) & FULL_MASK  # what the 32-bit mask parameter receives
             except Unevaluable:
-                found = f"`{text_of(mask)}`"
-            problems.append(f"{where}: mask {found} is not the full warp 0xffffffffu")
+                bits = None
+            problems.append(f"{where}: mask `{text_of(mask)}` " + (
+                "is the full warp only by computation: spell it 0xffffffffu" if bits == FULL_MASK else
+                f"({bits:#010x} as a 32-bit mask) is not the full warp 0xffffffffu" if bits is not None else
+                "is not the full warp 0xffffffffu"))
         if call.name in SHUFFLES and len(call.args) >= 4:
             try:
-                width = evaluate(call.args[3], {}, consts)
+                width = evaluate(call.args[3], {"warpSize": WARP}, consts)
             except Unevaluable as exc:
                 width = exc
             if width != WARP:
@@ -157,8 +160,9 @@ def test_butterflies_run_over_16_8_4_2_1(kernel_root, source):
     for loop, function in loops.values():
         butterfly_functions.add(function)
         lanes, _ = SUB_WARP_BUTTERFLIES.get((source, function), (WARP, ""))
-        expected = [lanes >> k for k in range(1, lanes.bit_length()) if lanes >> k]
-        header = " ".join(text_of(loop).split("{")[0].split(")")[0].split()) + ")"
+        expected = [lanes >> k for k in range(1, lanes.bit_length())]  # 32: 16, 8, 4, 2, 1
+        body = loop.child_by_field_name("body")
+        header = " ".join(loop.text[: body.start_byte - loop.start_byte].decode(errors="replace").split())
         where = f"{source}:{line_of(loop)}: the butterfly `{header}` in {function}"
         try:
             found = loop_values(loop, consts)
