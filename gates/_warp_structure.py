@@ -1,0 +1,320 @@
+"""Warp primitives read from the syntax tree, for gates/test_warp_structure.py.
+
+The source is parsed with the tree-sitter CUDA grammar exactly as the mutation generator
+parses it (`harness.mutate.generate.prepare` and `parser`), so the calls, loops and
+arguments this module sees are the ones a mutant changes.
+
+- `warp_calls(text)`: every call of a warp primitive (`__shfl_*_sync`, `__ballot_sync`,
+  `__any_sync`, `__all_sync`, `__uni_sync`, `__match_*_sync`, `__reduce_*_sync`,
+  `__syncwarp`) with its function, line, arguments and enclosing `for` loops; also the
+  lines where the text names a primitive the tree holds no call for (a macro, a parse
+  error), so a gate can never pass by not seeing a call.
+- `Constants`: the integer names a file defines at namespace scope (`#define N 32`,
+  `constexpr int N = 32;`), its quoted includes read on demand through `read_source`.
+- `evaluate(node, env, consts)`: an integer constant expression (literals, names, the
+  operators `+ - * / % << >> & | ^ ~ !`, comparisons, `&&`, `||`, parentheses).
+- `loop_values(loop, consts)`: the values a `for` loop's variable takes, by running its
+  init, condition and step.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from harness.mutate.generate import parser, prepare
+from harness.source import strip_comments_and_literals
+
+# The first argument of each is the member mask.
+MASKED = re.compile(r"^(__shfl(_xor|_down|_up)?_sync|__ballot_sync|__any_sync|__all_sync|__uni_sync"
+                    r"|__match_(any|all)_sync|__reduce_\w+_sync|__syncwarp)$")
+# The third argument of each is a lane offset (a butterfly's xor mask or a shift).
+OFFSET_SHUFFLES = ("__shfl_xor_sync", "__shfl_down_sync", "__shfl_up_sync")
+SHUFFLES = ("__shfl_sync",) + OFFSET_SHUFFLES  # an optional fourth argument is the width
+_NAMED = re.compile(r"(?<!\w)(__shfl(?:_xor|_down|_up)?_sync|__ballot_sync|__any_sync|__all_sync|__uni_sync"
+                    r"|__match_(?:any|all)_sync|__reduce_\w+_sync|__syncwarp)\s*\(")
+FULL_MASK_LITERAL = re.compile(r"0[xX][fF]{8}[uU]?")
+FULL_MASK = 0xFFFFFFFF
+MAX_LOOP_STEPS = 64
+
+
+class Unevaluable(ValueError):
+    """An expression that is not an integer constant expression of what we can read."""
+
+
+def text_of(node) -> str:
+    return node.text.decode(errors="replace")
+
+
+def line_of(node) -> int:
+    return node.start_point[0] + 1
+
+
+def parse(text: str):
+    return parser().parse(prepare(text.encode()))
+
+
+def _walk(node, skip: tuple[str, ...] = ()):
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if n is node or n.type not in skip:
+            stack.extend(reversed(n.children))
+
+
+# ------------------------------------------------------------------ integer constants
+
+_INT = re.compile(r"(0[xX][0-9a-fA-F']+|0[bB][01']+|[0-9][0-9']*)([uU]?[lL]{0,2}[uU]?)")
+
+
+def int_literal(spelling: str) -> int:
+    m = _INT.fullmatch(spelling)
+    if m is None:
+        raise Unevaluable(f"`{spelling}` is not an integer literal")
+    digits = m.group(1).replace("'", "")
+    if len(digits) > 1 and digits[0] == "0" and digits[1] not in "xXbB":
+        return int(digits, 8)
+    return int(digits, 0)
+
+
+class Constants:
+    """Integer names defined at namespace scope in one file (and, on a miss, in the files it
+    includes with quotes, each loaded by `load(name)`, which returns its text or None)."""
+
+    def __init__(self, text: str, load: Callable[[str], str | None] | None = None):
+        self._defs: dict[str, list] = {}
+        self._includes: list[str] = []
+        self._load = load
+        self._seen: set[str] = set()
+        self._absorb(text)
+        self._evaluating: set[str] = set()
+
+    def _absorb(self, text: str) -> None:
+        tree = parse(text)
+        for node in _walk(tree.root_node, skip=("function_definition", "template_declaration",
+                                                  "struct_specifier", "class_specifier")):
+            if node.type == "preproc_def" and node.child_by_field_name("value") is not None:
+                name = text_of(node.child_by_field_name("name"))
+                self._defs.setdefault(name, []).append(text_of(node.child_by_field_name("value")))
+            elif node.type == "declaration" and any(c.type == "type_qualifier" and text_of(c) == "constexpr"
+                                                    for c in node.children):
+                for decl in node.children_by_field_name("declarator"):
+                    if decl.type == "init_declarator" and decl.child_by_field_name("value") is not None:
+                        name = text_of(decl.child_by_field_name("declarator"))
+                        self._defs.setdefault(name, []).append(decl.child_by_field_name("value"))
+            elif node.type == "preproc_include":
+                path = text_of(node.child_by_field_name("path"))
+                if path.startswith('"'):
+                    self._includes.append(path.strip('"'))
+
+    def _more(self) -> bool:
+        """Absorb the next unread quoted include; False when none is left."""
+        while self._load is not None and self._includes:
+            name = self._includes.pop(0)
+            if name in self._seen:
+                continue
+            self._seen.add(name)
+            text = self._load(name)
+            if text is not None:
+                self._absorb(text)
+                return True
+        return False
+
+    def value(self, name: str) -> int:
+        while name not in self._defs and self._more():
+            pass
+        found = self._defs.get(name)
+        if not found:
+            raise Unevaluable(f"`{name}` is neither a loop variable nor a namespace-scope constant "
+                              "(`#define` or `constexpr`) of this file or its includes")
+        if name in self._evaluating:
+            raise Unevaluable(f"`{name}` is defined through itself")
+        self._evaluating.add(name)
+        try:
+            values = {evaluate(_expression(d) if isinstance(d, str) else d, {}, self) for d in found}
+        finally:
+            self._evaluating.discard(name)
+        if len(values) > 1:
+            raise Unevaluable(f"`{name}` is defined {len(found)} times with different values {sorted(values)}")
+        return values.pop()
+
+
+def _expression(spelling: str):
+    """The syntax node of an expression given as text (a macro's replacement)."""
+    spelling = " ".join(strip_comments_and_literals(spelling.replace("\\\n", " ")).split())
+    tree = parse(f"int __warp_gate_probe = ({spelling});")
+    for node in _walk(tree.root_node):
+        if node.type == "init_declarator" and not tree.root_node.has_error:
+            return node.child_by_field_name("value")
+    raise Unevaluable(f"`{spelling}` is not an expression")
+
+
+def _c_div(a: int, b: int, op: str) -> int:
+    if b == 0:
+        raise Unevaluable(f"division by zero (`{op}`)")
+    q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
+    return q if op == "/" else a - q * b
+
+
+_BINARY = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+    "<<": lambda a, b: a << b, ">>": lambda a, b: a >> b, "&": lambda a, b: a & b,
+    "|": lambda a, b: a | b, "^": lambda a, b: a ^ b,
+    "<": lambda a, b: int(a < b), "<=": lambda a, b: int(a <= b), ">": lambda a, b: int(a > b),
+    ">=": lambda a, b: int(a >= b), "==": lambda a, b: int(a == b), "!=": lambda a, b: int(a != b),
+    "&&": lambda a, b: int(bool(a) and bool(b)), "||": lambda a, b: int(bool(a) or bool(b)),
+}
+
+
+def evaluate(node, env: dict[str, int], consts: Constants) -> int:
+    """The integer value of expression `node`; `env` binds loop variables."""
+    kind = node.type
+    if kind == "number_literal":
+        return int_literal(text_of(node))
+    if kind == "parenthesized_expression" and node.named_child_count == 1:
+        return evaluate(node.named_children[0], env, consts)
+    if kind == "identifier":
+        name = text_of(node)
+        return env[name] if name in env else consts.value(name)
+    if kind == "unary_expression":
+        op, arg = text_of(node.child_by_field_name("operator")), node.child_by_field_name("argument")
+        value = evaluate(arg, env, consts)
+        ops = {"-": lambda v: -v, "+": lambda v: v, "~": lambda v: ~v, "!": lambda v: int(not v)}
+        if op in ops:
+            return ops[op](value)
+    if kind == "binary_expression":
+        op = text_of(node.child_by_field_name("operator"))
+        left = evaluate(node.child_by_field_name("left"), env, consts)
+        right = evaluate(node.child_by_field_name("right"), env, consts)
+        if op in ("/", "%"):
+            return _c_div(left, right, op)
+        if op in _BINARY:
+            return _BINARY[op](left, right)
+    raise Unevaluable(f"`{text_of(node)}` is not an integer constant expression this gate reads "
+                      "(literals, constants, + - * / % << >> & | ^ ~ and comparisons)")
+
+
+# ------------------------------------------------------------------ loops
+
+
+def loop_variable(loop) -> tuple[str, object] | None:
+    """(name, initial value node) of a `for` loop's variable: `int m = 16` or `m = 16`."""
+    init = loop.child_by_field_name("initializer")
+    if init is None:
+        return None
+    if init.type == "declaration":
+        decls = [d for d in init.children_by_field_name("declarator") if d.type == "init_declarator"]
+        if len(decls) == 1:
+            return text_of(decls[0].child_by_field_name("declarator")), decls[0].child_by_field_name("value")
+    if init.type == "assignment_expression" and text_of(init.child_by_field_name("operator")) == "=":
+        left = init.child_by_field_name("left")
+        if left.type == "identifier":
+            return text_of(left), init.child_by_field_name("right")
+    return None
+
+
+def _step(update, var: str, value: int, consts: Constants) -> int:
+    if update is None:
+        raise Unevaluable("the loop has no step")
+    if update.type == "update_expression":
+        arg = update.child_by_field_name("argument")
+        if arg is not None and text_of(arg) == var:
+            return value + (1 if "++" in text_of(update) else -1)
+    if update.type == "assignment_expression" and text_of(update.child_by_field_name("left")) == var:
+        op = text_of(update.child_by_field_name("operator"))
+        right = evaluate(update.child_by_field_name("right"), {var: value}, consts)
+        if op == "=":
+            return right
+        base = op[:-1]
+        if base in ("/", "%"):
+            return _c_div(value, right, base)
+        if base in _BINARY:
+            return _BINARY[base](value, right)
+    raise Unevaluable(f"the step `{text_of(update)}` is not an update of `{var}` this gate reads")
+
+
+def loop_values(loop, consts: Constants) -> list[int]:
+    """The values the loop variable takes in the body, in order."""
+    found = loop_variable(loop)
+    if found is None:
+        raise Unevaluable("the loop's initializer does not set one variable (`int m = 16`)")
+    var, init = found
+    cond = loop.child_by_field_name("condition")
+    if cond is None:
+        raise Unevaluable("the loop has no condition")
+    value, values = evaluate(init, {}, consts), []
+    for _ in range(MAX_LOOP_STEPS):
+        if not evaluate(cond, {var: value}, consts):
+            return values
+        values.append(value)
+        value = _step(loop.child_by_field_name("update"), var, value, consts)
+    raise Unevaluable(f"the loop does not end within {MAX_LOOP_STEPS} steps (values {values[:8]}...)")
+
+
+# ------------------------------------------------------------------ calls
+
+
+@dataclass
+class WarpCall:
+    name: str
+    line: int
+    function: str  # the enclosing function's name, "?" at file scope
+    args: list  # argument nodes
+    loops: list = field(default_factory=list)  # enclosing `for` statements, innermost first (call in the body)
+
+    @property
+    def spelling(self) -> str:
+        return f"{self.name}({', '.join(text_of(a) for a in self.args)})"
+
+
+def _function_name(node) -> str:
+    decl = node.child_by_field_name("declarator")
+    while decl is not None and decl.type != "function_declarator":
+        decl = decl.child_by_field_name("declarator")
+    inner = decl.child_by_field_name("declarator") if decl is not None else None
+    return text_of(inner) if inner is not None else "?"
+
+
+def _context(node) -> tuple[str, list]:
+    loops, child, parent = [], node, node.parent
+    while parent is not None:
+        if parent.type == "for_statement" and parent.child_by_field_name("body") == child:
+            loops.append(parent)
+        if parent.type == "function_definition":
+            return _function_name(parent), loops
+        child, parent = parent, parent.parent
+    return "?", loops
+
+
+def warp_calls(text: str) -> tuple[list[WarpCall], list[str]]:
+    """(every warp-primitive call in the tree, a problem for each line where the text names
+    a primitive with no call in the tree)."""
+    tree = parse(text)
+    calls = []
+    for node in _walk(tree.root_node):
+        if node.type != "call_expression":
+            continue
+        name = text_of(node.child_by_field_name("function"))
+        if MASKED.match(name):
+            function, loops = _context(node)
+            args = node.child_by_field_name("arguments").named_children
+            calls.append(WarpCall(name, line_of(node), function, [a for a in args if a.type != "comment"], loops))
+    seen = {}
+    for c in calls:
+        seen[(c.line, c.name)] = seen.get((c.line, c.name), 0) + 1
+    clean = strip_comments_and_literals(text)
+    named = {}
+    for m in _NAMED.finditer(clean):
+        key = (clean.count("\n", 0, m.start()) + 1, m.group(1))
+        named[key] = named.get(key, 0) + 1
+    unseen = [f"line {line}: `{name}(` is not a call the parser sees (in a macro, or a parse error): "
+              "write warp primitives as plain calls in a function so this gate can read them"
+              for (line, name), n in sorted(named.items()) if seen.get((line, name), 0) < n]
+    return calls, unseen
+
+
+def identifiers(node) -> set[str]:
+    return {text_of(n) for n in _walk(node) if n.type == "identifier"}
+
