@@ -221,3 +221,34 @@ def test_several_mutants_run_at_once_with_the_same_verdicts(suite):
     assert len(made) == 3, "one executor a slot"
     assert Slow.most > 1, "mutants ran at once"
     assert {k: r.verdict for k, r in by_text(two).items()} == {k: r.verdict for k, r in by_text(one).items()}
+
+
+def test_a_cubin_identical_mutant_whose_source_readers_pass_is_equivalent_not_a_survivor(suite, tmp_path):
+    import dataclasses
+
+    from harness.mutate.campaign import gate_stage, prepare
+    from harness.mutate.select import Coverage
+
+    cfg = config(suite, paths=("sum.cu",), operators=("arithmetic",))
+    mutant = prepare(cfg)[0][0]
+    gates = tmp_path / "gates.json"
+    gates.write_text(json.dumps({"version": 1, "gates": [
+        {"nodeid": "gates/gate_sum.py::test_block_define", "module": "gates/gate_sum.py", "kind": "structural",
+         "duration": 0.01, "modules_loaded": [], "sources_read": ["sum.cu"]},
+        {"nodeid": "gates/gate_sum.py::test_adds_one", "module": "gates/gate_sum.py", "kind": "anchor",
+         "duration": 0.01, "modules_loaded": ["sum.cu"], "sources_read": []}]}))
+    coverage = Coverage.from_report(gates)
+    pending = MutantResult(mutant, Verdict.PENDING, "", cubin_identical=True)
+
+    class Passes(FakeExecutor):
+        def run(self, sandbox, gates, deadline):
+            self.calls.append(tuple(gates))
+            return GateRuns(tuple(GateOutcome(g, "passed") for g in gates), seconds=0.01)
+
+    ex = Passes()
+    r = gate_stage(pending, suite / "kernels", coverage, {"sum.cu": ("sum.cu",)}, ex, cfg)
+    assert r.verdict is Verdict.EQUIVALENT and "reading its source passed" in r.reason
+    assert ex.calls[0] == ("gates/gate_sum.py::test_block_define",)  # only the source reader (then siblings)
+    not_identical = gate_stage(dataclasses.replace(pending, cubin_identical=False), suite / "kernels", coverage,
+                               {"sum.cu": ("sum.cu",)}, Passes(), cfg)
+    assert not_identical.verdict is Verdict.SURVIVED

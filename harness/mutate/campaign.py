@@ -306,7 +306,13 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
         _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
         j = run_mutant(executor, copy, [sel.direct, sel.siblings], mutant_deadline(config, coverage, sel),
                        config.all_gates)
-    return MutantResult(m, j.verdict, j.reason, killed_by=list(j.killed_by), gates_run=list(j.gates_run),
+    verdict, reason = j.verdict, j.reason
+    if r.cubin_identical and verdict is Verdict.SURVIVED:
+        # Not screened out by its cubin alone: the gates that read its source ran and passed
+        # too, so nothing that runs and nothing a gate reads tells it from the original.
+        verdict = Verdict.EQUIVALENT
+        reason = f"equivalent: identical cubin, and the {len(j.gates_run)} gate(s) reading its source passed"
+    return MutantResult(m, verdict, reason, killed_by=list(j.killed_by), gates_run=list(j.gates_run),
                         covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical)
 
 

@@ -13,7 +13,8 @@ over a process pool (`spawn`: no worker inherits a parent that may have touched 
   mutant's verdict.
 A mutant of a file some gate reads as source (a structural gate) is never screened out by
 its cubin: it stays `pending` for the gate stage, marked `cubin_identical` when the cubin
-is the original's (then only the gates that read the source can tell it apart).
+is the original's (then only the gates that read the source can tell it apart, and when
+they all pass it is `equivalent` after all: `campaign.gate_stage`).
 """
 
 from __future__ import annotations
