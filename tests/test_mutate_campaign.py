@@ -223,7 +223,7 @@ def test_several_mutants_run_at_once_with_the_same_verdicts(suite):
     assert {k: r.verdict for k, r in by_text(two).items()} == {k: r.verdict for k, r in by_text(one).items()}
 
 
-def test_a_cubin_identical_mutant_whose_source_readers_pass_is_equivalent_not_a_survivor(suite, tmp_path):
+def test_a_cubin_identical_mutant_whose_source_readers_pass_is_equivalent_or_a_duplicate_not_a_survivor(suite, tmp_path):
     import dataclasses
 
     from harness.mutate.campaign import gate_stage, prepare
@@ -252,3 +252,8 @@ def test_a_cubin_identical_mutant_whose_source_readers_pass_is_equivalent_not_a_
     not_identical = gate_stage(dataclasses.replace(pending, cubin_identical=False), suite / "kernels", coverage,
                                {"sum.cu": ("sum.cu",)}, Passes(), cfg)
     assert not_identical.verdict is Verdict.SURVIVED
+    twin = dataclasses.replace(pending, cubin_identical=False, duplicate_of="0123456789ab")
+    ex = Passes()
+    dup = gate_stage(twin, suite / "kernels", coverage, {"sum.cu": ("sum.cu",)}, ex, cfg)
+    assert (dup.verdict, dup.duplicate_of) == (Verdict.DUPLICATE, "0123456789ab")
+    assert ex.calls[0] == ("gates/gate_sum.py::test_block_define",)  # its cubin ran as its twin

@@ -87,6 +87,8 @@ def test_classify_compile_error_equivalent_duplicate():
     read = classify(ms, compiled, {"k.cu": "ORIG"}, source_read={"k.cu"})
     assert [read[m.id].verdict for m in ms] == [Verdict.COMPILE_ERROR] + [Verdict.PENDING] * 4
     assert read["m2"].cubin_identical and not read["m3"].cubin_identical
+    # m4's cubin is m3's: only its source readers will run, then it is m3's duplicate
+    assert read["m4"].duplicate_of == "m3" and read["m3"].duplicate_of is None
     # unknown readers: nothing screened out by its cubin
     unknown = classify(ms, compiled, {"k.cu": "ORIG"}, source_read=None)
     assert unknown["m2"].verdict is Verdict.PENDING and unknown["m4"].verdict is Verdict.PENDING

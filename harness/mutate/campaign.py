@@ -298,7 +298,8 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
     m = r.mutant
     if coverage is None:
         return MutantResult(m, Verdict.NO_COVERAGE, "the baseline recorded no coverage", seconds=r.seconds)
-    sel = coverage.select(m.file, deps.get(m.file, ()), cubin_identical=r.cubin_identical)
+    source_only = r.cubin_identical or r.duplicate_of is not None  # its cubin already ran (or is the original)
+    sel = coverage.select(m.file, deps.get(m.file, ()), cubin_identical=source_only)
     if not sel.direct:
         return MutantResult(m, Verdict.NO_COVERAGE, "no gate loads its module or reads its source",
                             seconds=r.seconds, cubin_identical=r.cubin_identical)
@@ -312,8 +313,12 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
         # too, so nothing that runs and nothing a gate reads tells it from the original.
         verdict = Verdict.EQUIVALENT
         reason = f"equivalent: identical cubin, and the {len(j.gates_run)} gate(s) reading its source passed"
+    elif r.duplicate_of is not None and verdict is Verdict.SURVIVED:
+        verdict = Verdict.DUPLICATE  # takes its twin's verdict (resolve_duplicates)
+        reason = f"duplicate of {r.duplicate_of} (the {len(j.gates_run)} gate(s) reading its source passed)"
     return MutantResult(m, verdict, reason, killed_by=list(j.killed_by), gates_run=list(j.gates_run),
-                        covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical)
+                        covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical,
+                        duplicate_of=r.duplicate_of if verdict is Verdict.DUPLICATE else None)
 
 
 def mutant_deadline(config: MutateConfig, coverage: Coverage, sel) -> float:

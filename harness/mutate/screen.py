@@ -188,6 +188,11 @@ def classify(mutants: list[Mutant], compiled: dict[str, Compiled], originals: di
         if twin != m.id and not read:
             out[m.id] = MutantResult(m, Verdict.DUPLICATE, f"duplicate of {twin}", duplicate_of=twin,
                                      seconds=c.seconds)
+        elif twin != m.id:
+            # the same cubin as its twin: only the gates that read the source can tell them apart
+            out[m.id] = MutantResult(m, Verdict.PENDING, f"cubin identical to {twin}'s, but a gate reads this "
+                                     "source: only source-reading gates are run", duplicate_of=twin,
+                                     seconds=c.seconds)
         else:
             out[m.id] = MutantResult(m, Verdict.PENDING, "", seconds=c.seconds)
     return out
