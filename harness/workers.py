@@ -811,13 +811,16 @@ def reset_for_next_mutant(session) -> str | None:
 
 def clear_project_caches(rootdir: Path) -> int:
     """Clear every functools cache defined in a module under `rootdir` (not an installed
-    package) unless marked `harness.host_cache`; returns how many were cleared."""
+    package, not the harness itself) unless marked `harness.host_cache`; returns how many
+    were cleared."""
     root = str(rootdir.resolve())
     cleared = 0
-    for mod in list(sys.modules.values()):
+    for name, mod in list(sys.modules.items()):
         f = getattr(mod, "__file__", None)
         if not f or not f.startswith(root) or "site-packages" in f:
             continue
+        if name == "harness" or name.startswith("harness."):
+            continue  # the harness's own caches (toolchain, compile settings, parsers) hold no kernel output
         for obj in list(vars(mod).values()):
             if callable(getattr(obj, "cache_clear", None)) and hasattr(obj, "cache_info") \
                     and not getattr(obj, "harness_host_cache", False):

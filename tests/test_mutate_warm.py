@@ -211,3 +211,27 @@ def test_controls_on_the_warm_executor_are_proven_in_fresh_workers_at_once(suite
     assert result.baseline.ok, result.baseline
     verdicts = {r.name: (r.verdict.value, r.matches) for r in result.controls}
     assert verdicts == {"minus": ("proven", True), "no_guard": ("proven", True)}, result.controls
+
+
+def test_clearing_project_caches_spares_host_caches_and_the_harness_itself(tmp_path, monkeypatch):
+    import functools
+    import sys
+    import types
+
+    from harness import host_cache
+    from harness.workers import clear_project_caches
+
+    mod = types.ModuleType("gates_fake_caches")
+    mod.__file__ = str(tmp_path / "gates" / "fake.py")
+    mod.device = functools.cache(lambda: [1])
+    mod.host = host_cache(lambda: [2])
+    monkeypatch.setitem(sys.modules, "gates_fake_caches", mod)
+    mod.device(), mod.host()
+    assert clear_project_caches(tmp_path) == 1
+    assert mod.device.cache_info().currsize == 0 and mod.host.cache_info().currsize == 1
+    from harness import device  # a harness module under the repo root keeps its caches
+
+    device._probe()
+    before = device._probe.cache_info().currsize
+    clear_project_caches(Path(device.__file__).parents[1])
+    assert device._probe.cache_info().currsize == before == 1
