@@ -315,6 +315,24 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
             st.pool.warm_up()
 
 
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_trap_gates_last(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Trap gates run (and report) after every other gate, in their own order. Each runs
+    alone in a fresh worker that starts it at the beginning of the run, beside the main
+    worker's gates; a trap takes about half a second to surface on the H200, so a trap
+    gate reached early would make the run wait for it, and reached last it is done. Its
+    verdict depends only on its own fresh process, so the order changes nothing else. Not
+    under xdist (a worker there is not told its gates ahead) or a sanitizer (no trap gate
+    runs there)."""
+    st = _state(config)
+    if st.serving or st.is_worker or st.is_controller or st.sanitize or st.pool is None:
+        return
+    traps = [it for it in items if it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
+    if traps:
+        rest = [it for it in items if it not in set(traps)]
+        items[:] = rest + traps
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     check_kinds(items, config)  # one kind marker per gate, as --strict-markers for names
     st = _state(config)
