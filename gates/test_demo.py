@@ -63,7 +63,8 @@ def test_gather_index_past_the_end_fires_the_device_guard():
 @pytest.mark.gpu
 @pytest.mark.link
 def test_gather_in_bounds_after_a_trap_gate():
-    """Runs after the trap gate: its verdict must not be poisoned by it."""
+    """Beside the trap gate (which runs in a fresh worker of its own, and reports last when
+    the pool starts trap gates ahead): the shared worker's verdicts never depend on it."""
     import cupy
 
     x = cupy.arange(8, dtype=cupy.float32)
