@@ -257,3 +257,33 @@ def test_a_cubin_identical_mutant_whose_source_readers_pass_is_equivalent_or_a_d
     dup = gate_stage(twin, suite / "kernels", coverage, {"sum.cu": ("sum.cu",)}, ex, cfg)
     assert (dup.verdict, dup.duplicate_of) == (Verdict.DUPLICATE, "0123456789ab")
     assert ex.calls[0] == ("gates/gate_sum.py::test_block_define",)  # its cubin ran as its twin
+
+
+def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
+    import time
+
+    from harness.mutate import screen
+
+    real = screen.compile_mutant
+    compiled_at = []
+
+    def slow_compile(m, ctx):  # jobs=1: the screen compiles in its own thread, in this process
+        c = real(m, ctx)
+        time.sleep(0.05)
+        compiled_at.append(time.perf_counter())
+        return c
+
+    monkeypatch.setattr(screen, "compile_mutant", slow_compile)
+
+    class Timed(FakeExecutor):
+        first = None
+
+        def run(self, sandbox, gates, deadline):
+            Timed.first = Timed.first or time.perf_counter()
+            return super().run(sandbox, gates, deadline)
+
+    campaign = run_campaign(config(suite, jobs=1, paths=("sum.cu",), operators=("arithmetic", "guard-dropped")),
+                            executor_factory=lambda *a: Timed())
+    assert campaign.baseline.ok and len(compiled_at) == len(campaign.mutants) > 2
+    assert Timed.first is not None and Timed.first < compiled_at[-1], "the first gate run waited for the whole screen"
+    assert len(campaign.results) == len(campaign.mutants)

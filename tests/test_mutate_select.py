@@ -154,10 +154,10 @@ def test_auto_deadline_grows_with_the_selected_gates_baseline_time_and_is_capped
     assert mutant_deadline(fixed, slow, slow.select("a.cu", ("a.cu",))) == 7.0
 
 
-def test_pending_mutants_interleave_their_files():
+def test_mutants_to_screen_and_run_interleave_their_files():
     from types import SimpleNamespace as NS
 
-    from harness.mutate.campaign import interleave
+    from harness.mutate.campaign import interleave_mutants
 
-    rs = [NS(mutant=NS(file=f, id=f"{f}{i}")) for f, n in (("a.cu", 3), ("b.cu", 1), ("c.cu", 2)) for i in range(n)]
-    assert [r.mutant.id for r in interleave(rs)] == ["a.cu0", "b.cu0", "c.cu0", "a.cu1", "c.cu1", "a.cu2"]
+    ms = [NS(file=f, id=f"{f}{i}") for f, n in (("a.cu", 3), ("b.cu", 1), ("c.cu", 2)) for i in range(n)]
+    assert [m.id for m in interleave_mutants(ms)] == ["a.cu0", "b.cu0", "c.cu0", "a.cu1", "c.cu1", "a.cu2"]

@@ -219,61 +219,77 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     todo = [m for m in mutants if m.id not in results]
     deps = dependents_of(root, {m.file for m in mutants})
     ctx = screen.ScreenContext(root, arch, cache_dir, declared_names(root), deps)
-    listener.phase(f"screening {len(todo)} mutants on {config.jobs} CPU worker(s)", len(todo))
-    t0 = time.perf_counter()
-    originals = screen.original_fingerprints(ctx)
-    compiled = screen.compile_all(todo, ctx, config.jobs, on_done=lambda c: listener.advance())
     source_read = coverage.source_read() if coverage is not None else None
-    screened = screen.classify(todo, compiled, originals, source_read)
-    campaign.screen_seconds = time.perf_counter() - t0
-    for m in todo:  # screened-out mutants are final now
-        r = screened[m.id]
-        if r.verdict is not Verdict.PENDING or config.static:
-            _finish(campaign, results_path, r, listener)
-
-    pending = interleave([screened[m.id] for m in todo if m.id not in results])
-    if pending and not config.static:
-        listener.phase(f"running the gates of {len(pending)} mutants", len(pending))
-        t1 = time.perf_counter()
+    t0 = time.perf_counter()
+    if config.static or not todo:
+        listener.phase(f"screening {len(todo)} mutants on {config.jobs} CPU worker(s)", len(todo))
+        originals = screen.original_fingerprints(ctx)
+        compiled = screen.compile_all(todo, ctx, config.jobs, on_done=lambda c: listener.advance())
+        screened = screen.classify(todo, compiled, originals, source_read)
+        campaign.screen_seconds = time.perf_counter() - t0
+        for m in todo:
+            _finish(campaign, results_path, screened[m.id], listener)
+    else:
+        # The screen feeds the gate stage as it goes: a mutant's gates run as soon as it
+        # passes the screen, so the GPUs work while the CPUs still compile.
+        listener.phase(f"screening {len(todo)} mutants on {config.jobs} CPU worker(s), running the gates of "
+                       f"each that passes, {config.gpu_jobs} at once", len(todo))
         factory = executor_factory or (lambda report, cache, a, device=None: FreshProcessExecutor(
             config.rootdir, report, cache, arch=a, require_gpu=config.require_gpu, device=device))
-        run_gate_stage(campaign, pending, coverage, deps, config, results_path, listener,
-                       lambda device: factory(report_dir / "runs" / "mutants", cache_dir, arch, device))
-        campaign.gpu_seconds = time.perf_counter() - t1
+        screened = ScreenFeed(ctx, interleave_mutants(todo), config.jobs, source_read)
+        screened.start()
+        try:
+            run_gate_stage(campaign, screened, coverage, deps, config, results_path, listener,
+                           lambda device: factory(report_dir / "runs" / "mutants", cache_dir, arch, device))
+        finally:
+            screened.stop()
+        campaign.screen_seconds = screened.seconds
+        campaign.gpu_seconds = time.perf_counter() - t0
     resolve_duplicates(campaign.results)
     campaign.seconds = time.perf_counter() - start
     return campaign
 
 
-def run_gate_stage(campaign, pending, coverage, deps, config, results_path, listener, make_executor) -> None:
-    """The gate runs of every pending mutant, `config.gpu_jobs` at once. Each slot has its own
-    executor; with several GPUs visible, slot i gets GPU i % n (CUDA_VISIBLE_DEVICES)."""
+def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listener, make_executor) -> None:
+    """Record every result the feed gives (a list, or a ScreenFeed still screening): final
+    ones at once, pending ones after their gate runs, `config.gpu_jobs` at once. Each slot
+    has its own executor; with several GPUs visible, slot i gets GPU i % n."""
+    import queue as queue_mod
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     from harness.controls import child
     from harness.controls.runner import _devices
 
+    if isinstance(feed, list):
+        feed = _ListFeed(feed)
     root = campaign.kernel_root
     jobs = max(1, config.gpu_jobs)
-    if jobs == 1:
-        executor = make_executor(None)
-        for r in pending:
-            _finish(campaign, results_path, gate_stage(r, root, coverage, deps, executor, config), listener)
-            listener.advance()
-        return
-    devices = _devices()
+    devices = _devices() if jobs > 1 else []
     executors = [make_executor(devices[i % len(devices)] if len(devices) > 1 else None) for i in range(jobs)]
     free = list(range(jobs))
-    queue = list(pending)
     running: dict = {}
+    ended = False
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mutant") as pool:
         try:
-            while queue or running:
-                while queue and free:
-                    slot = free.pop(0)
-                    r = queue.pop(0)
-                    running[pool.submit(gate_stage, r, root, coverage, deps, executors[slot], config)] = slot
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            while not ended or running:
+                while free and not ended:
+                    try:
+                        r = feed.get(block=not running)  # wait for the screen only when nothing runs
+                    except queue_mod.Empty:
+                        break
+                    if r is None:
+                        ended = True
+                    elif r.verdict is not Verdict.PENDING:
+                        _finish(campaign, results_path, r, listener)  # screened out: final now
+                        listener.advance()
+                    else:
+                        slot = free.pop(0)
+                        running[pool.submit(gate_stage, r, root, coverage, deps, executors[slot], config)] = slot
+                if not running:
+                    continue
+                # while the screen still feeds and a slot is free, look back at it soon
+                timeout = 0.05 if free and not ended else None
+                done, _ = wait(list(running), timeout=timeout, return_when=FIRST_COMPLETED)
                 for future in done:
                     free.append(running.pop(future))
                     _finish(campaign, results_path, future.result(), listener)
@@ -283,6 +299,16 @@ def run_gate_stage(campaign, pending, coverage, deps, config, results_path, list
             for future in running:
                 future.cancel()
             raise
+
+
+class _ListFeed:
+    """A fixed list of results as a feed (the gate stage's other source)."""
+
+    def __init__(self, items: list):
+        self.items = list(items)
+
+    def get(self, block: bool):
+        return self.items.pop(0) if self.items else None
 
 
 def _finish(campaign: MutationCampaign, path: Path, result: MutantResult, listener: Listener) -> None:
@@ -328,18 +354,74 @@ def mutant_deadline(config: MutateConfig, coverage: Coverage, sel) -> float:
     return min(AUTO_CAP, AUTO_FLOOR + AUTO_FACTOR * coverage.seconds(sel.all))
 
 
-def interleave(results: list) -> list:
-    """Pending mutants in round-robin over their files (each file's own order kept), so a run
-    cut short (a device command's limit; --resume continues) has sampled every family."""
+def interleave_mutants(mutants: list) -> list:
+    """Mutants in round-robin over their files, each file's own order kept."""
     by_file: dict[str, list] = {}
-    for r in results:
-        by_file.setdefault(r.mutant.file, []).append(r)
+    for m in mutants:
+        by_file.setdefault(m.file, []).append(m)
     queues = list(by_file.values())
     out = []
     while queues:
         out += [q.pop(0) for q in queues]
         queues = [q for q in queues if q]
     return out
+
+
+class _Stop(Exception):
+    """Raised in the screen's callback to end it early (the gate stage was interrupted)."""
+
+
+class ScreenFeed:
+    """The CPU screen in a background thread, yielding each mutant's screening result as
+    its compile finishes (pending ones go to the GPU, the others are final). The twin of
+    identical mutants is the first whose compile finished."""
+
+    def __init__(self, ctx, mutants: list, jobs: int, source_read):
+        import queue
+        import threading
+
+        self.ctx, self.mutants, self.jobs, self.source_read = ctx, mutants, jobs, source_read
+        self.inbox: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="screen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        from harness.mutate import screen
+
+        start = time.perf_counter()
+        by_id = {m.id: m for m in self.mutants}
+        try:
+            classifier = screen.Classifier(screen.original_fingerprints(self.ctx), self.source_read)
+
+            def done(c):
+                if self._stop.is_set():
+                    raise _Stop()
+                self.inbox.put(classifier.add(by_id[c.mutant_id], c))
+
+            screen.compile_all(self.mutants, self.ctx, self.jobs, on_done=done)
+        except _Stop:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the consuming thread
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - start
+            self.inbox.put(None)
+
+    def get(self, block: bool):
+        """The next result, None at the end; raises queue.Empty when not blocking and none is ready."""
+        item = self.inbox.get(block=block)
+        if item is None and self.error is not None:
+            raise self.error
+        return item
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def resolve_duplicates(results: dict[str, MutantResult]) -> None:

@@ -159,40 +159,42 @@ def sweep_sandboxes(ids: list[str]) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+class Classifier:
+    """Screening verdicts, one compiled mutant at a time (in the order they are added: the
+    first of identical mutants is the twin). `source_read`: files some gate reads (None:
+    unknown, so every file is treated as read and nothing is screened out by its cubin)."""
+
+    def __init__(self, originals: dict[str, str], source_read: set[str] | None):
+        self.originals = originals
+        self.source_read = source_read
+        self.first_by_print: dict[tuple, str] = {}
+
+    def add(self, m: Mutant, c: Compiled) -> MutantResult:
+        if not c.ok:
+            return MutantResult(m, Verdict.COMPILE_ERROR, c.error or "does not compile", seconds=c.seconds)
+        if not c.fingerprints:
+            return MutantResult(m, Verdict.PENDING, "no .cu includes this file: no module to compile",
+                                seconds=c.seconds)
+        read = self.source_read is None or m.file in self.source_read
+        if all(self.originals.get(rel) == fp for rel, fp in c.fingerprints):
+            if read:
+                return MutantResult(m, Verdict.PENDING, "cubin identical to the original's, but a gate reads "
+                                    "this source: only source-reading gates are run", seconds=c.seconds,
+                                    cubin_identical=True)
+            return MutantResult(m, Verdict.EQUIVALENT, "equivalent: identical cubin", seconds=c.seconds)
+        twin = self.first_by_print.setdefault(c.fingerprints, m.id)
+        if twin != m.id and not read:
+            return MutantResult(m, Verdict.DUPLICATE, f"duplicate of {twin}", duplicate_of=twin, seconds=c.seconds)
+        if twin != m.id:
+            # the same cubin as its twin: only the gates that read the source can tell them apart
+            return MutantResult(m, Verdict.PENDING, f"cubin identical to {twin}'s, but a gate reads this "
+                                "source: only source-reading gates are run", duplicate_of=twin, seconds=c.seconds)
+        return MutantResult(m, Verdict.PENDING, "", seconds=c.seconds)
+
+
 def classify(mutants: list[Mutant], compiled: dict[str, Compiled], originals: dict[str, str],
              source_read: set[str] | None) -> dict[str, MutantResult]:
-    """Screening verdicts. `source_read`: files some gate reads (None: unknown, so every
-    file is treated as read and nothing is screened out by its cubin)."""
-    out: dict[str, MutantResult] = {}
-    first_by_print: dict[tuple, str] = {}
-    for m in mutants:  # file order: the first of identical mutants is the twin
-        c = compiled[m.id]
-        if not c.ok:
-            out[m.id] = MutantResult(m, Verdict.COMPILE_ERROR, c.error or "does not compile", seconds=c.seconds)
-            continue
-        if not c.fingerprints:
-            out[m.id] = MutantResult(m, Verdict.PENDING, "no .cu includes this file: no module to compile",
-                                     seconds=c.seconds)
-            continue
-        read = source_read is None or m.file in source_read
-        identical = all(originals.get(rel) == fp for rel, fp in c.fingerprints)
-        if identical:
-            if read:
-                out[m.id] = MutantResult(m, Verdict.PENDING, "cubin identical to the original's, but a gate reads "
-                                         "this source: only source-reading gates are run", seconds=c.seconds,
-                                         cubin_identical=True)
-            else:
-                out[m.id] = MutantResult(m, Verdict.EQUIVALENT, "equivalent: identical cubin", seconds=c.seconds)
-            continue
-        twin = first_by_print.setdefault(c.fingerprints, m.id)
-        if twin != m.id and not read:
-            out[m.id] = MutantResult(m, Verdict.DUPLICATE, f"duplicate of {twin}", duplicate_of=twin,
-                                     seconds=c.seconds)
-        elif twin != m.id:
-            # the same cubin as its twin: only the gates that read the source can tell them apart
-            out[m.id] = MutantResult(m, Verdict.PENDING, f"cubin identical to {twin}'s, but a gate reads this "
-                                     "source: only source-reading gates are run", duplicate_of=twin,
-                                     seconds=c.seconds)
-        else:
-            out[m.id] = MutantResult(m, Verdict.PENDING, "", seconds=c.seconds)
-    return out
+    """Screening verdicts of every mutant, in file order (the first of identical mutants is
+    the twin)."""
+    classifier = Classifier(originals, source_read)
+    return {m.id: classifier.add(m, compiled[m.id]) for m in mutants}
