@@ -165,3 +165,127 @@ def test_paired_staircase_ties_odd_rows_and_copies_even_rows(window):
     assert np.count_nonzero(bits_of(expected[odd]) != bits_of(copy[odd])) > expected[odd].size // 2
     with pytest.raises(ValueError, match="window of 0 or at least 2"):
         ora.staircase_case(hd=256, nh=4, nkv=2, window=1, rising=True, seed=7, paired=True)
+
+
+# ------------------------------------------------------------------ window edges at page boundaries
+
+
+def _c_div(a: int, b: int) -> int:
+    """C's integer division (toward zero), as the kernels divide a first visible key by 16."""
+    return int(a / b) if a >= 0 else -((-a) // b)
+
+
+# The kernels' first_visible and the survivors of the mutation run that move it (paged_attention.cu
+# line 38); the window-edge case must make each of them follow an unseen entry or lose a winner.
+def _fv(qpos, w):
+    return qpos - w + 1 if w > 0 and qpos - w + 1 > 0 else 0
+
+
+FIRST_VISIBLE_MUTANTS = {
+    "window > 1": lambda qpos, w: qpos - w + 1 if w > 1 and qpos - w + 1 > 0 else 0,
+    "returns qpos - window + 0": lambda qpos, w: qpos - w + 0 if w > 0 and qpos - w + 1 > 0 else 0,
+    "returns qpos - window - 1": lambda qpos, w: qpos - w - 1 if w > 0 and qpos - w + 1 > 0 else 0,
+    "returns qpos - window + 2": lambda qpos, w: qpos - w + 2 if w > 0 and qpos - w + 1 > 0 else 0,
+}
+# Equivalent by argument: they change fv only inside page 0 (fv / 16 stays 0).
+FIRST_VISIBLE_EQUIVALENT = {
+    "condition qpos - window - 1 > 0": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w - 1 > 0 else 0,
+    "condition qpos - window + 0 > 0": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w > 0 else 0,
+    "else 1": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w + 1 > 0 else 1,
+}
+
+
+def _decode_pages(case, fv_fn):
+    """Per row: the logical pages the decode kernel walks, [fv / 16, qpos / 16]."""
+    return [range(_c_div(fv_fn(int(q), case.window), 16), int(q) // 16 + 1) for q in case.qpos]
+
+
+def _prefill_pages(case, fv_fn, hd):
+    """Per row: the pages its prefill tile stages, [min fv / 16, max qpos / 16] over the tile."""
+    tiles = pa.make_tiles(case.off, pa.prefill_rows_per_tile(hd))
+    pages = [None] * case.rows
+    for s, n in zip(tiles.start, tiles.length):
+        rows = range(int(s), int(s + n))
+        lo = min(fv_fn(int(case.qpos[r]), case.window) for r in rows)
+        hi = max(int(case.qpos[r]) for r in rows)
+        for r in rows:
+            pages[r] = range(_c_div(lo, 16), hi // 16 + 1)
+    return pages
+
+
+def _mutant_seen_by(case, pages):
+    """(follows an unseen entry, loses a row's winner page) for one page plan."""
+    unseen = ora.unseen_entries(case)
+    follows = any(unseen[int(case.off[r]) + p] for r, rng in enumerate(pages) for p in rng if p >= 0)
+    follows |= any(p < 0 for rng in pages for p in rng)
+    loses = any(int(case.winner[r]) // 16 not in rng for r, rng in enumerate(pages))
+    return follows, loses
+
+
+@pytest.mark.parametrize("window", ora.EDGE_WINDOWS)
+def test_window_edge_rows_sit_on_the_page_residues_and_copy_their_first_visible_key(window):
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=window)
+    fv = ora.first_visible(case.qpos, window)
+    assert np.array_equal(case.winner, fv)
+    assert {0, 1, 2, 15} <= set((fv[fv >= 16] % 16).tolist()) and 0 in fv.tolist()
+    assert all(_fv(int(q), window) == int(f) for q, f in zip(case.qpos, fv)), "oracle vs kernel first_visible"
+    # latest row first: in every two-row sequence the tile's first page comes from its second row
+    for o in np.unique(case.off):
+        rows = np.flatnonzero(case.off == o)
+        assert rows.size == 1 or int(np.argmin(fv[rows])) == rows.size - 1
+    # every visible key other than the winner scores at least 128 less, in f32 and float64 alike
+    if window > 1:
+        np.testing.assert_array_equal(ora.reference(case), ora.copy_rows(case).astype(np.float64))
+
+
+@pytest.mark.parametrize("hd", (256, 512))
+def test_window_one_scores_are_exactly_the_extreme_scores_in_the_kernels_order(hd):
+    case = ora.window_edge_case(hd=hd, nh=8, nkv=2, window=1)
+    scores = ora.winner_scores(case)
+    expected = np.broadcast_to(np.asarray(ora.EXTREME_SCORES, np.float32), scores.shape)
+    np.testing.assert_array_equal(bits_of(scores), bits_of(np.ascontiguousarray(expected)))
+    assert np.float32(-ora.FLT_MAX) in scores and np.all(np.isfinite(scores))
+    assert np.any(scores < -104) and np.any(scores == 0) and np.any((scores < 0) & (scores > -104))
+    # one visible key per row: weight 1 whatever its score, in float64 too
+    np.testing.assert_array_equal(ora.reference(case), ora.copy_rows(case).astype(np.float64))
+
+
+def test_kernel_score_is_the_f32_dot_product_when_it_is_exact():
+    rng = np.random.default_rng(3)
+    q = rng.integers(-8, 9, 512).astype(np.float64)
+    k = rng.integers(-8, 9, 512).astype(np.float64)
+    assert ora.kernel_score(q, k) == np.float32(q @ k)
+    # and rounds in the kernels' order where it is not: 2^24 + 1 + 1 in one lane
+    q2, k2 = np.zeros(256), np.zeros(256)
+    q2[:3], k2[:3] = (2.0 ** 24, 1.0, 1.0), (1.0, 1.0, 1.0)
+    assert ora.kernel_score(q2, k2) == np.float32(2.0 ** 24)   # each +1 rounds back (ties to even)
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_VISIBLE_MUTANTS))
+def test_every_page_moving_first_visible_mutant_follows_an_unseen_entry_or_loses_a_winner(name):
+    # The model of the kernels' page walks: the decode gates see a walk that follows an unseen
+    # (invalid) entry as a fault, and one that misses a winner's page as wrong bits.
+    fn = FIRST_VISIBLE_MUTANTS[name]
+    for kernel in ("decode", "prefill"):
+        seen = []
+        for window in ora.EDGE_WINDOWS:
+            hd = 256 if kernel == "decode" else 512
+            case = ora.window_edge_case(hd=hd, nh=8, nkv=2, window=window)
+            plan = _decode_pages(case, fn) if kernel == "decode" else _prefill_pages(case, fn, hd)
+            original = _decode_pages(case, _fv) if kernel == "decode" else _prefill_pages(case, _fv, hd)
+            assert _mutant_seen_by(case, original) == (False, False), "the real kernel follows nothing unseen"
+            seen.append(_mutant_seen_by(case, plan))
+        assert any(f or lo for f, lo in seen), f"{name}: no window-edge case sees it in {kernel}"
+        if name == "returns qpos - window + 2":
+            assert all(lo for _, lo in seen), f"{name}: every window loses a winner ({kernel})"
+        if name in ("returns qpos - window + 0", "returns qpos - window - 1"):
+            assert all(f for f, _ in seen), f"{name}: every window follows an unseen entry ({kernel})"
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_VISIBLE_EQUIVALENT))
+def test_the_equivalent_first_visible_mutants_never_move_a_page(name):
+    # Exhaustive over windows 1..600 and positions 0..1200: the page fv / 16 never changes.
+    fn = FIRST_VISIBLE_EQUIVALENT[name]
+    for w in range(0, 601):
+        for q in range(0, 1201):
+            assert _c_div(fn(q, w), 16) == _c_div(_fv(q, w), 16), (name, q, w)
