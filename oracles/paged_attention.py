@@ -375,21 +375,25 @@ def _extreme_q(score: float, hd: int) -> np.ndarray:
     return q
 
 
-def kernel_score(q_row, k_row, scale: float = 1.0) -> np.float32:
-    """The kernels' f32 score of one query row against one key row, in their order: each lane
-    l chains fmaf over its elements c * 256 + l * 8 + i (c, then i), then a butterfly
-    x += shfl_xor(x, o) for o = 16 .. 1, then * scale. bf16 products are exact in f32, so
-    an f32 add after an exact product is the kernels' fmaf."""
-    q = np.asarray(q_row, np.float32).reshape(-1, 32, 8)      # [chunks, lanes, 8]
-    k = np.asarray(k_row, np.float32).reshape(-1, 32, 8)
-    s = np.zeros(32, np.float32)
-    with np.errstate(over="ignore"):
-        for c in range(q.shape[0]):
+def kernel_score(q_row, k_row, scale: float = 1.0):
+    """The kernels' f32 score of query rows against key rows (broadcast over leading axes), in
+    their order: each lane l chains fmaf over its elements c * 256 + l * 8 + i (c, then i), then
+    a butterfly x += shfl_xor(x, o) for o = 16 .. 1, then * scale. bf16 products are exact in
+    f32, so an f32 add after an exact product is the kernels' fmaf."""
+    q = np.asarray(q_row, np.float32)
+    k = np.asarray(k_row, np.float32)
+    lead = np.broadcast_shapes(q.shape[:-1], k.shape[:-1])
+    q = np.broadcast_to(q, lead + q.shape[-1:]).reshape(lead + (-1, 32, 8))   # [..., chunks, lanes, 8]
+    k = np.broadcast_to(k, lead + k.shape[-1:]).reshape(lead + (-1, 32, 8))
+    s = np.zeros(lead + (32,), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for c in range(q.shape[-3]):
             for i in range(8):
-                s = (s + q[c, :, i] * k[c, :, i]).astype(np.float32)
+                s = (s + q[..., c, :, i] * k[..., c, :, i]).astype(np.float32)
         for o in (16, 8, 4, 2, 1):
-            s = (s + s[np.arange(32) ^ o]).astype(np.float32)
-    return np.float32(s[0] * np.float32(scale))
+            s = (s + s[..., np.arange(32) ^ o]).astype(np.float32)
+        out = (s[..., 0] * np.float32(scale)).astype(np.float32)
+    return out[()] if out.ndim == 0 else out
 
 
 def window_edge_case(hd: int, nh: int, nkv: int, window: int, seed: int = EDGE_SEED) -> Case:
@@ -446,3 +450,44 @@ def winner_scores(case: Case) -> np.ndarray:
         for h in range(case.nh):
             out[r, h] = kernel_score(case.q[r, h], case.k_pool[page, h // g, slot])
     return out
+
+
+# ------------------------------------------------------------------ the split-K plan, seen in the partials
+
+
+def split_chunks(case: Case, splits: int) -> np.ndarray:
+    """[rows, splits, 2]: the logical pages [begin, end) of each decode split, as
+    docs/paged_attention.md states the plan: the row's visible pages [fv / 16, qpos / 16] cut
+    into chunks of ceil(pages / splits) from the first; trailing chunks may be empty."""
+    out = np.zeros((case.rows, splits, 2), np.int64)
+    for r, (fv, qp) in enumerate(zip(first_visible(case.qpos, case.window), case.qpos)):
+        lo, hi = int(fv) // PAGE, int(qp) // PAGE
+        per = -(-(hi - lo + 1) // splits)
+        for s in range(splits):
+            begin = lo + s * per
+            out[r, s] = (begin, max(begin, min(hi + 1, begin + per)))
+    return out
+
+
+def split_partials(case: Case, splits: int) -> np.ndarray:
+    """[rows, nh, splits, hd + 2] f32: each decode split's partial (m, l, acc[hd]) on a falling
+    staircase (window_edge_case with a window > 1). A chunk's best key is its first visible key
+    (every later one scores at least 128 less), so m is that key's score, l = 1 and acc its V
+    row, exactly (the needle argument per split); an empty chunk leaves (-inf, 0, +0)."""
+    if case.window <= 1:
+        raise ValueError("split_partials needs the falling staircase of window_edge_case with a window > 1")
+    g = case.nh // case.nkv
+    parts = np.zeros((case.rows, case.nh, splits, case.hd + 2), np.float32)
+    fv = first_visible(case.qpos, case.window)
+    for r, chunks in enumerate(split_chunks(case, splits)):
+        for s, (begin, end) in enumerate(chunks):
+            if begin == end:
+                parts[r, :, s, 0] = -np.inf
+                continue
+            key = max(int(fv[r]), int(begin) * PAGE)
+            page, slot = _key_slot(case.bt, case.off[r], key)
+            for h in range(case.nh):
+                parts[r, h, s, 0] = kernel_score(case.q[r, h], case.k_pool[page, h // g, slot])
+            parts[r, :, s, 1] = 1.0
+            parts[r, :, s, 2:] = case.v_pool[page, np.arange(case.nh) // g, slot].astype(np.float32)
+    return parts

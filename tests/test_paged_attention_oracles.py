@@ -289,3 +289,275 @@ def test_the_equivalent_first_visible_mutants_never_move_a_page(name):
     for w in range(0, 601):
         for q in range(0, 1201):
             assert _c_div(fn(q, w), 16) == _c_div(_fv(q, w), 16), (name, q, w)
+
+
+def test_split_chunks_cover_every_visible_page_once_as_documented():
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
+    for splits in range(1, pa.MAX_SPLITS + 1):
+        chunks = ora.split_chunks(case, splits)
+        for r, (fv, qp) in enumerate(zip(ora.first_visible(case.qpos, 70), case.qpos)):
+            pages = [p for b, e in chunks[r] for p in range(b, e)]
+            assert pages == list(range(int(fv) // 16, int(qp) // 16 + 1)), (splits, r)
+            sizes = [int(e - b) for b, e in chunks[r]]
+            assert max(sizes) == -(-len(pages) // splits)
+
+
+@pytest.mark.parametrize("splits", (1, 2, 3, 7, 16))
+def test_split_partials_hold_each_chunks_first_visible_key_by_the_gap(splits):
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
+    parts = ora.split_partials(case, splits)
+    fv = ora.first_visible(case.qpos, 70)
+    g = case.nh // case.nkv
+    for r, chunks in enumerate(ora.split_chunks(case, splits)):
+        for s, (b, e) in enumerate(chunks):
+            keys = [k for k in range(b * 16, e * 16) if ora.visible(k, case.qpos[r], 70)]
+            if not keys:
+                assert parts[r, 0, s, 0] == -np.inf and not np.any(parts[r, :, s, 1:])
+                continue
+            for h in (0, 7):
+                sc = []
+                for k in keys:
+                    page, slot = ora._key_slot(case.bt, case.off[r], k)
+                    sc.append(case.q[r, h].astype(np.float64) @ case.k_pool[page, h // g, slot].astype(np.float64))
+                sc = np.asarray(sc)
+                assert keys[int(np.argmax(sc))] == max(int(fv[r]), b * 16)
+                assert sc.max() == parts[r, h, s, 0]
+                if len(sc) > 1:
+                    assert sc.max() - np.sort(sc)[-2] >= 128
+    assert np.all(parts[..., 1][np.isfinite(parts[..., 0])] == 1)
+
+
+def _chunk_winners(chunks, fv, qpos):
+    """Per row and split: the key a split's partial holds (its chunk's first visible key) or None."""
+    return [[max(int(f), int(b) * 16) if min(int(e), int(q) // 16 + 1) > max(int(b), int(f) // 16) else None
+             for b, e in row] for row, f, q in zip(chunks, fv, qpos)]
+
+
+def test_both_split_pages_survivors_change_some_partial_over_the_gates_split_counts():
+    # The model of split_pages (paged_attention.cu line 34) and its two survivors: the output
+    # cannot see them (every page still lands in exactly one split), the partials can.
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
+    fv = ora.first_visible(case.qpos, 70)
+    lo, hi = fv // 16, case.qpos // 16
+    mutants = {"'-' -> '+'": lambda l, h, n: (h + l + n) // n, "'/' -> '*'": lambda l, h, n: (h - l + n) * n}
+    for name, per_of in mutants.items():
+        moved_counts = []
+        for n in range(1, pa.MAX_SPLITS + 1):
+            documented = _chunk_winners(ora.split_chunks(case, n), fv, case.qpos)
+            chunks = [[(l + s * per_of(l, h, n), min(h + 1, l + (s + 1) * per_of(l, h, n))) for s in range(n)]
+                      for l, h in zip(lo, hi)]
+            if _chunk_winners(chunks, fv, case.qpos) != documented:
+                moved_counts.append(n)
+        assert moved_counts, f"split_pages {name}: no split count moves a partial"
+        assert 1 not in moved_counts
+
+
+# ------------------------------------------------------------------ a host model of the kernels
+#
+# paged_attention.cu's page walks, online softmax and merges, step for step in f32 (fmaf as an
+# exact f64 product plus one rounding, expf as numpy's f32 exp, which agree with the device on
+# the designed cases: every weight there is exp(0) = 1 or underflows to 0). Its knobs are the
+# survivors of the mutation run and the new controls, so this checks here, without a GPU, that
+# the new gates' expected images are what the kernel computes and that each control turns its
+# gate red the way its file says (bits differ: route assertion; an unseen entry followed:
+# route trap).
+
+INT_MAX = 0x7FFFFFFF
+
+
+def _fma(a, b, c):
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (np.float64(a) * np.float64(b) + np.float64(c)).astype(np.float32)
+
+
+def _expf(x):
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        return np.exp(np.float32(x)).astype(np.float32)
+
+
+def _sub(a, b):
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.float32(np.float32(a) - np.float32(b))
+
+
+class _Model:
+    def __init__(self, neg=-np.inf, fv=_fv, per=lambda lo, hi, n: (hi - lo + n) // n, w_start=0, tile_off="t0"):
+        self.neg, self.fv, self.per, self.w_start, self.tile_off = np.float32(neg), fv, per, w_start, tile_off
+
+    def new_state(self, hd):
+        return [self.neg, np.float32(0), np.zeros(hd, np.float32)]
+
+    def add_page(self, st, case, r, h, entry, p):
+        """One page for row r, head h: every visible key, in slot order (State::add_key)."""
+        g = case.nh // case.nkv
+        qp = int(case.qpos[r])
+        slots = [t for t in range(16) if ora.visible(p * 16 + t, qp, case.window)]
+        if not slots:
+            return False
+        scores = ora.kernel_score(case.q[r, h], case.k_pool[entry, h // g])
+        for t in slots:
+            s = scores[t]
+            v = case.v_pool[entry, h // g, t].astype(np.float32)
+            m_new = np.fmax(st[0], s)
+            alpha, pw = _expf(_sub(st[0], m_new)), _expf(_sub(s, m_new))
+            st[1] = _fma(st[1], alpha, pw)
+            with np.errstate(invalid="ignore", over="ignore"):
+                st[2] = _fma(st[2], alpha, (pw * v).astype(np.float32))
+            st[0] = m_new
+        return True
+
+    def merge(self, states):
+        m_max = self.neg
+        for m, _, _ in states:
+            m_max = np.fmax(m_max, m)
+        l, a = np.float32(0), np.zeros_like(states[0][2])
+        for m, li, ai in states:
+            f = np.float32(0) if m == self.neg else _expf(_sub(m, m_max))
+            l, a = _fma(li, f, l), _fma(ai, f, a)
+        return [m_max, l, a]
+
+    @staticmethod
+    def output(st):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (st[2] / st[1]).astype(np.float32).astype(bf16)
+
+    def decode(self, case, splits):
+        """(out bf16, partials f32 [rows, nh, splits, hd + 2], followed) where followed holds
+        (block-table index, derefed without a page map) for every entry the walk reads."""
+        out = np.empty(case.q.shape, bf16)
+        parts = np.empty((case.rows, case.nh, splits, case.hd + 2), np.float32)
+        followed = []
+        for r in range(case.rows):
+            qp, o = int(case.qpos[r]), int(case.off[r])
+            lo, hi = _c_div(self.fv(qp, case.window), 16), qp // 16
+            per = self.per(lo, hi, splits)
+            for h in range(case.nh):
+                partials = []
+                for split in range(splits):
+                    begin = lo + split * per
+                    end = min(hi + 1, begin + per)
+                    warps = [self.new_state(case.hd) for _ in range(4)]
+                    for w in range(4):
+                        for p in range(begin + w, end, 4):
+                            entry = int(case.bt[o + p]) if 0 <= o + p < case.bt.size else -1
+                            used = entry >= 0 and entry < case.k_pool.shape[0] and \
+                                self.add_page(warps[w], case, r, h, entry, p)
+                            followed.append((o + p, used))
+                    partial = self.merge(warps)
+                    parts[r, h, split] = np.concatenate([[partial[0], partial[1]], partial[2]])
+                    partials.append(partial)
+                out[r, h] = self.output(self.merge(partials))
+        return out, parts, followed
+
+    def prefill(self, case):
+        rows_per = pa.prefill_rows_per_tile(case.hd)
+        tiles = pa.make_tiles(case.off, rows_per)
+        out = np.empty(case.q.shape, bf16)
+        followed = []
+        for t0, tn in zip(tiles.start.tolist(), tiles.length.tolist()):
+            row_lo = [self.fv(int(case.qpos[t0 + w]), case.window) if w < tn else INT_MAX for w in range(rows_per)]
+            row_hi = [int(case.qpos[t0 + w]) if w < tn else -1 for w in range(rows_per)]
+            lo, hi = min([INT_MAX] + row_lo[self.w_start:]), max([-1] + row_hi[self.w_start:])
+            o = int(case.off[t0] if self.tile_off == "t0" else case.off[0])
+            states = {(w, h): self.new_state(case.hd) for w in range(tn) for h in range(case.nh)}
+            for p in range(_c_div(lo, 16), _c_div(hi, 16) + 1):
+                entry = int(case.bt[o + p]) if 0 <= o + p < case.bt.size else -1
+                followed.append((o + p, True))
+                if not 0 <= entry < case.k_pool.shape[0]:
+                    continue
+                for (w, h), st in states.items():
+                    self.add_page(st, case, t0 + w, h, entry, p)
+            for (w, h), st in states.items():
+                out[t0 + w, h] = self.output(st)
+        return out, followed
+
+
+def _follows_unseen(case, followed, page_map: bool) -> bool:
+    """Would the out-of-window gate fault: an unseen entry (invalid there) dereferenced, or,
+    behind a page map, read at all (pmap[2^30]); an index outside the table counts too."""
+    unseen = ora.unseen_entries(case)
+    return any(not 0 <= i < unseen.size or (unseen[i] and (used or page_map)) for i, used in followed)
+
+
+def _differs(a, b) -> bool:
+    return not np.array_equal(bits_of(a), bits_of(b))
+
+
+@pytest.mark.parametrize("window", ora.EDGE_WINDOWS)
+def test_kernel_model_computes_the_window_edge_gates_expected_bits(window):
+    model = _Model()
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=window)
+    splits = pa.choose_splits(window, case.rows, case.nh)
+    out, _, followed = model.decode(case, splits)
+    np.testing.assert_array_equal(bits_of(out), bits_of(ora.copy_rows(case)))
+    assert not _follows_unseen(case, followed, page_map=True)
+    pcase = ora.window_edge_case(hd=512, nh=8, nkv=2, window=window)
+    pout, pfollowed = model.prefill(pcase)
+    np.testing.assert_array_equal(bits_of(pout), bits_of(ora.copy_rows(pcase)))
+    assert not _follows_unseen(pcase, pfollowed, page_map=True)
+
+
+def test_kernel_model_computes_the_split_partials_gates_expected_bits():
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
+    for splits in range(1, pa.MAX_SPLITS + 1):
+        out, parts, _ = _Model().decode(case, splits)
+        np.testing.assert_array_equal(bits_of(parts), bits_of(ora.split_partials(case, splits)), err_msg=str(splits))
+        np.testing.assert_array_equal(bits_of(out), bits_of(ora.copy_rows(case)))
+
+
+# control -> (model, {(kernel, window): route}); route "assertion" (bits differ), "trap" (an unseen
+# entry followed, bits equal), "green" (neither: the gate cannot see it, stated on purpose)
+_C = {
+    "attention_first_visible_one_key_late": (
+        _Model(fv=FIRST_VISIBLE_MUTANTS["returns qpos - window + 2"]),
+        {(k, w): "assertion" for k in ("decode", "prefill") for w in ora.EDGE_WINDOWS}),
+    "attention_first_visible_one_key_early": (
+        _Model(fv=FIRST_VISIBLE_MUTANTS["returns qpos - window + 0"]),
+        {(k, w): "trap" for k in ("decode", "prefill") for w in ora.EDGE_WINDOWS}),
+    "first_visible returns qpos - window - 1 (no control)": (
+        _Model(fv=FIRST_VISIBLE_MUTANTS["returns qpos - window - 1"]),
+        {(k, w): "trap" for k in ("decode", "prefill") for w in ora.EDGE_WINDOWS}),
+    "attention_window_one_walks_from_page_zero": (
+        _Model(fv=FIRST_VISIBLE_MUTANTS["window > 1"]),
+        {("decode", 1): "trap", ("prefill", 1): "trap", ("decode", 16): "green", ("prefill", 70): "green"}),
+    "attention_softmax_max_starts_at_zero": (
+        _Model(neg=0.0), {("decode", 1): "assertion", ("prefill", 1): "assertion", ("decode", 70): "green"}),
+    "attention_softmax_max_starts_at_minus_flt_max": (
+        _Model(neg=-ora.FLT_MAX), {("decode", 1): "assertion", ("prefill", 1): "green"}),
+    "attention_prefill_tiles_read_the_first_sequence": (
+        _Model(tile_off="0"), {("prefill", w): "assertion" for w in ora.EDGE_WINDOWS}),
+    "attention_prefill_tile_range_skips_warp_zero": (
+        _Model(w_start=1), {("prefill", w): "assertion" for w in ora.EDGE_WINDOWS}),
+}
+
+
+@pytest.mark.parametrize("control", sorted(_C))
+def test_kernel_model_of_each_control_turns_its_window_edge_gates_red_by_the_expected_route(control):
+    model, expected = _C[control]
+    for (kernel, window), route in expected.items():
+        hd = 256 if kernel == "decode" else 512
+        case = ora.window_edge_case(hd=hd, nh=8, nkv=2, window=window)
+        if kernel == "decode":
+            out, _, followed = model.decode(case, pa.choose_splits(window, case.rows, case.nh))
+        else:
+            out, followed = model.prefill(case)
+        got = ("assertion" if _differs(out, ora.copy_rows(case))
+               else "trap" if _follows_unseen(case, followed, page_map=True) else "green")
+        assert got == route, f"{control}: {kernel} window {window}: {got}, expected {route}"
+        if route == "trap" and kernel == "decode":
+            # without a page map decode never dereferences a page whose keys are all masked
+            assert not _follows_unseen(case, followed, page_map=False)
+
+
+@pytest.mark.parametrize("per_name", ["'-' -> '+'", "'/' -> '*'"])
+def test_kernel_model_split_pages_survivors_change_partials_not_outputs(per_name):
+    per = {"'-' -> '+'": lambda lo, hi, n: (hi + lo + n) // n, "'/' -> '*'": lambda lo, hi, n: (hi - lo + n) * n}[per_name]
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
+    moved = []
+    for splits in range(1, pa.MAX_SPLITS + 1):
+        out, parts, followed = _Model(per=per).decode(case, splits)
+        np.testing.assert_array_equal(bits_of(out), bits_of(ora.copy_rows(case)))   # the output cannot see it
+        assert not _follows_unseen(case, followed, page_map=True)
+        if _differs(parts, ora.split_partials(case, splits)):
+            moved.append(splits)
+    assert moved and 1 not in moved and pa.choose_splits(70, case.rows, case.nh) in moved
