@@ -381,8 +381,10 @@ def _sub(a, b):
 
 
 class _Model:
-    def __init__(self, neg=-np.inf, fv=_fv, per=lambda lo, hi, n: (hi - lo + n) // n, w_start=0, tile_off="t0"):
+    def __init__(self, neg=-np.inf, fv=_fv, per=lambda lo, hi, n: (hi - lo + n) // n, w_start=0, tile_off="t0",
+                 lo_from_warp0=False):
         self.neg, self.fv, self.per, self.w_start, self.tile_off = np.float32(neg), fv, per, w_start, tile_off
+        self.lo_from_warp0 = lo_from_warp0
 
     def new_state(self, hd):
         return [self.neg, np.float32(0), np.zeros(hd, np.float32)]
@@ -458,6 +460,8 @@ class _Model:
             row_lo = [self.fv(int(case.qpos[t0 + w]), case.window) if w < tn else INT_MAX for w in range(rows_per)]
             row_hi = [int(case.qpos[t0 + w]) if w < tn else -1 for w in range(rows_per)]
             lo, hi = min([INT_MAX] + row_lo[self.w_start:]), max([-1] + row_hi[self.w_start:])
+            if self.lo_from_warp0:
+                lo = row_lo[0]
             o = int(case.off[t0] if self.tile_off == "t0" else case.off[0])
             states = {(w, h): self.new_state(case.hd) for w in range(tn) for h in range(case.nh)}
             for p in range(_c_div(lo, 16), _c_div(hi, 16) + 1):
@@ -526,6 +530,8 @@ _C = {
         _Model(neg=-ora.FLT_MAX), {("decode", 1): "assertion", ("prefill", 1): "green"}),
     "attention_prefill_tiles_read_the_first_sequence": (
         _Model(tile_off="0"), {("prefill", w): "assertion" for w in ora.EDGE_WINDOWS}),
+    "prefill row_lo[w] -> row_lo[0] (no control)": (
+        _Model(lo_from_warp0=True), {("prefill", w): "assertion" for w in ora.EDGE_WINDOWS}),
     "attention_prefill_tile_range_skips_warp_zero": (
         _Model(w_start=1), {("prefill", w): "assertion" for w in ora.EDGE_WINDOWS}),
 }
