@@ -385,6 +385,7 @@ class _Model:
                  lo_from_warp0=False):
         self.neg, self.fv, self.per, self.w_start, self.tile_off = np.float32(neg), fv, per, w_start, tile_off
         self.lo_from_warp0 = lo_from_warp0
+        self._scores = {}
 
     def new_state(self, hd):
         return [self.neg, np.float32(0), np.zeros(hd, np.float32)]
@@ -396,7 +397,10 @@ class _Model:
         slots = [t for t in range(16) if ora.visible(p * 16 + t, qp, case.window)]
         if not slots:
             return False
-        scores = ora.kernel_score(case.q[r, h], case.k_pool[entry, h // g])
+        key = (id(case), r, h, entry)
+        if key not in self._scores:
+            self._scores[key] = ora.kernel_score(case.q[r, h], case.k_pool[entry, h // g])
+        scores = self._scores[key]
         for t in slots:
             s = scores[t]
             v = case.v_pool[entry, h // g, t].astype(np.float32)
@@ -501,10 +505,16 @@ def test_kernel_model_computes_the_window_edge_gates_expected_bits(window):
     assert not _follows_unseen(pcase, pfollowed, page_map=True)
 
 
+# The model is slow (a Python loop per key); a sample of the gate's split counts, with the
+# launcher's (2), one per page (5 pages at most) and counts with empty splits.
+MODEL_SPLITS = (1, 2, 3, 5, 7, 16)
+
+
 def test_kernel_model_computes_the_split_partials_gates_expected_bits():
     case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
-    for splits in range(1, pa.MAX_SPLITS + 1):
-        out, parts, _ = _Model().decode(case, splits)
+    model = _Model()
+    for splits in MODEL_SPLITS:
+        out, parts, _ = model.decode(case, splits)
         np.testing.assert_array_equal(bits_of(parts), bits_of(ora.split_partials(case, splits)), err_msg=str(splits))
         np.testing.assert_array_equal(bits_of(out), bits_of(ora.copy_rows(case)))
 
@@ -560,8 +570,9 @@ def test_kernel_model_split_pages_survivors_change_partials_not_outputs(per_name
     per = {"'-' -> '+'": lambda lo, hi, n: (hi + lo + n) // n, "'/' -> '*'": lambda lo, hi, n: (hi - lo + n) * n}[per_name]
     case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
     moved = []
-    for splits in range(1, pa.MAX_SPLITS + 1):
-        out, parts, followed = _Model(per=per).decode(case, splits)
+    model = _Model(per=per)
+    for splits in MODEL_SPLITS:
+        out, parts, followed = model.decode(case, splits)
         np.testing.assert_array_equal(bits_of(out), bits_of(ora.copy_rows(case)))   # the output cannot see it
         assert not _follows_unseen(case, followed, page_map=True)
         if _differs(parts, ora.split_partials(case, splits)):
