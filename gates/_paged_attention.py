@@ -36,6 +36,8 @@ CONFIGS = {
 }
 CHUNK_ROWS = 100                     # chunked prefill for the page-map link: pages before the
                                      # chunk's windows go to the NaN page
+EDGE_HD = {"decode": 256, "prefill": 512}   # the window-edge gates run one head size per kernel:
+                                            # first_visible and the softmax state are shared by both
 
 
 def config_id(name: str) -> str:
@@ -49,6 +51,12 @@ def random_case(name: str, rows: str) -> ora.Case:
     c = dict(CONFIGS[name])
     c["rows"] = {"decode": c["rows"], "prefill": c["ctx"], "chunk": CHUNK_ROWS}[rows]
     return ora.random_case(**c, seed={"A": 101, "B": 202}[name])
+
+
+@host_cache
+def edge_case(kernel: str, window: int) -> ora.Case:
+    """The window-edge case (oracles.paged_attention.window_edge_case) at EDGE_HD[kernel]."""
+    return ora.window_edge_case(hd=EDGE_HD[kernel], window=window, **NEEDLE_HEADS)
 
 
 @host_cache
@@ -118,8 +126,9 @@ def new_counters(case: ora.Case):
 
 
 def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = "last_cta",
-                     counters=None, pool: DevicePool | None = None) -> np.ndarray:
-    """One split-K decode launch; `merge` is 'last_cta' (ticket counters) or 'combine'."""
+                     counters=None, pool: DevicePool | None = None, partials: bool = False):
+    """One split-K decode launch; `merge` is 'last_cta' (ticket counters) or 'combine'.
+    partials=True returns (out, scratch as f32 [rows, nh, splits, hd + 2])."""
     import cupy
 
     case = dc.host
@@ -134,6 +143,9 @@ def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = 
     pa.paged_decode(out, dc.q, pool.k_pool if pool else dc.k_pool, pool.v_pool if pool else dc.v_pool,
                     dc.bt, dc.off, dc.qpos, scratch=scratch, splits=splits, counters=counters,
                     pmap=pool.pmap if pool else None, window=case.window, scale=1.0)
+    if partials:
+        parts = buffers.to_host(scratch).reshape(case.rows, case.nh, splits, case.hd + 2)
+        return _host_bf16(out), parts
     return _host_bf16(out)
 
 

@@ -15,7 +15,7 @@ from harness.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
-from gates._paged_attention import (NEEDLE_HEADS, NEEDLE_SEED, chosen_splits, decode_config, host_arrays,
+from gates._paged_attention import (NEEDLE_HEADS, NEEDLE_SEED, chosen_splits, decode_config, edge_case, host_arrays,
                                     new_counters, permuted_device_pool, reference_of, run_paged_decode, to_device)
 
 __all__ = ["decode_config"]   # the shared fixture, imported for pytest
@@ -124,6 +124,64 @@ def test_decode_never_follows_a_block_table_entry_outside_every_window(decode_co
     pool = permuted_device_pool(dc.host)
     assert_bits_eq(f"decode out {name}, unseen entries invalid vs valid, behind a page map",
                    run_paged_decode(to_device(invalid), pool=pool), run_paged_decode(dc, pool=pool), dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("window", ora.EDGE_WINDOWS, ids=lambda w: f"w{w}")
+def test_decode_rows_whose_window_starts_at_a_page_edge_copy_their_first_visible_key(window):
+    # Window-edge case (oracles.paged_attention.window_edge_case): rows whose first visible key
+    # fv sits at 0, 1, 2, 3 and 15 mod 16, on a falling staircase (every earlier key is a
+    # stronger decoy, the winner is fv). The kernel uses fv only as the page fv / 16: a page
+    # walk that starts one page late (fv = 15 mod 16) drops the winner. Window 1: one key per
+    # row with the scores +-FLT_MAX, 0, -1, -120, +-2^126, -2^-60 (one per head): a copy
+    # whatever the score, unless the empty softmax state's max (-inf) collides with a score.
+    case = edge_case("decode", window)
+    assert_bits_eq(f"decode out [row, head, dim] (window edge, window {window}, splits {chosen_splits(case)})",
+                   run_paged_decode(to_device(case)), ora.copy_rows(case), dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+@pytest.mark.parametrize("window", ora.EDGE_WINDOWS, ids=lambda w: f"w{w}")
+def test_decode_never_follows_an_entry_before_a_window_that_starts_at_a_page_edge(window):
+    # Issue 11, class 5, on the window-edge rows: the entries before each sequence's first
+    # visible page (and the spare past it) are invalid. A page walk that starts one page early
+    # (fv - 1 at fv = 0 mod 16, fv - 2 at 0 or 1 mod 16, or from page 0 at window 1) follows one:
+    # behind the page map it dereferences pmap[2^30] and faults (a memory-safety kill, route
+    # trap); its keys are all masked, so no value could show it.
+    case = edge_case("decode", window)
+    unseen = ora.unseen_entries(case)
+    assert unseen[case.off[1]] and unseen[case.off[3] + 1], "the pages before fv 16 and fv 33 must be invalid"
+    dc, invalid = to_device(case), to_device(ora.with_invalid_unseen_entries(case))
+    assert_bits_eq(f"decode out (window edge, window {window}), {int(unseen.sum())} unseen entries invalid vs valid",
+                   run_paged_decode(invalid), run_paged_decode(dc), dtype=bf16)
+    pool = permuted_device_pool(case)
+    assert_bits_eq(f"decode out (window edge, window {window}), unseen entries invalid vs valid, behind a page map",
+                   run_paged_decode(invalid, pool=pool), run_paged_decode(dc, pool=pool), dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_decode_split_partials_each_hold_the_first_visible_key_of_their_chunk():
+    # The output cannot see how pages are shared out among the splits (each page lands in one
+    # split whatever the plan; only the f32 association order changes). The partials can: on
+    # the falling staircase (window 70) a split's partial is exactly (score, 1, V row) of its
+    # chunk's first visible key, or (-inf, 0, 0) for an empty chunk, so the scratch shows the
+    # documented plan (ceil(pages / splits) pages a split, from the window's first page) for
+    # every split count the launcher may choose. A plan that piles pages onto the first splits
+    # (split_pages' survivors) idles the CTAs the launcher asked for.
+    case = edge_case("decode", 70)
+    dc = to_device(case)
+    failures = []
+    for splits in range(1, pa.MAX_SPLITS + 1):
+        _, parts = run_paged_decode(dc, splits=splits, merge="combine", partials=True)
+        try:
+            assert_bits_eq(f"decode split partials [row, head, split, (m, l, acc)] with splits={splits}",
+                           parts, ora.split_partials(case, splits))
+        except AssertionError as exc:
+            failures.append(str(exc))
+    assert not failures, f"{len(failures)} of {pa.MAX_SPLITS} split counts differ:\n" + "\n".join(failures)
 
 
 @pytest.mark.gpu

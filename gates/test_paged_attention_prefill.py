@@ -14,7 +14,7 @@ from harness.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
-from gates._paged_attention import (CONFIGS, STAIR_SEED, STAIR_WINDOW, config_id, host_arrays,
+from gates._paged_attention import (CONFIGS, STAIR_SEED, STAIR_WINDOW, config_id, edge_case, host_arrays,
                                     permuted_device_pool, random_case, reference_of, run_paged_prefill, to_device)
 
 WINDOWS = (0, STAIR_WINDOW)
@@ -89,6 +89,33 @@ def test_prefill_never_follows_a_block_table_entry_outside_every_window(chunk_co
     assert_bits_eq(f"chunked prefill out {name}, {int(unseen.sum())} unseen block-table entries invalid vs valid",
                    run_paged_prefill(to_device(ora.with_invalid_unseen_entries(dc.host))),
                    run_paged_prefill(dc), dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("window", ora.EDGE_WINDOWS, ids=lambda w: f"w{w}")
+def test_prefill_rows_whose_window_starts_at_a_page_edge_copy_their_first_visible_key(window):
+    # The window-edge case as prefill: five sequences (so five tiles, each inside one sequence's
+    # block-table row), rows latest first, so a tile's first page comes from its last row and
+    # one-row tiles have idle warps. Each row copies its first visible key's V row; window 1
+    # gives that key an extreme score per head (see the decode twin).
+    case = edge_case("prefill", window)
+    assert_bits_eq(f"prefill out [row, head, dim] (window edge, window {window})",
+                   run_paged_prefill(to_device(case)), ora.copy_rows(case), dtype=bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+@pytest.mark.parametrize("window", ora.EDGE_WINDOWS, ids=lambda w: f"w{w}")
+def test_prefill_never_follows_an_entry_before_a_window_that_starts_at_a_page_edge(window):
+    # Issue 11, class 5, on the window-edge tiles: a tile that stages one page before its
+    # first visible page follows an invalid entry and faults (a memory-safety kill, route trap).
+    case = edge_case("prefill", window)
+    unseen = ora.unseen_entries(case)
+    assert unseen[case.off[1]] and unseen[case.off[3] + 1], "the pages before fv 16 and fv 33 must be invalid"
+    assert_bits_eq(f"prefill out (window edge, window {window}), {int(unseen.sum())} unseen entries invalid vs valid",
+                   run_paged_prefill(to_device(ora.with_invalid_unseen_entries(case))),
+                   run_paged_prefill(to_device(case)), dtype=bf16)
 
 
 @pytest.mark.gpu

@@ -328,3 +328,166 @@ def permuted_pool(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray, np.nda
     k[pmap[live]] = case.k_pool[live]
     v[pmap[live]] = case.v_pool[live]
     return k, v, pmap
+
+
+# ------------------------------------------------------------------ window edges at page boundaries
+#
+# The kernels use a row's first visible key fv = first_visible(qpos, W) only as a page number,
+# fv / 16 (the masking itself is key_visible's). So an error in fv shows only where it moves
+# fv / 16: one key early is visible at fv = 0 mod 16 (one more page, all masked: an entry
+# outside the window is followed), two keys early at fv = 0 or 1 mod 16, one key late at
+# fv = 15 mod 16 (the page that holds the first visible key is skipped). The window-edge case
+# puts each row's fv on those residues (and on 2 mod 16 and on key 0), with every earlier key
+# a stronger decoy and the key at fv the row's winner.
+
+EDGE_WINDOWS = (1, 16, 70)
+# One tuple per sequence: the first visible key of each of its query rows, in row order. Rows
+# of a sequence are listed latest first, so the row that sets a prefill tile's first page is
+# not the tile's first row. fv residues mod 16: 0 (key 0), 1 and 0, 1, 3 and 2, 0 and 15.
+EDGE_FIRST_VISIBLE = ((0,), (17, 16), (33,), (51, 50), (80, 79))
+EDGE_SEED = 13
+FLT_MAX = float(np.finfo(np.float32).max)
+# Window 1: each row sees one key, whose weight is expf(s - s) = 1 for any finite score s, so
+# its output is a copy of that key's V row whatever s is. The case gives those keys these
+# scores, one per query head (nh 8), at the edges of f32: an empty online-softmax state must
+# not be confused with a real score (its max starts at -inf; a start of 0 or -FLT_MAX would
+# collide with the scores 0, negative ones, or -FLT_MAX below).
+EXTREME_SCORES = (-FLT_MAX, -1.0, 0.0, FLT_MAX, -2.0 ** 126, 2.0 ** 126, -2.0 ** -60, -120.0)
+# The window-1 keys' K row (every kv head): score = q[0] 2^63 + q[1] 2^55 + q[2] 2^47, each
+# partial sum exact in f32. +-FLT_MAX = +-(2^24 - 1) 2^104 = +-255 (2^120 + 2^112 + 2^104):
+# q[0..2] = +-(255 / 128) 2^64; any other score t: q[0] = t / 2^63.
+EXTREME_K_HEAD = (2.0 ** 63, 2.0 ** 55, 2.0 ** 47)
+
+
+def edge_rows(window: int) -> list[tuple[int, ...]]:
+    """qpos of every row of the window-edge case, per sequence: fv + window - 1."""
+    if window < 1:
+        raise ValueError(f"edge_rows: the window-edge case needs a sliding window >= 1, got {window}")
+    return [tuple(fv + window - 1 for fv in seq) for seq in EDGE_FIRST_VISIBLE]
+
+
+def _extreme_q(score: float, hd: int) -> np.ndarray:
+    q = np.zeros(hd)
+    if abs(score) == FLT_MAX:
+        q[:3] = np.copysign(255 / 128 * 2.0 ** 64, score)
+    else:
+        q[0] = score / EXTREME_K_HEAD[0]
+    return q
+
+
+def kernel_score(q_row, k_row, scale: float = 1.0):
+    """The kernels' f32 score of query rows against key rows (broadcast over leading axes), in
+    their order: each lane l chains fmaf over its elements c * 256 + l * 8 + i (c, then i), then
+    a butterfly x += shfl_xor(x, o) for o = 16 .. 1, then * scale. bf16 products are exact in
+    f32, so an f32 add after an exact product is the kernels' fmaf."""
+    q = np.asarray(q_row, np.float32)
+    k = np.asarray(k_row, np.float32)
+    lead = np.broadcast_shapes(q.shape[:-1], k.shape[:-1])
+    q = np.broadcast_to(q, lead + q.shape[-1:]).reshape(lead + (-1, 32, 8))   # [..., chunks, lanes, 8]
+    k = np.broadcast_to(k, lead + k.shape[-1:]).reshape(lead + (-1, 32, 8))
+    s = np.zeros(lead + (32,), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for c in range(q.shape[-3]):
+            for i in range(8):
+                s = (s + q[..., c, :, i] * k[..., c, :, i]).astype(np.float32)
+        for o in (16, 8, 4, 2, 1):
+            s = (s + s[..., np.arange(32) ^ o]).astype(np.float32)
+        out = (s[..., 0] * np.float32(scale)).astype(np.float32)
+    return out[()] if out.ndim == 0 else out
+
+
+def window_edge_case(hd: int, nh: int, nkv: int, window: int, seed: int = EDGE_SEED) -> Case:
+    """Rows of EDGE_FIRST_VISIBLE (one block-table row per sequence, pages shuffled, one page
+    past each sequence's last query page), a falling staircase in every sequence: key j has
+    every element c (STAIR_CTX - j), c = STAIR_STEP_SCORE / hd, q = 1, so each row copies the V
+    row of its first visible key and every earlier key (the key just outside the window first)
+    beats it by at least 128 if it leaks.
+
+    window 1: each row's one visible key gets the score EXTREME_SCORES[h] in head h (needs
+    nh = 8): still a copy, see EXTREME_SCORES."""
+    rng = np.random.default_rng(seed)
+    seqs = edge_rows(window)
+    seq_pages = [max(s) // PAGE + 2 for s in seqs]
+    total = sum(seq_pages)
+    if max(max(s) for s in seqs) >= STAIR_CTX:
+        raise ValueError(f"window_edge_case: window {window} puts a query past key {STAIR_CTX - 1}, "
+                         "where the staircase levels stop being exact in bf16")
+    bt = rng.permutation(total).astype(np.int32)
+    starts = np.concatenate([[0], np.cumsum(seq_pages)[:-1]]).astype(np.int32)
+    step = STAIR_STEP_SCORE / hd
+    k = np.zeros((total, nkv, PAGE, hd), np.float32)
+    for o, n in zip(starts, seq_pages):
+        j = np.arange(n * PAGE, dtype=np.float64)
+        k[bt[o:o + n]] = (step * (STAIR_CTX - j)).reshape(n, 1, PAGE, 1)
+    off = np.concatenate([[o] * len(s) for o, s in zip(starts, seqs)]).astype(np.int32)
+    qpos = np.concatenate(seqs).astype(np.int32)
+    winner = first_visible(qpos, window).astype(np.int32)
+    if not np.array_equal(winner, np.concatenate(EDGE_FIRST_VISIBLE)):
+        raise AssertionError("window_edge_case: the rows' first visible keys are not EDGE_FIRST_VISIBLE")
+    q = np.ones((qpos.size, nh, hd))
+    if window == 1:
+        if nh != len(EXTREME_SCORES):
+            raise ValueError(f"window_edge_case: window 1 gives head h the score EXTREME_SCORES[h]; "
+                             f"it needs nh = {len(EXTREME_SCORES)}, got {nh}")
+        q[:] = np.stack([_extreme_q(s, hd) for s in EXTREME_SCORES])
+        head_k = np.zeros(hd)
+        head_k[:len(EXTREME_K_HEAD)] = EXTREME_K_HEAD
+        for o, w in zip(off, winner):
+            page, slot = _key_slot(bt, o, int(w))
+            k[page, :, slot, :] = head_k
+    kb = _bf16(k)
+    if not np.array_equal(kb.astype(np.float32), k):
+        raise ValueError(f"window_edge_case: K is not exact in bf16 for hd {hd}")
+    return Case(_bf16(q), kb, _nonzero_values(rng, (total, nkv, PAGE, hd)), bt, off, qpos, window, winner)
+
+
+def winner_scores(case: Case) -> np.ndarray:
+    """[rows, nh] f32: each row's score against its winner key, as the kernels compute it."""
+    g = case.nh // case.nkv
+    out = np.empty((case.rows, case.nh), np.float32)
+    for r in range(case.rows):
+        page, slot = _key_slot(case.bt, case.off[r], int(case.winner[r]))
+        for h in range(case.nh):
+            out[r, h] = kernel_score(case.q[r, h], case.k_pool[page, h // g, slot])
+    return out
+
+
+# ------------------------------------------------------------------ the split-K plan, seen in the partials
+
+
+def split_chunks(case: Case, splits: int) -> np.ndarray:
+    """[rows, splits, 2]: the logical pages [begin, end) of each decode split, as
+    docs/paged_attention.md states the plan: the row's visible pages [fv / 16, qpos / 16] cut
+    into chunks of ceil(pages / splits) from the first; trailing chunks may be empty."""
+    out = np.zeros((case.rows, splits, 2), np.int64)
+    for r, (fv, qp) in enumerate(zip(first_visible(case.qpos, case.window), case.qpos)):
+        lo, hi = int(fv) // PAGE, int(qp) // PAGE
+        per = -(-(hi - lo + 1) // splits)
+        for s in range(splits):
+            begin = lo + s * per
+            out[r, s] = (begin, max(begin, min(hi + 1, begin + per)))
+    return out
+
+
+def split_partials(case: Case, splits: int) -> np.ndarray:
+    """[rows, nh, splits, hd + 2] f32: each decode split's partial (m, l, acc[hd]) on a falling
+    staircase (window_edge_case with a window > 1). A chunk's best key is its first visible key
+    (every later one scores at least 128 less), so m is that key's score, l = 1 and acc its V
+    row, exactly (the needle argument per split); an empty chunk leaves (-inf, 0, +0)."""
+    if case.window <= 1:
+        raise ValueError("split_partials needs the falling staircase of window_edge_case with a window > 1")
+    g = case.nh // case.nkv
+    parts = np.zeros((case.rows, case.nh, splits, case.hd + 2), np.float32)
+    fv = first_visible(case.qpos, case.window)
+    for r, chunks in enumerate(split_chunks(case, splits)):
+        for s, (begin, end) in enumerate(chunks):
+            if begin == end:
+                parts[r, :, s, 0] = -np.inf
+                continue
+            key = max(int(fv[r]), int(begin) * PAGE)
+            page, slot = _key_slot(case.bt, case.off[r], key)
+            for h in range(case.nh):
+                parts[r, h, s, 0] = kernel_score(case.q[r, h], case.k_pool[page, h // g, slot])
+            parts[r, :, s, 1] = 1.0
+            parts[r, :, s, 2:] = case.v_pool[page, np.arange(case.nh) // g, slot].astype(np.float32)
+    return parts

@@ -165,3 +165,416 @@ def test_paired_staircase_ties_odd_rows_and_copies_even_rows(window):
     assert np.count_nonzero(bits_of(expected[odd]) != bits_of(copy[odd])) > expected[odd].size // 2
     with pytest.raises(ValueError, match="window of 0 or at least 2"):
         ora.staircase_case(hd=256, nh=4, nkv=2, window=1, rising=True, seed=7, paired=True)
+
+
+# ------------------------------------------------------------------ window edges at page boundaries
+
+
+def _c_div(a: int, b: int) -> int:
+    """C's integer division (toward zero), as the kernels divide a first visible key by 16."""
+    return int(a / b) if a >= 0 else -((-a) // b)
+
+
+# The kernels' first_visible and the survivors of the mutation run that move it (paged_attention.cu
+# line 38); the window-edge case must make each of them follow an unseen entry or lose a winner.
+def _fv(qpos, w):
+    return qpos - w + 1 if w > 0 and qpos - w + 1 > 0 else 0
+
+
+FIRST_VISIBLE_MUTANTS = {
+    "window > 1": lambda qpos, w: qpos - w + 1 if w > 1 and qpos - w + 1 > 0 else 0,
+    "returns qpos - window + 0": lambda qpos, w: qpos - w + 0 if w > 0 and qpos - w + 1 > 0 else 0,
+    "returns qpos - window - 1": lambda qpos, w: qpos - w - 1 if w > 0 and qpos - w + 1 > 0 else 0,
+    "returns qpos - window + 2": lambda qpos, w: qpos - w + 2 if w > 0 and qpos - w + 1 > 0 else 0,
+}
+# Equivalent by argument: they change fv only inside page 0 (fv / 16 stays 0).
+FIRST_VISIBLE_EQUIVALENT = {
+    "condition qpos - window - 1 > 0": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w - 1 > 0 else 0,
+    "condition qpos - window + 0 > 0": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w > 0 else 0,
+    "else 1": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w + 1 > 0 else 1,
+}
+
+
+def _decode_pages(case, fv_fn):
+    """Per row: the logical pages the decode kernel walks, [fv / 16, qpos / 16]."""
+    return [range(_c_div(fv_fn(int(q), case.window), 16), int(q) // 16 + 1) for q in case.qpos]
+
+
+def _prefill_pages(case, fv_fn, hd):
+    """Per row: the pages its prefill tile stages, [min fv / 16, max qpos / 16] over the tile."""
+    tiles = pa.make_tiles(case.off, pa.prefill_rows_per_tile(hd))
+    pages = [None] * case.rows
+    for s, n in zip(tiles.start, tiles.length):
+        rows = range(int(s), int(s + n))
+        lo = min(fv_fn(int(case.qpos[r]), case.window) for r in rows)
+        hi = max(int(case.qpos[r]) for r in rows)
+        for r in rows:
+            pages[r] = range(_c_div(lo, 16), hi // 16 + 1)
+    return pages
+
+
+def _mutant_seen_by(case, pages):
+    """(follows an unseen entry, loses a row's winner page) for one page plan."""
+    unseen = ora.unseen_entries(case)
+    follows = any(unseen[int(case.off[r]) + p] for r, rng in enumerate(pages) for p in rng if p >= 0)
+    follows |= any(p < 0 for rng in pages for p in rng)
+    loses = any(int(case.winner[r]) // 16 not in rng for r, rng in enumerate(pages))
+    return follows, loses
+
+
+@pytest.mark.parametrize("window", ora.EDGE_WINDOWS)
+def test_window_edge_rows_sit_on_the_page_residues_and_copy_their_first_visible_key(window):
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=window)
+    fv = ora.first_visible(case.qpos, window)
+    assert np.array_equal(case.winner, fv)
+    assert {0, 1, 2, 15} <= set((fv[fv >= 16] % 16).tolist()) and 0 in fv.tolist()
+    assert all(_fv(int(q), window) == int(f) for q, f in zip(case.qpos, fv)), "oracle vs kernel first_visible"
+    # latest row first: in every two-row sequence the tile's first page comes from its second row
+    for o in np.unique(case.off):
+        rows = np.flatnonzero(case.off == o)
+        assert rows.size == 1 or int(np.argmin(fv[rows])) == rows.size - 1
+    # every visible key other than the winner scores at least 128 less, in f32 and float64 alike
+    if window > 1:
+        np.testing.assert_array_equal(ora.reference(case), ora.copy_rows(case).astype(np.float64))
+
+
+@pytest.mark.parametrize("hd", (256, 512))
+def test_window_one_scores_are_exactly_the_extreme_scores_in_the_kernels_order(hd):
+    case = ora.window_edge_case(hd=hd, nh=8, nkv=2, window=1)
+    scores = ora.winner_scores(case)
+    expected = np.broadcast_to(np.asarray(ora.EXTREME_SCORES, np.float32), scores.shape)
+    np.testing.assert_array_equal(bits_of(scores), bits_of(np.ascontiguousarray(expected)))
+    assert np.float32(-ora.FLT_MAX) in scores and np.all(np.isfinite(scores))
+    assert np.any(scores < -104) and np.any(scores == 0) and np.any((scores < 0) & (scores > -104))
+    # one visible key per row: weight 1 whatever its score, in float64 too
+    np.testing.assert_array_equal(ora.reference(case), ora.copy_rows(case).astype(np.float64))
+
+
+def test_kernel_score_is_the_f32_dot_product_when_it_is_exact():
+    rng = np.random.default_rng(3)
+    q = rng.integers(-8, 9, 512).astype(np.float64)
+    k = rng.integers(-8, 9, 512).astype(np.float64)
+    assert ora.kernel_score(q, k) == np.float32(q @ k)
+    # and rounds in the kernels' order where it is not: 2^24 + 1 + 1 in one lane
+    q2, k2 = np.zeros(256), np.zeros(256)
+    q2[:3], k2[:3] = (2.0 ** 24, 1.0, 1.0), (1.0, 1.0, 1.0)
+    assert ora.kernel_score(q2, k2) == np.float32(2.0 ** 24)   # each +1 rounds back (ties to even)
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_VISIBLE_MUTANTS))
+def test_every_page_moving_first_visible_mutant_follows_an_unseen_entry_or_loses_a_winner(name):
+    # The model of the kernels' page walks: the decode gates see a walk that follows an unseen
+    # (invalid) entry as a fault, and one that misses a winner's page as wrong bits.
+    fn = FIRST_VISIBLE_MUTANTS[name]
+    for kernel in ("decode", "prefill"):
+        seen = []
+        for window in ora.EDGE_WINDOWS:
+            hd = 256 if kernel == "decode" else 512
+            case = ora.window_edge_case(hd=hd, nh=8, nkv=2, window=window)
+            plan = _decode_pages(case, fn) if kernel == "decode" else _prefill_pages(case, fn, hd)
+            original = _decode_pages(case, _fv) if kernel == "decode" else _prefill_pages(case, _fv, hd)
+            assert _mutant_seen_by(case, original) == (False, False), "the real kernel follows nothing unseen"
+            seen.append(_mutant_seen_by(case, plan))
+        assert any(f or lo for f, lo in seen), f"{name}: no window-edge case sees it in {kernel}"
+        if name == "returns qpos - window + 2":
+            assert all(lo for _, lo in seen), f"{name}: every window loses a winner ({kernel})"
+        if name in ("returns qpos - window + 0", "returns qpos - window - 1"):
+            assert all(f for f, _ in seen), f"{name}: every window follows an unseen entry ({kernel})"
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_VISIBLE_EQUIVALENT))
+def test_the_equivalent_first_visible_mutants_never_move_a_page(name):
+    # Exhaustive over windows 1..600 and positions 0..1200: the page fv / 16 never changes.
+    fn = FIRST_VISIBLE_EQUIVALENT[name]
+    for w in range(0, 601):
+        for q in range(0, 1201):
+            assert _c_div(fn(q, w), 16) == _c_div(_fv(q, w), 16), (name, q, w)
+
+
+def test_split_chunks_cover_every_visible_page_once_as_documented():
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
+    for splits in range(1, pa.MAX_SPLITS + 1):
+        chunks = ora.split_chunks(case, splits)
+        for r, (fv, qp) in enumerate(zip(ora.first_visible(case.qpos, 70), case.qpos)):
+            pages = [p for b, e in chunks[r] for p in range(b, e)]
+            assert pages == list(range(int(fv) // 16, int(qp) // 16 + 1)), (splits, r)
+            sizes = [int(e - b) for b, e in chunks[r]]
+            assert max(sizes) == -(-len(pages) // splits)
+
+
+@pytest.mark.parametrize("splits", (1, 2, 3, 7, 16))
+def test_split_partials_hold_each_chunks_first_visible_key_by_the_gap(splits):
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
+    parts = ora.split_partials(case, splits)
+    fv = ora.first_visible(case.qpos, 70)
+    g = case.nh // case.nkv
+    for r, chunks in enumerate(ora.split_chunks(case, splits)):
+        for s, (b, e) in enumerate(chunks):
+            keys = [k for k in range(b * 16, e * 16) if ora.visible(k, case.qpos[r], 70)]
+            if not keys:
+                assert parts[r, 0, s, 0] == -np.inf and not np.any(parts[r, :, s, 1:])
+                continue
+            for h in (0, 7):
+                sc = []
+                for k in keys:
+                    page, slot = ora._key_slot(case.bt, case.off[r], k)
+                    sc.append(case.q[r, h].astype(np.float64) @ case.k_pool[page, h // g, slot].astype(np.float64))
+                sc = np.asarray(sc)
+                assert keys[int(np.argmax(sc))] == max(int(fv[r]), b * 16)
+                assert sc.max() == parts[r, h, s, 0]
+                if len(sc) > 1:
+                    assert sc.max() - np.sort(sc)[-2] >= 128
+    assert np.all(parts[..., 1][np.isfinite(parts[..., 0])] == 1)
+
+
+def _chunk_winners(chunks, fv, qpos):
+    """Per row and split: the key a split's partial holds (its chunk's first visible key) or None."""
+    return [[max(int(f), int(b) * 16) if min(int(e), int(q) // 16 + 1) > max(int(b), int(f) // 16) else None
+             for b, e in row] for row, f, q in zip(chunks, fv, qpos)]
+
+
+def test_both_split_pages_survivors_change_some_partial_over_the_gates_split_counts():
+    # The model of split_pages (paged_attention.cu line 34) and its two survivors: the output
+    # cannot see them (every page still lands in exactly one split), the partials can.
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
+    fv = ora.first_visible(case.qpos, 70)
+    lo, hi = fv // 16, case.qpos // 16
+    mutants = {"'-' -> '+'": lambda l, h, n: (h + l + n) // n, "'/' -> '*'": lambda l, h, n: (h - l + n) * n}
+    for name, per_of in mutants.items():
+        moved_counts = []
+        for n in range(1, pa.MAX_SPLITS + 1):
+            documented = _chunk_winners(ora.split_chunks(case, n), fv, case.qpos)
+            chunks = [[(l + s * per_of(l, h, n), min(h + 1, l + (s + 1) * per_of(l, h, n))) for s in range(n)]
+                      for l, h in zip(lo, hi)]
+            if _chunk_winners(chunks, fv, case.qpos) != documented:
+                moved_counts.append(n)
+        assert moved_counts, f"split_pages {name}: no split count moves a partial"
+        assert 1 not in moved_counts
+
+
+# ------------------------------------------------------------------ a host model of the kernels
+#
+# paged_attention.cu's page walks, online softmax and merges, step for step in f32 (fmaf as an
+# exact f64 product plus one rounding, expf as numpy's f32 exp, which agree with the device on
+# the designed cases: every weight there is exp(0) = 1 or underflows to 0). Its knobs are the
+# survivors of the mutation run and the new controls, so this checks here, without a GPU, that
+# the new gates' expected images are what the kernel computes and that each control turns its
+# gate red the way its file says (bits differ: route assertion; an unseen entry followed:
+# route trap).
+
+INT_MAX = 0x7FFFFFFF
+
+
+def _fma(a, b, c):
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (np.float64(a) * np.float64(b) + np.float64(c)).astype(np.float32)
+
+
+def _expf(x):
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        return np.exp(np.float32(x)).astype(np.float32)
+
+
+def _sub(a, b):
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.float32(np.float32(a) - np.float32(b))
+
+
+class _Model:
+    def __init__(self, neg=-np.inf, fv=_fv, per=lambda lo, hi, n: (hi - lo + n) // n, w_start=0, tile_off="t0",
+                 lo_from_warp0=False):
+        self.neg, self.fv, self.per, self.w_start, self.tile_off = np.float32(neg), fv, per, w_start, tile_off
+        self.lo_from_warp0 = lo_from_warp0
+        self._scores = {}
+
+    def new_state(self, hd):
+        return [self.neg, np.float32(0), np.zeros(hd, np.float32)]
+
+    def add_page(self, st, case, r, h, entry, p):
+        """One page for row r, head h: every visible key, in slot order (State::add_key)."""
+        g = case.nh // case.nkv
+        qp = int(case.qpos[r])
+        slots = [t for t in range(16) if ora.visible(p * 16 + t, qp, case.window)]
+        if not slots:
+            return False
+        key = (id(case), r, h, entry)
+        if key not in self._scores:
+            self._scores[key] = ora.kernel_score(case.q[r, h], case.k_pool[entry, h // g])
+        scores = self._scores[key]
+        for t in slots:
+            s = scores[t]
+            v = case.v_pool[entry, h // g, t].astype(np.float32)
+            m_new = np.fmax(st[0], s)
+            alpha, pw = _expf(_sub(st[0], m_new)), _expf(_sub(s, m_new))
+            st[1] = _fma(st[1], alpha, pw)
+            with np.errstate(invalid="ignore", over="ignore"):
+                st[2] = _fma(st[2], alpha, (pw * v).astype(np.float32))
+            st[0] = m_new
+        return True
+
+    def merge(self, states):
+        m_max = self.neg
+        for m, _, _ in states:
+            m_max = np.fmax(m_max, m)
+        l, a = np.float32(0), np.zeros_like(states[0][2])
+        for m, li, ai in states:
+            f = np.float32(0) if m == self.neg else _expf(_sub(m, m_max))
+            l, a = _fma(li, f, l), _fma(ai, f, a)
+        return [m_max, l, a]
+
+    @staticmethod
+    def output(st):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (st[2] / st[1]).astype(np.float32).astype(bf16)
+
+    def decode(self, case, splits):
+        """(out bf16, partials f32 [rows, nh, splits, hd + 2], followed) where followed holds
+        (block-table index, derefed without a page map) for every entry the walk reads."""
+        out = np.empty(case.q.shape, bf16)
+        parts = np.empty((case.rows, case.nh, splits, case.hd + 2), np.float32)
+        followed = []
+        for r in range(case.rows):
+            qp, o = int(case.qpos[r]), int(case.off[r])
+            lo, hi = _c_div(self.fv(qp, case.window), 16), qp // 16
+            per = self.per(lo, hi, splits)
+            for h in range(case.nh):
+                partials = []
+                for split in range(splits):
+                    begin = lo + split * per
+                    end = min(hi + 1, begin + per)
+                    warps = [self.new_state(case.hd) for _ in range(4)]
+                    for w in range(4):
+                        for p in range(begin + w, end, 4):
+                            entry = int(case.bt[o + p]) if 0 <= o + p < case.bt.size else -1
+                            used = entry >= 0 and entry < case.k_pool.shape[0] and \
+                                self.add_page(warps[w], case, r, h, entry, p)
+                            followed.append((o + p, used))
+                    partial = self.merge(warps)
+                    parts[r, h, split] = np.concatenate([[partial[0], partial[1]], partial[2]])
+                    partials.append(partial)
+                out[r, h] = self.output(self.merge(partials))
+        return out, parts, followed
+
+    def prefill(self, case):
+        rows_per = pa.prefill_rows_per_tile(case.hd)
+        tiles = pa.make_tiles(case.off, rows_per)
+        out = np.empty(case.q.shape, bf16)
+        followed = []
+        for t0, tn in zip(tiles.start.tolist(), tiles.length.tolist()):
+            row_lo = [self.fv(int(case.qpos[t0 + w]), case.window) if w < tn else INT_MAX for w in range(rows_per)]
+            row_hi = [int(case.qpos[t0 + w]) if w < tn else -1 for w in range(rows_per)]
+            lo, hi = min([INT_MAX] + row_lo[self.w_start:]), max([-1] + row_hi[self.w_start:])
+            if self.lo_from_warp0:
+                lo = row_lo[0]
+            o = int(case.off[t0] if self.tile_off == "t0" else case.off[0])
+            states = {(w, h): self.new_state(case.hd) for w in range(tn) for h in range(case.nh)}
+            for p in range(_c_div(lo, 16), _c_div(hi, 16) + 1):
+                entry = int(case.bt[o + p]) if 0 <= o + p < case.bt.size else -1
+                followed.append((o + p, True))
+                if not 0 <= entry < case.k_pool.shape[0]:
+                    continue
+                for (w, h), st in states.items():
+                    self.add_page(st, case, t0 + w, h, entry, p)
+            for (w, h), st in states.items():
+                out[t0 + w, h] = self.output(st)
+        return out, followed
+
+
+def _follows_unseen(case, followed, page_map: bool) -> bool:
+    """Would the out-of-window gate fault: an unseen entry (invalid there) dereferenced, or,
+    behind a page map, read at all (pmap[2^30]); an index outside the table counts too."""
+    unseen = ora.unseen_entries(case)
+    return any(not 0 <= i < unseen.size or (unseen[i] and (used or page_map)) for i, used in followed)
+
+
+def _differs(a, b) -> bool:
+    return not np.array_equal(bits_of(a), bits_of(b))
+
+
+@pytest.mark.parametrize("window", ora.EDGE_WINDOWS)
+def test_kernel_model_computes_the_window_edge_gates_expected_bits(window):
+    model = _Model()
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=window)
+    splits = pa.choose_splits(window, case.rows, case.nh)
+    out, _, followed = model.decode(case, splits)
+    np.testing.assert_array_equal(bits_of(out), bits_of(ora.copy_rows(case)))
+    assert not _follows_unseen(case, followed, page_map=True)
+    pcase = ora.window_edge_case(hd=512, nh=8, nkv=2, window=window)
+    pout, pfollowed = model.prefill(pcase)
+    np.testing.assert_array_equal(bits_of(pout), bits_of(ora.copy_rows(pcase)))
+    assert not _follows_unseen(pcase, pfollowed, page_map=True)
+
+
+# The model is slow (a Python loop per key); a sample of the gate's split counts, with the
+# launcher's (2), one per page (5 pages at most) and counts with empty splits.
+MODEL_SPLITS = (1, 2, 3, 5, 7, 16)
+
+
+def test_kernel_model_computes_the_split_partials_gates_expected_bits():
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
+    model = _Model()
+    for splits in MODEL_SPLITS:
+        out, parts, _ = model.decode(case, splits)
+        np.testing.assert_array_equal(bits_of(parts), bits_of(ora.split_partials(case, splits)), err_msg=str(splits))
+        np.testing.assert_array_equal(bits_of(out), bits_of(ora.copy_rows(case)))
+
+
+# control -> (model, {(kernel, window): route}); route "assertion" (bits differ), "trap" (an unseen
+# entry followed, bits equal), "green" (neither: the gate cannot see it, stated on purpose)
+_C = {
+    "attention_first_visible_one_key_late": (
+        _Model(fv=FIRST_VISIBLE_MUTANTS["returns qpos - window + 2"]),
+        {(k, w): "assertion" for k in ("decode", "prefill") for w in ora.EDGE_WINDOWS}),
+    "attention_first_visible_one_key_early": (
+        _Model(fv=FIRST_VISIBLE_MUTANTS["returns qpos - window + 0"]),
+        {(k, w): "trap" for k in ("decode", "prefill") for w in ora.EDGE_WINDOWS}),
+    "first_visible returns qpos - window - 1 (no control)": (
+        _Model(fv=FIRST_VISIBLE_MUTANTS["returns qpos - window - 1"]),
+        {(k, w): "trap" for k in ("decode", "prefill") for w in ora.EDGE_WINDOWS}),
+    "attention_window_one_walks_from_page_zero": (
+        _Model(fv=FIRST_VISIBLE_MUTANTS["window > 1"]),
+        {("decode", 1): "trap", ("prefill", 1): "trap", ("decode", 16): "green", ("prefill", 70): "green"}),
+    "attention_softmax_max_starts_at_zero": (
+        _Model(neg=0.0), {("decode", 1): "assertion", ("prefill", 1): "assertion", ("decode", 70): "green"}),
+    "attention_softmax_max_starts_at_minus_flt_max": (
+        _Model(neg=-ora.FLT_MAX), {("decode", 1): "assertion", ("prefill", 1): "green"}),
+    "attention_prefill_tiles_read_the_first_sequence": (
+        _Model(tile_off="0"), {("prefill", w): "assertion" for w in ora.EDGE_WINDOWS}),
+    "prefill row_lo[w] -> row_lo[0] (no control)": (
+        _Model(lo_from_warp0=True), {("prefill", w): "assertion" for w in ora.EDGE_WINDOWS}),
+    "attention_prefill_tile_range_skips_warp_zero": (
+        _Model(w_start=1), {("prefill", w): "assertion" for w in ora.EDGE_WINDOWS}),
+}
+
+
+@pytest.mark.parametrize("control", sorted(_C))
+def test_kernel_model_of_each_control_turns_its_window_edge_gates_red_by_the_expected_route(control):
+    model, expected = _C[control]
+    for (kernel, window), route in expected.items():
+        hd = 256 if kernel == "decode" else 512
+        case = ora.window_edge_case(hd=hd, nh=8, nkv=2, window=window)
+        if kernel == "decode":
+            out, _, followed = model.decode(case, pa.choose_splits(window, case.rows, case.nh))
+        else:
+            out, followed = model.prefill(case)
+        got = ("assertion" if _differs(out, ora.copy_rows(case))
+               else "trap" if _follows_unseen(case, followed, page_map=True) else "green")
+        assert got == route, f"{control}: {kernel} window {window}: {got}, expected {route}"
+        if route == "trap" and kernel == "decode":
+            # without a page map decode never dereferences a page whose keys are all masked
+            assert not _follows_unseen(case, followed, page_map=False)
+
+
+@pytest.mark.parametrize("per_name", ["'-' -> '+'", "'/' -> '*'"])
+def test_kernel_model_split_pages_survivors_change_partials_not_outputs(per_name):
+    per = {"'-' -> '+'": lambda lo, hi, n: (hi + lo + n) // n, "'/' -> '*'": lambda lo, hi, n: (hi - lo + n) * n}[per_name]
+    case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
+    moved = []
+    model = _Model(per=per)
+    for splits in MODEL_SPLITS:
+        out, parts, followed = model.decode(case, splits)
+        np.testing.assert_array_equal(bits_of(out), bits_of(ora.copy_rows(case)))   # the output cannot see it
+        assert not _follows_unseen(case, followed, page_map=True)
+        if _differs(parts, ora.split_partials(case, splits)):
+            moved.append(splits)
+    assert moved and 1 not in moved and pa.choose_splits(70, case.rows, case.nh) in moved
