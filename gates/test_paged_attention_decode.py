@@ -102,6 +102,7 @@ def test_decode_run_twice_on_the_same_counters_is_bitwise_identical(decode_confi
                    counters.get(), np.zeros(dc.host.rows * dc.host.nh, np.int32))
 
 
+@pytest.mark.memory_safety
 @pytest.mark.gpu
 @pytest.mark.link
 def test_decode_never_follows_a_block_table_entry_outside_every_window(decode_config):
@@ -141,6 +142,7 @@ def test_decode_rows_whose_window_starts_at_a_page_edge_copy_their_first_visible
                    run_paged_decode(to_device(case)), ora.copy_rows(case), dtype=bf16)
 
 
+@pytest.mark.memory_safety
 @pytest.mark.gpu
 @pytest.mark.link
 @pytest.mark.parametrize("window", ora.EDGE_WINDOWS, ids=lambda w: f"w{w}")

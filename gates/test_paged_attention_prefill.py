@@ -77,6 +77,7 @@ def test_prefill_page_mapped_pool_equals_identity_pool_bitwise(chunk_config):
                    run_paged_prefill(dc, pool=permuted_device_pool(dc.host)), run_paged_prefill(dc), dtype=bf16)
 
 
+@pytest.mark.memory_safety
 @pytest.mark.gpu
 @pytest.mark.link
 def test_prefill_never_follows_a_block_table_entry_outside_every_window(chunk_config):
@@ -104,6 +105,7 @@ def test_prefill_rows_whose_window_starts_at_a_page_edge_copy_their_first_visibl
                    run_paged_prefill(to_device(case)), ora.copy_rows(case), dtype=bf16)
 
 
+@pytest.mark.memory_safety
 @pytest.mark.gpu
 @pytest.mark.link
 @pytest.mark.parametrize("window", ora.EDGE_WINDOWS, ids=lambda w: f"w{w}")

@@ -26,6 +26,10 @@ MARKERS = {
     "link": "compares one GPU arm with another, bit for bit",
     "refusal": "asserts a host launcher rejects bad arguments with a pinned message, before any launch",
     "trap": "asserts the kernel's device guard fires; runs in a fresh child process",
+    "memory_safety": "the gate exists for a memory-safety property (an entry that must never be followed, a "
+                     "buffer that must never be touched): a fault in it is the verdict it is written to give, so "
+                     "a mutation campaign counts a mutant it catches by a fault as killed (trap gates are so "
+                     "by definition)",
     "structural": "reads kernel source text (a constant agrees with its #define); needs no device",
     "compile": "compiles one .cu with NVRTC (collected from the kernel root; no device)",
     "deadline(seconds)": "this GPU gate's deadline, over --harness-deadline / ini harness_deadline",
@@ -561,6 +565,8 @@ def _synthetic(item: pytest.Item, outcome: str, longrepr, props: list, duration:
 def _properties(item: pytest.Item) -> list[tuple[str, str]]:
     props = [("kind", _kind(item) or "other"), ("module", item.nodeid.split("::")[0]),
              ("gpu", "true" if _is_gpu(item) else "false")]
+    if item.get_closest_marker("memory_safety") or item.get_closest_marker("trap"):
+        props.append(("memory_safety", "true"))
     return props
 
 
@@ -625,6 +631,7 @@ class _Recorder:
             rec.kind = None if props["kind"] == "other" else props["kind"]
             rec.gpu = props.get("gpu") == "true"
         rec.isolated = rec.isolated or props.get("isolated") == "true"
+        rec.memory_safety = rec.memory_safety or props.get("memory_safety") == "true"
         for key in ("modules_loaded", "sources_read"):
             if props.get(key):
                 getattr(rec, key).extend(x for x in props[key].split() if x not in getattr(rec, key))

@@ -65,6 +65,7 @@ class GateRecord:
     worker_phases: str | None = None  # an isolated gate's setup / call / teardown seconds inside its worker
     compile_options: list[str] = field(default_factory=list)
     isolated: bool = False  # ran alone in a fresh worker process (trap gates)
+    memory_safety: bool = False  # written for a memory-safety property (trap gates, @pytest.mark.memory_safety)
     modules_loaded: list[str] = field(default_factory=list)  # kernel-root-relative modules the gate loaded
     sources_read: list[str] = field(default_factory=list)  # kernel-root-relative sources it read (structural)
 

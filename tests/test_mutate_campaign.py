@@ -168,6 +168,25 @@ def test_judge_rules():
     assert judge([GateRuns((GateOutcome("g::s", "skipped"),))]).verdict is Verdict.SURVIVED
 
 
+def test_a_fault_counts_as_a_kill_only_in_a_memory_safety_gate():
+    fault = GateOutcome("g::never_follows", "failed", "trap", "illegal address")
+    other = GateOutcome("g::anchor", "failed", "trap", "illegal address")
+    safe = judge([GateRuns((other, fault))], frozenset({"g::never_follows"}))
+    assert safe.verdict is Verdict.KILLED_BY_TRAP and safe.memory_safety
+    assert safe.reason.startswith("killed by a fault in a memory-safety gate: g::never_follows")
+    plain = judge([GateRuns((other,))], frozenset({"g::never_follows"}))
+    assert not plain.memory_safety and plain.reason.startswith("killed by a trap only")
+    from harness.mutate.verdicts import scores
+
+    def result(verdict, safety=False):
+        return MutantResult(mutant=None, verdict=verdict, memory_safety=safety)
+
+    row = scores([result(Verdict.KILLED), result(Verdict.KILLED_BY_TRAP, True), result(Verdict.KILLED_BY_TRAP),
+                  result(Verdict.SURVIVED)], lambda r: "f")["f"]
+    assert row.safety == 1 and row.score == 0.5 and row.stryker_score == 0.75
+    assert row.to_json()["killed_by_memory_safety_gate"] == 1
+
+
 def test_scores_exclude_screened_out_mutants():
     s = Score({"killed": 6, "killed-by-trap": 1, "timeout": 1, "survived": 2, "no-coverage": 0, "equivalent": 3,
                "duplicate": 2, "compile-error": 4, "pending": 0})

@@ -175,6 +175,7 @@ def test_gpu_gates_share_a_warm_worker_and_each_trap_gate_gets_a_fresh_one(suite
         def test_3_trap():
             open("pids", "a").write(f"t {os.getpid()}\\n")
             fire_trap()
+        @pytest.mark.memory_safety
         @pytest.mark.gpu
         @pytest.mark.link
         def test_4():
@@ -197,6 +198,13 @@ def test_gpu_gates_share_a_warm_worker_and_each_trap_gate_gets_a_fresh_one(suite
     assert not host & (gpu | set(traps))  # host-only gates run in the pytest process
     gates = _gates(suite)
     assert gates["test_2_trap"]["isolated"] is True and gates["test_1"]["isolated"] is False
+    # a trap gate is a memory-safety gate by definition; an ordinary one is not
+    assert gates["test_2_trap"]["memory_safety"] is True and gates["test_1"]["memory_safety"] is False
+    assert gates["test_4"]["memory_safety"] is True  # marked
+    from harness.mutate.select import Coverage
+
+    assert Coverage.from_report(suite.path / "rep" / "gates.json").memory_safety_gates() == {
+        "test_s.py::test_2_trap", "test_s.py::test_3_trap", "test_s.py::test_4"}
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])

@@ -332,7 +332,7 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
     with sandbox(root, f"mutant-{m.id}") as copy:
         _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
         j = run_mutant(executor, copy, [sel.direct, sel.siblings], mutant_deadline(config, coverage, sel),
-                       config.all_gates)
+                       config.all_gates, coverage.memory_safety_gates())
     verdict, reason = j.verdict, j.reason
     if r.cubin_identical and verdict is Verdict.SURVIVED:
         # Not screened out by its cubin alone: the gates that read its source ran and passed
@@ -344,7 +344,8 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
         reason = f"duplicate of {r.duplicate_of} (the {len(j.gates_run)} gate(s) reading its source passed)"
     return MutantResult(m, verdict, reason, killed_by=list(j.killed_by), gates_run=list(j.gates_run),
                         covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical,
-                        duplicate_of=r.duplicate_of if verdict is Verdict.DUPLICATE else None)
+                        duplicate_of=r.duplicate_of if verdict is Verdict.DUPLICATE else None,
+                        memory_safety=j.memory_safety)
 
 
 def mutant_deadline(config: MutateConfig, coverage: Coverage, sel) -> float:

@@ -81,9 +81,10 @@ class Judgement:
     killed_by: tuple[str, ...]
     gates_run: tuple[str, ...]
     seconds: float
+    memory_safety: bool = False  # killed-by-trap in a gate written for that memory-safety property
 
 
-def judge(runs: list[GateRuns]) -> Judgement:
+def judge(runs: list[GateRuns], memory_safety: frozenset[str] = frozenset()) -> Judgement:
     """The verdict over every batch a mutant ran: killed if any gate went red by its own
     assertion; else timeout if a run hit the deadline; else killed-by-trap if anything went
     red (a trap, a fault, a launch failure, a crash); else survived."""
@@ -98,9 +99,12 @@ def judge(runs: list[GateRuns]) -> Judgement:
         return Judgement(Verdict.TIMEOUT, "the gate run hit the deadline", (), ran, seconds)
     red = [o for o in outcomes if o.red]
     if red:
-        o = red[0]
-        return Judgement(Verdict.KILLED_BY_TRAP, f"killed by a trap only: {o.nodeid} red by {o.route or 'error'}: "
-                         f"{o.first_failure_line or ''}".strip(), tuple(x.nodeid for x in red), ran, seconds)
+        safe = [o for o in red if o.nodeid in memory_safety]
+        o = (safe or red)[0]
+        what = "killed by a fault in a memory-safety gate" if safe else "killed by a trap only"
+        return Judgement(Verdict.KILLED_BY_TRAP, f"{what}: {o.nodeid} red by {o.route or 'error'}: "
+                         f"{o.first_failure_line or ''}".strip(), tuple(x.nodeid for x in red), ran, seconds,
+                         memory_safety=bool(safe))
     crashed = [r.crashed for r in runs if r.crashed]
     if crashed:
         return Judgement(Verdict.KILLED_BY_TRAP, f"killed by a trap only: {crashed[0]}", (), ran, seconds)
@@ -112,7 +116,7 @@ def judge(runs: list[GateRuns]) -> Judgement:
 
 
 def run_mutant(executor: Executor, sandbox: Path, batches: list[tuple[str, ...]], deadline: float,
-               all_gates: bool) -> Judgement:
+               all_gates: bool, memory_safety: frozenset[str] = frozenset()) -> Judgement:
     """Run the batches in order until one kills (unless `all_gates`), within `deadline`."""
     start = time.perf_counter()
     if executor.per_gate:
@@ -128,7 +132,7 @@ def run_mutant(executor: Executor, sandbox: Path, batches: list[tuple[str, ...]]
             runs.append(GateRuns((), timed_out=True))
             break
         runs.append(executor.run(sandbox, batch, left))
-        verdict = judge(runs).verdict
+        verdict = judge(runs, memory_safety).verdict
         if not all_gates and verdict in (Verdict.KILLED, Verdict.TIMEOUT):
             break
-    return judge(runs)
+    return judge(runs, memory_safety)

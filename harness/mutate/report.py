@@ -6,7 +6,7 @@ Our verdicts onto Stryker's statuses, ours kept in `statusReason`:
 | verdict | status | statusReason |
 | --- | --- | --- |
 | killed | Killed | the killing gate and its first failure line |
-| killed-by-trap | Killed | "killed by a trap only: ..." |
+| killed-by-trap | Killed | "killed by a trap only: ..." (or "killed by a fault in a memory-safety gate: ...") |
 | timeout | Timeout | |
 | survived | Survived | |
 | no-coverage | NoCoverage | |
@@ -47,7 +47,8 @@ def stryker_status(r: MutantResult) -> tuple[str, str]:
     if r.verdict is Verdict.EQUIVALENT:
         return "Ignored", "equivalent: identical cubin"
     if r.verdict is Verdict.KILLED_BY_TRAP:
-        reason = r.reason if r.reason.startswith("killed by a trap only") else f"killed by a trap only: {r.reason}"
+        prefix = "killed by a fault in a memory-safety gate" if r.memory_safety else "killed by a trap only"
+        reason = r.reason if r.reason.startswith(prefix) else f"{prefix}: {r.reason}"
         return "Killed", reason
     return STATUS[r.verdict], f"{r.verdict.value}: {r.reason}" if r.reason else r.verdict.value
 
@@ -219,7 +220,8 @@ def mutation_html(campaign) -> str:
     rows.append({"name": "total", "total": t.total, "counts": t.counts, "score": _pct(t.score),
                  "stryker": _pct(t.stryker_score)})
     meta = (f"{campaign.mode}, {len(results)} mutants, kernel root {root}, arch {campaign.arch}, "
-            f"{campaign.seconds:.1f} s. Score: killed by assertion over valid mutants (not equivalent, duplicate, "
+            f"{campaign.seconds:.1f} s. Score: killed by assertion (or by a fault in a gate written for that "
+            f"memory-safety property) over valid mutants (not equivalent, duplicate, "
             f"compile error or pending); Stryker score: killed (assertion or trap) and timeouts over valid.")
     data = {"meta": meta, "verdicts": [v.value for v in Verdict], "rows": rows, "files": list(files.values())}
     # `</` inside the JSON must not close the script element

@@ -36,6 +36,7 @@ class GateInfo:
     modules: frozenset[str] | None  # None: not recorded
     sources: frozenset[str] | None
     isolated: bool = False
+    memory_safety: bool = False  # written for a memory-safety property: a fault in it is its verdict
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,10 @@ class Coverage:
         siblings = {n for n, g in self.gates.items() if g.file in files and n not in direct}
         return Selection(self._order(direct), self._order(siblings))
 
+    def memory_safety_gates(self) -> frozenset[str]:
+        """Gates written for a memory-safety property (a fault in them is their verdict)."""
+        return frozenset(n for n, g in self.gates.items() if g.memory_safety)
+
     def seconds(self, nodeids) -> float:
         """What these gates took together in the baseline."""
         return sum(self.gates[n].duration for n in nodeids if n in self.gates)
@@ -128,12 +133,13 @@ class Coverage:
                 modules=field("modules_loaded"),
                 sources=field("sources_read"),
                 isolated=bool(rec.get("isolated")),
+                memory_safety=bool(rec.get("memory_safety")) or rec.get("kind") == "trap",
             )
             previous = seen.get(nodeid)
             if previous is not None:  # setup/teardown lines: keep one, with the longest time
                 info = GateInfo(nodeid, info.file, info.kind, max(info.duration, previous.duration),
                                 _union(previous.modules, info.modules), _union(previous.sources, info.sources),
-                                info.isolated or previous.isolated)
+                                info.isolated or previous.isolated, info.memory_safety or previous.memory_safety)
             seen[nodeid] = info
         return cls(list(seen.values()))
 

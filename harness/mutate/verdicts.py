@@ -44,6 +44,7 @@ class MutantResult:
     covered_by: list[str] = field(default_factory=list)
     seconds: float = 0.0
     cubin_identical: bool = False  # same cubin as the original (kept only because a gate reads the source)
+    memory_safety: bool = False  # killed-by-trap by a gate written for that memory-safety property
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -99,6 +100,7 @@ class Score:
     """Counts and the two scores of one row (a file, a family, an operator or the total)."""
 
     counts: dict[str, int]
+    safety: int = 0  # of the killed-by-trap, those caught by a gate written for that memory-safety property
 
     @property
     def total(self) -> int:
@@ -111,8 +113,9 @@ class Score:
 
     @property
     def score(self) -> float | None:
-        """Killed by assertion over valid mutants."""
-        return self.counts.get("killed", 0) / self.valid if self.valid else None
+        """Killed by assertion (or by a fault in a gate written for that memory-safety
+        property: a trap gate, an invalid-entry gate) over valid mutants."""
+        return (self.counts.get("killed", 0) + self.safety) / self.valid if self.valid else None
 
     @property
     def stryker_score(self) -> float | None:
@@ -122,7 +125,7 @@ class Score:
 
     def to_json(self) -> dict:
         return {"counts": self.counts, "total": self.total, "valid": self.valid, "score": self.score,
-                "stryker_score": self.stryker_score}
+                "stryker_score": self.stryker_score, "killed_by_memory_safety_gate": self.safety}
 
 
 def scores(results: list[MutantResult], key) -> dict[str, Score]:
@@ -131,6 +134,7 @@ def scores(results: list[MutantResult], key) -> dict[str, Score]:
     for r in results:
         row = rows.setdefault(key(r), Score({v.value: 0 for v in Verdict}))
         row.counts[r.verdict.value] += 1
+        row.safety += r.verdict is Verdict.KILLED_BY_TRAP and r.memory_safety
     return dict(sorted(rows.items()))
 
 
