@@ -349,3 +349,49 @@ def test_kernel_order_emulation_is_blind_to_a_rotation_when_lane_63_is_empty():
     assert np.all(bits_of(out) == bits_of(out[:, :1])), "every lane holds the same bits"
     for r in (1, 5, 31):
         assert np.array_equal(bits_of(butterfly(np.roll(vals, r, axis=1))[:, 0]), bits_of(out[:, 0]))
+
+
+def _topk_like_the_kernel(row, e, k, *, incl=False, init=-np.inf, slots=8, mod=32, div=32, masks=(16, 8, 4, 2, 1)):
+    """moe_topk_softmax's selection, lane by lane (8 logits a lane, lane-local then butterfly
+    argmax, the taken bits), with one of its expressions changed through the keywords."""
+    def better(v, x, bv, bx):
+        return v > bv or (v == bv and x < bx)
+
+    vals = [[float(row[lane + 32 * j]) if lane + 32 * j < e else 0.0 for j in range(8)] for lane in range(32)]
+    taken = [0] * 32
+    out = []
+    for _ in range(k):
+        bv, be = [init] * 32, [0xFFFFFFFF] * 32
+        for lane in range(32):
+            for j in range(slots):
+                x = lane + 32 * j
+                if (x <= e if incl else x < e) and not (taken[lane] >> j) & 1 and better(vals[lane][j], x, bv[lane], be[lane]):
+                    bv[lane], be[lane] = vals[lane][j], x
+        for m in masks:
+            nv, ne = list(bv), list(be)
+            for lane in range(32):
+                o = lane ^ m
+                if better(bv[o], be[o], bv[lane], be[lane]):
+                    nv[lane], ne[lane] = bv[o], be[o]
+            bv, be = nv, ne
+        for lane in range(32):
+            if be[lane] < e and be[lane] % mod == lane:
+                taken[lane] |= 1 << (be[lane] // div)
+        out.append(be[0] if be[0] != 0xFFFFFFFF else -1)
+    return out
+
+
+@pytest.mark.parametrize("e, k", [(256, 8), (13, 3)])
+def test_router_edges_design_sees_each_changed_selection_expression(e, k):
+    c = od.router_edges_designed(64, e, k, seed=e)
+    base = [_topk_like_the_kernel(row, e, k) for row in c.logits]
+    assert np.array_equal(np.array(base), c.ids), "the emulated selection must equal topk_ties_low"
+    variants = {"an initial best of 0": dict(init=0.0), "even lanes only (masks 16, 8, 4, 2)": dict(masks=(16, 8, 4, 2))}
+    if e == 256:  # at E 13 every expert sits in lanes 0..12, slot 0: these cannot differ there
+        variants.update({"seven logits a lane": dict(slots=7), "taken lane be % 33": dict(mod=33),
+                         "taken slot be / 33": dict(div=33), "half-warp argmax (masks 15, 7, 3, 1)": dict(masks=(15, 7, 3, 1))})
+    else:
+        variants["the padding e == E admitted"] = dict(incl=True)
+    for what, kw in variants.items():
+        got = [_topk_like_the_kernel(row, e, k, **kw) for row in c.logits]
+        assert not np.array_equal(np.array(got), c.ids), f"the edges design cannot see: {what}"
