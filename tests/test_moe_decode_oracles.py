@@ -395,3 +395,18 @@ def test_router_edges_design_sees_each_changed_selection_expression(e, k):
     for what, kw in variants.items():
         got = [_topk_like_the_kernel(row, e, k, **kw) for row in c.logits]
         assert not np.array_equal(np.array(got), c.ids), f"the edges design cannot see: {what}"
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_glu_moderate_design_holds_for_an_f32_evaluation_like_the_kernels(name):
+    # moe_glu_value's f32 operations in order (numpy's float32 tanh for tanhf), then the f32
+    # quantizer: the same bits as the float64 expectation, as GLU_MARGIN promises for any
+    # evaluation within 2^-18.
+    t, _, _, i, k = SHAPES[name]
+    c = od.glu_moderate_designed(t * k, i, seed=i + 2)
+    g, u = c.gu[:, :i].astype(np.float32), c.gu[:, i:].astype(np.float32)
+    f = np.float32
+    inner = f(0.7978845608028654) * ((f(0.044715) * g) * (g * g) + g).astype(np.float32)
+    a = (((f(0.5) * g) * (f(1) + np.tanh(inner.astype(np.float32)))) * u).astype(np.float32)
+    hq, hs = od.nvfp4_quantize(a, c.act_h)
+    assert np.array_equal(hs, c.hs) and np.array_equal(hq, c.hq)
