@@ -162,3 +162,67 @@ def test_layer_matches_the_float64_reference_within_the_nvfp4_bound(shape_id):
         f"layer out vs float64 reference: rel_rms {err:.3e} > bound {ref.bound:.3e} "
         f"(NVFP4 steps of the activations; a dropped slot or a wrong expert moves it past)"
     )
+
+
+# ------------------------------------------------------------------ boundary designs (small, cheap)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_post_attn_amax_lies_in_each_warp_in_turn():
+    # Exact, as the designed post_attn anchor above. T = 8, H = 256: every thread owns one
+    # element, and token t's largest |mid| lies in warp t alone, so the block max must read
+    # every warp's slot (a block reduction that skips, shifts or overwrites one warp's result
+    # moves that token's fs and fq; with the max repeated across warps it would not).
+    case = od.post_attn_designed(8, 256, seed=256, zero_token=False, amax_warps=True)
+    out = g.run_post_attn(case.x, case.o, case.w_pa, case.w_router, act_g=case.act_g, eps=case.eps)
+    assert_close("post_attn fs (token t's amax in warp t)", g.host(out.fs), case.fs, atol=0.0, rtol=od.FS_RTOL)
+    assert_bits_eq("post_attn fq (token t's amax in warp t)", g.host(out.fq), case.fq)
+    assert_bits_eq("post_attn mid (amax in warp t)", g.host(out.mid), case.mid)
+    assert_bits_eq("post_attn rr (amax in warp t)", g.host(out.rr), case.rr)
+    assert_bits_eq("post_attn gsc (amax in warp t)", g.host(out.gsc), case.gsc)
+    assert_bits_eq("post_attn gq (amax in warp t)", g.host(out.gq), case.gq)
+
+
+ROUTER_EDGES = {"E256-K8-H64": (256, 8), "E13-K3-H64": (13, 3)}
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("case_id", list(ROUTER_EDGES))
+def test_router_top_k_at_its_edges(case_id):
+    # Exact ids and logits (one-hot rr: every logit is one bf16 weight). Token 0: winners at
+    # the largest ids (E - 1; 224 and 255 at E 256, the eighth logit of a lane) and at 32, 64,
+    # 65, 96, 97, 130, the top two tied. Token 1: every logit negative, expert 0 on top. Token 2:
+    # one logit 96 above the rest, so exp(l - max) overflows unless max is the top logit itself.
+    e, k = ROUTER_EDGES[case_id]
+    case = od.router_edges_designed(64, e, k, seed=e)
+    out = g.run_router(case.rr, case.wr, case.pes, k=k, kcap=k + 2)
+    assert_bits_eq("router logits (edges)", g.host(out.logits), case.logits)
+    ids = g.host(out.ids)[:, :k]
+    for t, kind in enumerate(case.kinds):
+        assert_bits_eq(f"router ids of the {kind} token", ids[t], case.ids[t])
+    wts = g.host(out.wts)[:, :k]
+    # expf within 2 ulp, a sum and one IEEE division: within 2^-20 (WTS_RTOL 2^-19).
+    assert_close("router wts (edges and negative tokens)", wts[:2], case.wts[:2], atol=0.0, rtol=od.WTS_RTOL)
+    dom = wts[2]
+    assert dom[0] == np.float32(1.0), f"router wts of the dominant token: w_0 = {dom[0]!r}, expected exactly 1 (the rest sum below 2^-120)"
+    assert np.all((dom[1:] >= 0) & (dom[1:] < od.TINY_WEIGHT)), (
+        f"router wts of the dominant token: {dom[1:].tolist()} must lie in [0, 2^-126) (logits 96 below the top)")
+    g.assert_slots_past_k_untouched("router ids (edges)", out.ids, k)
+    g.assert_slots_past_k_untouched("router wts (edges)", out.wts, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
+def test_glu_reference_arm_matches_host_off_tanh_saturation(shape_id):
+    # Exact codes and scales on margin-checked inputs: g in [-1.5, -0.25] or [0.25, 4], where
+    # gelu_tanh is not g or 0 and every constant of moe_glu_value matters. The device's a is
+    # within 2^-18 (relative) of float64's there (oracles.moe_decode.glu_moderate_designed
+    # says why); every rounding of the quantizer is at least GLU_MARGIN = 2^-14 from a boundary.
+    s = g.SHAPES[shape_id]
+    case = od.glu_moderate_designed(s.t * s.k, s.i, seed=s.i + 2)
+    hq, hs = g.run_glu_reference(case.gu, act_h=case.act_h)
+    assert_bits_eq("glu reference hs off saturation (block scales)", g.host(hs), case.hs)
+    assert_bits_eq("glu reference hq off saturation (codes)", g.host(hq), case.hq)

@@ -139,3 +139,30 @@ def test_second_router_launch_on_the_same_ticket_equals_the_first(shape_id):
         assert_bits_eq(f"router {name}: second launch on the same ticket counters", g.host(getattr(second, name)),
                        g.host(getattr(first, name)))
     assert left == 0 and int(g.host(ticket)[0]) == 0, f"the ticket was left at {left}, then {int(g.host(ticket)[0])}; it must be 0"
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+def test_down_full_sweep_and_tail_equals_the_certified_nvfp4_gemv_bitwise():
+    # Bitwise, as the down link above, at I = 1088: K16 = 68 groups a row, a full sweep of 64
+    # virtual lanes and a tail of 4, so every lane's partial is live, the last lane of each
+    # half (v = 31, v = 63) included. The chain's shapes (K16 = 8 and 44) never take the full
+    # sweep in moe_down and leave v = 63 empty: thread roles shifted by one there only
+    # re-associate exact sums. H = 64, E = 3, K = 2, T = 1: a few hundred kilobytes.
+    s = g.Shape(t=1, h=64, i=1088, e=3, k=2)
+    case = od.down_sweep_designed(s.h, s.i, s.e, s.k, seed=1088)
+    experts = g.device_experts(s, case.weights, np.arange(s.e, dtype=np.int32))
+    ids = np.full((s.t, s.kcap), -1, np.int32)
+    ids[:, :s.k] = case.ids
+    hq = np.full((s.t, s.kcap, s.i // 2), g.BYTE_SENTINEL, np.uint8)
+    hs = np.full((s.t, s.kcap, s.i // od.GROUP), g.BYTE_SENTINEL, np.uint8)
+    hq[:, :s.k], hs[:, :s.k] = case.hq, case.hs
+    opair = g.host(g.run_down(ids, hq, hs, experts, act_h=case.act_h, k=s.k, h=s.h))
+    g.assert_fully_written("opair (full sweep)", opair, s.k)
+    for k in range(s.k):
+        e = int(case.ids[0, k])
+        *_, wdn, sdn, gs_dn = g.storage_weights(experts, e)
+        x = od.nvfp4_dequantize(case.hq[0, k], case.hs[0, k], case.act_h)
+        assert_bits_eq(f"opair slot {k} (expert {e}, I=1088: full sweep + tail)", opair[0, k],
+                       g.certified_gemv(wdn, sdn, gs_dn, x))
+    g.assert_slots_past_k_untouched("opair (full sweep)", opair, s.k)

@@ -107,14 +107,14 @@ def e2m1_device_codes(x) -> np.ndarray:
 # ------------------------------------------------------------------ margin-checked rounding
 
 
-def _stable(label: str, f, y64: np.ndarray, spread: np.ndarray | float) -> np.ndarray:
-    """f(y64) after checking f(y64 - d) == f(y64) == f(y64 + d), d = MARGIN * spread."""
-    d = MARGIN * np.broadcast_to(np.abs(spread), y64.shape)
+def _stable(label: str, f, y64: np.ndarray, spread: np.ndarray | float, margin: float = MARGIN) -> np.ndarray:
+    """f(y64) after checking f(y64 - d) == f(y64) == f(y64 + d), d = margin * spread."""
+    d = margin * np.broadcast_to(np.abs(spread), y64.shape)
     mid, lo, hi = f(y64), f(np.where(d > 0, y64 - d, y64)), f(np.where(d > 0, y64 + d, y64))
     bad = (bits_of(lo) != bits_of(mid)) | (bits_of(hi) != bits_of(mid))
     if np.any(bad):
         first = np.argwhere(bad)[0]
-        raise DesignError(f"{label}: {int(bad.sum())} values round differently within {MARGIN:g} (relative); "
+        raise DesignError(f"{label}: {int(bad.sum())} values round differently within {margin:g} (relative); "
                           f"first at {tuple(int(i) for i in first)}: {y64[tuple(first)]!r}")
     return mid
 
@@ -237,11 +237,37 @@ def post_attn_expected(x, o, w_pa, w_router, act_g: float, eps: float):
     return mid, rr, fq, fs, pack_codes(codes.reshape(n.shape)), s
 
 
+BLOCK_THREADS = 256  # moe_post_attn's block: element i belongs to warp (i % 256) // 32
+
+
+def warps_owning(h: int) -> int:
+    """How many warps of a 256-thread block own at least one of h elements (i = tid + 256 k)."""
+    return min(BLOCK_THREADS // 32, -(-min(h, BLOCK_THREADS) // 32))
+
+
+def _max_into_warp(jm: np.ndarray, jo: np.ndarray, warp: int, zero_block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Swap every element of the largest |jm| (with its paired jo) into elements that warp
+    `warp` of a 256-thread block owns, outside the zero block: the block's max is then found in
+    that warp alone. Swapping pairs keeps sum(j^2) and the magnitude pairing."""
+    idx = np.arange(jm.size)
+    own = ((idx % BLOCK_THREADS) // 32 == warp) & (idx // GROUP != zero_block)
+    big = np.abs(jm) == np.abs(jm).max()
+    src, dst = np.flatnonzero(big & ~own), np.flatnonzero(own & ~big)
+    if src.size > dst.size:
+        raise DesignError(f"_max_into_warp: {src.size} maxima do not fit in warp {warp}'s {dst.size} free elements")
+    jm, jo = jm.copy(), jo.copy()
+    for a, b in zip(src, dst[:src.size]):
+        jm[[a, b]], jo[[a, b]] = jm[[b, a]], jo[[b, a]]
+    return jm, jo
+
+
 def post_attn_designed(t: int, h: int, seed: int, *, act_g: float = ACT_G, eps: float = ANCHOR_EPS,
-                       zero_token: bool = True) -> PostAttnCase:
+                       zero_token: bool = True, amax_warps: bool = False) -> PostAttnCase:
     """Tokens with mean(o^2) = mean(mid^2) = 1 exactly, a zero block in every live token, the
     last token the zero vector (x = o = 0) when `zero_token`; a few values of 127 / 8 in each
-    live token saturate both the block scale (at 448) and e2m1 (at 6)."""
+    live token saturate both the block scale (at 448) and e2m1 (at 6). With `amax_warps`, live
+    token t's largest |mid| (every element of it) lies in warp t % warps_owning(h) of the
+    256-thread block alone, so the block max reads that warp's slot and no other."""
     for attempt in range(40):
         rng = np.random.default_rng(seed * 1000 + attempt)
         x = np.zeros((t, h))
@@ -259,6 +285,8 @@ def post_attn_designed(t: int, h: int, seed: int, *, act_g: float = ACT_G, eps: 
             jo_paired = np.zeros(h, dtype=np.int64)
             jo_paired[order_m] = mags
             jo_paired *= np.where(rng.random(h) < 0.5, -1, 1)
+            if amax_warps:
+                jm, jo_paired = _max_into_warp(jm, jo_paired, tok % warps_owning(h), zb)
             o[tok] = jo_paired / 8.0
             x[tok] = (jm - jo_paired * w_pa) / 8.0
         w_router = _pow2_weights(h, rng)
@@ -366,6 +394,75 @@ def router_designed(t: int, h: int, e: int, k: int, seed: int, *, equal_top: boo
     raise DesignError(f"router_designed: no design for T={t}, H={h}, E={e}, K={k}, seed={seed}")
 
 
+DOMINANT_LOGIT = 96.0  # more than 88.72 above the rest: exp(l - l_2nd) overflows f32
+TINY_WEIGHT = 2.0**-126  # every weight of the dominance token but the top one lies below it
+
+
+@dataclass(frozen=True)
+class RouterEdgeCase:
+    """The top-K at its edges, each token one scenario (`kinds`):
+    - "edges": winners at the largest ids (E - 1, 224.. when E > 224: the eighth logit a lane)
+      and at ids where a wrong lane or slot split of the id shows (32, 64, 65, 96..), the top two tied;
+    - "negative": every logit negative, expert 0 the top winner (an initial best of 0, or an
+      expert E past the table holding 0, would win);
+    - "dominant": one logit DOMINANT_LOGIT, the rest in [-2, 0]: exp(l - max) must subtract the
+      top logit itself (exp(l - l_2nd) overflows), w_0 is exactly 1, every other below TINY_WEIGHT.
+    rr is one-hot a token (its own column), so logit[t, e] = pes[e] * Wr[e, c_t] = Wr[e, c_t]
+    (pes = 1): every logit is a bf16 value, exact."""
+
+    rr: np.ndarray
+    wr: np.ndarray
+    pes: np.ndarray
+    k: int
+    kinds: tuple
+    logits: np.ndarray  # f32 [T, E], exact
+    ids: np.ndarray  # int32 [T, K]
+    wts: np.ndarray  # f32 [T, K] float64 softmax (within WTS_RTOL except the dominance token)
+
+
+def _edge_winners(e: int, k: int, rng) -> np.ndarray:
+    first = [x for x in (e - 1, 224, 32, 64, 65, 96, 97, 130, 255, 31) if x < e]
+    rest = [x for x in rng.permutation(e).tolist() if x not in first]
+    return np.array(list(dict.fromkeys(first + rest))[:k])
+
+
+def router_edges_designed(h: int, e: int, k: int, seed: int) -> RouterEdgeCase:
+    """Three tokens ("edges", "negative", "dominant"); see RouterEdgeCase."""
+    if k < 2 or e < k + 2:
+        raise DesignError("router_edges_designed needs K >= 2 and E >= K + 2")
+    rng = np.random.default_rng(seed)
+    kinds = ("edges", "negative", "dominant")
+    t = len(kinds)
+    logits = np.zeros((t, e))
+    # edges: winners from 4.0 down in quarters, the top two tied; losers a quarter to 2 below.
+    win = _edge_winners(e, k, rng)
+    logits[0] = 4.0 - (k - 1) / 4.0 - rng.integers(1, 9, e) / 4.0
+    logits[0, win] = 4.0 - np.arange(k) / 4.0
+    logits[0, win[1]] = 4.0
+    # negative: expert 0 on top at -1/4, the other winners below it, everything negative.
+    win = np.concatenate([[0], rng.choice(np.arange(1, e), k - 1, replace=False)])
+    logits[1] = -(k + 1) / 4.0 - rng.integers(1, 9, e) / 4.0
+    logits[1, win] = -(1 + np.arange(k)) / 4.0
+    # dominant: one expert at DOMINANT_LOGIT, the others in [-2, 0].
+    logits[2] = -rng.integers(0, 9, e) / 4.0
+    logits[2, int(rng.integers(1, e))] = DOMINANT_LOGIT
+    logits = logits + 0.0  # no -0: the device's dot of a one-hot row gives +0 for a zero weight
+    cols = rng.choice(h, t, replace=False)
+    rr = np.zeros((t, h))
+    rr[np.arange(t), cols] = 1.0
+    wr = np.zeros((e, h))
+    wr[:, cols] = logits.T
+    if np.any(to_bf16(wr).astype(np.float64) != wr):
+        raise DesignError("router_edges_designed: a logit is not a bf16 value")
+    lf = logits.astype(np.float32)
+    ids = topk_ties_low(lf, k)
+    sel = np.take_along_axis(logits, ids, axis=1)
+    ex = np.exp(sel - sel[:, :1])
+    wts = (ex / ex.sum(-1, keepdims=True)).astype(np.float32)
+    return RouterEdgeCase(rr=to_bf16(rr), wr=to_bf16(wr), pes=to_bf16(np.ones(e)), k=k, kinds=kinds,
+                          logits=lf, ids=ids, wts=wts)
+
+
 # ------------------------------------------------------------------ stage 3: glu (designed g, u)
 
 
@@ -387,23 +484,80 @@ class GluCase:
     hs: np.ndarray  # expected uint8 [slots, I/16]
 
 
+# A block of a = tie * act_h (act_h a power of two): amax = 6 act_h, so s = e4m3(1) = 1 exactly
+# and the ratios a / (s act_h) are exactly the ties: every e2m1 rounding midpoint of both signs,
+# where round to nearest even decides (0.25 -> 0, 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2.0, ...).
+E2M1_TIES = np.array([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0, -6.0])
+TIE_G = 16.0  # g of the tie block: saturated, so a = g * u exactly with u = tie / 16
+
+
 def glu_designed(slots: int, i: int, seed: int, act_h: float = 2.0**-2) -> GluCase:
     """g in {0, +-[10, 64]}, u random bf16; one all-zero-g block a slot (hq = hs = 0), blocks
-    whose amax saturates the block scale at 448 and blocks with -0 products."""
+    whose amax saturates the block scale at 448, blocks with -0 products, and a block of exact
+    e2m1 ties a slot (E2M1_TIES: a / (s act_h) on every rounding midpoint)."""
+    if i // GROUP < 3:
+        raise DesignError("glu_designed needs three blocks a slot (zero, saturating, ties)")
     rng = np.random.default_rng(seed)
     mag = to_bf16(rng.uniform(GELU_SATURATED, 64.0, (slots, i))).astype(np.float32)
     g = np.where(rng.random((slots, i)) < 0.25, 0.0, mag * np.where(rng.random((slots, i)) < 0.5, -1.0, 1.0))
     u = to_bf16(rng.normal(0.0, 2.0, (slots, i))).astype(np.float32)
+    nb = i // GROUP
     for s in range(slots):
-        b = int(rng.integers(i // GROUP))
+        b, c, d = (int(x) for x in rng.permutation(nb)[:3])
         g[s, b * GROUP:(b + 1) * GROUP] = 0.0
-        c = (b + 1 + int(rng.integers(i // GROUP - 1))) % (i // GROUP)
         g[s, c * GROUP] = 64.0
         u[s, c * GROUP] = 48.0  # a = 3072 > 448 * 6 * act_h: the block scale saturates
+        g[s, d * GROUP:(d + 1) * GROUP] = TIE_G
+        u[s, d * GROUP:(d + 1) * GROUP] = np.roll(E2M1_TIES, s) * act_h / TIE_G  # a = tie * act_h, s = 1
     g, u = to_bf16(g), to_bf16(u)
     a = glu_saturated(g.astype(np.float32), u.astype(np.float32))
     hq, hs = nvfp4_quantize(a, act_h)
     return GluCase(gu=np.concatenate([g, u], axis=1), act_h=act_h, hq=hq, hs=hs)
+
+
+GLU_MARGIN = 2.0**-14  # relative: 16 times the device's error on a moderate-g GLU value (below)
+GLU_MODERATE_NEG = (-1.5, -0.25)  # 1 + tanh(inner) >= 0.134 here: tanhf's 2 ulp stay small against it
+GLU_MODERATE_POS = (0.25, 4.0)
+
+
+def nvfp4_quantize64(a64: np.ndarray, act: float, margin: float, label: str = "glu") -> tuple[np.ndarray, np.ndarray]:
+    """The NVFP4 quantizer on float64 values, every rounding (the block scale, each e2m1 code)
+    checked to hold for the value moved by +-margin (relative). Returns (q packed, s)."""
+    blocks = np.asarray(a64, dtype=np.float64).reshape(*a64.shape[:-1], -1, GROUP)
+    arg = np.max(np.abs(blocks), axis=-1) / (6.0 * act)
+    s = _stable(f"{label} block scales", _e4m3_of, arg, arg, margin)
+    step = decode_e4m3(s).astype(np.float64) * act
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(step[..., None] > 0, blocks / np.where(step[..., None] > 0, step[..., None], 1.0), 0.0)
+    codes = _stable(f"{label} codes", _e2m1_of, r, r, margin)
+    codes = np.where(step[..., None] == 0, np.uint8(0), codes)
+    return pack_codes(codes.reshape(a64.shape)), s
+
+
+def glu_moderate_designed(slots: int, i: int, seed: int, act_h: float = 2.0**-2) -> GluCase:
+    """The GLU off tanh's saturation: g in [-1.5, -0.25] or [0.25, 4], u random bf16, expected
+    hq/hs from float64 gelu_tanh(g) * u, every quantization margin-checked at GLU_MARGIN.
+
+    Why the device lands on these bits: its inner argument carries three f32 roundings
+    (3 * 2^-24 relative), tanhf is within 2 ulp (2^-23 absolute near 1), 1 + tanh rounds once;
+    on g >= -1.5, 1 + tanh(inner) >= 0.134, so the absolute errors (< 3 * 2^-23) are below
+    2^-18 relative, and the three products add 3 * 2^-24. The f32 constants differ from the
+    float64 ones by under 2^-24 relative. So the device's a is within 2^-18 of float64's, and
+    GLU_MARGIN = 2^-14 leaves a factor 16. In this range an inner argument off by a constant
+    factor, or a cubic term dropped or doubled, moves gelu by 1 to 25 %, across e2m1 steps."""
+    for attempt in range(40):
+        rng = np.random.default_rng(seed * 1000 + attempt)
+        neg = rng.uniform(*GLU_MODERATE_NEG, (slots, i))
+        pos = rng.uniform(*GLU_MODERATE_POS, (slots, i))
+        g = to_bf16(np.where(rng.random((slots, i)) < 0.5, neg, pos))
+        u = to_bf16(rng.normal(0.0, 2.0, (slots, i)))
+        a64 = gelu_tanh64(g.astype(np.float64)) * u.astype(np.float64)
+        try:
+            hq, hs = nvfp4_quantize64(a64, act_h, GLU_MARGIN, "glu moderate")
+        except DesignError:
+            continue
+        return GluCase(gu=np.concatenate([g, u], axis=1), act_h=act_h, hq=hq, hs=hs)
+    raise DesignError(f"glu_moderate_designed: no design for slots={slots}, I={i}, seed={seed}")
 
 
 # ------------------------------------------------------------------ stage 5: final (designed)
@@ -692,3 +846,69 @@ def glu_weights_designed(t: int, h: int, e: int, i: int, k: int, seed: int, *,
         raise DesignError(f"glu_weights_designed: {int(bad.sum())} gate values between 0 and {GELU_SATURATED}")
     hq, hs = nvfp4_quantize(glu_saturated(g, u), act_h)
     return GluWeightsCase(ids=ids, gq=gq, gsc=gsc, weights=w, act_g=act_g, act_h=act_h, gu=gu, hq=hq, hs=hs)
+
+
+# ------------------------------------------------------------------ stage 4: down (full sweep + tail)
+
+
+@dataclass(frozen=True)
+class DownCase:
+    """moe_down on random activations and experts at an I whose K16 = I / 16 passes 64: each
+    virtual lane v owns a group of the full sweep and, for v < K16 - 64, one of the tail; the
+    lanes v = 31 and v = 63 (the last of each half) carry weight."""
+
+    ids: np.ndarray  # int32 [1, K]
+    hq: np.ndarray  # uint8 [1, K, I/2]
+    hs: np.ndarray  # uint8 [1, K, I/16]
+    weights: ExpertWeights
+    act_h: float
+
+
+def down_sweep_designed(h: int, i: int, e: int, k: int, seed: int, act_h: float = ACT_H) -> DownCase:
+    if i // GROUP <= 64:
+        raise DesignError(f"down_sweep_designed: I={i} gives K16={i // GROUP}, not past one sweep of 64")
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(e, k, replace=False).astype(np.int32)[None, :]
+    hq = rng.integers(0, 256, (1, k, i // 2), dtype=np.uint8)
+    hs = random_scales(rng, (1, k, i // GROUP))
+    return DownCase(ids=ids, hq=hq, hs=hs, weights=random_experts(ids, h, i, seed=seed), act_h=act_h)
+
+
+def nvfp4_rows_in_kernel_order(w, s, gs: float, x, lane_shift: int = 0) -> np.ndarray:
+    """A host emulation of the certified GEMV's association order (nvfp4_dot.cuh, 256 threads,
+    64 virtual lanes a row, four rows a pass): each lane's groups v, v + 64, ... by fmaf, each
+    half's xor butterfly, lo + hi, bf16(gs * sum). `lane_shift` = 1 computes what a kernel whose
+    thread roles are off by one (tid = threadIdx.x - 1) gets: physical warp w then holds
+    block-virtual lanes 32 w - 1 .. 32 w + 30. For host tests of a design's sensitivity (not an
+    expected value of any gate: the gates compare with the device's certified GEMV)."""
+    x = np.asarray(x).astype(np.float32)
+    rows, kk = w.shape[0], x.size
+    k16 = kk // GROUP
+    prod = (unpack_fp4(w, kk).astype(np.float32) * x[None, :]).reshape(rows, k16, GROUP)  # exact
+    gsum = np.zeros((rows, k16), np.float32)
+    for el in range(GROUP):
+        gsum = (gsum + prod[..., el]).astype(np.float32)
+    sc = decode_e4m3(s).astype(np.float64)
+    part = np.zeros((rows, 64), np.float32)
+    for v in range(64):
+        for grp in range(v, k16, 64):
+            part[:, v] = (part[:, v].astype(np.float64) + gsum[:, grp].astype(np.float64) * sc[:, grp]).astype(np.float32)
+
+    def butterfly(vals):
+        vals = vals.astype(np.float32)
+        for m in (16, 8, 4, 2, 1):
+            vals = (vals + vals[:, np.arange(32) ^ m]).astype(np.float32)
+        return vals[:, 0]
+
+    out = np.zeros(rows, np.float32)
+    for p0 in range(0, rows, 4):
+        q = part[p0:p0 + 4].reshape(-1)  # block-virtual lanes of one pass: row o, lane v at 64 o + v
+        q = np.concatenate([q, np.zeros(256 - q.size, np.float32)])
+        half = np.zeros((4, 2), np.float32)
+        for wp in range(8):
+            idx = 32 * wp + np.arange(32) - lane_shift
+            vals = np.where((idx >= 0) & (idx < 256), q[np.clip(idx, 0, 255)], np.float32(0))
+            half[wp // 2, wp % 2] = butterfly(vals[None, :])[0]
+        n = min(4, rows - p0)
+        out[p0:p0 + n] = (half[:n, 0] + half[:n, 1]).astype(np.float32)
+    return to_bf16(np.float32(gs) * out)

@@ -224,3 +224,189 @@ def test_grids_cover_every_expert_row_and_slot():
 def test_size_refusals_name_the_argument_the_value_and_the_rule(kwargs, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         moe.check_sizes("moe test", **kwargs)
+
+
+# ------------------------------------------------------------------ boundary designs (mutation survivors)
+
+
+def test_post_attn_amax_design_puts_each_tokens_maximum_in_one_warp():
+    c = od.post_attn_designed(8, 256, seed=256, zero_token=False, amax_warps=True)
+    warp = (np.arange(256) % 256) // 32
+    for t in range(8):
+        m = np.abs(c.mid[t].astype(np.float64))
+        assert set(warp[m == m.max()].tolist()) == {t}, f"token {t}: its maximum must lie in warp {t} alone"
+        assert np.max(m[warp != t]) < m.max() / 2, "the other warps' maximum must be far below (fs moves visibly)"
+        assert np.mean(m * m) == 1.0
+    assert od.warps_owning(192) == 6 and od.warps_owning(2816) == 8
+
+
+@pytest.mark.parametrize("e, k", [(256, 8), (13, 3)])
+def test_router_edges_design_reaches_the_selections_edges(e, k):
+    c = od.router_edges_designed(64, e, k, seed=e)
+    edges, negative, dominant = c.ids
+    if e == 256:
+        assert {224, 255} <= set(edges.tolist()), "the eighth logit of a lane (ids 224..255) must win"
+        # A selection that never reads a lane's eighth logit (j < 7) picks another set.
+        assert not np.array_equal(od.topk_ties_low(c.logits[:1, :224], k)[0], edges)
+    assert c.logits[0, edges[0]] == c.logits[0, edges[1]] and edges[0] < edges[1], "the top two tie"
+    assert np.all(c.logits[1] < 0) and negative[0] == 0, "negative token: every logit < 0, expert 0 on top"
+    # The padding value 0.0 at e == E would win over every logit of the negative token.
+    padded = np.concatenate([c.logits[1:2], np.zeros((1, 1), np.float32)], axis=1)
+    assert od.topk_ties_low(padded, k)[0, 0] == e
+    top = np.sort(c.logits[2])[::-1]
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.exp(np.float32(top[0] - top[1]))), "exp(l_0 - l_1) must overflow f32"
+    assert c.wts[2, 0] == 1.0 and np.all(c.wts[2, 1:] < od.TINY_WEIGHT)
+    assert np.all(c.wts[:2] > 2.0**-10), "the edges and negative tokens' weights are ordinary normals"
+    assert not np.any(np.signbit(c.logits) & (c.logits == 0)), "a -0 logit: the device's one-hot dot gives +0"
+
+
+def _e2m1_with_flipped(x, flip: int) -> np.ndarray:
+    """moe_e2m1's thresholds with the inclusiveness of threshold `flip` (0..6) flipped."""
+    a = np.abs(np.asarray(x, np.float32))
+    bounds = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+    inclusive = [True, False, True, False, True, False, True]
+    inclusive[flip] = not inclusive[flip]
+    conds = [(a <= b) if inc else (a < b) for b, inc in zip(bounds, inclusive)]
+    return (np.select(conds, range(7), 7) | np.where(np.signbit(x), 8, 0)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_glu_design_has_a_tie_block_that_every_flipped_threshold_sees(name):
+    t, _, _, i, k = SHAPES[name]
+    c = od.glu_designed(t * k, i, seed=i)
+    g, u = c.gu[:, :i].astype(np.float32), c.gu[:, i:].astype(np.float32)
+    codes = np.stack([c.hq & 0xF, c.hq >> 4], -1).reshape(t * k, i)
+    a = od.glu_saturated(g, u)
+    for s in range(t * k):
+        ties = np.flatnonzero(np.all((g[s].reshape(-1, 16) == od.TIE_G), axis=1))
+        assert ties.size == 1 and c.hs[s, ties[0]] == 0x38, "one tie block a slot, block scale exactly 1"
+        blk = slice(ties[0] * 16, ties[0] * 16 + 16)
+        ratio = a[s, blk] / np.float32(c.act_h)
+        assert sorted(np.abs(ratio).tolist()) == sorted(np.abs(od.E2M1_TIES).tolist())
+        for flip in range(7):
+            assert not np.array_equal(_e2m1_with_flipped(ratio, flip), codes[s, blk]), f"threshold {flip} unseen"
+
+
+def _gelu_variant(g, inner_scale=1.0, cubic=0.044715, inner=None):
+    g = np.asarray(g, np.float64)
+    arg = inner(g) if inner is not None else inner_scale * 0.7978845608028654 * (g + cubic * g ** 3)
+    return 0.5 * g * (1.0 + np.tanh(arg))
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_glu_moderate_design_is_off_saturation_and_sees_every_gelu_constant(name):
+    t, _, _, i, k = SHAPES[name]
+    c = od.glu_moderate_designed(t * k, i, seed=i + 2)
+    g, u = c.gu[:, :i].astype(np.float64), c.gu[:, i:].astype(np.float64)
+    assert np.all((np.abs(g) >= 0.25) & (g >= -1.5) & (g <= 4.0))
+    hq, hs = od.nvfp4_quantize64(od.gelu_tanh64(g) * u, c.act_h, 0.0)
+    assert np.array_equal(hq, c.hq) and np.array_equal(hs, c.hs)
+    variants = {
+        "inner doubled": dict(inner_scale=2.0), "inner negated": dict(inner_scale=-1.0),
+        "cubic dropped": dict(cubic=0.0), "cubic doubled": dict(cubic=2 * 0.044715),
+        "cubic negated": dict(cubic=-0.044715),
+        "inner 0.798 * 1.0447 g (0.044715 / g)": dict(inner=lambda x: 0.7978845608028654 * 1.044715 * x),
+    }
+    for what, kw in variants.items():
+        vq, vs = od.nvfp4_quantize64(_gelu_variant(g, **kw) * u, c.act_h, 0.0)
+        assert not (np.array_equal(vq, c.hq) and np.array_equal(vs, c.hs)), f"the design cannot see: {what}"
+
+
+def test_glu_moderate_design_refuses_values_near_a_rounding_boundary():
+    with pytest.raises(od.DesignError, match="round differently"):
+        od.nvfp4_quantize64(np.array([[0.25 * 6] + [0.625 * 1.0000001] + [0.0] * 14]), 0.25, od.GLU_MARGIN)
+
+
+def test_down_sweep_design_sees_thread_roles_shifted_by_one():
+    h, i, e, k = 64, 1088, 3, 2
+    c = od.down_sweep_designed(h, i, e, k, seed=1088)
+    assert (i // 16) % 64 and i // 16 > 64, "a full sweep and a tail"
+    for kk in range(k):
+        ex = int(c.ids[0, kk])
+        w, s, gs = c.weights.wdn[ex], c.weights.sdn[ex], c.weights.gs_dn[ex]
+        x = od.nvfp4_dequantize(c.hq[0, kk], c.hs[0, kk], c.act_h)
+        ok = od.nvfp4_rows_in_kernel_order(w, s, gs, x)
+        ref = od.dequant_weights64(w, s, gs) @ x.astype(np.float64)
+        assert np.max(np.abs(ok.astype(np.float64) - ref)) <= 2.0**-7 * np.max(np.abs(ref)), "emulation off float64"
+        shifted = od.nvfp4_rows_in_kernel_order(w, s, gs, x, lane_shift=1)
+        assert np.count_nonzero(bits_of(shifted) != bits_of(ok)) > h // 2, "a shift by one must move most rows"
+
+
+def test_kernel_order_emulation_is_blind_to_a_rotation_when_lane_63_is_empty():
+    # Why the shifted down roles survived at the chain's I = 704 (K16 = 44): lanes 44..63 hold
+    # nothing, and a warp's butterfly (masks 16, 8, 4, 2, 1) is invariant under a cyclic
+    # rotation of its 32 inputs; only lane 31 moves between halves, and these dots are exact.
+    rng = np.random.default_rng(3)
+    vals = (rng.normal(size=(2000, 32)) * np.exp2(rng.integers(-20, 20, (2000, 32)))).astype(np.float32)
+
+    def butterfly(v):
+        for m in (16, 8, 4, 2, 1):
+            v = (v + v[:, np.arange(32) ^ m]).astype(np.float32)
+        return v
+
+    out = butterfly(vals)
+    assert np.all(bits_of(out) == bits_of(out[:, :1])), "every lane holds the same bits"
+    for r in (1, 5, 31):
+        assert np.array_equal(bits_of(butterfly(np.roll(vals, r, axis=1))[:, 0]), bits_of(out[:, 0]))
+
+
+def _topk_like_the_kernel(row, e, k, *, incl=False, init=-np.inf, slots=8, mod=32, div=32, masks=(16, 8, 4, 2, 1)):
+    """moe_topk_softmax's selection, lane by lane (8 logits a lane, lane-local then butterfly
+    argmax, the taken bits), with one of its expressions changed through the keywords."""
+    def better(v, x, bv, bx):
+        return v > bv or (v == bv and x < bx)
+
+    vals = [[float(row[lane + 32 * j]) if lane + 32 * j < e else 0.0 for j in range(8)] for lane in range(32)]
+    taken = [0] * 32
+    out = []
+    for _ in range(k):
+        bv, be = [init] * 32, [0xFFFFFFFF] * 32
+        for lane in range(32):
+            for j in range(slots):
+                x = lane + 32 * j
+                if (x <= e if incl else x < e) and not (taken[lane] >> j) & 1 and better(vals[lane][j], x, bv[lane], be[lane]):
+                    bv[lane], be[lane] = vals[lane][j], x
+        for m in masks:
+            nv, ne = list(bv), list(be)
+            for lane in range(32):
+                o = lane ^ m
+                if better(bv[o], be[o], bv[lane], be[lane]):
+                    nv[lane], ne[lane] = bv[o], be[o]
+            bv, be = nv, ne
+        for lane in range(32):
+            if be[lane] < e and be[lane] % mod == lane:
+                taken[lane] |= 1 << (be[lane] // div)
+        out.append(be[0] if be[0] != 0xFFFFFFFF else -1)
+    return out
+
+
+@pytest.mark.parametrize("e, k", [(256, 8), (13, 3)])
+def test_router_edges_design_sees_each_changed_selection_expression(e, k):
+    c = od.router_edges_designed(64, e, k, seed=e)
+    base = [_topk_like_the_kernel(row, e, k) for row in c.logits]
+    assert np.array_equal(np.array(base), c.ids), "the emulated selection must equal topk_ties_low"
+    variants = {"an initial best of 0": dict(init=0.0), "even lanes only (masks 16, 8, 4, 2)": dict(masks=(16, 8, 4, 2))}
+    if e == 256:  # at E 13 every expert sits in lanes 0..12, slot 0: these cannot differ there
+        variants.update({"seven logits a lane": dict(slots=7), "taken lane be % 33": dict(mod=33),
+                         "taken slot be / 33": dict(div=33), "half-warp argmax (masks 15, 7, 3, 1)": dict(masks=(15, 7, 3, 1))})
+    else:
+        variants["the padding e == E admitted"] = dict(incl=True)
+    for what, kw in variants.items():
+        got = [_topk_like_the_kernel(row, e, k, **kw) for row in c.logits]
+        assert not np.array_equal(np.array(got), c.ids), f"the edges design cannot see: {what}"
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_glu_moderate_design_holds_for_an_f32_evaluation_like_the_kernels(name):
+    # moe_glu_value's f32 operations in order (numpy's float32 tanh for tanhf), then the f32
+    # quantizer: the same bits as the float64 expectation, as GLU_MARGIN promises for any
+    # evaluation within 2^-18.
+    t, _, _, i, k = SHAPES[name]
+    c = od.glu_moderate_designed(t * k, i, seed=i + 2)
+    g, u = c.gu[:, :i].astype(np.float32), c.gu[:, i:].astype(np.float32)
+    f = np.float32
+    inner = f(0.7978845608028654) * ((f(0.044715) * g) * (g * g) + g).astype(np.float32)
+    a = (((f(0.5) * g) * (f(1) + np.tanh(inner.astype(np.float32)))) * u).astype(np.float32)
+    hq, hs = od.nvfp4_quantize(a, c.act_h)
+    assert np.array_equal(hs, c.hs) and np.array_equal(hq, c.hq)
