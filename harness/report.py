@@ -20,9 +20,13 @@ def classify_route(exc: BaseException) -> Route:
 
     if isinstance(exc, CompileError):
         return Route.COMPILE
-    if is_cuda_error(exc):
-        return Route.TRAP
     name = type(exc).__name__
+    # A gate that catches a device fault and fails on purpose (a guard that must NOT fire on
+    # valid input) fails by its own assertion; any other exception with a fault in its chain
+    # is the fault's.
+    explicit = isinstance(exc, AssertionError) or name == "Failed"
+    if is_cuda_error(exc) and not explicit:
+        return Route.TRAP
     if name == "Failed" and "Timeout" in str(exc):
         return Route.TIMEOUT
     if isinstance(exc, AssertionError) or name == "Failed":

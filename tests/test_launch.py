@@ -78,3 +78,29 @@ def test_launchers_import_their_checks_from_the_harness_not_from_each_other():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith("kernels_cu"), f"{path.name} imports {node.module}"
+
+
+def test_a_gate_that_fails_on_purpose_over_a_caught_fault_fails_by_assertion():
+    import pytest as _pytest
+
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    fault = CUDARuntimeError("cudaErrorLaunchFailure: unspecified launch failure")
+    try:
+        try:
+            raise fault
+        except CUDARuntimeError:
+            _pytest.fail("the expert guard fired on valid ids")
+    except BaseException as exc:  # noqa: BLE001 - pytest's Failed
+        failed = exc
+    assert classify_route(failed) is Route.ASSERTION
+    try:
+        try:
+            raise fault
+        except CUDARuntimeError:
+            raise ValueError("a host copy after the fault")
+    except ValueError as exc:
+        chained = exc
+    assert classify_route(chained) is Route.TRAP  # the fault's, not the copy's
+    assert classify_route(fault) is Route.TRAP
