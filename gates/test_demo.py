@@ -81,7 +81,9 @@ def test_gather_in_bounds_after_a_trap_gate():
 # written, a store one before or past the output, and a block that overwrites another's
 # range all show.
 PAD = 64
-SIZES = (1000, 1022, 4 * demo.BLOCK * demo.VEC + 3)
+# 4094: the vectorised kernel's four blocks all but full (a stride of blockDim - 1 falls short
+# of the end there; at 4099 a fifth block covers the gap).
+SIZES = (1000, 1022, 4 * demo.BLOCK * demo.VEC - 2, 4 * demo.BLOCK * demo.VEC + 3)
 
 
 def _guarded_out(n, dtype, sentinel):
@@ -123,7 +125,7 @@ def test_scale_writes_every_element_once_and_nothing_around_it(n, vectorised):
 def test_gather_over_several_blocks_lands_each_index_in_its_own_slot():
     import cupy
 
-    m, n = 3 * demo.BLOCK - 69, 1000  # three blocks, the last partial
+    m, n = 3 * demo.BLOCK - 1, 1000  # three blocks, the last all but full: a stride one short misses the end
     idx = np.random.default_rng(7).permutation(n)[:m].astype(np.int32)
     x = np.arange(n, dtype=np.float32) + 0.5
     sentinel = 0x7FC0_0A5A
