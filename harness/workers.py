@@ -745,7 +745,8 @@ def _outcome(item, reports: list) -> dict:
         elif route == "trap":
             outcome, route, line = "passed", None, None
     return {"nodeid": item.nodeid, "outcome": outcome, "route": route, "first_failure_line": line,
-            "failure_message": message, "poisoned": props.get("poisoned_context") == "true"}
+            "failure_message": message, "poisoned": props.get("poisoned_context") == "true",
+            "duration": round(sum(getattr(rep, "duration", 0.0) or 0.0 for rep in reports), 4)}
 
 
 def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) -> dict:

@@ -77,6 +77,7 @@ def test_fresh_process_campaign_gives_every_kind_of_verdict(suite):
     assert dup and all(r.effective is campaign.results[r.duplicate_of].verdict for r in dup)
     killed = got[("sum.cu", 6, "+", "-")]
     assert killed.killed_by == ["gates/gate_sum.py::test_adds_one"]
+    assert 0 < killed.gate_seconds < killed.seconds  # the rest is its compile in the screen
     assert "out[0] is not in[0] + 1" in killed.reason
     trap = got[("sum.cu", 6, "i < n", "true")]
     assert trap.reason.startswith("killed by a trap only")

@@ -103,6 +103,8 @@ def test_one_worker_serves_mutant_after_mutant_with_the_projects_caches_cleared(
     second = ex.run(second_box, no_trap, 60)
     assert [o.outcome for o in first.outcomes] == ["passed"] * 2, first
     assert [o.outcome for o in second.outcomes] == ["passed"] * 2, second
+    # the timings a campaign records per mutant: inside the gates, and waiting for a worker
+    assert all(o.duration > 0 for o in first.outcomes) and 0 <= second.waited < second.seconds
     # test_pid checks device_side's cache holds its own kernel root (cleared between mutants);
     # host_side (marked host_cache) is kept: its list grew in the first mutant
     (pid1, n1), = [line.split() for line in (first_box.parent / "pids").read_text().splitlines()]

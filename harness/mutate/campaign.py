@@ -345,7 +345,8 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
     return MutantResult(m, verdict, reason, killed_by=list(j.killed_by), gates_run=list(j.gates_run),
                         covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical,
                         duplicate_of=r.duplicate_of if verdict is Verdict.DUPLICATE else None,
-                        memory_safety=j.memory_safety)
+                        memory_safety=j.memory_safety, gate_seconds=round(j.seconds, 4),
+                        in_gates=round(j.in_gates, 4), worker_wait=round(j.waited, 4))
 
 
 def mutant_deadline(config: MutateConfig, coverage: Coverage, sel) -> float:

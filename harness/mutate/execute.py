@@ -34,6 +34,7 @@ class GateRuns:
     crashed: str | None = None  # the process died without a report: why
     seconds: float = 0.0
     log: str | None = None
+    waited: float = 0.0  # of `seconds`, waiting for a worker (a warm executor)
 
 
 class Executor(Protocol):
@@ -82,14 +83,23 @@ class Judgement:
     gates_run: tuple[str, ...]
     seconds: float
     memory_safety: bool = False  # killed-by-trap in a gate written for that memory-safety property
+    in_gates: float = 0.0  # of `seconds`, inside the gates themselves (setup, call, teardown)
+    waited: float = 0.0  # of `seconds`, waiting for a worker
 
 
 def judge(runs: list[GateRuns], memory_safety: frozenset[str] = frozenset()) -> Judgement:
     """The verdict over every batch a mutant ran: killed if any gate went red by its own
     assertion; else timeout if a run hit the deadline; else killed-by-trap if anything went
     red (a trap, a fault, a launch failure, a crash); else survived."""
+    import dataclasses
+
     outcomes = [o for r in runs for o in r.outcomes]
     seconds = sum(r.seconds for r in runs)
+    timing = {"in_gates": sum(o.duration for o in outcomes), "waited": sum(r.waited for r in runs)}
+    return dataclasses.replace(_judge(runs, outcomes, seconds, memory_safety), **timing)
+
+
+def _judge(runs: list[GateRuns], outcomes: list, seconds: float, memory_safety: frozenset[str]) -> Judgement:
     ran = tuple(o.nodeid for o in outcomes if o.outcome != "not run")
     assertion = [o for o in outcomes if o.red and o.route == "assertion"]
     if assertion:

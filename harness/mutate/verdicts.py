@@ -45,6 +45,9 @@ class MutantResult:
     seconds: float = 0.0
     cubin_identical: bool = False  # same cubin as the original (kept only because a gate reads the source)
     memory_safety: bool = False  # killed-by-trap by a gate written for that memory-safety property
+    gate_seconds: float = 0.0  # of `seconds`, the gate stage (the rest: its compile in the screen)
+    in_gates: float = 0.0  # of gate_seconds, inside the gates themselves
+    worker_wait: float = 0.0  # of gate_seconds, waiting for a worker
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -96,16 +96,19 @@ class WarmExecutor:
         remaining = list(gates)
         outcomes: list[GateOutcome] = []
         timed_out, crashed = False, None
+        waited = 0.0
         while remaining:
             left = deadline - (time.monotonic() - start)
             if left <= 0:
                 timed_out = True
                 break
+            asked = time.monotonic()
             try:
                 worker = self._take()
             except workers.PoolError as exc:
                 crashed = str(exc)
                 break
+            waited += time.monotonic() - asked
             got, timed_out, died, last = worker.run_set(str(mutant_sandbox), remaining, left, self.stop_on_kill,
                                                         reuse=self.reuse)
             self._give_back(worker)
@@ -116,7 +119,7 @@ class WarmExecutor:
                 break
             for o in got:
                 outcomes.append(GateOutcome(o["nodeid"], o["outcome"], o["route"], o["first_failure_line"],
-                                            o.get("failure_message")))
+                                            o.get("failure_message"), duration=float(o.get("duration") or 0.0)))
             done = {o["nodeid"] for o in got}
             killed = any(o["outcome"] == "failed" and o["route"] == "assertion" for o in got)
             poisoned = any(o["poisoned"] for o in got)
@@ -125,7 +128,8 @@ class WarmExecutor:
                 break
         ran = {o.nodeid for o in outcomes}
         outcomes += [GateOutcome(g, "not run") for g in gates if g not in ran]
-        return GateRuns(tuple(outcomes), timed_out, None if timed_out else crashed, time.monotonic() - start)
+        return GateRuns(tuple(outcomes), timed_out, None if timed_out else crashed, time.monotonic() - start,
+                        waited=waited)
 
     def close(self) -> None:
         with self._lock:
