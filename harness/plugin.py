@@ -697,6 +697,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if st.pool is not None:
         st.pool.close()
         st.pool = None
+        _trace("pool closed")
     if st.serving or st.is_worker:
         return
     records = list(st.records.values())
@@ -709,6 +710,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
             else:
                 r.device = None
         write_reports(st.report_dir, records, facts)
+        _trace("reports written")
     if st.require_gpu and exitstatus not in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.USAGE_ERROR):
         executed = sum(1 for r in records if r.gpu and r.outcome in ("passed", "failed"))
         if executed == 0:
