@@ -147,13 +147,15 @@ class Worker:
         return result
 
     def run_set(self, kernel_root: str, gates: list[str], deadline: float, stop_on_kill: bool,
-                reuse: bool = False):
+                reuse: bool = False, gate_deadlines: dict | None = None):
         """A mutant's gates in this worker: (outcomes, timed_out, died, last_launch). With
         `reuse`, a worker that reset itself cleanly stays alive for the next mutant
-        (`self.alive`); otherwise, or when it could not, it is gone."""
+        (`self.alive`); otherwise, or when it could not, it is gone. `gate_deadlines`
+        ({nodeid: seconds}) also bounds each gate on its own: a gate that hangs is found in
+        its own time, not the whole set's."""
         self._send({"op": "run_set", "kernel_root": kernel_root, "gates": gates, "stop_on_kill": stop_on_kill,
-                    "reuse": reuse})
-        msg, timed_out, died, last = self._receive("done_set", deadline)
+                    "reuse": reuse, "announce": bool(gate_deadlines)})
+        msg, timed_out, died, last = self._receive("done_set", deadline, gate_deadlines)
         if msg is None or not msg.get("reusable"):
             self.kill()
         else:
@@ -168,16 +170,20 @@ class Worker:
         except OSError as exc:
             self._send_error = f"the worker could not be sent the gate ({exc})"
 
-    def _receive(self, done: str, deadline: float):
+    def _receive(self, done: str, deadline: float, gate_deadlines: dict | None = None):
         """(the `done` message or None, timed out, why it died or None, the last kernel
-        launched): waits at most `deadline` seconds after the send; a worker past it, or
-        gone, is killed."""
+        launched): waits at most `deadline` seconds after the send, and each announced gate
+        at most its own `gate_deadlines` entry; a worker past either, or gone, is killed."""
         if self._send_error:
             self.kill()
             return None, False, self._send_error, None
         last = None
+        gate_end = None  # when the gate running now must be done
         while True:
-            remaining = deadline - (time.monotonic() - self._started)
+            now = time.monotonic()
+            remaining = deadline - (now - self._started)
+            if gate_end is not None:
+                remaining = min(remaining, gate_end - now)
             try:
                 msg = self.channel.recv(timeout=max(remaining, 0.0))
             except Timeout:
@@ -188,6 +194,9 @@ class Worker:
                 return None, False, "the worker process ended without a verdict (it crashed or was killed)", last
             if msg.get("op") == "launch":
                 last = msg.get("name")
+            elif msg.get("op") == "gate":
+                seconds = (gate_deadlines or {}).get(msg.get("nodeid"))
+                gate_end = time.monotonic() + seconds if seconds else None
             elif msg.get("op") == done:
                 return msg, False, None, last
 
@@ -765,6 +774,11 @@ def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) ->
                              "first_failure_line": "not collected by the campaign's workers", "poisoned": False})
             continue
         nxt = items.get(gates[i + 1]) if i + 1 < len(gates) else None
+        if msg.get("announce"):
+            try:
+                _worker_channel.send({"op": "gate", "nodeid": nodeid})  # the executor's per-gate deadline
+            except (OSError, AttributeError):
+                pass
         sink.reports.clear()
         try:
             session._setupstate.teardown_exact(item)

@@ -152,6 +152,11 @@ def test_auto_deadline_grows_with_the_selected_gates_baseline_time_and_is_capped
     assert mutant_deadline(auto, slow, slow.select("a.cu", ("a.cu",))) == AUTO_CAP
     fixed = MutateConfig(rootdir=tmp_path, kernel_root=tmp_path, report_dir=tmp_path, deadline=7.0)
     assert mutant_deadline(fixed, slow, slow.select("a.cu", ("a.cu",))) == 7.0
+    from harness.mutate.campaign import GATE_FLOOR, gate_deadlines
+
+    each = gate_deadlines(auto, cov)
+    assert each["gates/test_a.py::slow_link"] == GATE_FLOOR + AUTO_FACTOR * 2.0
+    assert gate_deadlines(auto, slow)["g.py::slow"] == AUTO_CAP and gate_deadlines(fixed, cov) is None
 
 
 def test_mutants_to_screen_and_run_interleave_their_files():

@@ -237,3 +237,17 @@ def test_clearing_project_caches_spares_host_caches_and_the_harness_itself(tmp_p
     before = device._probe.cache_info().currsize
     clear_project_caches(Path(device.__file__).parents[1])
     assert device._probe.cache_info().currsize == before == 1
+
+
+def test_a_gate_that_hangs_is_found_in_its_own_deadline_not_the_whole_sets(suite):
+    import time
+
+    root, ex = suite
+    ex.gate_deadlines = {GATE_IDS[0]: 30.0, GATE_IDS[2]: 2.0}
+    box = _mutant(root, "spin2", KERNEL + "// SPIN\n")
+    start = time.monotonic()
+    runs = ex.run(box, [GATE_IDS[0], GATE_IDS[2]], 60)
+    took = time.monotonic() - start
+    assert runs.timed_out and took < 20, took  # the set's deadline was 60 s; the hanging gate's, 2 s
+    ok = ex.run(_mutant(root, "after2", KERNEL), GATE_IDS[:1], 60)  # a new worker for the next mutant
+    assert ok.outcomes[0].outcome == "passed"

@@ -34,6 +34,11 @@ BASELINE_DEADLINE_FACTOR = 4
 # The floor is generous because a fault or trap on a shared GPU is slow to surface when many
 # workers fault at once (seen on the H200: 10 s was too short under 16 concurrent mutants).
 AUTO_FLOOR, AUTO_FACTOR, AUTO_CAP = 20.0, 5.0, 120.0
+# ... and, where the executor can watch each gate (the warm one), each gate gets GATE_FLOOR s
+# plus AUTO_FACTOR x its own baseline time: a mutant that hangs its first gate is found in
+# that gate's time, not the whole selection's (a sample campaign on the H200 spent a fifth of
+# its slot time waiting out hangs).
+GATE_FLOOR = 15.0
 
 
 @dataclass(frozen=True)
@@ -329,6 +334,8 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
     if not sel.direct:
         return MutantResult(m, Verdict.NO_COVERAGE, "no gate loads its module or reads its source",
                             seconds=r.seconds, cubin_identical=r.cubin_identical)
+    if hasattr(executor, "gate_deadlines") and executor.gate_deadlines is None:
+        executor.gate_deadlines = gate_deadlines(config, coverage)
     with sandbox(root, f"mutant-{m.id}") as copy:
         _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
         j = run_mutant(executor, copy, [sel.direct, sel.siblings], mutant_deadline(config, coverage, sel),
@@ -347,6 +354,13 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
                         duplicate_of=r.duplicate_of if verdict is Verdict.DUPLICATE else None,
                         memory_safety=j.memory_safety, gate_seconds=round(j.seconds, 4),
                         in_gates=round(j.in_gates, 4), worker_wait=round(j.waited, 4))
+
+
+def gate_deadlines(config: MutateConfig, coverage: Coverage) -> dict[str, float] | None:
+    """{nodeid: seconds} under --deadline auto; None with a fixed --deadline."""
+    if config.deadline is not None:
+        return None
+    return {n: min(AUTO_CAP, GATE_FLOOR + AUTO_FACTOR * g.duration) for n, g in coverage.gates.items()}
 
 
 def mutant_deadline(config: MutateConfig, coverage: Coverage, sel) -> float:

@@ -54,6 +54,7 @@ class WarmExecutor:
     stop_on_kill: bool = True
     per_gate: bool = False
     reuse: bool = True
+    gate_deadlines: dict | None = None  # {nodeid: seconds}: each gate's own deadline (the campaign's auto)
     _pool: workers.Pool | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _idle: list = field(default_factory=list, repr=False)  # reset workers waiting for a mutant
@@ -110,7 +111,7 @@ class WarmExecutor:
                 break
             waited += time.monotonic() - asked
             got, timed_out, died, last = worker.run_set(str(mutant_sandbox), remaining, left, self.stop_on_kill,
-                                                        reuse=self.reuse)
+                                                        reuse=self.reuse, gate_deadlines=self.gate_deadlines)
             self._give_back(worker)
             if timed_out or died:
                 crashed = died
