@@ -172,3 +172,25 @@ def test_ctrl_c_during_the_screen_leaves_nothing_behind(suite):
     while session_processes(proc.pid) and time.time() < deadline:
         time.sleep(0.2)
     assert session_processes(proc.pid) == [], "no process of the run outlives it"
+
+
+def test_report_only_rewrites_the_reports_from_the_results_file_and_runs_nothing(suite, capsys):
+    report = suite / "report"
+    assert run(suite, "--report-only") == ExitStatus.USAGE  # no results yet
+    assert "holds no result for the mutants" in capsys.readouterr().err
+    assert run(suite, "--static", "--jobs", "2") == ExitStatus.OK
+    before = json.loads((report / "mutation.json").read_text())["harness"]["verdicts"]
+    (report / "mutation.json").unlink()
+    (report / "mutation.html").unlink()
+    lines = (report / "mutants.jsonl").read_text().splitlines()
+    (report / "mutants.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # a campaign cut short
+    capsys.readouterr()
+    stamp = {p: p.stat().st_mtime_ns for p in report.rglob("*") if p.is_file() and p.suffix != ".html"}
+    assert run(suite, "--report-only") == ExitStatus.OK
+    out = capsys.readouterr().out
+    changed = [p.name for p, t in stamp.items() if not p.exists() or p.stat().st_mtime_ns != t]
+    assert changed == [], changed  # no baseline, no screen, no gate run: only the two reports are written
+    assert f"{len(lines) - 1} of {len(lines)} mutants have a result" in out and "nothing run" in out
+    after = json.loads((report / "mutation.json").read_text())["harness"]["verdicts"]
+    assert after == {k: v for k, v in before.items() if k in after} and len(after) == len(lines) - 1
+    assert (report / "mutation.html").is_file()

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recheck", default="10", metavar="N",
                    help="after a warm campaign, run every survivor and N other mutants again in a fresh pytest "
                         "and report how many verdicts agree (default 10; 0: none)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: write mutation.json, mutation.html and the table again from DIR/mutants.jsonl "
+                        "(a campaign cut short before its report, or copied back from a device)")
     p.add_argument("--no-require-gpu", action="store_true", help=argparse.SUPPRESS)  # the harness's own tests
     return p
 
@@ -236,9 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     from harness.mutate.campaign import prepare
 
     try:
-        prepare(config)  # bad paths and refs are refused before anything runs
+        mutants, warnings = prepare(config)  # bad paths and refs are refused before anything runs
     except (PathError, SinceError) as exc:
         return usage(str(exc))
+    if args.report_only:
+        return _report_only(config, mutants, warnings, out, err)
     try:
         recheck_n = int(args.recheck)
         if recheck_n < 0:
@@ -251,6 +256,35 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for ex in executors.values():
             ex.close()  # no server or worker outlives the campaign, interrupted or not
+
+
+def _report_only(config, mutants, warnings, out, err) -> int:
+    """The reports of the results already in DIR/mutants.jsonl, for the mutants the same
+    arguments generate; nothing runs."""
+    from rich.markup import escape
+
+    from harness.mutate import report
+    from harness.mutate.campaign import MutationCampaign, resolve_duplicates
+    from harness.mutate.verdicts import read_results
+
+    directory = config.path(config.report_dir)
+    results_path = directory / "mutants.jsonl"
+    found = read_results(results_path)
+    ids = {m.id for m in mutants}
+    results = {k: v for k, v in found.items() if k in ids}
+    if not results:
+        err.print(f"[bold red]error:[/] {escape(str(results_path))} holds no result for the mutants these arguments "
+                  "generate: pass the --report DIR of the campaign, and the same PATHs, --operators, --seed and "
+                  "--max-per-file")
+        return ExitStatus.USAGE
+    resolve_duplicates(results)
+    campaign = MutationCampaign(config, config.path(config.kernel_root), config.arch, mutants, results, warnings,
+                                None, None, 0.0, resumed=len(results))
+    json_path, html_path = report.write(directory, campaign)
+    out.print(report.table(campaign))
+    out.print(f"{len(results)} of {len(mutants)} mutants have a result (reported from {escape(str(results_path))}, "
+              f"nothing run); report: {escape(str(json_path))}, {escape(str(html_path))}")
+    return ExitStatus.OK
 
 
 def _run(config, args, recheck_n, factory, out, err) -> int:
