@@ -456,6 +456,15 @@ class Pool:
             if p.name != "server.log":
                 p.unlink(missing_ok=True)
 
+    def kill_processes(self) -> None:
+        """SIGKILL the server's process group (its forked workers) and every exec'd worker, at
+        once, touching no other state: safe from any thread, before `close`."""
+        for proc in ([self.server] if self.server is not None else []) + list(self._procs):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def log_tail(self, n: int = 15) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").strip().splitlines()[-n:])

@@ -251,3 +251,24 @@ def test_a_gate_that_hangs_is_found_in_its_own_deadline_not_the_whole_sets(suite
     assert runs.timed_out and took < 20, took  # the set's deadline was 60 s; the hanging gate's, 2 s
     ok = ex.run(_mutant(root, "after2", KERNEL), GATE_IDS[:1], 60)  # a new worker for the next mutant
     assert ok.outcomes[0].outcome == "passed"
+
+
+def test_closing_the_executor_ends_a_run_in_flight_at_once_and_no_new_pool_starts(suite):
+    import threading
+    import time
+
+    from harness import workers
+
+    root, ex = suite
+    box = _mutant(root, "spin3", KERNEL + "// SPIN\n")
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("runs", ex.run(box, GATE_IDS[2:], 120)))
+    t.start()
+    time.sleep(3)  # the gate is blocked in C in its worker
+    start = time.monotonic()
+    ex.close()  # what an interrupted campaign does
+    t.join(30)
+    assert not t.is_alive() and time.monotonic() - start < 15
+    assert got["runs"].crashed or got["runs"].timed_out
+    with pytest.raises(workers.PoolError, match="closed"):
+        ex._take()

@@ -301,6 +301,10 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
                     listener.advance()
         except BaseException:
             child.kill_all()  # every gate run in flight dies with its process group
+            for ex in executors:  # ... and every warm worker, so no slot waits out its deadline
+                close = getattr(ex, "close", None)
+                if close is not None:
+                    close()
             for future in running:
                 future.cancel()
             raise

@@ -58,6 +58,7 @@ class WarmExecutor:
     _pool: workers.Pool | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _idle: list = field(default_factory=list, repr=False)  # reset workers waiting for a mutant
+    _closed: bool = field(default=False, repr=False)  # closed: no new worker or pool (an interrupted campaign)
 
     def start(self) -> None:
         """Start the server and the spares; raises workers.PoolError with the reason."""
@@ -78,6 +79,8 @@ class WarmExecutor:
     def _take(self) -> workers.Worker:
         """A reset worker that served earlier mutants, else a fresh one."""
         with self._lock:
+            if self._closed:
+                raise workers.PoolError("the campaign's workers were closed (interrupted)")
             while self._idle:
                 worker = self._idle.pop()
                 if worker.alive:
@@ -133,6 +136,12 @@ class WarmExecutor:
                         waited=waited)
 
     def close(self) -> None:
+        """Kill every worker and the server now (a run in flight ends: its worker is gone).
+        Safe to call from another thread, and twice."""
+        self._closed = True
+        pool = self._pool
+        if pool is not None:
+            pool.kill_processes()  # first, without the lock: a slot may hold it waiting for a spare
         with self._lock:
             for worker in self._idle:
                 worker.kill()
