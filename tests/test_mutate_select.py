@@ -152,7 +152,9 @@ def test_auto_deadline_grows_with_the_selected_gates_baseline_time_and_is_capped
     assert mutant_deadline(auto, slow, slow.select("a.cu", ("a.cu",))) == AUTO_CAP
     fixed = MutateConfig(rootdir=tmp_path, kernel_root=tmp_path, report_dir=tmp_path, deadline=7.0)
     assert mutant_deadline(fixed, slow, slow.select("a.cu", ("a.cu",))) == 7.0
-    from harness.mutate.campaign import GATE_FLOOR, gate_deadlines
+    from harness.mutate.campaign import GATE_FLOOR, SET_FACTOR, SET_FLOOR, gate_deadlines
+
+    assert abs(mutant_deadline(auto, cov, sel, per_gate=True) - (SET_FLOOR + SET_FACTOR * took)) < 1e-9
 
     each = gate_deadlines(auto, cov)
     assert each["gates/test_a.py::slow_link"] == GATE_FLOOR + AUTO_FACTOR * 2.0
