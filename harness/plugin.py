@@ -304,17 +304,18 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
     # path; started at once, they overlap the main worker's gates.
     traps = sum(1 for it in items if it.get_closest_marker("trap"))
     st.pool.config.spares = 2 + min(TRAPS_AHEAD, traps) if traps else 1
+    early = not st.is_worker
     if st.is_worker:
-        # N xdist workers share the machine and none knows its gates ahead: one spare each,
-        # on the worker's own GPU when the driver says how many there are without CUDA.
+        # N xdist workers share the machine and none knows its gates ahead: one spare each.
+        # On a machine with one GPU (said without CUDA: CUDA_VISIBLE_DEVICES, else the
+        # driver's /proc entries) it starts beside the probe; with several, after it, once the
+        # probe says which GPU is this worker's (a wrong early guess would start a spare on a
+        # GPU that is not there).
         st.pool.config.spares = 1
-        hint = workers.device_count_hint()
-        if hint:
-            st.pool.config.device_ordinal = workers.ordinal_for_xdist_worker(
-                config.workerinput.get("workerid", "gw0"), hint) if hint > 1 else None
+        early = workers.device_count_hint() == 1
     if st.sanitizer_cmd is None:
         st.pool.collect(args)
-        if not st.is_worker or workers.device_count_hint():
+        if early:
             # The device is known before the probe answers: the spares start beside the probe.
             st.pool.warm_up()
 

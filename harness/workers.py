@@ -503,8 +503,8 @@ def visible_device(ordinal: int) -> str:
 def device_count_hint() -> int | None:
     """How many GPUs this process will see, without initialising CUDA: CUDA_VISIBLE_DEVICES
     when set, else the driver's /proc entries; None when neither says. Only a hint (MIG
-    slices, say, are not counted): it lets an xdist worker start its first spare on its own
-    GPU beside the device probe, and the probe's answer corrects it."""
+    slices, say, are not counted): an xdist worker on a one-GPU machine starts its spare
+    beside the device probe on it."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         entries = [v.strip() for v in visible.split(",") if v.strip()]
