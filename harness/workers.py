@@ -127,6 +127,7 @@ class Worker:
         self.name = f"{prefix}w{hello['token']}"
         self.alive = True
         self.served = 0  # mutants served (a reused worker of a campaign)
+        self.current_gate: str | None = None  # the gate a run_set announced last
 
     def start(self, nodeid: str, nextid: str | None) -> None:
         """Send the gate; `wait` collects the verdict (a trap gate may be started ahead)."""
@@ -195,6 +196,7 @@ class Worker:
             if msg.get("op") == "launch":
                 last = msg.get("name")
             elif msg.get("op") == "gate":
+                self.current_gate = msg.get("nodeid")
                 seconds = (gate_deadlines or {}).get(msg.get("nodeid"))
                 gate_end = time.monotonic() + seconds if seconds else None
             elif msg.get("op") == done:

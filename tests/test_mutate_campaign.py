@@ -164,6 +164,8 @@ def test_judge_rules():
     assert judge([GateRuns((t, a))]).verdict is Verdict.KILLED
     assert judge([GateRuns((t, p))]).verdict is Verdict.KILLED_BY_TRAP
     assert judge([GateRuns((p,), timed_out=True)]).verdict is Verdict.TIMEOUT
+    hung = judge([GateRuns((p,), timed_out=True, timeout_note="g::h ran past its deadline")])
+    assert hung.reason == "the gate run hit the deadline: g::h ran past its deadline"
     assert judge([GateRuns((p,), crashed="died")]).verdict is Verdict.KILLED_BY_TRAP
     assert judge([GateRuns((p, p))]).verdict is Verdict.SURVIVED
     assert judge([GateRuns((GateOutcome("g::s", "skipped"),))]).verdict is Verdict.SURVIVED

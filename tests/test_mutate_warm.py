@@ -249,6 +249,7 @@ def test_a_gate_that_hangs_is_found_in_its_own_deadline_not_the_whole_sets(suite
     runs = ex.run(box, [GATE_IDS[0], GATE_IDS[2]], 60)
     took = time.monotonic() - start
     assert runs.timed_out and took < 20, took  # the set's deadline was 60 s; the hanging gate's, 2 s
+    assert runs.timeout_note == f"{GATE_IDS[2]} ran past its deadline"  # named, for the mutant's reason
     ok = ex.run(_mutant(root, "after2", KERNEL), GATE_IDS[:1], 60)  # a new worker for the next mutant
     assert ok.outcomes[0].outcome == "passed"
 

@@ -35,6 +35,7 @@ class GateRuns:
     seconds: float = 0.0
     log: str | None = None
     waited: float = 0.0  # of `seconds`, waiting for a worker (a warm executor)
+    timeout_note: str | None = None  # timed out: which gate was running, the last kernel launched
 
 
 class Executor(Protocol):
@@ -106,7 +107,9 @@ def _judge(runs: list[GateRuns], outcomes: list, seconds: float, memory_safety: 
         return Judgement(Verdict.KILLED, f"{assertion[0].nodeid}: {assertion[0].first_failure_line or ''}".strip(),
                          tuple(o.nodeid for o in assertion), ran, seconds)
     if any(r.timed_out for r in runs) or any(o.red and o.route == "timeout" for o in outcomes):
-        return Judgement(Verdict.TIMEOUT, "the gate run hit the deadline", (), ran, seconds)
+        notes = [r.timeout_note for r in runs if r.timed_out and r.timeout_note]
+        return Judgement(Verdict.TIMEOUT, "the gate run hit the deadline" + (f": {notes[0]}" if notes else ""),
+                         (), ran, seconds)
     red = [o for o in outcomes if o.red]
     if red:
         safe = [o for o in red if o.nodeid in memory_safety]

@@ -100,7 +100,7 @@ class WarmExecutor:
         remaining = list(gates)
         outcomes: list[GateOutcome] = []
         timed_out, crashed = False, None
-        waited = 0.0
+        waited, note = 0.0, None
         while remaining:
             left = deadline - (time.monotonic() - start)
             if left <= 0:
@@ -118,8 +118,9 @@ class WarmExecutor:
             self._give_back(worker)
             if timed_out or died:
                 crashed = died
-                if timed_out and last:
-                    crashed = f"timed out; the last kernel launched was {last}"
+                if timed_out:
+                    note = f"{worker.current_gate or 'its gates'} ran past its deadline" + \
+                        (f"; the last kernel launched was {last}" if last else "")
                 break
             for o in got:
                 outcomes.append(GateOutcome(o["nodeid"], o["outcome"], o["route"], o["first_failure_line"],
@@ -133,7 +134,7 @@ class WarmExecutor:
         ran = {o.nodeid for o in outcomes}
         outcomes += [GateOutcome(g, "not run") for g in gates if g not in ran]
         return GateRuns(tuple(outcomes), timed_out, None if timed_out else crashed, time.monotonic() - start,
-                        waited=waited)
+                        waited=waited, timeout_note=note)
 
     def close(self) -> None:
         """Kill every worker and the server now (a run in flight ends: its worker is gone).
