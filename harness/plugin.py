@@ -334,8 +334,8 @@ def pytest_collection_modifyitems_trap_gates_last(session: pytest.Session, confi
         return
     traps = [it for it in items if it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
     if traps:
-        rest = [it for it in items if it not in set(traps)]
-        items[:] = rest + traps
+        trap_ids = {id(it) for it in traps}
+        items[:] = [it for it in items if id(it) not in trap_ids] + traps
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -444,11 +444,8 @@ class Pool:
             self.server_channel.close()
         # The server holds nothing worth a graceful exit (its pytest session ran no gate), and
         # its forked workers share its process group: one signal ends them all, at once.
+        self.kill_processes()
         for proc in ([self.server] if self.server is not None else []) + self._procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -709,7 +706,6 @@ def _worker_loop(session, ch: Channel) -> None:
             if msg.get("reuse") and not any(o["poisoned"] for o in reply["outcomes"]):
                 why_not = reset_for_next_mutant(session)
             reply["reusable"] = why_not is None
-            reply["why_not_reusable"] = why_not
             ch.send(reply)
             if why_not is None:
                 continue

@@ -260,21 +260,22 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
 
 
 def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listener, make_executor) -> None:
-    """Record every result the feed gives (a list, or a ScreenFeed still screening): final
-    ones at once, pending ones after their gate runs, `config.gpu_jobs` at once. Each slot
-    has its own executor; with several GPUs visible, slot i gets GPU i % n."""
+    """Record every result the feed (a ScreenFeed, still screening) gives: final ones at
+    once, pending ones after their gate runs, `config.gpu_jobs` at once. Each slot has its
+    own executor; with several GPUs visible, slot i gets GPU i % n. A warm executor is
+    given each gate's own deadline here, once."""
     import queue as queue_mod
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     from harness.controls import child
-    from harness.controls.runner import _devices
 
-    if isinstance(feed, list):
-        feed = _ListFeed(feed)
     root = campaign.kernel_root
     jobs = max(1, config.gpu_jobs)
-    devices = _devices() if jobs > 1 else []
-    executors = [make_executor(devices[i % len(devices)] if len(devices) > 1 else None) for i in range(jobs)]
+    executors = [make_executor(device) for device in slot_devices(jobs)]
+    deadlines = gate_deadlines(config, coverage) if coverage is not None else None
+    for ex in executors:
+        if hasattr(ex, "gate_deadlines"):
+            ex.gate_deadlines = deadlines
     free = list(range(jobs))
     running: dict = {}
     ended = False
@@ -314,16 +315,6 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
             raise
 
 
-class _ListFeed:
-    """A fixed list of results as a feed (the gate stage's other source)."""
-
-    def __init__(self, items: list):
-        self.items = list(items)
-
-    def get(self, block: bool):
-        return self.items.pop(0) if self.items else None
-
-
 def _finish(campaign: MutationCampaign, path: Path, result: MutantResult, listener: Listener) -> None:
     campaign.results[result.mutant.id] = result
     append_result(path, result)
@@ -342,8 +333,6 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
     if not sel.direct:
         return MutantResult(m, Verdict.NO_COVERAGE, "no gate loads its module or reads its source",
                             seconds=r.seconds, cubin_identical=r.cubin_identical)
-    if hasattr(executor, "gate_deadlines") and executor.gate_deadlines is None:
-        executor.gate_deadlines = gate_deadlines(config, coverage)
     per_gate = bool(getattr(executor, "gate_deadlines", None))
     with sandbox(root, f"mutant-{m.id}") as copy:
         _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
@@ -393,6 +382,15 @@ def interleave_mutants(mutants: list) -> list:
         out += [q.pop(0) for q in queues]
         queues = [q for q in queues if q]
     return out
+
+
+def slot_devices(jobs: int) -> list[str | None]:
+    """The GPU each of `jobs` slots runs on: GPU i % n of the n visible, or None (the
+    default device) when one is visible or one slot runs."""
+    from harness.controls.runner import _devices
+
+    devices = _devices() if jobs > 1 else []
+    return [devices[i % len(devices)] if len(devices) > 1 else None for i in range(jobs)]
 
 
 class _Stop(Exception):

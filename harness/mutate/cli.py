@@ -291,27 +291,23 @@ def _run(config, args, recheck_n, factory, out, err) -> int:
     from rich.markup import escape
 
     from harness.mutate import report
-
     from harness.mutate.campaign import run_campaign
 
     try:
         with _Progress(err) as progress:
             campaign = run_campaign(config, progress, executor_factory=factory)
             if not config.static and args.executor == "warm" and (recheck_n or _survivors(campaign)):
-                from harness.controls.runner import _devices
-                from harness.mutate.campaign import recheck
+                from harness.mutate.campaign import recheck, slot_devices
                 from harness.mutate.execute import FreshProcessExecutor
 
                 if campaign.baseline is not None and campaign.baseline.ok:
                     report.write(config.path(config.report_dir), campaign)  # kept if the re-run is cut short
                 progress.phase("re-running survivors and a sample in fresh processes")
-                devices = _devices()
                 fresh = [FreshProcessExecutor(config.rootdir, config.path(config.report_dir) / "runs" / "recheck",
                                               config.path(config.cache_dir) if config.cache_dir
                                               else _settings.current().cache_dir, arch=campaign.arch,
-                                              require_gpu=config.require_gpu,
-                                              device=devices[i % len(devices)] if len(devices) > 1 else None)
-                         for i in range(config.gpu_jobs)]
+                                              require_gpu=config.require_gpu, device=device)
+                         for device in slot_devices(config.gpu_jobs)]
                 campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: workers and children killed, sandboxes removed, the kernel root "
