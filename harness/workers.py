@@ -670,6 +670,33 @@ def _device_facts() -> dict:
     return facts
 
 
+class _Profile:
+    """HARNESS_WORKER_PROFILE=DIR: the worker profiles itself (cProfile) and writes
+    DIR/worker-PID.prof before it waits for each message (a worker may be killed at any
+    time after). For finding where a campaign's time goes; off by default."""
+
+    def __init__(self, folder: str | None):
+        self.path = None
+        self.prof = None
+        if folder:
+            import cProfile
+
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            self.path = Path(folder) / f"worker-{os.getpid()}.prof"
+            self.prof = cProfile.Profile()
+            self.prof.enable()
+
+    @classmethod
+    def from_environment(cls) -> "_Profile":
+        return cls(os.environ.get("HARNESS_WORKER_PROFILE"))
+
+    def dump(self) -> None:
+        if self.prof is not None:
+            self.prof.disable()
+            self.prof.dump_stats(str(self.path))
+            self.prof.enable()
+
+
 class _ReportSink:
     def __init__(self):
         self.reports: list = []
@@ -691,11 +718,13 @@ def _worker_loop(session, ch: Channel) -> None:
     if facts:
         props += [("device", facts.get("name", "")), ("device_ordinal", str(facts.get("ordinal", ""))),
                   ("device_uuid", facts.get("uuid", ""))]
+    profile = _Profile.from_environment()
     while True:
         try:
             msg = ch.recv()
         except ChannelClosed:
             break
+        profile.dump()
         if msg.get("op") == "quit":
             session._setupstate.teardown_exact(None)
             ch.send({"op": "bye"})
