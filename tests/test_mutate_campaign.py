@@ -212,6 +212,35 @@ def test_recheck_counts_agreement(suite):
     differ = recheck(campaign, Flaky(), sample=1)
     assert differ.agreed == 0 and set(differ.disagreements) == set(differ.checked)
     assert differ.line() == f"0 of {len(differ.checked)} re-run verdicts agreed"
+    # each disagreement says what the second run saw, not only its verdict
+    assert all(second == "timeout" and "deadline" in why for _, second, why in differ.disagreements.values())
+
+
+def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite):
+    from harness.mutate.campaign import mutant_deadline
+    from harness.mutate.execute import FRESH_START_SECONDS
+
+    seen = []
+
+    class Fresh(FakeExecutor):
+        start_seconds = FRESH_START_SECONDS
+
+        def run(self, sandbox, gates, deadline):
+            seen.append(deadline)
+            return super().run(sandbox, gates, deadline)
+
+    cfg = config(suite, paths=("sum.cu",), operators=("arithmetic",), deadline=7.0)
+    run_campaign(cfg, executor_factory=lambda *a: Fresh())
+    assert seen and all(7.0 + FRESH_START_SECONDS - 1 < d <= 7.0 + FRESH_START_SECONDS for d in seen), seen
+    assert mutant_deadline(cfg, None, None) == 7.0
+
+
+def test_the_recheck_runs_about_four_cores_a_fresh_pytest():
+    from harness.mutate.campaign import recheck_jobs
+
+    assert recheck_jobs(12, cpus=16) == 4
+    assert recheck_jobs(2, cpus=64) == 2
+    assert recheck_jobs(8, cpus=2) == 1
 
 
 def test_several_mutants_run_at_once_with_the_same_verdicts(suite):

@@ -273,3 +273,23 @@ def test_closing_the_executor_ends_a_run_in_flight_at_once_and_no_new_pool_start
     assert got["runs"].crashed or got["runs"].timed_out
     with pytest.raises(workers.PoolError, match="closed"):
         ex._take()
+
+
+def test_reset_refuses_a_worker_whose_device_buffers_outlive_the_mutant(monkeypatch, tmp_path):
+    """The pool's memory is kept between mutants; a buffer still held after teardown is not."""
+    import sys
+    import types
+
+    from harness import device, workers
+
+    held = {"bytes": 0}
+    pool = types.SimpleNamespace(used_bytes=lambda: held["bytes"],
+                                 free_all_blocks=lambda: pytest.fail("the pool's memory is kept"))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(get_default_memory_pool=lambda: pool))
+    monkeypatch.setattr(device, "context_is_poisoned", lambda: False)
+    session = types.SimpleNamespace(_setupstate=types.SimpleNamespace(teardown_exact=lambda item: None),
+                                    config=types.SimpleNamespace(rootpath=tmp_path))
+    assert workers.reset_for_next_mutant(session) is None
+    held["bytes"] = 4096
+    why = workers.reset_for_next_mutant(session)
+    assert why is not None and "4096 bytes" in why and "still held" in why

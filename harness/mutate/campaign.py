@@ -336,8 +336,9 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
     per_gate = bool(getattr(executor, "gate_deadlines", None))
     with sandbox(root, f"mutant-{m.id}") as copy:
         _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
-        j = run_mutant(executor, copy, [sel.direct, sel.siblings], mutant_deadline(config, coverage, sel, per_gate),
-                       config.all_gates, coverage.memory_safety_gates())
+        deadline = mutant_deadline(config, coverage, sel, per_gate) + getattr(executor, "start_seconds", 0.0)
+        j = run_mutant(executor, copy, [sel.direct, sel.siblings], deadline, config.all_gates,
+                       coverage.memory_safety_gates())
     verdict, reason = j.verdict, j.reason
     if r.cubin_identical and verdict is Verdict.SURVIVED:
         # Not screened out by its cubin alone: the gates that read its source ran and passed
@@ -382,6 +383,14 @@ def interleave_mutants(mutants: list) -> list:
         out += [q.pop(0) for q in queues]
         queues = [q for q in queues if q]
     return out
+
+
+def recheck_jobs(gpu_jobs: int, cpus: int | None = None) -> int:
+    """How many fresh pytests the re-check runs at once: each starts a server, a probe and
+    workers with their own CUDA contexts, so about four cores each, and never more than
+    the campaign's own slots."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min(gpu_jobs, cpus // 4))
 
 
 def slot_devices(jobs: int) -> list[str | None]:
@@ -463,7 +472,7 @@ class Recheck:
 
     checked: list[str]
     agreed: int
-    disagreements: dict  # id -> (first verdict, second verdict)
+    disagreements: dict  # id -> (first verdict, second verdict, the second run's reason)
 
     def line(self) -> str:
         return f"{self.agreed} of {len(self.checked)} re-run verdicts agreed"
@@ -503,5 +512,5 @@ def recheck(campaign: MutationCampaign, executor: Executor | list, *, sample: in
         if a.verdict is r.verdict:
             agreed += 1
         else:
-            disagreements[r.mutant.id] = (r.verdict.value, a.verdict.value)
+            disagreements[r.mutant.id] = (r.verdict.value, a.verdict.value, a.reason)
     return Recheck([r.mutant.id for r in chosen], agreed, disagreements)

@@ -56,11 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default=None, metavar="sm_XX", help="compile target (default: the baseline's)")
     p.add_argument("--cache-dir", default=None, metavar="DIR", help="the cubin cache (default: HARNESS_CACHE_DIR)")
     p.add_argument("--executor", choices=("warm", "fresh"), default="warm",
-                   help="warm: each mutant in a fresh process forked from a server that collected the gates, its "
-                        "context made ahead (default); fresh: a new pytest per mutant (the slow reference way)")
+                   help="warm: workers forked from a server that collected the gates, each with its CUDA context "
+                        "made ahead, serving mutant after mutant and reset between them (default); fresh: a new "
+                        "pytest per mutant (the slow reference way)")
     p.add_argument("--recheck", default="10", metavar="N",
                    help="after a warm campaign, run every survivor and N other mutants again in a fresh pytest "
-                        "and report how many verdicts agree (default 10; 0: none)")
+                        "and report how many verdicts agree (default 10; 0: the survivors only)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: write mutation.json, mutation.html and the table again from DIR/mutants.jsonl "
                         "(a campaign cut short before its report, or copied back from a device)")
@@ -297,7 +298,7 @@ def _run(config, args, recheck_n, factory, out, err) -> int:
         with _Progress(err) as progress:
             campaign = run_campaign(config, progress, executor_factory=factory)
             if not config.static and args.executor == "warm" and (recheck_n or _survivors(campaign)):
-                from harness.mutate.campaign import recheck, slot_devices
+                from harness.mutate.campaign import recheck, recheck_jobs, slot_devices
                 from harness.mutate.execute import FreshProcessExecutor
 
                 if campaign.baseline is not None and campaign.baseline.ok:
@@ -307,7 +308,7 @@ def _run(config, args, recheck_n, factory, out, err) -> int:
                                               config.path(config.cache_dir) if config.cache_dir
                                               else _settings.current().cache_dir, arch=campaign.arch,
                                               require_gpu=config.require_gpu, device=device)
-                         for device in slot_devices(config.gpu_jobs)]
+                         for device in slot_devices(recheck_jobs(config.gpu_jobs))]
                 campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: workers and children killed, sandboxes removed, the kernel root "

@@ -44,6 +44,13 @@ class Executor(Protocol):
     def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns: ...
 
 
+# A fresh pytest pays for its start (interpreter, imports, collection, a server, a CUDA
+# context) before its first gate: its deadline gets this much on top of the gates' own. (On
+# the H200, survivors re-run in a dozen fresh pytests at once timed out under the gates'
+# deadline alone.)
+FRESH_START_SECONDS = 45.0
+
+
 @dataclass
 class FreshProcessExecutor:
     """One fresh `pytest` per call over the given node ids, `--kernel-root=<sandbox>`."""
@@ -55,6 +62,7 @@ class FreshProcessExecutor:
     require_gpu: bool = True
     device: str | None = None
     per_gate: bool = False
+    start_seconds: float = FRESH_START_SECONDS  # added to a mutant's deadline
     _counter: itertools.count = field(default_factory=itertools.count, repr=False)
 
     def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns:

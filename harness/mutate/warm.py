@@ -5,9 +5,9 @@ CuPy warmed before the first mutant arrives (the gate run's pool, `harness.worke
 A worker serves one mutant after another (`reuse`, the default): after each it tears every
 fixture down, clears the project's functools caches (a cache may hold what the mutated
 kernel computed, or a device buffer its stray store hit; `harness.host_cache` marks the
-host-only ones it may keep), drops the loaded modules, releases CuPy's pools and checks
-the context. No device buffer outlives a mutant, so a stray store lands in memory the next
-mutant allocates and fills afresh. A worker that cannot be reset so (a sticky error, a
+host-only ones it may keep), drops the loaded modules, checks that every device buffer is
+back in CuPy's pool and checks the context. No device buffer outlives a mutant, so a stray
+store lands in memory the next mutant allocates and fills afresh. A worker that cannot be reset so (a sticky error, a
 failing teardown), whose gate poisoned the context, or that passed its deadline is thrown
 away and a fresh one (made ahead, on a spare) takes the next gates. After MAX_SERVED
 mutants a worker retires, which bounds what any leak could accumulate. `reuse=False`
@@ -28,10 +28,18 @@ from harness import _settings, workers
 from harness.mutate.execute import GateOutcome, GateRuns
 
 MAX_SERVED = 200  # mutants one worker serves before it retires
+# Many workers share the host's cores: each keeps to one BLAS/OpenMP thread. (numpy's
+# OpenBLAS starts a thread per core in every process and spins them after each call: a
+# dozen workers on 16 cores kept the load near 20 with the GPU almost idle.)
+ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                     "NUMEXPR_NUM_THREADS")}
 
 
 def server_args(rootdir: Path, gates: Sequence[str], kernel_root: Path, cache_dir: Path, arch: str | None) -> list[str]:
-    args = [*gates, f"--rootdir={rootdir}", "-q", "--color=no", "-p", "no:cacheprovider",
+    # --tb=native: a killed mutant's gate fails, and pytest's own traceback (source read and
+    # parsed for every frame) cost about 0.15 s a failure on a loaded H200 host; the verdict
+    # and its first line come from the exception itself (harness.plugin).
+    args = [*gates, f"--rootdir={rootdir}", "-q", "--color=no", "-p", "no:cacheprovider", "--tb=native",
             f"--kernel-root={kernel_root}", f"--harness-cache-dir={cache_dir}"]
     if arch:
         args.append(f"--arch={arch}")
@@ -65,7 +73,7 @@ class WarmExecutor:
         if self._pool is not None:
             return
         config = workers.PoolConfig(rootdir=self.rootdir, invocation_dir=self.rootdir, pytest_args=[],
-                                    device_ordinal=self.device_ordinal, spares=self.spares)
+                                    device_ordinal=self.device_ordinal, spares=self.spares, env=ONE_THREAD)
         pool = workers.Pool(config)
         pool.start_server()
         pool.collect(server_args(self.rootdir, self.gates, self.kernel_root, self.cache_dir, self.arch))
