@@ -128,6 +128,7 @@ class Worker:
         self.alive = True
         self.served = 0  # mutants served (a reused worker of a campaign)
         self.current_gate: str | None = None  # the gate a run_set announced last
+        self.ended_because: str | None = None  # why a campaign's worker was not kept for the next mutant
 
     def start(self, nodeid: str, nextid: str | None) -> None:
         """Send the gate; `wait` collects the verdict (a trap gate may be started ahead)."""
@@ -159,6 +160,8 @@ class Worker:
         msg, timed_out, died, last = self._receive("done_set", deadline, gate_deadlines)
         if msg is None or not msg.get("reusable"):
             self.kill()
+            self.ended_because = ("it ran past its deadline" if timed_out else died if died
+                                  else (msg or {}).get("why_not_reusable") or "it could not be reset")
         else:
             self.served += 1
         return (msg["outcomes"] if msg is not None else []), timed_out, died, last
@@ -733,9 +736,12 @@ def _worker_loop(session, ch: Channel) -> None:
         if msg.get("op") == "run_set":
             reply = _run_set(session, items, sink, msg, props)
             why_not = "not asked to serve another mutant"
-            if msg.get("reuse") and not any(o["poisoned"] for o in reply["outcomes"]):
+            if any(o["poisoned"] for o in reply["outcomes"]):
+                why_not = "a gate left the CUDA context unusable"
+            elif msg.get("reuse"):
                 why_not = reset_for_next_mutant(session)
             reply["reusable"] = why_not is None
+            reply["why_not_reusable"] = why_not
             ch.send(reply)
             if why_not is None:
                 continue
@@ -848,6 +854,12 @@ def reset_for_next_mutant(session) -> str | None:
         return f"a fixture's teardown raised {type(exc).__name__}: {exc}"
     clear_project_caches(Path(session.config.rootpath))
     kernels.forget_loaded()
+    # pytest keeps the last failure for a post-mortem debugger (sys.last_value and friends):
+    # its traceback's frames hold the failed gate's device buffers. A killed mutant always
+    # leaves one; it must not keep them past the mutant.
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
     gc.collect()
     if device.context_is_poisoned():
         return "the CUDA context has a sticky error"

@@ -110,6 +110,7 @@ def test_one_worker_serves_mutant_after_mutant_with_the_projects_caches_cleared(
     (pid1, n1), = [line.split() for line in (first_box.parent / "pids").read_text().splitlines()]
     (pid2, n2), = [line.split() for line in (second_box.parent / "pids").read_text().splitlines()]
     assert pid1 == pid2 and (n1, n2) == ("2", "3")
+    assert not ex.replaced and ex.summary() == "every worker was kept from mutant to mutant"
 
 
 def test_without_reuse_each_mutant_gets_a_fresh_worker(suite):
@@ -128,6 +129,8 @@ def test_a_gate_that_poisons_the_context_ends_its_worker(suite):
     runs = ex.run(box, GATE_IDS[1:], 60)  # the trap gate (passes, context poisoned), then test_pid
     assert [o.outcome for o in runs.outcomes] == ["passed", "passed"], runs
     assert all(w.alive for w in ex._idle) and len(ex._idle) == 1
+    assert ex.replaced == {"a gate left the CUDA context unusable": 1}, ex.replaced
+    assert ex.summary() == "1 worker(s) replaced: 1 x a gate left the CUDA context unusable"
 
 
 def test_a_kill_by_assertion_stops_the_run_and_names_the_gate(suite):
@@ -153,6 +156,7 @@ def test_a_hang_is_a_timeout_and_the_next_mutant_gets_a_new_worker(suite):
     assert runs.timed_out
     ok = ex.run(_mutant(root, "after", KERNEL), GATE_IDS[:1], 60)
     assert ok.outcomes[0].outcome == "passed"
+    assert ex.replaced == {"it ran past its deadline": 1}, ex.replaced
 
 
 def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verdicts(suite, tmp_path):
@@ -290,6 +294,26 @@ def test_reset_refuses_a_worker_whose_device_buffers_outlive_the_mutant(monkeypa
     session = types.SimpleNamespace(_setupstate=types.SimpleNamespace(teardown_exact=lambda item: None),
                                     config=types.SimpleNamespace(rootpath=tmp_path))
     assert workers.reset_for_next_mutant(session) is None
+    # a failed gate's traceback (kept by pytest for a debugger) holds its buffers: let go
+
+    class Buffer:
+        def __init__(self):
+            held["bytes"] += 512
+
+        def __del__(self):
+            held["bytes"] -= 512
+
+    def failing_gate():
+        kept = Buffer()  # noqa: F841 - a local of the failing frame, as a gate's device array is
+        raise AssertionError("out differs")
+
+    try:
+        failing_gate()
+    except AssertionError as exc:
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        sys.last_exc = exc  # (Python 3.12 keeps this one too)
+    assert held["bytes"] == 512
+    assert workers.reset_for_next_mutant(session) is None and held["bytes"] == 0
     held["bytes"] = 4096
     why = workers.reset_for_next_mutant(session)
     assert why is not None and "4096 bytes" in why and "still held" in why

@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         return usage(f"--recheck {args.recheck!r} is not a whole number of mutants >= 0; pass e.g. --recheck 10")
     factory, executors = _executor_factory(config, args.executor)
     try:
-        return _run(config, args, recheck_n, factory, out, err)
+        return _run(config, args, recheck_n, factory, out, err, executors)
     finally:
         for ex in executors.values():
             ex.close()  # no server or worker outlives the campaign, interrupted or not
@@ -288,7 +288,7 @@ def _report_only(config, mutants, warnings, out, err) -> int:
     return ExitStatus.OK
 
 
-def _run(config, args, recheck_n, factory, out, err) -> int:
+def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
     from rich.markup import escape
 
     from harness.mutate import report
@@ -334,6 +334,9 @@ def _run(config, args, recheck_n, factory, out, err) -> int:
     if campaign.coverage is None or campaign.coverage.source_read() is None:
         out.print("note: the baseline did not record which sources each gate reads, so no mutant was screened out "
                   "by its cubin alone", markup=False)
+    for ex in (executors or {}).values():
+        if hasattr(ex, "summary") and not config.static:
+            out.print(f"workers: {ex.summary()}", markup=False)
     if getattr(campaign, "recheck", None) is not None:
         line = campaign.recheck.line()
         out.print(f"verdict integrity: {line} (every survivor and a sample, each in a fresh pytest)"

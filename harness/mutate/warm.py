@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -67,6 +68,7 @@ class WarmExecutor:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _idle: list = field(default_factory=list, repr=False)  # reset workers waiting for a mutant
     _closed: bool = field(default=False, repr=False)  # closed: no new worker or pool (an interrupted campaign)
+    replaced: Counter = field(default_factory=Counter, repr=False)  # why workers were not kept: how often
 
     def start(self) -> None:
         """Start the server and the spares; raises workers.PoolError with the reason."""
@@ -100,8 +102,18 @@ class WarmExecutor:
         with self._lock:
             if worker.alive and worker.served >= MAX_SERVED:
                 worker.quit()
+                worker.ended_because = f"retired after {MAX_SERVED} mutants"
             if worker.alive:
                 self._idle.append(worker)
+            else:
+                self.replaced[worker.ended_because or "it ended"] += 1
+
+    def summary(self) -> str:
+        """One line: how many mutant runs reused a worker and why workers were replaced."""
+        if not self.replaced:
+            return "every worker was kept from mutant to mutant"
+        reasons = "; ".join(f"{n} x {why}" for why, n in self.replaced.most_common(6))
+        return f"{sum(self.replaced.values())} worker(s) replaced: {reasons}"
 
     def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns:
         start = time.monotonic()
