@@ -80,6 +80,7 @@ def main(argv: list[str]) -> int:
     finally:
         for ex in executors.values():
             ex.close()
+    worker_lines = [ex.summary() for ex in executors.values()]
     if warm.baseline is None or not warm.baseline.ok:
         print(f"error: the baseline is red; see {warm.baseline.log if warm.baseline else tmp}", file=sys.stderr)
         return 3
@@ -98,7 +99,8 @@ def main(argv: list[str]) -> int:
         n["mutants_per_minute"] else None
     result = {"command": "python -m harness bench mutate " + " ".join(argv), "campaign": w, "naive": n,
               "naive_jobs": naive_jobs, "gpu_jobs": config.gpu_jobs, "speedup": ratio,
-              "compared": len(both), "agreed": len(both) - len(disagree), "disagreements": disagree}
+              "compared": len(both), "agreed": len(both) - len(disagree), "disagreements": disagree,
+              "campaign_workers": worker_lines}
     out = Path(mine.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{mine.name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -109,7 +111,8 @@ def main(argv: list[str]) -> int:
         md.append(f"| {label} | {s['mutants']} | {s['reached_gpu']} | {s['screened_out_on_cpu']} | "
                   f"{s['gpu_stage_s']} | {s['mutants_per_minute']} |")
     md += ["", f"Speed-up: {ratio}x. Verdicts compared: {len(both)}, agreed: {len(both) - len(disagree)}"
-           + (f"; disagreements: {disagree}" if disagree else "."), ""]
+           + (f"; disagreements: {disagree}" if disagree else "."), "",
+           *(f"Campaign workers: {line}." for line in worker_lines), ""]
     (out / f"{mine.name}.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0 if not disagree else 1
