@@ -230,6 +230,11 @@ class Worker:
         self.kill()
 
 
+class DeviceLost(RuntimeError):
+    """A fresh worker could not start on a device that served gates before: the GPU is gone
+    (a driver reset, an Xid, a GPU off the bus). Nothing run from now on is a verdict."""
+
+
 class PoolError(RuntimeError):
     """The pool could not start a server or a worker; the message says why and what to do."""
 

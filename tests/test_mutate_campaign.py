@@ -338,3 +338,34 @@ def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
     assert campaign.baseline.ok and len(compiled_at) == len(campaign.mutants) > 2
     assert Timed.first is not None and Timed.first < compiled_at[-1], "the first gate run waited for the whole screen"
     assert len(campaign.results) == len(campaign.mutants)
+
+
+def test_a_lost_device_stops_the_campaign_and_takes_back_its_recent_faults(suite):
+    """A worker that cannot start mid-campaign is the GPU's failure, never a verdict: the
+    campaign stops, the faults and timeouts just before are taken back for --resume, and
+    kills by assertion stay."""
+    from harness.mutate.campaign import DeviceLostError
+    from harness.workers import DeviceLost
+
+    class DiesOnTheThirdMutant(FakeExecutor):
+        boxes: list = []
+
+        def run(self, sandbox, gates, deadline):
+            if sandbox not in self.boxes:
+                self.boxes.append(sandbox)
+            if len(self.boxes) == 2:  # the GPU already failing: this one times out
+                return GateRuns((), timed_out=True)
+            if len(self.boxes) >= 3:
+                raise DeviceLost("harness: a GPU gate worker could not start: cudaErrorNoDevice")
+            return super().run(sandbox, gates, deadline)
+
+    fake = DiesOnTheThirdMutant()
+    cfg = config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
+    with pytest.raises(DeviceLostError, match="stopped answering.*--resume"):
+        run_campaign(cfg, executor_factory=lambda *a: fake)
+    kept = read_results(cfg.report_dir / RESULTS_FILE)
+    ran = [r for r in kept.values() if r.gates_run]
+    assert len(ran) == 1 and ran[0].verdict is not Verdict.TIMEOUT, "the first mutant's verdict stays"
+    assert not any(r.verdict is Verdict.TIMEOUT for r in kept.values()), "the timeout before the loss is taken back"
+    resumed = run_campaign(cfg.__class__(**{**cfg.__dict__, "resume": True}), executor_factory=lambda *a: FakeExecutor())
+    assert resumed.resumed == len(kept) and len(resumed.results) == len(resumed.mutants)

@@ -18,7 +18,17 @@ pytest_plugins = [] if "harness.plugin" in sys.modules else ["harness.plugin"]
 import harness.device as device
 from harness.device import DeviceProbe
 _fake = DeviceProbe(count=1, name="Fake GPU", arch="sm_90")
-device.probe = lambda: _fake
+
+
+def _probe():
+    import os, pathlib
+    dead = os.environ.get("FAKE_GPU_DEAD_FLAG")
+    if dead and pathlib.Path(dead).exists():  # the GPU fell off the bus: workers forked now cannot start
+        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+    return _fake
+
+
+device.probe = _probe
 device.context_is_poisoned = lambda: False
 """
 
@@ -317,3 +327,16 @@ def test_reset_refuses_a_worker_whose_device_buffers_outlive_the_mutant(monkeypa
     held["bytes"] = 4096
     why = workers.reset_for_next_mutant(session)
     assert why is not None and "4096 bytes" in why and "still held" in why
+
+
+def test_a_worker_that_cannot_start_mid_campaign_is_a_lost_device_not_a_verdict(suite, tmp_path, monkeypatch):
+    from harness.workers import DeviceLost
+
+    flag = tmp_path / "dead"
+    monkeypatch.setenv("FAKE_GPU_DEAD_FLAG", str(flag))
+    root, ex = suite
+    assert ex.run(_mutant(root, "alive", KERNEL), GATE_IDS[:1], 60).outcomes[0].outcome == "passed"
+    flag.write_text("")
+    with pytest.raises(DeviceLost, match="could not start.*cudaErrorNoDevice"):
+        for i in range(6):  # each trap gate ends its worker; the spares made before the loss run out
+            ex.run(_mutant(root, f"after{i}", KERNEL), GATE_IDS[1:2], 60)

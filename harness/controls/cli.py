@@ -19,6 +19,7 @@ class ExitStatus(enum.IntEnum):
     CONTROLS_DIFFER = 1  # some control is not what it expects
     USAGE = 2  # bad arguments or invalid control files: nothing ran
     BASELINE_RED = 3  # the unperturbed gates are red: controls over them would prove nothing
+    DEVICE_LOST = 4  # the device stopped answering mid-campaign: no verdict after that is one
     INTERRUPTED = 130
 
 
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"usable ({escape(str(probe.error))}): run `python -m harness controls --static` here (it "
                       "applies and compiles every control with no GPU), and the full campaign on a machine with a GPU")
             return ExitStatus.USAGE
+    from harness.workers import DeviceLost
+
     try:
         with _Progress(err) as progress:
             campaign = run_campaign(config, progress)
@@ -184,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: children killed, sandboxes removed, the kernel root untouched")
         return ExitStatus.INTERRUPTED
+    except DeviceLost as exc:
+        err.print(f"[bold red]device lost[/]: a gate worker could not start on the GPU that served the campaign "
+                  f"({escape(str(exc))}): check it (nvidia-smi) and run the controls again")
+        return ExitStatus.DEVICE_LOST
     json_path, md_path = report.write(config.path(config.report_dir), campaign)
     b = campaign.baseline
     if b is not None and not b.ok:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from harness import _settings
+from harness import _settings, workers
 from harness.mutate.execute import Executor, FreshProcessExecutor, run_mutant
 from harness.mutate.generate import Mutant, changed_lines, generate, select_files
 from harness.mutate.select import Coverage
@@ -43,6 +43,15 @@ AUTO_FLOOR, AUTO_FACTOR, AUTO_CAP = 20.0, 5.0, 120.0
 # sample had mutants time out after 19 green gates).
 GATE_FLOOR = 15.0
 SET_FLOOR, SET_FACTOR = 60.0, 10.0
+# When the device is lost mid-campaign, the faults and timeouts recorded this many seconds
+# before are taken back (the GPU's failure, not the mutant's, may have made them): --resume
+# runs them again. (Seen on the H200: the GPU stopped answering mid-campaign; every worker
+# after that saw an unusable context.)
+LOST_WINDOW = 120.0
+
+
+class DeviceLostError(RuntimeError):
+    """The campaign stopped because the device stopped answering; its results are kept."""
 
 
 @dataclass(frozen=True)
@@ -279,6 +288,7 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
     free = list(range(jobs))
     running: dict = {}
     ended = False
+    finished_at: dict[str, float] = {}
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mutant") as pool:
         try:
             while not ended or running:
@@ -302,7 +312,16 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
                 done, _ = wait(list(running), timeout=timeout, return_when=FIRST_COMPLETED)
                 for future in done:
                     free.append(running.pop(future))
-                    _finish(campaign, results_path, future.result(), listener)
+                    try:
+                        result = future.result()
+                    except workers.DeviceLost as exc:
+                        _take_back_after_loss(campaign, results_path, finished_at)
+                        raise DeviceLostError(
+                            f"the device stopped answering after {len(campaign.results)} mutants ({exc}); the "
+                            f"faults and timeouts of the last {LOST_WINDOW:.0f} s were taken back: check the GPU "
+                            "(nvidia-smi), then continue with --resume") from None
+                    finished_at[result.mutant.id] = time.monotonic()
+                    _finish(campaign, results_path, result, listener)
                     listener.advance()
         except BaseException:
             child.kill_all()  # every gate run in flight dies with its process group
@@ -313,6 +332,21 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
             for future in running:
                 future.cancel()
             raise
+
+
+def _take_back_after_loss(campaign: MutationCampaign, path: Path, finished_at: dict[str, float]) -> None:
+    """Drop the faults and timeouts recorded in the LOST_WINDOW before a device loss, from
+    the results and from the results file (so --resume runs them again)."""
+    from harness.mutate.verdicts import append_result
+
+    now = time.monotonic()
+    suspect = {i for i, t in finished_at.items() if now - t <= LOST_WINDOW
+               and campaign.results[i].verdict in (Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT)}
+    for i in suspect:
+        del campaign.results[i]
+    path.write_text("")
+    for r in campaign.results.values():
+        append_result(path, r)
 
 
 def _finish(campaign: MutationCampaign, path: Path, result: MutantResult, listener: Listener) -> None:

@@ -18,6 +18,7 @@ class ExitStatus(enum.IntEnum):
     SURVIVORS = 1  # a full campaign left survivors (or no-coverage mutants)
     USAGE = 2  # bad arguments: nothing ran
     BASELINE_RED = 3
+    DEVICE_LOST = 4  # the device stopped answering mid-campaign: the results so far are kept
     INTERRUPTED = 130
 
 
@@ -292,7 +293,7 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
     from rich.markup import escape
 
     from harness.mutate import report
-    from harness.mutate.campaign import run_campaign
+    from harness.mutate.campaign import DeviceLostError, run_campaign
 
     try:
         with _Progress(err) as progress:
@@ -314,6 +315,9 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
         err.print("[bold red]interrupted[/]: workers and children killed, sandboxes removed, the kernel root "
                   "untouched; continue with --resume")
         return ExitStatus.INTERRUPTED
+    except DeviceLostError as exc:
+        err.print(f"[bold red]device lost[/]: {escape(str(exc))}")
+        return ExitStatus.DEVICE_LOST
     for w in campaign.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
     b = campaign.baseline

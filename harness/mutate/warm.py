@@ -95,8 +95,13 @@ class WarmExecutor:
                 worker = self._idle.pop()
                 if worker.alive:
                     return worker
-            self.start()
-            return self._pool.fresh_worker()
+            try:
+                self.start()
+                return self._pool.fresh_worker()
+            except workers.PoolError as exc:
+                # A worker that cannot start (or no device at all) says nothing about the
+                # mutant: the GPU is gone or unusable. Never a verdict.
+                raise workers.DeviceLost(str(exc)) from None
 
     def _give_back(self, worker: workers.Worker) -> None:
         with self._lock:
