@@ -64,6 +64,13 @@ def test_guard_fires(kernel_root):
         raise CUDARuntimeError("cudaErrorLaunchFailure: unspecified launch failure")
 
 @pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("i", range(6))
+def test_each_launch(kernel_root, i):
+    if "FAULT" in text(kernel_root):
+        raise CUDARuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+@pytest.mark.gpu
 @pytest.mark.link
 def test_pid(kernel_root):
     cached = device_side(kernel_root)
@@ -340,3 +347,19 @@ def test_a_worker_that_cannot_start_mid_campaign_is_a_lost_device_not_a_verdict(
     with pytest.raises(DeviceLost, match="could not start.*cudaErrorNoDevice"):
         for i in range(6):  # each trap gate ends its worker; the spares made before the loss run out
             ex.run(_mutant(root, f"after{i}", KERNEL), GATE_IDS[1:2], 60)
+
+
+def test_a_mutant_that_faults_gate_after_gate_stops_after_a_few_faults(suite):
+    from harness.mutate.execute import judge
+    from harness.mutate.warm import MAX_FAULTS
+
+    root, ex = suite
+    launches = [f"gates/test_k.py::test_each_launch[{i}]" for i in range(6)]
+    runs = ex.run(_mutant(root, "faults", KERNEL + "// FAULT\n"), launches, 60)
+    ran = [o for o in runs.outcomes if o.outcome != "not run"]
+    assert len(ran) == MAX_FAULTS and all(o.outcome == "failed" for o in ran), runs
+    j = judge([runs])
+    assert j.verdict.value == "killed-by-trap" and f"faulted in {MAX_FAULTS} gates (2 gate(s) not run)" in j.reason
+    ex.stop_on_kill = False  # --all-gates: the whole matrix, every fault
+    runs = ex.run(_mutant(root, "faults-all", KERNEL + "// FAULT\n"), launches, 60)
+    assert [o.outcome for o in runs.outcomes] == ["failed"] * 6

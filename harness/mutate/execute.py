@@ -36,6 +36,7 @@ class GateRuns:
     log: str | None = None
     waited: float = 0.0  # of `seconds`, waiting for a worker (a warm executor)
     timeout_note: str | None = None  # timed out: which gate was running, the last kernel launched
+    stop_note: str | None = None  # why the executor stopped before the gates it was given ran
 
 
 class Executor(Protocol):
@@ -123,9 +124,10 @@ def _judge(runs: list[GateRuns], outcomes: list, seconds: float, memory_safety: 
         safe = [o for o in red if o.nodeid in memory_safety]
         o = (safe or red)[0]
         what = "killed by a fault in a memory-safety gate" if safe else "killed by a trap only"
+        stops = [r.stop_note for r in runs if r.stop_note]
         return Judgement(Verdict.KILLED_BY_TRAP, f"{what}: {o.nodeid} red by {o.route or 'error'}: "
-                         f"{o.first_failure_line or ''}".strip(), tuple(x.nodeid for x in red), ran, seconds,
-                         memory_safety=bool(safe))
+                         f"{o.first_failure_line or ''}".strip() + (f"; {stops[0]}" if stops else ""),
+                         tuple(x.nodeid for x in red), ran, seconds, memory_safety=bool(safe))
     crashed = [r.crashed for r in runs if r.crashed]
     if crashed:
         return Judgement(Verdict.KILLED_BY_TRAP, f"killed by a trap only: {crashed[0]}", (), ran, seconds)
