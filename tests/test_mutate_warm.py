@@ -360,6 +360,12 @@ def test_a_mutant_that_faults_gate_after_gate_stops_after_a_few_faults(suite):
     assert len(ran) == MAX_FAULTS and all(o.outcome == "failed" for o in ran), runs
     j = judge([runs])
     assert j.verdict.value == "killed-by-trap" and f"faulted in {MAX_FAULTS} gates (2 gate(s) not run)" in j.reason
+    # a gate written for memory safety still runs past the cap: its fault is a kill
+    ex.memory_safety = frozenset({launches[5]})
+    runs = ex.run(_mutant(root, "faults-safe", KERNEL + "// FAULT\n"), launches, 60)
+    by_gate = {o.nodeid: o.outcome for o in runs.outcomes}
+    assert [by_gate[g] for g in launches] == ["failed"] * MAX_FAULTS + ["not run", "failed"]
+    assert judge([runs], frozenset({launches[5]})).memory_safety
     ex.stop_on_kill = False  # --all-gates: the whole matrix, every fault
     runs = ex.run(_mutant(root, "faults-all", KERNEL + "// FAULT\n"), launches, 60)
     assert [o.outcome for o in runs.outcomes] == ["failed"] * 6

@@ -285,6 +285,8 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
     for ex in executors:
         if hasattr(ex, "gate_deadlines"):
             ex.gate_deadlines = deadlines
+        if hasattr(ex, "memory_safety") and coverage is not None:
+            ex.memory_safety = coverage.memory_safety_gates()
     free = list(range(jobs))
     running: dict = {}
     ended = False

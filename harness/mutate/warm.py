@@ -69,6 +69,7 @@ class WarmExecutor:
     per_gate: bool = False
     reuse: bool = True
     gate_deadlines: dict | None = None  # {nodeid: seconds}: each gate's own deadline (the campaign's auto)
+    memory_safety: frozenset = frozenset()  # gates written for memory safety: run even past MAX_FAULTS
     _pool: workers.Pool | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _idle: list = field(default_factory=list, repr=False)  # reset workers waiting for a mutant
@@ -163,9 +164,12 @@ class WarmExecutor:
             remaining = [g for g in remaining if g not in done]
             if not poisoned or (killed and self.stop_on_kill):
                 break
-            if self.stop_on_kill and faults >= MAX_FAULTS:
-                stopped = f"stopped after it faulted in {faults} gates ({len(remaining)} gate(s) not run)"
-                break
+            if self.stop_on_kill and faults >= MAX_FAULTS and stopped is None:
+                # the memory-safety gates left still run: a fault there is a kill (the score)
+                kept = [g for g in remaining if g in self.memory_safety]
+                stopped = (f"stopped after it faulted in {faults} gates "
+                           f"({len(remaining) - len(kept)} gate(s) not run)")
+                remaining = kept
         ran = {o.nodeid for o in outcomes}
         outcomes += [GateOutcome(g, "not run") for g in gates if g not in ran]
         return GateRuns(tuple(outcomes), timed_out, None if timed_out else crashed, time.monotonic() - start,
