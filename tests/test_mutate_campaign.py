@@ -369,3 +369,30 @@ def test_a_lost_device_stops_the_campaign_and_takes_back_its_recent_faults(suite
     assert not any(r.verdict is Verdict.TIMEOUT for r in kept.values()), "the timeout before the loss is taken back"
     resumed = run_campaign(cfg.__class__(**{**cfg.__dict__, "resume": True}), executor_factory=lambda *a: FakeExecutor())
     assert resumed.resumed == len(kept) and len(resumed.results) == len(resumed.mutants)
+
+
+def test_a_files_frequent_killers_run_first_and_trap_gates_stay_last():
+    from harness.mutate.campaign import KillHistory
+    from harness.mutate.generate import Mutant
+    from harness.mutate.select import Coverage, GateInfo
+
+    def info(name, kind="anchor", duration=0.1):
+        return GateInfo(f"gates/t.py::{name}", "gates/t.py", kind, duration, frozenset({"a.cu"}), frozenset())
+
+    cov = Coverage([info("fast"), info("slow", duration=1.0), info("killer", duration=0.5),
+                    info("trap", kind="trap", duration=0.0)])
+    gates = cov.select("a.cu", ("a.cu",)).direct
+    assert [g.split("::")[1] for g in gates] == ["fast", "killer", "slow", "trap"]
+    history = KillHistory()
+    assert history.order("a.cu", gates, cov) == gates, "nothing killed yet: the baseline's order"
+
+    def result(file, verdict, killed_by):
+        m = Mutant("id" + killed_by + file, file, "arithmetic", 1, 1, 1, 2, 0, 1, "+", "-", "", "f")
+        return MutantResult(m, verdict, "", killed_by=[f"gates/t.py::{killed_by}"])
+
+    history.record(result("a.cu", Verdict.KILLED, "slow"))
+    history.record(result("a.cu", Verdict.KILLED, "slow"))
+    history.record(result("a.cu", Verdict.KILLED, "killer"))
+    history.record(result("a.cu", Verdict.KILLED_BY_TRAP, "trap"))  # not a kill by assertion
+    history.record(result("b.cu", Verdict.KILLED, "fast"))  # another file's killers do not count
+    assert [g.split("::")[1] for g in history.order("a.cu", gates, cov)] == ["slow", "killer", "fast", "trap"]

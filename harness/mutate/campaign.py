@@ -13,6 +13,7 @@ the mutants found there. The kernel root is only ever read.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from contextlib import contextmanager
@@ -291,6 +292,9 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
     running: dict = {}
     ended = False
     finished_at: dict[str, float] = {}
+    history = KillHistory()
+    for done_result in campaign.results.values():  # resumed: what killed its file's mutants so far
+        history.record(done_result)
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mutant") as pool:
         try:
             while not ended or running:
@@ -306,7 +310,8 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
                         listener.advance()
                     else:
                         slot = free.pop(0)
-                        running[pool.submit(gate_stage, r, root, coverage, deps, executors[slot], config)] = slot
+                        running[pool.submit(gate_stage, r, root, coverage, deps, executors[slot], config,
+                                            history)] = slot
                 if not running:
                     continue
                 # while the screen still feeds and a slot is free, look back at it soon
@@ -323,6 +328,7 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
                             f"faults and timeouts of the last {LOST_WINDOW:.0f} s were taken back: check the GPU "
                             "(nvidia-smi), then continue with --resume") from None
                     finished_at[result.mutant.id] = time.monotonic()
+                    history.record(result)
                     _finish(campaign, results_path, result, listener)
                     listener.advance()
         except BaseException:
@@ -357,8 +363,38 @@ def _finish(campaign: MutationCampaign, path: Path, result: MutantResult, listen
     listener.finished(result)
 
 
+class KillHistory:
+    """Which gates have killed each file's mutants so far in this campaign. A mutant's gates
+    then run the file's most frequent killers first (ties and gates that killed nothing keep
+    the baseline's fastest-first order; trap gates stay last): most mutants of a file die in
+    the same few gates, and fastest-first made a killed mutant run about six gates on the
+    H200. Thread-safe."""
+
+    def __init__(self):
+        import threading
+
+        self._kills: dict[str, dict[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, result: MutantResult) -> None:
+        if result.verdict is Verdict.KILLED and result.killed_by:
+            with self._lock:
+                by_gate = self._kills.setdefault(result.mutant.file, {})
+                by_gate[result.killed_by[0]] = by_gate.get(result.killed_by[0], 0) + 1
+
+    def order(self, file: str, gates: tuple[str, ...], coverage: Coverage) -> tuple[str, ...]:
+        with self._lock:
+            kills = dict(self._kills.get(file, {}))
+        if not kills:
+            return gates
+        last = {n for n in gates if n in coverage.gates and (coverage.gates[n].kind == "trap"
+                                                              or coverage.gates[n].isolated)}
+        position = {n: i for i, n in enumerate(gates)}
+        return tuple(sorted(gates, key=lambda n: (n in last, -kills.get(n, 0), position[n])))
+
+
 def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dict, executor: Executor,
-               config: MutateConfig) -> MutantResult:
+               config: MutateConfig, history: KillHistory | None = None) -> MutantResult:
     from harness.controls.sandbox import _write, sandbox
 
     m = r.mutant
@@ -366,6 +402,9 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
         return MutantResult(m, Verdict.NO_COVERAGE, "the baseline recorded no coverage", seconds=r.seconds)
     source_only = r.cubin_identical or r.duplicate_of is not None  # its cubin already ran (or is the original)
     sel = coverage.select(m.file, deps.get(m.file, ()), cubin_identical=source_only)
+    if history is not None:
+        sel = dataclasses.replace(sel, direct=history.order(m.file, sel.direct, coverage),
+                                  siblings=history.order(m.file, sel.siblings, coverage))
     if not sel.direct:
         return MutantResult(m, Verdict.NO_COVERAGE, "no gate loads its module or reads its source",
                             seconds=r.seconds, cubin_identical=r.cubin_identical)

@@ -6,7 +6,8 @@ folder beside it). For a mutant of file F, whose modules are the `.cu` files who
 closure holds F:
 
 1. direct gates: those that load one of the modules, or read F, fastest first (the
-   baseline's durations), trap gates last. A trap gate ends its worker (its `__trap()`
+   baseline's durations; the campaign then moves the file's frequent killers first,
+   `campaign.KillHistory`), trap gates last. A trap gate ends its worker (its `__trap()`
    leaves the context unusable, so the next mutant needs a fresh process and context),
    and the baseline records it as taking next to nothing (it ran ahead, on a spare):
    first, it would cost every mutant a worker;
