@@ -106,17 +106,41 @@ class LmHeadGuardedRun:
     guards: tuple  # (label, host array, sentinel bits): the entries before and after the slots
 
 
-def run_lm_head_guarded(case: LmHeadCase, excluded: int) -> LmHeadGuardedRun:
-    """The lm_head arm with the scratch in sentinel guards (above), everything back on the host."""
+# The inputs of the guarded arm are views inside padded allocations, as FP8's: a kernel that
+# reads a row too far (or before the first) reads defined, nonzero memory and fails by a
+# wrong value rather than by a fault. E's pad rows are e4m3 -448, a row that wins for every
+# token whose h sums negative (both edge tokens: an overflow to +inf for token 0).
+LM_PAD_H_ROWS = 4  # bf16 1.0 rows before and after h (4 * 2 * H >= the 496 bytes a lane can reach back)
+LM_PAD_H = 1.0
+LM_PAD_E_ROWS = 64  # e4m3 rows before and after E, with row scales 1.0
+LM_PAD_E8 = 0xFE  # e4m3 -448
+
+
+def _lm_head_padded_inputs(case: LmHeadCase):
     import cupy
 
+    t, hdim = case.h.shape
+    v = case.E.shape[0]
+    ph, pe = LM_PAD_H_ROWS, LM_PAD_E_ROWS
+    h_pad = to_bf16(np.full((ph, hdim), LM_PAD_H))
+    h = cupy.asarray(np.concatenate([h_pad, case.h, h_pad]))[ph:ph + t]
+    e_pad = np.full((pe, hdim), LM_PAD_E8, dtype=np.uint8)
+    E = cupy.asarray(np.concatenate([e_pad, case.E, e_pad]))[pe:pe + v]
+    rs_pad = np.ones(pe, dtype=np.float32)
+    rs = cupy.asarray(np.concatenate([rs_pad, case.rs, rs_pad]))[pe:pe + v]
+    return h, E, rs
+
+
+def run_lm_head_guarded(case: LmHeadCase, excluded: int) -> LmHeadGuardedRun:
+    """The lm_head arm with padded inputs and the scratch in sentinel guards (above),
+    everything back on the host."""
     t, v = case.h.shape[0], case.E.shape[0]
     blocks = lm_head.partial_blocks(v)
     n, g = t * blocks, PART_GUARD
     pv = filled((n + 2 * g,), np.float32, PART_VAL_SENTINEL)
     pi = filled((n + 2 * g,), np.int32, PART_IDX_SENTINEL)
-    idx, val = lm_head.run_lm_head_argmax(cupy.asarray(case.h), cupy.asarray(case.E), cupy.asarray(case.rs),
-                                          excluded=excluded, softcap=case.softcap,
+    h, E, rs = _lm_head_padded_inputs(case)
+    idx, val = lm_head.run_lm_head_argmax(h, E, rs, excluded=excluded, softcap=case.softcap,
                                           scratch=(pv[g:g + n].reshape(t, blocks), pi[g:g + n].reshape(t, blocks)))
     pv, pi = to_host(pv), to_host(pi)
     guards = (("part_val before row 0", pv[:g], PART_VAL_SENTINEL),

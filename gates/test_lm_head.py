@@ -10,8 +10,9 @@ from gates._quant_gemv import (LmHeadGuardedRun, lm_head_edge, lm_head_partials_
 from harness import assert_bits_eq, assert_close
 from harness.buffers import assert_untouched
 from kernels_cu import lm_head
-from oracles.quant_gemv import (LM_EDGE_WINNER, LM_HEAD_HOT_ROW, LM_POS_RUNNER_UP, LM_POS_SOFTCAP, LM_POS_V,
-                                 LM_POS_WINNERS, TANHF_ULP_BOUND, LmHeadCase, capped, lm_head_argmax, lm_head_case)
+from oracles.quant_gemv import (LM_EDGE_WINNER, LM_HEAD_HOT_ROW, LM_POS_RUNNER_UP, LM_POS_SOFTCAP, LM_POS_UNIT_CAP,
+                                 LM_POS_UNIT_CAP_RS, LM_POS_V, LM_POS_WINNERS, TANHF_ULP_BOUND, LmHeadCase, capped,
+                                 lm_head_argmax, lm_head_case)
 
 T, V, H, SOFTCAP = 2, 1024, 64, 30.0
 
@@ -92,6 +93,27 @@ def test_lm_head_capping_keeps_the_positional_winners_and_caps_their_values(posi
                  atol=TANHF_ULP_BOUND * float(np.spacing(np.abs(expected).max())), rtol=0.0)
 
 
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_lm_head_a_cap_of_one_still_caps(positional):
+    # softcap 1.0 (the contract caps for every softcap > 0; the other anchors use 30 and 2048)
+    # on the positional design with every row scale times 2^-11 (exact): logits below 0.5 in
+    # magnitude (|logit| <= 665 before scaling), distinct ones at least 2^-14 apart; tanh's
+    # slope stays above 0.78 there, so distinct capped values differ by more than 5e-5, far
+    # past tanhf's 2 ulp (under 6e-8 below 0.5; checked on the host): the index is the
+    # uncapped one, exactly; the value within TANHF_ULP_BOUND ulp. The division by 1 and the
+    # product with 1 are exact. A kernel that caps only above 1 returns the scaled logit.
+    idx, val = lm_head_argmax(positional.logits)
+    c = positional.case
+    unit = LmHeadCase(h=c.h, E=c.E, rs=(c.rs * np.float32(LM_POS_UNIT_CAP_RS)).astype(np.float32),
+                      softcap=LM_POS_UNIT_CAP)
+    got_idx, got_val = run_lm_head(unit, excluded=lm_head.NONE)
+    assert_bits_eq(f"argmax index (softcap {LM_POS_UNIT_CAP:g})", got_idx, idx)
+    expected = np.asarray([capped(v * LM_POS_UNIT_CAP_RS, LM_POS_UNIT_CAP) for v in val], dtype=np.float32)
+    assert_close(f"capped values (softcap {LM_POS_UNIT_CAP:g})", got_val, expected,
+                 atol=TANHF_ULP_BOUND * float(np.spacing(np.abs(expected).max())), rtol=0.0)
+
+
 def assert_partials(run: LmHeadGuardedRun, design: str, excluded: int) -> None:
     """Every block's (value, index) in its own slot, nothing written around the slots."""
     for label, arr, bits in run.guards:
@@ -121,14 +143,15 @@ def test_lm_head_every_block_partial_lands_in_its_own_slot_between_sentinel_guar
 @pytest.mark.gpu
 @pytest.mark.anchor
 def test_lm_head_all_negative_and_all_overflowing_logits_keep_their_winners():
-    # The edge design (oracles.quant_gemv.lm_head_edge_case), V = 357 (6 blocks, the last
+    # The edge design (oracles.quant_gemv.lm_head_edge_case), V = 15525 (243 blocks, the last
     # partial), H = 72 (lanes 9-31 idle), E in {0.5, 1, 1.125, 1.5, 2}, rs in {8, 16, 32}:
     # token 0's every logit overflows to -inf (exact dots, rs * dot < -2^128), so its answer is
     # its lowest candidate with value -inf: 0, or 1 with row 0 excluded. An initial best of 0
     # or -FLT_MAX (either kernel) answers (0x7fffffff, that value); a reduce reading one
     # partial past row 0 takes token 1's block 0. Token 1's logits are all negative (an
-    # initial 0 wins over them); its winner sits in the last warp of block 2 (a block stage
-    # that compares the wrong warp's value loses it) and holds 1.125 (odd mantissa code) at
+    # initial 0 wins over them); its winner sits in the last warp of block 230, whose partial
+    # the reduce kernel's last warp holds (a block or cross-warp stage that skips or mis-reads
+    # a last warp loses it), and holds 1.125 (odd mantissa code) at
     # even elements, so a dot dropping a pair's low code bit moves its value by 8 * 0.125 *
     # |h|. Exact everywhere (softcap 0): index and value compare as bits, -inf included.
     edge = lm_head_edge()

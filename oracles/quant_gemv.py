@@ -208,6 +208,10 @@ LM_POS_WINNERS = (
 )
 LM_POS_RUNNER_UP = 64 * 200  # token 0's best once V - 1 is excluded: the first row of block 200
 LM_POS_SOFTCAP = 2048.0  # logits stay below 1100: tanh keeps every order (see lm_head_positional_case)
+# A cap of 1 on the same design with every row scale times 2^-11 (exact): the same capped
+# values over 2048, with the cap at 1 itself (a kernel that caps only above 1 shows).
+LM_POS_UNIT_CAP = 1.0
+LM_POS_UNIT_CAP_RS = 2.0**-11
 
 
 @dataclass(frozen=True)
@@ -316,11 +320,11 @@ def f32_logits(rs: np.ndarray, dots: np.ndarray) -> np.ndarray:
 # The edge design (issue 11 survivors of the H200 campaign): logits at or below zero, where
 # an initial best of 0 or -FLT_MAX instead of -inf shows, and odd e4m3 codes in the winning row.
 LM_EDGE_H = 72  # 9 steps of 8: lanes 0-8 take one, lanes 9-31 none
-LM_EDGE_V = 64 * 5 + 37  # 6 partials a row, the last block partial (37 rows)
+LM_EDGE_V = 64 * 242 + 37  # 243 partials a row (reduce warps 0-7, one pass), the last block partial
 LM_EDGE_RS = (8.0, 16.0, 32.0)  # powers of two, >= 8: rs * dot overflows for token 0
 POSITIVE_SET = (0.5, 1.0, 1.125, 1.5, 2.0)  # E > 0 everywhere: token 0's every dot is negative
 LM_EDGE_OVERFLOW_H = -(2.0**120)  # token 0's h: dot = -2^120 * sum E[v] in [-2^127.2, -2^125.1], exact
-LM_EDGE_WINNER = 64 * 2 + 8 * 7 + 5  # token 1's winner: block 2, its last warp (warp 7), row 5
+LM_EDGE_WINNER = 64 * 230 + 8 * 7 + 5  # token 1's winner: block 230's last warp (warp 7); reduce warp 7
 LM_EDGE_ODD = (0, 10, 36, 62)  # even elements (a pair's low byte) of the winner row set to 1.125 (code 0x39)
 
 
@@ -340,9 +344,11 @@ def lm_head_edge_case(seed: int = 12) -> LmHeadEdgeCase:
       either kernel reports (LM_NO_INDEX, that value) instead, and a reduce that reads one
       partial past its row takes token 1's block 0 (finite) over -inf.
     - token 1: h = -|h'|, h' drawn from {0.5, 1, 2}: every logit is negative. Its winner is
-      LM_EDGE_WINNER (the last warp of block 2), E = 0.5 there except 1.125 at the even
-      elements LM_EDGE_ODD, rs 8: the least negative logit (checked). 1.125 has an odd
-      mantissa code, at a pair's low byte, so a dot that drops that bit moves the value.
+      LM_EDGE_WINNER, in the last warp of block 230, whose partial the reduce kernel's
+      last warp (threads 224-255) holds: a block stage or a cross-warp stage that skips or
+      mis-reads its last warp loses it. E = 0.5 there except 1.125 at the even elements
+      LM_EDGE_ODD, rs 8: the least negative logit (checked). 1.125 has an odd mantissa
+      code, at a pair's low byte, so a dot that drops that bit moves the value.
 
     Exact: token 1's products are multiples of 1/16, its partial sums below 2 * 2 * H, its
     logits multiples of 1/2 below 32 * 4 * H in magnitude."""

@@ -245,7 +245,8 @@ def test_lm_head_edge_case_is_exact_and_puts_its_winners_where_designed(excluded
     assert np.all(c.rs.astype(np.float64) * dots[0] < -(2.0**128)) and np.all(ec.logits[0] == NEG_INF)
     # token 1: every logit negative, the winner alone at the top, in the last warp of block 2
     assert np.all(ec.logits[1] < 0) and np.all(np.isfinite(ec.logits[1]))
-    assert (LM_EDGE_WINNER % 64) // 8 == 7 and LM_EDGE_WINNER // 64 == 2
+    assert (LM_EDGE_WINNER % 64) // 8 == 7, "the winner in its block's last warp"
+    assert (LM_EDGE_WINNER // 64) // 32 == 7 and -(-LM_EDGE_V // 64) <= 256, "its partial in the last reduce warp"
     idx, val = lm_head_argmax(ec.logits, excluded=excluded)
     assert idx.tolist() == [0 if excluded < 0 else 1, LM_EDGE_WINNER] and val[0] == NEG_INF
     # the partials reduce to the same answer, and token 1's block 0 beats token 0's every partial
@@ -285,3 +286,18 @@ def test_lm_head_positional_partials_reduce_to_the_argmax_and_spread_over_the_sl
         blocks = np.arange(pidx.shape[1])[None, :]
         assert np.all(pidx // 64 == blocks)
         assert np.all(np.any(pval[:, 1:] != pval[:, :-1], axis=1)), "a row's values shifted by a slot would show"
+
+
+def test_lm_head_unit_cap_keeps_the_positional_order_past_tanhf_error():
+    from oracles.quant_gemv import LM_POS_UNIT_CAP, LM_POS_UNIT_CAP_RS
+
+    pc = lm_head_positional_case()
+    scaled = np.unique(pc.logits) * LM_POS_UNIT_CAP_RS
+    assert np.array_equal(scaled.astype(np.float32).astype(np.float64), scaled), "scaling by 2^-11 is exact"
+    assert np.abs(scaled).max() < 0.5 and np.min(np.diff(scaled)) >= 2.0**-14
+    capped_all = np.float64(LM_POS_UNIT_CAP) * np.tanh(scaled / LM_POS_UNIT_CAP)
+    assert np.min(np.diff(capped_all)) > 5e-5 > 100 * 2 * np.spacing(np.float32(0.5))
+    # a kernel that caps only above 1 returns the scaled logit itself: visible on every winner
+    idx, val = lm_head_argmax(pc.logits)
+    uncapped = val * LM_POS_UNIT_CAP_RS
+    assert np.all(np.abs(uncapped - np.tanh(uncapped)) > 1e-3)
