@@ -151,9 +151,10 @@ def test_lm_head_all_negative_and_all_overflowing_logits_keep_their_winners():
     # partial past row 0 takes token 1's block 0. Token 1's logits are all negative (an
     # initial 0 wins over them); its winner sits in the last warp of block 230, whose partial
     # the reduce kernel's last warp holds (a block or cross-warp stage that skips or mis-reads
-    # a last warp loses it), and holds 1.125 (odd mantissa code) at
-    # even elements, so a dot dropping a pair's low code bit moves its value by 8 * 0.125 *
-    # |h|. Exact everywhere (softcap 0): index and value compare as bits, -inf included.
+    # a last warp loses it), and holds 1.125 (odd mantissa code) at even elements, so a dot
+    # dropping a pair's low code bit moves its value by 8 * 0.125 * |h|. Exact everywhere
+    # (softcap 0): index and value compare as bits, -inf included. Then every block partial,
+    # in a sentinel-guarded scratch, over padded inputs (gates/_quant_gemv.py).
     edge = lm_head_edge()
     for excluded in (lm_head.NONE, 0):
         idx, val = lm_head_argmax(edge.logits, excluded=excluded)
