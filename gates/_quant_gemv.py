@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.buffers import BF16_SENTINEL, filled
+from harness import host_cache
+from harness.buffers import BF16_SENTINEL, filled, to_host
 from harness.dtypes import bf16, to_bf16
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
-from oracles.quant_gemv import Fp8GemvCase, LmHeadCase, Nvfp4Case
+from oracles.quant_gemv import (Fp8GemvCase, LmHeadCase, Nvfp4Case, lm_head_block_partials, lm_head_edge_case,
+                                lm_head_positional_case)
 
 SENTINEL = BF16_SENTINEL  # bf16 NaN with a payload; a kernel's NaN would be 0x7fc0 or 0x7fff
 TAIL = 16  # sentinel outputs past N
@@ -64,6 +66,89 @@ def run_lm_head(case: LmHeadCase, excluded: int) -> tuple[np.ndarray, np.ndarray
     idx, val = lm_head.run_lm_head_argmax(cupy.asarray(case.h), cupy.asarray(case.E), cupy.asarray(case.rs),
                                           excluded=excluded, softcap=case.softcap)
     return idx.get(), val.get()
+
+
+@host_cache
+def lm_head_positional():
+    """The position-dependent lm_head design (oracles.quant_gemv.lm_head_positional_case), built once."""
+    return lm_head_positional_case()
+
+
+@host_cache
+def lm_head_edge():
+    """The all-negative / overflowing lm_head design (oracles.quant_gemv.lm_head_edge_case), built once."""
+    return lm_head_edge_case()
+
+
+@host_cache
+def lm_head_partials_of(design: str, excluded: int) -> tuple[np.ndarray, np.ndarray]:
+    """(index, value) of each block's best for `design` ("positional" or "edge"), built once."""
+    logits = {"positional": lm_head_positional, "edge": lm_head_edge}[design]().logits
+    return lm_head_block_partials(logits, excluded)
+
+
+# The lm_head scratch (part_val, part_idx [T, blocks]) as views inside sentinel guards: every
+# slot starts as a sentinel partial, and so does every guard entry. A sentinel is a winner:
+# value +inf beats every logit, so a reduce that reads a slot nobody wrote or a guard entry
+# answers the sentinel index; a partial stored outside its slot lands in a guard (defined
+# memory: a wrong value to assert, not a fault) or leaves its own slot a sentinel.
+PART_GUARD = 64  # sentinel partials on each side of the T * blocks slots
+PART_VAL_SENTINEL = 0x7F800000  # f32 +inf
+PART_IDX_SENTINEL = 0xA5A5A5A5  # int32 -1515870811: below every row index, no row's index
+
+
+@dataclass(frozen=True)
+class LmHeadGuardedRun:
+    idx: np.ndarray  # int32 [T]
+    val: np.ndarray  # f32 [T]
+    part_val: np.ndarray  # f32 [T, blocks], the slots
+    part_idx: np.ndarray  # int32 [T, blocks]
+    guards: tuple  # (label, host array, sentinel bits): the entries before and after the slots
+
+
+# The inputs of the guarded arm are views inside padded allocations, as FP8's: a kernel that
+# reads a row too far (or before the first) reads defined, nonzero memory and fails by a
+# wrong value rather than by a fault. E's pad rows are e4m3 -448, a row that wins for every
+# token whose h sums negative (both edge tokens: an overflow to +inf for token 0).
+LM_PAD_H_ROWS = 4  # bf16 1.0 rows before and after h (4 * 2 * H >= the 496 bytes a lane can reach back)
+LM_PAD_H = 1.0
+LM_PAD_E_ROWS = 64  # e4m3 rows before and after E, with row scales 1.0
+LM_PAD_E8 = 0xFE  # e4m3 -448
+
+
+def _lm_head_padded_inputs(case: LmHeadCase):
+    import cupy
+
+    t, hdim = case.h.shape
+    v = case.E.shape[0]
+    ph, pe = LM_PAD_H_ROWS, LM_PAD_E_ROWS
+    h_pad = to_bf16(np.full((ph, hdim), LM_PAD_H))
+    h = cupy.asarray(np.concatenate([h_pad, case.h, h_pad]))[ph:ph + t]
+    e_pad = np.full((pe, hdim), LM_PAD_E8, dtype=np.uint8)
+    E = cupy.asarray(np.concatenate([e_pad, case.E, e_pad]))[pe:pe + v]
+    rs_pad = np.ones(pe, dtype=np.float32)
+    rs = cupy.asarray(np.concatenate([rs_pad, case.rs, rs_pad]))[pe:pe + v]
+    return h, E, rs
+
+
+def run_lm_head_guarded(case: LmHeadCase, excluded: int) -> LmHeadGuardedRun:
+    """The lm_head arm with padded inputs and the scratch in sentinel guards (above),
+    everything back on the host."""
+    t, v = case.h.shape[0], case.E.shape[0]
+    blocks = lm_head.partial_blocks(v)
+    n, g = t * blocks, PART_GUARD
+    pv = filled((n + 2 * g,), np.float32, PART_VAL_SENTINEL)
+    pi = filled((n + 2 * g,), np.int32, PART_IDX_SENTINEL)
+    h, E, rs = _lm_head_padded_inputs(case)
+    idx, val = lm_head.run_lm_head_argmax(h, E, rs, excluded=excluded, softcap=case.softcap,
+                                          scratch=(pv[g:g + n].reshape(t, blocks), pi[g:g + n].reshape(t, blocks)))
+    pv, pi = to_host(pv), to_host(pi)
+    guards = (("part_val before row 0", pv[:g], PART_VAL_SENTINEL),
+              ("part_idx before row 0", pi[:g], PART_IDX_SENTINEL),
+              (f"part_val past row {t - 1}", pv[g + n:], PART_VAL_SENTINEL),
+              (f"part_idx past row {t - 1}", pi[g + n:], PART_IDX_SENTINEL))
+    return LmHeadGuardedRun(idx=to_host(idx), val=to_host(val), part_val=pv[g:g + n].reshape(t, blocks),
+                            part_idx=pi[g:g + n].reshape(t, blocks), guards=guards)
 
 
 # What the one-step-too-far allocations hold: x 1.0, e2m1 codes 1.0, block scales 1.0.

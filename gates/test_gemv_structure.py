@@ -12,6 +12,10 @@ run) through harness.source, and need no GPU: they run in CI.
 - The single-warp kernel has no block barrier: its early return is warp-uniform, not
   block-uniform, so a `__syncthreads()` after it is a divergent barrier (undefined), and
   the kernel's point, a barrier-free reduction for occupancy, would be gone.
+- Each lm_head kernel reads its warps' shared slots only after a block barrier: lane 0 of
+  every warp stores its (value, index), thread 0 reads all of them. Without the barrier the
+  read races the stores; on one GPU the warps may happen to finish in time, so no numeric
+  gate sees it reliably.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import re
 
 import pytest
 
-from harness.source import calls_in, declared_names, define_int, function, mentions, reachable_functions, read_source
+from harness.source import (calls_in, declared_names, define_int, function, line_of, mentions, reachable_functions,
+                           read_source)
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
 
 pytestmark = pytest.mark.structural
@@ -74,6 +79,38 @@ def test_lm_head_launcher_constants_equal_the_cu_defines(kernel_root):
         "LM_HEAD_ROWS_PER_BLOCK": lm_head.ROWS_PER_BLOCK,
         "LM_HEAD_H_PER_LANE": lm_head.H_PER_LANE,
     })
+
+
+LM_HEAD_KERNELS = ("lm_head_partial", "lm_head_reduce")
+
+
+def test_lm_head_reads_its_warps_shared_slots_after_a_block_barrier(kernel_root):
+    # For each __shared__ array of each kernel: its first read after its last store (the
+    # declaration is neither) must have a block barrier between them.
+    src = read(kernel_root, lm_head.SOURCE)
+    problems = []
+    for kernel in LM_HEAD_KERNELS:
+        fn = function(src, kernel)
+        body = fn.body
+        barriers = [m.start() for b in BLOCK_BARRIERS for m in re.finditer(rf"(?<!\w){b}\s*\(", body)]
+        names = declared_names(body, "__shared__")
+        checked = 0
+        for name in names:
+            uses = list(re.finditer(rf"(?<!\w){name}\s*\[[^\]]*\](\s*=(?!=))?", body))[1:]  # [0]: the declaration
+            stores = [m.start() for m in uses if m.group(1)]
+            reads = [m.start() for m in uses if not m.group(1) and stores and m.start() > max(stores)]
+            if not stores or not reads:
+                continue
+            store, first_read, checked = max(stores), min(reads), checked + 1
+            if not any(store < b < first_read for b in barriers):
+                problems.append(f"{kernel}, line {fn.body_line + line_of(body, first_read) - 1}: {name}[...] is read "
+                                f"after its store at line {fn.body_line + line_of(body, store) - 1} with no "
+                                "__syncthreads() between")
+        if not checked:
+            problems.append(f"{kernel}: no __shared__ slot stored then read found; this gate reads the warps' "
+                            "(value, index) slots (s_val[warp] = ...; ... s_val[w])")
+    assert_no_problems(problems, "every warp's slot must be stored before thread 0 reads it: "
+                                 "put __syncthreads() between the stores and the block stage")
 
 
 def test_nvfp4_partial_reads_a_staged_table_never_constant_memory(kernel_root):

@@ -13,6 +13,8 @@ import numpy as np
 from harness.kernels import module
 from harness.launch import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, Refusal, check_aligned, check_array
 
+I32_DTYPES = (np.dtype(np.int32),)
+
 SOURCE = "lm_head.cu"
 THREADS = 256  # LM_HEAD_THREADS
 ROWS_PER_BLOCK = 64  # LM_HEAD_ROWS_PER_BLOCK
@@ -43,17 +45,39 @@ def check_lm_head_args(h, E, rs, excluded: int, softcap: float) -> tuple[int, in
     return t, v, hdim
 
 
-def run_lm_head_argmax(h, E, rs, *, excluded: int = NONE, softcap: float = 0.0):
+def partial_blocks(v: int) -> int:
+    """Partials a row: one a block of ROWS_PER_BLOCK vocabulary rows."""
+    return -(-v // ROWS_PER_BLOCK)
+
+
+def check_lm_head_scratch(t: int, v: int, scratch) -> None:
+    """A caller's scratch is (part_val f32 [T, blocks], part_idx int32 [T, blocks]), dense."""
+    op = "lm_head_argmax"
+    if not (isinstance(scratch, tuple) and len(scratch) == 2):
+        raise Refusal(f"{op}: scratch must be a pair (part_val, part_idx), got {type(scratch).__name__}")
+    blocks = partial_blocks(v)
+    check_array(op, "part_val", scratch[0], (t, blocks), F32_DTYPES, f"f32 [T, ceil(V / {ROWS_PER_BLOCK})]")
+    check_array(op, "part_idx", scratch[1], (t, blocks), I32_DTYPES, f"int32 [T, ceil(V / {ROWS_PER_BLOCK})]")
+
+
+def run_lm_head_argmax(h, E, rs, *, excluded: int = NONE, softcap: float = 0.0, scratch=None):
     """(idx int32 [T], val f32 [T]): each row's argmax over v != excluded of the (capped)
-    logit rs[v] * dot(h[t], E[v]); ties go to the lowest index."""
+    logit rs[v] * dot(h[t], E[v]); ties go to the lowest index. `scratch`, when given, is
+    the pair (part_val f32, part_idx int32), each [T, ceil(V / ROWS_PER_BLOCK)], where the
+    partial kernel leaves each block's best and the reduce kernel reads them (gates pass
+    views inside sentinel guards); by default the launcher allocates it."""
     import cupy
 
     t, v, _ = check_lm_head_args(h, E, rs, excluded, softcap)
     check_aligned("lm_head_argmax", "h", h, 16)
     check_aligned("lm_head_argmax", "E", E, 8)
-    blocks = -(-v // ROWS_PER_BLOCK)
-    part_val = cupy.empty((t, blocks), dtype=cupy.float32)
-    part_idx = cupy.empty((t, blocks), dtype=cupy.int32)
+    blocks = partial_blocks(v)
+    if scratch is None:
+        part_val = cupy.empty((t, blocks), dtype=cupy.float32)
+        part_idx = cupy.empty((t, blocks), dtype=cupy.int32)
+    else:
+        check_lm_head_scratch(t, v, scratch)
+        part_val, part_idx = scratch
     idx = cupy.empty((t,), dtype=cupy.int32)
     val = cupy.empty((t,), dtype=cupy.float32)
     m = module(SOURCE)

@@ -208,6 +208,10 @@ LM_POS_WINNERS = (
 )
 LM_POS_RUNNER_UP = 64 * 200  # token 0's best once V - 1 is excluded: the first row of block 200
 LM_POS_SOFTCAP = 2048.0  # logits stay below 1100: tanh keeps every order (see lm_head_positional_case)
+# A cap of 1 on the same design with every row scale times 2^-11 (exact): the same capped
+# values over 2048, with the cap at 1 itself (a kernel that caps only above 1 shows).
+LM_POS_UNIT_CAP = 1.0
+LM_POS_UNIT_CAP_RS = 2.0**-11
 
 
 @dataclass(frozen=True)
@@ -250,14 +254,120 @@ def lm_head_positional_case(seed: int = 11) -> LmHeadPositionalCase:
     return LmHeadPositionalCase(case=case, logits=logits)
 
 
+LM_NO_INDEX = 0x7FFFFFFF  # LM_HEAD_NO_INDEX: the index a block with no candidate reports
+
+
+def _first_best(lg: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Along the last axis: (first position holding the largest valid value, that value), or
+    (-1, -inf) where nothing is valid. -inf is a value like any other here: a row of valid
+    -inf logits has a winner (its first valid position), which an exclusion done by writing
+    -inf over the excluded logit would get wrong."""
+    m = np.max(np.where(valid, lg, -np.inf), axis=-1)
+    hit = valid & (lg == m[..., None])
+    has = hit.any(axis=-1)
+    first = np.argmax(hit, axis=-1)
+    return np.where(has, first, -1), np.where(has, m, -np.inf)
+
+
 def lm_head_argmax(logits: np.ndarray, excluded: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """(index int32 [T], value float64 [T]) of exact logits, ties to the lowest index, the
-    excluded column never winning: the contract's rule on the contract's logits."""
-    lg = np.array(logits, dtype=np.float64, copy=True)
+    excluded column never winning: the contract's rule on the contract's logits (f32 values,
+    -inf included: a token whose every logit is -inf answers its lowest candidate, -inf)."""
+    lg = np.asarray(logits, dtype=np.float64)
+    valid = ~np.isnan(lg)
     if excluded >= 0:
-        lg[:, excluded] = -np.inf
-    idx = np.argmax(lg, axis=1)  # first occurrence of the maximum: the lowest index
-    return idx.astype(np.int32), lg[np.arange(lg.shape[0]), idx]
+        valid[:, excluded] = False
+    idx, val = _first_best(lg, valid)
+    if np.any(idx < 0):
+        raise ValueError("a token has no candidate logit: exclude at most one of V >= 2 rows")
+    return idx.astype(np.int32), val
+
+
+def lm_head_block_partials(logits: np.ndarray, excluded: int = -1,
+                           rows_per_block: int = LM_ROWS_PER_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """What `lm_head_partial` leaves in its scratch: (value float64 [T, blocks], index int32
+    [T, blocks]), each block's best candidate by the same rule (ties to the lowest index, the
+    excluded row never a candidate), (-inf, LM_NO_INDEX) for a block with no candidate."""
+    lg = np.asarray(logits, dtype=np.float64)
+    t, v = lg.shape
+    blocks = -(-v // rows_per_block)
+    pad = blocks * rows_per_block - v
+    valid = np.concatenate([~np.isnan(lg), np.zeros((t, pad), dtype=bool)], axis=1)
+    if excluded >= 0:
+        valid[:, excluded] = False
+    lg = np.concatenate([lg, np.full((t, pad), -np.inf)], axis=1)
+    first, val = _first_best(lg.reshape(t, blocks, rows_per_block), valid.reshape(t, blocks, rows_per_block))
+    base = np.arange(blocks)[None, :] * rows_per_block
+    idx = np.where(first >= 0, base + first, LM_NO_INDEX)
+    return idx.astype(np.int32), val
+
+
+def f32_logits(rs: np.ndarray, dots: np.ndarray) -> np.ndarray:
+    """float64 [T, V]: the f32 logit rs[v] * dot[t, v] of exact float64 dots (each exact in f32),
+    rounded once to f32, as float64. Refuses a logit f32 would round other than by overflow:
+    an overflow to +-inf is the one rounding every f32 order agrees on (the dot is exact, the
+    product's magnitude is past the largest f32 by more than half an ulp)."""
+    exact = rs[None, :].astype(np.float64) * dots
+    with np.errstate(over="ignore"):
+        f32 = exact.astype(np.float32).astype(np.float64)
+    rounded = (f32 != exact) & ~(np.isinf(f32) & (np.abs(exact) >= 2.0**128))
+    if rounded.any() or not np.array_equal(dots.astype(np.float32).astype(np.float64), dots):
+        raise ValueError("a designed dot or logit is not exact in f32 (and not an overflow): the argmax "
+                         "would depend on the order")
+    return f32
+
+
+# The edge design (issue 11 survivors of the H200 campaign): logits at or below zero, where
+# an initial best of 0 or -FLT_MAX instead of -inf shows, and odd e4m3 codes in the winning row.
+LM_EDGE_H = 72  # 9 steps of 8: lanes 0-8 take one, lanes 9-31 none
+LM_EDGE_V = 64 * 242 + 37  # 243 partials a row (reduce warps 0-7, one pass), the last block partial
+LM_EDGE_RS = (8.0, 16.0, 32.0)  # powers of two, >= 8: rs * dot overflows for token 0
+POSITIVE_SET = (0.5, 1.0, 1.125, 1.5, 2.0)  # E > 0 everywhere: token 0's every dot is negative
+LM_EDGE_OVERFLOW_H = -(2.0**120)  # token 0's h: dot = -2^120 * sum E[v] in [-2^127.2, -2^125.1], exact
+LM_EDGE_WINNER = 64 * 230 + 8 * 7 + 5  # token 1's winner: block 230's last warp (warp 7); reduce warp 7
+LM_EDGE_ODD = (0, 10, 36, 62)  # even elements (a pair's low byte) of the winner row set to 1.125 (code 0x39)
+
+
+@dataclass(frozen=True)
+class LmHeadEdgeCase:
+    case: LmHeadCase  # softcap 0
+    logits: np.ndarray  # float64 [2, V]: the f32 logits (token 0 all -inf), exact
+
+
+def lm_head_edge_case(seed: int = 12) -> LmHeadEdgeCase:
+    """Two tokens over E drawn from POSITIVE_SET and rs from LM_EDGE_RS (seeded):
+
+    - token 0: h = -2^120 everywhere. Every dot is -2^120 * sum E[v], exact (multiples of
+      2^117, at most 2^127.2 in magnitude, so no partial sum rounds or overflows), and every
+      logit rs * dot is at most -8 * 2^120 * 36 < -2^128: it overflows to -inf, in every
+      order. The answer is (lowest candidate, -inf): an initial best of 0 or -FLT_MAX in
+      either kernel reports (LM_NO_INDEX, that value) instead, and a reduce that reads one
+      partial past its row takes token 1's block 0 (finite) over -inf.
+    - token 1: h = -|h'|, h' drawn from {0.5, 1, 2}: every logit is negative. Its winner is
+      LM_EDGE_WINNER, in the last warp of block 230, whose partial the reduce kernel's
+      last warp (threads 224-255) holds: a block stage or a cross-warp stage that skips or
+      mis-reads its last warp loses it. E = 0.5 there except 1.125 at the even elements
+      LM_EDGE_ODD, rs 8: the least negative logit (checked). 1.125 has an odd mantissa
+      code, at a pair's low byte, so a dot that drops that bit moves the value.
+
+    Exact: token 1's products are multiples of 1/16, its partial sums below 2 * 2 * H, its
+    logits multiples of 1/2 below 32 * 4 * H in magnitude."""
+    rng = np.random.default_rng(seed)
+    E = rng.choice(np.asarray(POSITIVE_SET), size=(LM_EDGE_V, LM_EDGE_H))
+    rs = rng.choice(np.asarray(LM_EDGE_RS), size=LM_EDGE_V)
+    E[LM_EDGE_WINNER] = 0.5
+    E[LM_EDGE_WINNER, list(LM_EDGE_ODD)] = 1.125
+    rs[LM_EDGE_WINNER] = min(LM_EDGE_RS)
+    h = np.stack([np.full(LM_EDGE_H, LM_EDGE_OVERFLOW_H),
+                  -rng.choice(np.asarray([0.5, 1.0, 2.0]), size=LM_EDGE_H)])
+    _check_f32_exact(np.asarray([2.0 * 2.0 * LM_EDGE_H]), 1.0 / 16, "lm_head_edge_case")
+    logits = f32_logits(rs, h @ E.T)
+    if not np.all(logits[0] == -np.inf):
+        raise ValueError("token 0: a logit did not overflow to -inf; raise |h| or the row scales")
+    if not (np.all(logits[1] < 0) and np.flatnonzero(logits[1] == logits[1].max()).tolist() == [LM_EDGE_WINNER]):
+        raise ValueError(f"token 1: the maximum is not at row {LM_EDGE_WINNER} alone, or a logit is >= 0")
+    case = LmHeadCase(h=exact_bf16(h), E=e4m3_bits(E), rs=rs.astype(np.float32), softcap=0.0)
+    return LmHeadEdgeCase(case=case, logits=logits)
 
 
 # ------------------------------------------------------------------ NVFP4 GEMV

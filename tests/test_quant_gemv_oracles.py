@@ -183,3 +183,121 @@ def test_lm_head_positional_logits_keep_their_order_under_the_cap():
     assert np.min(np.diff(top)) >= 0.125
     capped_top = np.asarray([capped(v, LM_POS_SOFTCAP) for v in top[-50:]], dtype=np.float64)
     assert np.all(np.diff(capped_top) > 0.04)
+
+
+# ------------------------------------------------------------------ issue 11: lm_head edges (H200 survivors)
+
+from harness.dtypes import decode_e4m3  # noqa: E402
+from oracles.quant_gemv import (  # noqa: E402
+    LM_EDGE_H,
+    LM_EDGE_ODD,
+    LM_EDGE_V,
+    LM_EDGE_WINNER,
+    LM_NO_INDEX,
+    f32_logits,
+    lm_head_block_partials,
+    lm_head_edge_case,
+)
+
+NEG_INF = -np.inf
+
+
+def test_lm_head_argmax_keeps_minus_inf_candidates_and_never_picks_the_excluded_one():
+    lg = np.asarray([[NEG_INF, NEG_INF, NEG_INF], [np.nan, -3.0, -3.0], [-1.0, NEG_INF, -1.0]])
+    idx, val = lm_head_argmax(lg, excluded=0)
+    assert idx.tolist() == [1, 1, 2] and val.tolist() == [NEG_INF, -3.0, -1.0]
+    idx, val = lm_head_argmax(lg)
+    assert idx.tolist() == [0, 1, 0], "ties to the lowest index, -inf ties included; NaN never wins"
+    with pytest.raises(ValueError, match="no candidate"):
+        lm_head_argmax(np.asarray([[1.0]]), excluded=0)
+
+
+def test_lm_head_block_partials_by_hand():
+    # rows per block 2, V = 5: blocks {0, 1}, {2, 3}, {4}; row 4 excluded leaves block 2 empty.
+    lg = np.asarray([[NEG_INF, NEG_INF, -2.0, 5.0, 9.0], [3.0, 3.0, np.nan, -1.0, 0.0]])
+    idx, val = lm_head_block_partials(lg, excluded=4, rows_per_block=2)
+    assert idx.tolist() == [[0, 3, LM_NO_INDEX], [0, 3, LM_NO_INDEX]]
+    assert val.tolist() == [[NEG_INF, 5.0, NEG_INF], [3.0, -1.0, NEG_INF]]
+    idx, _ = lm_head_block_partials(lg, excluded=0, rows_per_block=2)
+    assert idx[:, 0].tolist() == [1, 1], "the excluded row is no candidate, even among -inf ties"
+
+
+def _best_of_partials(idx, val):
+    """The reduce's rule over partials: largest value, then lowest index."""
+    out = []
+    for pi, pv in zip(idx, val):
+        m = pv.max()
+        out.append((int(pi[pv == m].min()), m))
+    return out
+
+
+@pytest.mark.parametrize("excluded", [-1, 0])
+def test_lm_head_edge_case_is_exact_and_puts_its_winners_where_designed(excluded):
+    ec = lm_head_edge_case()
+    c = ec.case
+    assert c.E.shape == (LM_EDGE_V, LM_EDGE_H) and c.softcap == 0.0
+    assert LM_EDGE_V % 64 and LM_EDGE_H // 8 < 32, "a partial last block, idle lanes"
+    # token 0: exact finite dots, every logit past -2^128: -inf in f32
+    h = c.h.astype(np.float64)
+    E = decode_e4m3(c.E).astype(np.float64)
+    dots = h @ E.T
+    assert np.all(np.isfinite(dots)) and np.all(dots[0] < 0) and np.max(np.abs(dots)) < 2.0**127.5
+    assert np.all(c.rs.astype(np.float64) * dots[0] < -(2.0**128)) and np.all(ec.logits[0] == NEG_INF)
+    # token 1: every logit negative, the winner alone at the top, in the last warp of block 2
+    assert np.all(ec.logits[1] < 0) and np.all(np.isfinite(ec.logits[1]))
+    assert (LM_EDGE_WINNER % 64) // 8 == 7, "the winner in its block's last warp"
+    assert (LM_EDGE_WINNER // 64) // 32 == 7 and -(-LM_EDGE_V // 64) <= 256, "its partial in the last reduce warp"
+    idx, val = lm_head_argmax(ec.logits, excluded=excluded)
+    assert idx.tolist() == [0 if excluded < 0 else 1, LM_EDGE_WINNER] and val[0] == NEG_INF
+    # the partials reduce to the same answer, and token 1's block 0 beats token 0's every partial
+    pidx, pval = lm_head_block_partials(ec.logits, excluded=excluded)
+    assert _best_of_partials(pidx, pval) == list(zip(idx.tolist(), val.tolist()))
+    assert np.all(pval[0] == NEG_INF) and np.all(pidx[0] != LM_NO_INDEX) and np.isfinite(pval[1, 0])
+
+
+def test_lm_head_edge_winner_moves_when_a_pairs_low_code_bit_is_dropped():
+    # lm_head_dot8 pairs elements (2i, 2i + 1), the even one in the low byte: a 0xfffe mask
+    # clears its code's lowest bit. The winner row holds 1.125 (0x39 -> 0x38, 1.0) there.
+    ec = lm_head_edge_case()
+    c = ec.case
+    assert all(k % 2 == 0 for k in LM_EDGE_ODD)
+    assert np.all(c.E[LM_EDGE_WINNER, list(LM_EDGE_ODD)] == 0x39)
+    masked = c.E.copy()
+    masked[:, 0::2] &= 0xFE
+    logits = f32_logits(c.rs, c.h.astype(np.float64) @ decode_e4m3(masked).astype(np.float64).T)
+    assert logits[1, LM_EDGE_WINNER] != ec.logits[1, LM_EDGE_WINNER]
+    assert lm_head_argmax(logits)[1][1] != lm_head_argmax(ec.logits)[1][1], "the answer's value moves"
+
+
+def test_f32_logits_refuses_a_rounding_product_but_takes_an_overflow():
+    assert f32_logits(np.asarray([2.0**100]), np.asarray([[-(2.0**30)]]))[0, 0] == NEG_INF
+    with pytest.raises(ValueError, match="not exact in f32"):
+        f32_logits(np.asarray([3.0]), np.asarray([[1.0 + 2.0**-23]]))
+
+
+def test_lm_head_positional_partials_reduce_to_the_argmax_and_spread_over_the_slots():
+    pc = lm_head_positional_case()
+    for excluded in (-1, LM_POS_V - 1):
+        idx, val = lm_head_argmax(pc.logits, excluded=excluded)
+        pidx, pval = lm_head_block_partials(pc.logits, excluded=excluded)
+        assert pidx.shape == (len(LM_POS_WINNERS), -(-LM_POS_V // 64))
+        assert _best_of_partials(pidx, pval) == list(zip(idx.tolist(), val.tolist()))
+        # every slot holds a real row of its own block, so a slot shifted by one shows
+        blocks = np.arange(pidx.shape[1])[None, :]
+        assert np.all(pidx // 64 == blocks)
+        assert np.all(np.any(pval[:, 1:] != pval[:, :-1], axis=1)), "a row's values shifted by a slot would show"
+
+
+def test_lm_head_unit_cap_keeps_the_positional_order_past_tanhf_error():
+    from oracles.quant_gemv import LM_POS_UNIT_CAP, LM_POS_UNIT_CAP_RS
+
+    pc = lm_head_positional_case()
+    scaled = np.unique(pc.logits) * LM_POS_UNIT_CAP_RS
+    assert np.array_equal(scaled.astype(np.float32).astype(np.float64), scaled), "scaling by 2^-11 is exact"
+    assert np.abs(scaled).max() < 0.5 and np.min(np.diff(scaled)) >= 2.0**-14
+    capped_all = np.float64(LM_POS_UNIT_CAP) * np.tanh(scaled / LM_POS_UNIT_CAP)
+    assert np.min(np.diff(capped_all)) > 5e-5 > 100 * 2 * np.spacing(np.float32(0.5))
+    # a kernel that caps only above 1 returns the scaled logit itself: visible on every winner
+    idx, val = lm_head_argmax(pc.logits)
+    uncapped = val * LM_POS_UNIT_CAP_RS
+    assert np.all(np.abs(uncapped - np.tanh(uncapped)) > 1e-3)
