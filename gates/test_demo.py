@@ -64,14 +64,22 @@ def test_gather_index_past_the_end_fires_the_device_guard():
 @pytest.mark.link
 def test_gather_in_bounds_after_a_trap_gate():
     """Beside the trap gate (which runs in a fresh worker of its own, and reports last when
-    the pool starts trap gates ahead): the shared worker's verdicts never depend on it."""
+    the pool starts trap gates ahead): the shared worker's verdicts never depend on it.
+
+    The guard's other side: indices in [0, n), the ends 0 and n - 1 included, never trip it.
+    A guard that fires on one (a bound one too strict) or a launch that faults on valid
+    input fails this gate by assertion, naming that claim."""
     import cupy
 
+    from harness.device import guard_must_not_fire
+
     x = cupy.arange(8, dtype=cupy.float32)
-    idx = cupy.asarray([7, 0, 3], dtype=cupy.int32)
+    idx = cupy.asarray([7, 0, 3], dtype=cupy.int32)  # n - 1, 0 and one inside
     out = cupy.zeros(3, dtype=cupy.float32)
-    demo.run_gather(out, x, idx)
-    assert_bits_eq("out", out, np.asarray([7, 0, 3], dtype=np.float32))
+    with guard_must_not_fire("in-bounds indices 7 (n - 1), 0 and 3 must pass the gather guard"):
+        demo.run_gather(out, x, idx)
+        got = out.get()
+    assert_bits_eq("out", got, np.asarray([7, 0, 3], dtype=np.float32))
 
 
 # Multi-block launches with guard zones (issue 11, class 8, on the demonstration kernels):
