@@ -20,6 +20,7 @@ import re
 
 import pytest
 
+from gates._nvfp4_table import publish_problems, staging_problems
 from harness.source import calls_in, declared_names, define_int, function, mentions, reachable_functions, read_source
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
 
@@ -132,82 +133,19 @@ def test_single_warp_kernel_has_no_block_barrier(kernel_root):
 
 # ------------------------------------------------------------------ the staged e2m1 table: written, published, read
 
-TABLE_SOURCE = "E2M1_LUT"  # the __constant__ table (nvfp4_dot.cuh) every staged copy is made from
-TABLE_ENTRIES = 16
-ANY_BARRIER = re.compile(r"(?<!\w)(__syncthreads|__syncwarp|__barrier_sync)\s*\(")
-
-
-def _store(body: str, table: str) -> re.Match | None:
-    """The first assignment `table[...] = ...` (not `==`) in `body`."""
-    return re.search(rf"(?<![\w.]){re.escape(table)}\s*\[[^\]]*\]\s*=(?!=)", body)
-
-
-def _calls_at(body: str, callee: str) -> list[tuple[int, object]]:
-    """(offset in body, Call) of every call of `callee` in `body`."""
-    return [(m.start(), calls_in(body[m.start():], callee)[0])
-            for m in re.finditer(rf"(?<![\w.]){re.escape(callee)}\s*\(", body)]
-
-
-def _calls_before(body: str, callee: str, before: int) -> list:
-    return [call for at, call in _calls_at(body, callee) if at < before]
-
-
-def _param_names(params: str) -> list[str]:
-    return [p.split()[-1].lstrip("*&") if p.split() else "" for p in params.split(",")]
-
-
-def _staging(src: str, kernel: str, table: str, before: int):
-    """Where `kernel` stages `table` (the partial's table argument, e.g. `s_lut` or
-    `s_lut[warp]`) before body offset `before`: (function, its store match, publishing
-    barrier found after the store) or None. A direct store `base[i] = ...` counts when the
-    table is the whole array; otherwise a call of a helper defined in `src` that receives
-    exactly `table` and stores into that parameter."""
-    fn = function(src, kernel)
-    body = fn.body[:before]
-    if "[" not in table:
-        store = _store(body, table)
-        if store is not None:
-            return fn, store, ANY_BARRIER.search(body, store.end())
-    for helper in reachable_functions(src, kernel)[1:]:
-        for call in _calls_before(fn.body, helper.name, before):
-            if table not in call.args:
-                continue
-            param = _param_names(helper.params)[call.args.index(table)]
-            store = _store(helper.body, param)
-            if store is not None:
-                return helper, store, ANY_BARRIER.search(helper.body, store.end())
-    return None
-
 
 def test_every_table_the_partial_reads_was_staged_and_published_before_it(kernel_root):
     # A staged table is read by other threads than the ones that wrote it (the base kernel: all
     # 256 threads read what 16 wrote; the single-warp kernel: 32 lanes read what 16 lanes wrote),
-    # so a barrier must stand between the store and the partial: `__syncthreads()` in the base
+    # so a barrier must stand between the store and the first read: `__syncthreads()` in the base
     # kernel, `__syncwarp()` in the single-warp kernel's stage (which may have no block barrier).
     # Without it the read is a race that the H200's convergence happens to order (no numeric gate
     # sees it; racecheck would). And a single-warp kernel's warp may read only the row it staged
     # itself: its __syncwarp publishes to its own warp, never to another (s_lut[0] read by warp 3
     # is a cross-warp race, even though every row holds the same values).
-    src = read(kernel_root, DOT_HEADER) + "\n" + read(kernel_root, nvfp4_gemv.SOURCE)
-    problems = []
-    for kernel in KERNELS_CALLING_THE_PARTIAL:
-        fn = function(src, kernel)
-        for at, call in _calls_at(fn.body, PARTIAL):
-            table = call.args[-1] if call.args else ""
-            where = f"{kernel}, line {fn.body_line + fn.body[:at].count(chr(10)) - nvfp4_header_lines(kernel_root)}"
-            staged = _staging(src, kernel, table, at)
-            if staged is None:
-                problems.append(f"{where}: {PARTIAL}(..., {table}) reads a table this {'warp' if kernel in SINGLE_WARP_KERNELS else 'block'} "
-                                f"never staged before the call (stage it, then publish it, then read it)")
-            elif staged[2] is None:
-                problems.append(f"{where}: {PARTIAL}(..., {table}) reads the table {staged[0].name} stores without a barrier "
-                                f"after the store (__syncthreads() a block, __syncwarp() a warp)")
+    problems = publish_problems(read(kernel_root, DOT_HEADER), read(kernel_root, nvfp4_gemv.SOURCE), nvfp4_gemv.SOURCE,
+                                KERNELS_CALLING_THE_PARTIAL, SINGLE_WARP_KERNELS)
     assert_no_problems(problems, "stage the e2m1 table, publish it with a barrier, and read only the copy you staged")
-
-
-def nvfp4_header_lines(kernel_root) -> int:
-    """Lines of the header read ahead of the .cu (so reported lines are the .cu's own)."""
-    return read(kernel_root, DOT_HEADER).count("\n") + 1
 
 
 def test_every_staged_table_holds_the_16_entries_of_e2m1_lut_one_a_thread(kernel_root):
@@ -217,20 +155,6 @@ def test_every_staged_table_holds_the_16_entries_of_e2m1_lut_one_a_thread(kernel
     # row (a cross-warp race on a row its owner has already published) or past the array; a bound
     # below 16 leaves entries stale. Decoding through the racy row may still give the right bits
     # (the same values, or a fault first), so this reads the source.
-    src = read(kernel_root, DOT_HEADER) + "\n" + read(kernel_root, nvfp4_gemv.SOURCE)
-    problems = []
-    for kernel in KERNELS_CALLING_THE_PARTIAL:
-        at, call = _calls_at(function(src, kernel).body, PARTIAL)[0]
-        staged = _staging(src, kernel, call.args[-1], at)
-        if staged is None:
-            continue  # the gate above names it
-        owner, store, _ = staged
-        target = re.match(r"(\w+)", store.group(0)).group(1)
-        statement = owner.body[:store.end()].rsplit(";", 1)[-1].rsplit("{", 1)[-1].rsplit("}", 1)[-1]
-        statement += owner.body[store.end():].split(";", 1)[0]
-        wanted = re.compile(rf"^\s*if\s*\(\s*(\w+)\s*<\s*{TABLE_ENTRIES}u?\s*\)\s*{target}\s*\[\s*\1\s*\]\s*=\s*"
-                            rf"{TABLE_SOURCE}\s*\[\s*\1\s*\]\s*$")
-        if not wanted.match(statement):
-            problems.append(f"{kernel}: the table is staged by `{' '.join(statement.split())};` in {owner.name}; expected "
-                            f"`if (i < {TABLE_ENTRIES}u) {target}[i] = {TABLE_SOURCE}[i];` (entries 0..15, one a thread)")
-    assert_no_problems(problems, f"stage exactly the {TABLE_ENTRIES} entries of {TABLE_SOURCE}, entry i by thread i")
+    problems = staging_problems(read(kernel_root, DOT_HEADER), read(kernel_root, nvfp4_gemv.SOURCE),
+                                KERNELS_CALLING_THE_PARTIAL)
+    assert_no_problems(problems, "stage exactly the 16 entries of E2M1_LUT, entry i by thread i")
