@@ -9,6 +9,11 @@ run) through harness.source, and need no GPU: they run in CI.
 - The NVFP4 partial dot reads a shared-memory table: an e2m1 lookup in `__constant__`
   memory with data-dependent nibbles gives the same bits but serialises the warp (one
   replay per distinct address, about 14 of 16 on real weights) on every multiply.
+- A staged e2m1 table is published by a barrier between its store and its first read, each
+  single-warp kernel's warp reads only the row it staged itself, and the stage is exactly
+  `if (i < 16u) table[i] = E2M1_LUT[i];` (gates/_nvfp4_table.py): a dropped barrier, another
+  warp's row, or stray stores past the table are races or faults, never a wrong value a
+  numeric gate could name on the H200.
 - The single-warp kernel has no block barrier: its early return is warp-uniform, not
   block-uniform, so a `__syncthreads()` after it is a divergent barrier (undefined), and
   the kernel's point, a barrier-free reduction for occupancy, would be gone.
