@@ -20,15 +20,35 @@ Two claims, each a list of problems (empty when it holds):
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
-from harness.source import FunctionSource, calls_in, function, reachable_functions
+from harness.source import FunctionSource, SourceError, calls_in, strip_comments_and_literals
+from harness.source import function as _function
 
 PARTIAL = "nvfp4_partial"
 TABLE_SOURCE = "E2M1_LUT"  # the __constant__ table (nvfp4_dot.cuh) every staged copy is made from
 TABLE_ENTRIES = 16
 ANY_BARRIER = re.compile(r"(?<!\w)(__syncthreads|__syncwarp|__barrier_sync)\s*\(")
+
+
+@functools.lru_cache(maxsize=64)
+def function(src: str, name: str) -> FunctionSource:
+    """harness.source.function, once a (text, name): the claims look the same kernels up often."""
+    return _function(src, name)
+
+
+_CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\(")
+_NOT_CALLS = {"if", "for", "while", "switch", "return", "sizeof"}
+
+
+def _helper(src: str, name: str) -> FunctionSource | None:
+    """The definition of `name` in `src`, or None (an intrinsic, a keyword, defined elsewhere)."""
+    try:
+        return function(src, name)
+    except SourceError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -72,10 +92,13 @@ def staging(src: str, kernel: str, table: str, before: int) -> Staged | None:
         store = _store(fn.body[:before], table)
         if store is not None:
             return Staged(fn, store, _published(fn.body, store, table, before))
-    for helper in reachable_functions(src, kernel)[1:]:
-        for at, call in calls_at(fn.body, helper.name):
-            if at >= before or table not in call.args:
-                continue
+    for m in _CALL.finditer(fn.body, 0, before):
+        name = m.group(1)
+        if name in _NOT_CALLS or name == kernel:
+            continue
+        call = calls_in(fn.body[m.start():], name)[0]
+        helper = _helper(src, name) if table in call.args else None
+        if helper is not None:
             param = _param_names(helper.params)[call.args.index(table)]
             store = _store(helper.body, param)
             if store is not None:
@@ -85,7 +108,7 @@ def staging(src: str, kernel: str, table: str, before: int) -> Staged | None:
 
 def _combined(header: str, source: str) -> tuple[str, int]:
     """The text the kernels are read from (header first) and the lines the header adds."""
-    return header + "\n" + source, header.count("\n") + 1
+    return strip_comments_and_literals(header + "\n" + source), header.count("\n") + 1
 
 
 def publish_problems(header: str, source: str, source_name: str, kernels, single_warp=()) -> list[str]:
