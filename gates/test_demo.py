@@ -64,14 +64,22 @@ def test_gather_index_past_the_end_fires_the_device_guard():
 @pytest.mark.link
 def test_gather_in_bounds_after_a_trap_gate():
     """Beside the trap gate (which runs in a fresh worker of its own, and reports last when
-    the pool starts trap gates ahead): the shared worker's verdicts never depend on it."""
+    the pool starts trap gates ahead): the shared worker's verdicts never depend on it.
+
+    The guard's other side: indices in [0, n), the ends 0 and n - 1 included, never trip it.
+    A guard that fires on one (a bound one too strict) or a launch that faults on valid
+    input fails this gate by assertion, naming that claim."""
     import cupy
 
+    from harness.device import guard_must_not_fire
+
     x = cupy.arange(8, dtype=cupy.float32)
-    idx = cupy.asarray([7, 0, 3], dtype=cupy.int32)
+    idx = cupy.asarray([7, 0, 3], dtype=cupy.int32)  # n - 1, 0 and one inside
     out = cupy.zeros(3, dtype=cupy.float32)
-    demo.run_gather(out, x, idx)
-    assert_bits_eq("out", out, np.asarray([7, 0, 3], dtype=np.float32))
+    with guard_must_not_fire("in-bounds indices 7 (n - 1), 0 and 3 must pass the gather guard"):
+        demo.run_gather(out, x, idx)
+        got = out.get()
+    assert_bits_eq("out", got, np.asarray([7, 0, 3], dtype=np.float32))
 
 
 # Multi-block launches with guard zones (issue 11, class 8, on the demonstration kernels):
@@ -130,6 +138,10 @@ def test_gather_over_several_blocks_lands_each_index_in_its_own_slot():
     x = np.arange(n, dtype=np.float32) + 0.5
     sentinel = 0x7FC0_0A5A
     whole, out = _guarded_out(m, np.float32, sentinel)
-    demo.run_gather(out, cupy.asarray(x), cupy.asarray(idx))
+    # idx is a view of an allocation one block longer holding valid indices: a thread past m
+    # (a tail guard one too loose) reads a defined index and its store lands in the guard zone,
+    # named by assertion, instead of reading whatever lies past the array and tripping the guard.
+    idx_dev = cupy.asarray(np.concatenate([idx, np.arange(demo.BLOCK, dtype=np.int32) % n]))[:m]
+    demo.run_gather(out, cupy.asarray(x), idx_dev)
     assert_bits_eq(f"gather m={m}", out, x[idx])
     _check_guards(f"gather m={m}", whole, m, sentinel)

@@ -9,6 +9,11 @@ run) through harness.source, and need no GPU: they run in CI.
 - The NVFP4 partial dot reads a shared-memory table: an e2m1 lookup in `__constant__`
   memory with data-dependent nibbles gives the same bits but serialises the warp (one
   replay per distinct address, about 14 of 16 on real weights) on every multiply.
+- A staged e2m1 table is published by a barrier between its store and its first read, each
+  single-warp kernel's warp reads only the row it staged itself, and the stage is exactly
+  `if (i < 16u) table[i] = E2M1_LUT[i];` (gates/_nvfp4_table.py): a dropped barrier, another
+  warp's row, or stray stores past the table are races or faults, never a wrong value a
+  numeric gate could name on the H200.
 - The single-warp kernel has no block barrier: its early return is warp-uniform, not
   block-uniform, so a `__syncthreads()` after it is a divergent barrier (undefined), and
   the kernel's point, a barrier-free reduction for occupancy, would be gone.
@@ -24,6 +29,7 @@ import re
 
 import pytest
 
+from gates._nvfp4_table import publish_problems, staging_problems
 from harness.source import (calls_in, declared_names, define_int, function, line_of, mentions, reachable_functions,
                            read_source)
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
@@ -165,3 +171,32 @@ def test_single_warp_kernel_has_no_block_barrier(kernel_root):
                           for call in calls_in(fn.body, barrier)]
     assert_no_problems(found, "a single-warp kernel's early return is warp-uniform only: "
                               "publish with __syncwarp(), never a block barrier")
+
+
+# ------------------------------------------------------------------ the staged e2m1 table: written, published, read
+
+
+def test_every_table_the_partial_reads_was_staged_and_published_before_it(kernel_root):
+    # A staged table is read by other threads than the ones that wrote it (the base kernel: all
+    # 256 threads read what 16 wrote; the single-warp kernel: 32 lanes read what 16 lanes wrote),
+    # so a barrier must stand between the store and the first read: `__syncthreads()` in the base
+    # kernel, `__syncwarp()` in the single-warp kernel's stage (which may have no block barrier).
+    # Without it the read is a race that the H200's convergence happens to order (no numeric gate
+    # sees it; racecheck would). And a single-warp kernel's warp may read only the row it staged
+    # itself: its __syncwarp publishes to its own warp, never to another (s_lut[0] read by warp 3
+    # is a cross-warp race, even though every row holds the same values).
+    problems = publish_problems(read(kernel_root, DOT_HEADER), read(kernel_root, nvfp4_gemv.SOURCE), nvfp4_gemv.SOURCE,
+                                KERNELS_CALLING_THE_PARTIAL, SINGLE_WARP_KERNELS)
+    assert_no_problems(problems, "stage the e2m1 table, publish it with a barrier, and read only the copy you staged")
+
+
+def test_every_staged_table_holds_the_16_entries_of_e2m1_lut_one_a_thread(kernel_root):
+    # Entry i of a staged copy is E2M1_LUT[i], stored by the thread whose index is i, for i < 16
+    # and no further: `if (i < 16u) table[i] = E2M1_LUT[i];`. A bound past 16 reads past the
+    # __constant__ table and, in the single-warp kernel, writes lanes 16..31 into the NEXT warp's
+    # row (a cross-warp race on a row its owner has already published) or past the array; a bound
+    # below 16 leaves entries stale. Decoding through the racy row may still give the right bits
+    # (the same values, or a fault first), so this reads the source.
+    problems = staging_problems(read(kernel_root, DOT_HEADER), read(kernel_root, nvfp4_gemv.SOURCE),
+                                KERNELS_CALLING_THE_PARTIAL)
+    assert_no_problems(problems, "stage exactly the 16 entries of E2M1_LUT, entry i by thread i")

@@ -226,3 +226,30 @@ def test_glu_reference_arm_matches_host_off_tanh_saturation(shape_id):
     hq, hs = g.run_glu_reference(case.gu, act_h=case.act_h)
     assert_bits_eq("glu reference hs off saturation (block scales)", g.host(hs), case.hs)
     assert_bits_eq("glu reference hq off saturation (codes)", g.host(hq), case.hq)
+
+
+# (E, K, H): H 64 leaves lanes 8..31 of a router warp with no chunk of the row; H 2816 gives
+# every lane eleven.
+ROUTER_ZERO = {"E13-K3-H64": (13, 3, 64), "E128-K8-H2816": (128, 8, 2816)}
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("case_id", list(ROUTER_ZERO))
+def test_router_zero_tokens_score_exactly_zero_and_take_the_lowest_ids(case_id):
+    # Tokens 0 and 3 have rr = 0 (the zero token of post_attn): every logit is pes * (+0) = +0
+    # exactly, all E tie, ids 0..K-1, weights exp(0) / K = the IEEE 1/K. Exact zeros are where an
+    # accumulator that does not start at +0 shows: a nonzero dot absorbs a stale denormal left in
+    # it, a zero dot does not. Tokens 1 and 2 are one-hot (exact logits, zeros and ties included).
+    e, k, h = ROUTER_ZERO[case_id]
+    case = od.router_zero_tokens_designed(h, e, k, seed=e)
+    out = g.run_router(case.rr, case.wr, case.pes, k=k, kcap=k + 2)
+    assert_bits_eq("router logits (zero tokens 0 and 3 must score +0 for every expert)", g.host(out.logits), case.logits)
+    assert_bits_eq("router ids (zero tokens: E tied logits, ids 0..K-1)", g.host(out.ids)[:, :k], case.ids)
+    wts = g.host(out.wts)[:, :k]
+    zero = np.asarray(case.zero)
+    assert_bits_eq("router wts of the zero tokens (exactly 1/K)", wts[zero], case.wts[zero])
+    # expf within 2 ulp, a sum and one IEEE division: within 2^-20 (WTS_RTOL 2^-19).
+    assert_close("router wts of the one-hot tokens", wts[~zero], case.wts[~zero], atol=0.0, rtol=od.WTS_RTOL)
+    g.assert_slots_past_k_untouched("router ids (zero tokens)", out.ids, k)
+    g.assert_slots_past_k_untouched("router wts (zero tokens)", out.wts, k)

@@ -7,6 +7,8 @@ the source of the ACTIVE kernel root (a control's sandbox during a control run).
 - The expert GEMVs are the certified one: moe_glu and moe_down compute their rows through
   nvfp4_partial (nvfp4_dot.cuh) with a table staged in their own shared memory and reduce
   with nvfp4_warp_sum, never a private copy of the dot (the bitwise links rely on it).
+- Their staged table is published by a __syncthreads() between the 16 threads' store and the
+  first read, and holds exactly E2M1_LUT's 16 entries, one a thread (gates/_nvfp4_table.py).
 - Every expert kernel resolves its expert through moe_expert_store, whose guard traps on
   an id or a table entry outside [0, E) before any weight is addressed.
 """
@@ -17,6 +19,7 @@ import re
 
 import pytest
 
+from gates._nvfp4_table import publish_problems, staging_problems
 from harness.source import calls_in, declared_names, define_int, function, mentions, read_source
 from kernels_cu import moe_decode as moe
 
@@ -110,3 +113,22 @@ def test_router_tail_resets_its_ticket_after_the_selection(kernel_root):
               ["moe_router: the last CTA must reset *ticket = 0 after moe_topk_softmax"],
               "a ticket left dirty makes the next launch's tail never run (see the paged attention family)")
 
+
+
+def test_expert_kernels_publish_their_staged_table_before_reading_it(kernel_root):
+    # moe_glu and moe_down stage the e2m1 table with 16 threads and read it with 256 (first in
+    # moe_stage_activation, then in nvfp4_partial): a __syncthreads() must stand between the
+    # store and the first read. Dropped, the read is a race the H200 may happen to order, and
+    # the later barrier after the staged activation comes too late for the staging itself.
+    problems = publish_problems(read_source(kernel_root / DOT_HEADER), read_source(kernel_root / moe.SOURCE),
+                                moe.SOURCE, EXPERT_KERNELS)
+    _problems(problems, "stage the e2m1 table, then __syncthreads(), then read it")
+
+
+def test_expert_kernels_stage_the_16_entries_of_e2m1_lut_one_a_thread(kernel_root):
+    # `if (tid < 16u) s_lut[tid] = E2M1_LUT[tid];`: a wider store reads past the __constant__
+    # table and writes past s_lut into the block's other shared arrays (overwritten later, so
+    # no value shows it; at a small H, past the block's shared memory: a fault).
+    _problems(staging_problems(read_source(kernel_root / DOT_HEADER), read_source(kernel_root / moe.SOURCE),
+                               EXPERT_KERNELS),
+              "stage exactly the 16 entries of E2M1_LUT, entry i by thread i")

@@ -72,10 +72,15 @@ def test_single_warp_equals_base_bitwise(shape):
     assert_bits_eq("single-warp y (tail included)", run_nvfp4(dev, single_warp=True), base)
 
 
+@pytest.mark.memory_safety
 @pytest.mark.gpu
 @pytest.mark.link
 @pytest.mark.parametrize("single_warp", ARMS.values(), ids=ARMS.keys())
 def test_every_output_below_n_is_written_and_none_past_it(designed, single_warp):
+    # Memory safety: no output store lands outside y[0, N). A store past N lands in the
+    # sentinel tail and is named by assertion; a store below y[0] cannot be: the output index
+    # is unsigned, so `out - 1` at out = 0 wraps to y + 2^32 - 1 elements (8 GB away) and
+    # faults. That fault is this gate's verdict (docs/mutation.md, Verdicts).
     _, dev = designed
     y = run_nvfp4(dev, single_warp=single_warp)
     assert_untouched(f"y[{N}:{N + TAIL}] past N", y[N:], SENTINEL)

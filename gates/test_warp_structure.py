@@ -22,7 +22,9 @@ and a different reduction order changes the bits of every non-exact sum the link
   (property `bare_syncwarp`), never required. A dropped `__syncwarp()` is invisible here
   and numerically on sm_90 (the warp is converged where they stand, and shared-memory
   accesses of one converged warp are ordered); only `--sanitize racecheck` on the device
-  can report the intra-warp hazard it leaves.
+  can report the intra-warp hazard it leaves. Where a barrier is part of a claim, the
+  family's structural gate requires it: the NVFP4 table stage's `__syncwarp()` is required
+  by `gates/test_gemv_structure.py` (a staged table is published before it is read).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ one GPU per xdist worker. Nothing here imports CuPy until it is asked a question
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -186,6 +187,24 @@ def is_sticky_error(exc: BaseException) -> bool:
 def is_cuda_error(exc: BaseException) -> bool:
     name = type(exc).__name__
     return name in ("CUDARuntimeError", "CUDADriverError", "CUDAError") or is_sticky_error(exc)
+
+
+@contextmanager
+def guard_must_not_fire(claim: str):
+    """For a gate whose claim is that valid input never trips a device guard (or faults):
+    a CUDA error raised inside the block fails the gate by assertion, naming `claim`, with
+    the fault chained (so the plugin still finds a poisoned context). Put the launch AND a
+    synchronising read (`.get()`, `deviceSynchronize()`) inside the block: a fault surfaces
+    at the first synchronisation. Any other exception passes through unchanged.
+
+    Use it only where acceptance is the claim (a guard that rejects a valid index is the
+    defect the gate exists for), never as a blanket wrapper: elsewhere a fault is a fault."""
+    try:
+        yield
+    except Exception as exc:
+        if not is_cuda_error(exc):
+            raise
+        raise AssertionError(f"{claim}: the device faulted instead ({_short(exc)})") from exc
 
 
 def context_is_poisoned() -> bool:

@@ -463,6 +463,57 @@ def router_edges_designed(h: int, e: int, k: int, seed: int) -> RouterEdgeCase:
                           logits=lf, ids=ids, wts=wts)
 
 
+@dataclass(frozen=True)
+class RouterZeroCase:
+    """Tokens whose router input is all zero (rr = bf16(rmsnorm(0) * w) = 0, the zero token of
+    post_attn) beside one-hot tokens, `zero` naming which are zero. A zero token's every logit
+    is pes[e] * 0 = +0 exactly, all E tie, so its ids are 0..K-1 and its weights exactly 1/K.
+    Those zeros are what an accumulator that does not start at +0 shows: a stale value, even a
+    denormal that every nonzero dot absorbs, turns them nonzero and moves the selection. The
+    one-hot tokens (logit[t, e] = pes[e] * Wr[e, c_t], quarters in [-2, 2], zeros included)
+    keep the zero tokens from being the whole input."""
+
+    rr: np.ndarray  # bf16 [T, H]
+    wr: np.ndarray  # bf16 [E, H]
+    pes: np.ndarray  # bf16 [E], powers of two
+    k: int
+    zero: tuple  # bool a token
+    logits: np.ndarray  # f32 [T, E], exact
+    ids: np.ndarray  # int32 [T, K]
+    wts: np.ndarray  # f32 [T, K]: exact 1/K for the zero tokens (IEEE 1/K), float64 softmax otherwise
+
+
+ROUTER_ZERO_TOKENS = (True, False, False, True)  # tokens 0 and 3 zero: the first and a later accumulator
+
+
+def router_zero_tokens_designed(h: int, e: int, k: int, seed: int) -> RouterZeroCase:
+    """See RouterZeroCase."""
+    if e < k + 1 or h < 2:
+        raise DesignError("router_zero_tokens_designed needs E > K and H >= 2")
+    rng = np.random.default_rng(seed)
+    zero = ROUTER_ZERO_TOKENS
+    t = len(zero)
+    cols = rng.choice(h, t, replace=False)
+    rr = np.zeros((t, h))
+    wr = np.zeros((e, h))
+    for tok in range(t):
+        if not zero[tok]:
+            rr[tok, cols[tok]] = 1.0
+            wr[:, cols[tok]] = rng.integers(-8, 9, e) / 4.0 + 0.0  # quarters, zeros among them, no -0
+    pes = rng.choice(np.array([1 / 16, 1 / 8, 1 / 4]), e)
+    logits = (pes[None, :] * (rr @ wr.T)).astype(np.float32) + np.float32(0.0)
+    if np.any(logits.astype(np.float64) != pes[None, :] * (rr @ wr.T)):
+        raise DesignError("router_zero_tokens_designed: a logit is not exact in f32")
+    ids = topk_ties_low(logits, k)
+    sel = np.take_along_axis(logits, ids, axis=1)
+    ex = np.exp(sel.astype(np.float64) - sel[:, :1])
+    wts = (ex / ex.sum(-1, keepdims=True)).astype(np.float32)
+    zrows = np.asarray(zero)
+    wts[zrows] = softmax_selected_f32(sel[zrows])  # exp(0) = 1, the sum K, one IEEE division: exact
+    return RouterZeroCase(rr=to_bf16(rr), wr=to_bf16(wr), pes=to_bf16(pes), k=k, zero=zero, logits=logits,
+                          ids=ids, wts=wts)
+
+
 # ------------------------------------------------------------------ stage 3: glu (designed g, u)
 
 

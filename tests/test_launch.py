@@ -104,3 +104,25 @@ def test_a_gate_that_fails_on_purpose_over_a_caught_fault_fails_by_assertion():
         chained = exc
     assert classify_route(chained) is Route.TRAP  # the fault's, not the copy's
     assert classify_route(fault) is Route.TRAP
+
+
+def test_guard_must_not_fire_turns_a_fault_into_an_assertion_naming_the_claim():
+    import pytest as _pytest
+
+    from harness.device import guard_must_not_fire, is_sticky_error
+
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    with _pytest.raises(AssertionError) as info:
+        with guard_must_not_fire("in-bounds indices never trip the gather guard"):
+            raise CUDARuntimeError("cudaErrorLaunchFailure: unspecified launch failure")
+    assert str(info.value).startswith("in-bounds indices never trip the gather guard: the device faulted instead")
+    assert "cudaErrorLaunchFailure" in str(info.value)
+    assert classify_route(info.value) is Route.ASSERTION
+    assert is_sticky_error(info.value)  # chained: the plugin still replaces the poisoned worker
+    with _pytest.raises(ValueError, match="not a device error"):  # anything else passes through
+        with guard_must_not_fire("claim"):
+            raise ValueError("not a device error")
+    with guard_must_not_fire("claim"):
+        pass

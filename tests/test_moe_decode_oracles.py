@@ -410,3 +410,30 @@ def test_glu_moderate_design_holds_for_an_f32_evaluation_like_the_kernels(name):
     a = (((f(0.5) * g) * (f(1) + np.tanh(inner.astype(np.float32)))) * u).astype(np.float32)
     hq, hs = od.nvfp4_quantize(a, c.act_h)
     assert np.array_equal(hs, c.hs) and np.array_equal(hq, c.hq)
+
+
+@pytest.mark.parametrize("e, k, h", [(13, 3, 64), (128, 8, 2816)])
+def test_router_zero_tokens_design_sees_an_accumulator_that_does_not_start_at_zero(e, k, h):
+    c = od.router_zero_tokens_designed(h, e, k, seed=e)
+    zero = np.asarray(c.zero)
+    assert zero.any() and not zero.all() and zero[0], "token 0 (the first accumulator) must be a zero token"
+    assert np.all(bits_of(c.logits[zero]) == 0), "a zero token's logits are +0 exactly"
+    assert np.all(c.ids[zero] == np.arange(k)), "E tied logits select ids 0..K-1"
+    assert np.all(c.wts[zero] == np.float32(1.0) / np.float32(k))
+    assert np.all(bits_of(to_bf16(c.rr.astype(np.float32)[zero])) == 0)
+    # The one-hot tokens hold zero logits (ties) and negative ones, and pick other ids.
+    one_hot = c.logits[~zero]
+    assert np.any(one_hot == 0) and np.any(one_hot < 0) and np.any(c.ids[~zero] != np.arange(k))
+    # Emulate the router with each lane's accumulator starting at a stale denormal (what an
+    # uninitialised register held in the code NVRTC makes for sm_90: the low word of the row
+    # offset e * H): the zero tokens' logits turn nonzero and the selection moves, while every
+    # nonzero logit absorbs it.
+    pes = c.pes.astype(np.float32)
+    stale = (np.arange(e, dtype=np.int64) * h).astype(np.int32).view(np.float32)  # e * H as f32 bits
+    lanes = min(32, h // 8)
+    dots = (c.rr.astype(np.float64) @ c.wr.astype(np.float64).T).astype(np.float32)
+    drift = (dots + np.float32(lanes) * stale[None, :]).astype(np.float32)
+    perturbed = (pes[None, :] * drift).astype(np.float32)
+    assert np.all(bits_of(perturbed[~zero][one_hot != 0]) == bits_of(one_hot[one_hot != 0])), "nonzero logits absorb it"
+    assert np.any(bits_of(perturbed[zero]) != 0)
+    assert np.any(od.topk_ties_low(perturbed[zero], k) != c.ids[zero])

@@ -168,3 +168,13 @@ def test_mutants_to_screen_and_run_interleave_their_files():
 
     ms = [NS(file=f, id=f"{f}{i}") for f, n in (("a.cu", 3), ("b.cu", 1), ("c.cu", 2)) for i in range(n)]
     assert [m.id for m in interleave_mutants(ms)] == ["a.cu0", "b.cu0", "c.cu0", "a.cu1", "c.cu1", "a.cu2"]
+
+
+def test_source_readers_run_before_any_gate_that_launches_even_when_slower(tmp_path):
+    # A butterfly loop mutated to `m >= 0` hangs the first GPU gate; the structural gate that
+    # reads the file names it by assertion, so it must not wait behind a faster GPU gate.
+    gates = [gate("gates/test_a.py::quick_gpu", 0.001, ["a.cu"], []),
+             gate("gates/test_s.py::slow_reader", 0.5, [], ["a.cu"], kind="structural"),
+             gate("gates/test_a.py::trap", 0.0001, [], [], isolated=True, kind="trap")]
+    sel = Coverage.from_report(write_report(tmp_path, gates)).select("a.cu", ("a.cu",))
+    assert sel.direct == ("gates/test_s.py::slow_reader", "gates/test_a.py::quick_gpu", "gates/test_a.py::trap")

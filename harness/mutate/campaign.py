@@ -365,8 +365,9 @@ def _finish(campaign: MutationCampaign, path: Path, result: MutantResult, listen
 
 class KillHistory:
     """Which gates have killed each file's mutants so far in this campaign. A mutant's gates
-    then run the file's most frequent killers first (ties and gates that killed nothing keep
-    the baseline's fastest-first order; trap gates stay last): most mutants of a file die in
+    then run the file's most frequent killers first (after the source readers, which launch
+    nothing; ties and gates that killed nothing keep the baseline's order; trap gates stay
+    last): most mutants of a file die in
     the same few gates, and fastest-first made a killed mutant run about six gates on the
     H200. Thread-safe."""
 
@@ -389,8 +390,9 @@ class KillHistory:
             return gates
         last = {n for n in gates if n in coverage.gates and (coverage.gates[n].kind == "trap"
                                                               or coverage.gates[n].isolated)}
+        launches = {n for n in gates if coverage.modules_of(n)}  # source readers stay first
         position = {n: i for i, n in enumerate(gates)}
-        return tuple(sorted(gates, key=lambda n: (n in last, -kills.get(n, 0), position[n])))
+        return tuple(sorted(gates, key=lambda n: (n in last, n in launches, -kills.get(n, 0), position[n])))
 
 
 def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dict, executor: Executor,

@@ -5,7 +5,9 @@ The baseline's gates.json lists each gate with `modules_loaded` and `sources_rea
 folder beside it). For a mutant of file F, whose modules are the `.cu` files whose
 closure holds F:
 
-1. direct gates: those that load one of the modules, or read F, fastest first (the
+1. direct gates: those that load one of the modules, or read F; first the ones that load no
+   module (source readers: they launch nothing, so a mutant that hangs or faults on the
+   device cannot stop them from naming it by assertion), then fastest first (the
    baseline's durations; the campaign then moves the file's frequent killers first,
    `campaign.KillHistory`), trap gates last. A trap gate ends its worker (its `__trap()`
    leaves the context unusable, so the next mutant needs a fresh process and context),
@@ -77,7 +79,7 @@ class Coverage:
     def _order(self, ids) -> tuple[str, ...]:
         def key(n):
             g = self.gates[n]
-            return (g.kind == "trap" or g.isolated, g.duration, n)
+            return (g.kind == "trap" or g.isolated, bool(self._modules[n]), g.duration, n)
 
         return tuple(sorted(ids, key=key))
 
