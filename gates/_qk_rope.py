@@ -373,6 +373,83 @@ def launch_with_row_before_origin(data: QkData, scenario=SCENARIO) -> None:
     _synchronize()
 
 
+def launch_with_negative_csr_begin(data: QkData, scenario=SCENARIO) -> None:
+    """Token 0's CSR begin is -1 (the launcher never reads page_indptr: it stays on the
+    device). page_indices is a view one entry into an array whose first entry is the junk
+    page (valid), so without the guard token 0's row 0 reads that entry and nothing faults."""
+    indptr, indices = scenario.decode_csr()
+    indptr[0] = -1
+    backing = data.put(np.insert(indices, 0, scenario.junk_page).astype(np.int32))
+    decode_arm(data, scenario, indptr=indptr, indices=backing[1:])
+    _synchronize()
+
+
+# A page size the launcher refuses, so the trap gate below launches past its checks. Zero
+# would not do: on sm_90 `pos / 0` is -1 (the division's fix-up for a zero divisor), which
+# the row-before-origin guard traps for every origin >= 0 whether or not the page-size guard
+# is there. A negative size is stopped by the page-size guard alone.
+NEGATIVE_PAGE_SIZE = -16
+
+
+def launch_with_negative_page_size(data: QkData) -> None:
+    """Paged prefill with page_size -16 through the launcher's one spelled kernel call
+    (`_launch_paged`), skipping `check_pool`, which refuses it. The request is positions
+    0..T-1 (T < 16), origin 0, a one-entry window naming page 0 of a one-page, one-layer
+    pool: pos / -16 = 0 is row 0 of the window, so no other guard fires. pool_index then puts
+    K at (pos * nkv + kv_head) * HD, inside the first kv block, and V one kv block earlier,
+    before the pool; the pool passed is a view one kv block into a zeroed allocation of two,
+    so without the guard every store lands in memory and nothing faults."""
+    assert data.num_tokens < -NEGATIVE_PAGE_SIZE, "every position must give pos / page_size = 0"
+    heads = launcher.check_heads(data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin,
+                                 rotary_dim=data.rotary_dim)
+    kv_block = -NEGATIVE_PAGE_SIZE * NKV * data.head_dim
+    backing = data.filled((2 * kv_block,), 0)
+    q_out = data.filled((data.num_tokens, NQ, data.head_dim), FILLER)
+    launcher._launch_paged(heads, False, data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin,
+                           q_out, backing[kv_block:], NEGATIVE_PAGE_SIZE, 1, 0, 1,
+                           data.put(np.zeros(1, dtype=np.int32)), 0, 0,
+                           launcher._NULL, launcher._NULL, launcher._NULL, data.eps)
+    _synchronize()
+
+
+# ------------------------------------------------------------------ the guards admit valid input
+
+
+# The scenario's window (4, 1, 3) moved to (0, 3, 5): pages 0 and num_pages - 1 = 5, the
+# page-id guard's two boundaries, both referenced.
+BOUNDARY_WINDOW = (0, 3, SCENARIO.num_pages - 1)
+
+
+def page_guard_admits_pages_0_and_last(data: QkData, scenario=SCENARIO) -> None:
+    """The page-id guard traps outside [0, num_pages) and nowhere else. The scenario's
+    prefill runs twice: over its window and over BOUNDARY_WINDOW; the second pool must hold
+    the first's pages moved to their new ids, zero elsewhere, and q_out must not change. A
+    trap here is this gate's own failure (a guard that rejects a valid page), by assertion."""
+    from harness.device import is_cuda_error
+
+    window = scenario.window
+    assert len(BOUNDARY_WINDOW) == len(window) and {0, scenario.num_pages - 1} <= set(BOUNDARY_WINDOW)
+    try:
+        q_ref, pool_ref = (host(a) for a in prefill_arm(data, scenario))
+        q_moved, pool_moved = (host(a) for a in prefill_arm(data, scenario, window=BOUNDARY_WINDOW))
+        _synchronize()
+    except Exception as exc:  # noqa: BLE001 - only a device error is this gate's verdict
+        if not is_cuda_error(exc):
+            raise
+        pytest.fail(f"the page-id guard fired on valid pages 0 and num_pages - 1 = {scenario.num_pages - 1} "
+                    f"(window {window} moved to {BOUNDARY_WINDOW}): {type(exc).__name__}: {exc}")
+    stride = layout_for(data, scenario).page_stride
+    ref = bits_of(pool_ref).reshape(scenario.num_pages, stride)
+    for j, page in enumerate(window):
+        assert np.count_nonzero(ref[page]), f"the reference run wrote nothing into page {page} (window row {j})"
+    expected = np.zeros_like(ref)
+    for old, new in zip(window, BOUNDARY_WINDOW):
+        expected[new] = ref[old]
+    assert_bits_eq(f"q_out (window {BOUNDARY_WINDOW} vs {window})", q_moved, q_ref)
+    assert_bits_eq(f"pool over window {BOUNDARY_WINDOW} (the pages of window {window}, moved; zero elsewhere)",
+                   pool_moved, from_bits(expected.reshape(-1), bf16))
+
+
 # ------------------------------------------------------------------ refusals
 
 

@@ -64,6 +64,14 @@ def test_paged_decode_with_origin_zero_tokens_equals_paged_prefill():
     qk.origin_zero_decode_equals_prefill(qk.eps_device_data(HEAD_DIM, LINK_ROTARY_DIM))
 
 
+@pytest.mark.gpu
+@pytest.mark.link
+def test_page_guard_admits_pages_0_and_num_pages_minus_1():
+    # The page-id guard's two boundaries as valid pages: the scenario's window moved to pages
+    # 0, 3 and 5 of 6. A trap here fails the gate by assertion (a guard that rejects a valid page).
+    qk.page_guard_admits_pages_0_and_last(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
 @pytest.mark.refusal
 @pytest.mark.parametrize("refusal", qk.REFUSALS, ids=[r.id for r in qk.REFUSALS])
 def test_launcher_refuses_bad_arguments_before_any_launch(refusal):
@@ -86,3 +94,16 @@ def test_device_guard_fires_on_a_csr_end_past_the_page_indices():
 @pytest.mark.trap
 def test_device_guard_fires_on_a_row_before_its_window_origin():
     qk.launch_with_row_before_origin(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_negative_csr_begin():
+    qk.launch_with_negative_csr_begin(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_negative_page_size():
+    # The launcher refuses page_size <= 0, so this launches past its checks (docs/qk_rope.md).
+    qk.launch_with_negative_page_size(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))

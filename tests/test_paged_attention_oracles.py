@@ -192,6 +192,8 @@ FIRST_VISIBLE_EQUIVALENT = {
     "condition qpos - window - 1 > 0": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w - 1 > 0 else 0,
     "condition qpos - window + 0 > 0": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w > 0 else 0,
     "else 1": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w + 1 > 0 else 1,
+    # Not even fv moves: where qpos - window + 1 == 0 both branches return 0.
+    "condition qpos - window + 1 >= 0": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w + 1 >= 0 else 0,
 }
 
 
@@ -289,6 +291,36 @@ def test_the_equivalent_first_visible_mutants_never_move_a_page(name):
     for w in range(0, 601):
         for q in range(0, 1201):
             assert _c_div(fn(q, w), 16) == _c_div(_fv(q, w), 16), (name, q, w)
+
+
+def test_the_first_visible_boundary_mutant_returns_the_same_key_everywhere():
+    fn = FIRST_VISIBLE_EQUIVALENT["condition qpos - window + 1 >= 0"]
+    for w in range(0, 601):
+        for q in range(0, 1201):
+            assert fn(q, w) == _fv(q, w), (q, w)
+
+
+def _strided_cover(hd: int, threads: int, stride: int) -> list[int]:
+    """How many times `for (d = threadIdx.x; d < HD; d += stride)` visits each d, over a block."""
+    seen = [0] * hd
+    for t in range(threads):
+        for d in range(t, hd, stride):
+            seen[d] += 1
+    return seen
+
+
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES)
+def test_a_merge_stride_of_blockdim_minus_1_still_visits_every_d(hd):
+    # merge_splits' `d += blockDim.x` -> `d += blockDim.x - 1` (and paged_decode's own loop):
+    # at the launchers' 128 threads (fixed by __launch_bounds__ too), thread t visits t + 127 k,
+    # so every d < HD is visited at least once; the d = 127 + 127 k visited twice (threads 127 and
+    # 0) get the same merge of the same partials, the same bits. Equivalent: no input sees it.
+    assert pa.DECODE_THREADS == 128
+    exact = _strided_cover(hd, pa.DECODE_THREADS, pa.DECODE_THREADS)
+    mutant = _strided_cover(hd, pa.DECODE_THREADS, pa.DECODE_THREADS - 1)
+    assert exact == [1] * hd
+    assert min(mutant) == 1 and max(mutant) == 2
+    assert [d for d in range(hd) if mutant[d] == 2] == list(range(127, hd, 127))
 
 
 def test_split_chunks_cover_every_visible_page_once_as_documented():
