@@ -66,10 +66,10 @@ def test_paged_decode_with_origin_zero_tokens_equals_paged_prefill():
 
 @pytest.mark.gpu
 @pytest.mark.link
-def test_page_guard_admits_pages_0_and_num_pages_minus_1():
-    # The page-id guard's two boundaries as valid pages: the scenario's window moved to pages
-    # 0, 3 and 5 of 6. A trap here fails the gate by assertion (a guard that rejects a valid page).
-    qk.page_guard_admits_pages_0_and_last(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+def test_device_guards_admit_valid_metadata_at_their_boundaries():
+    # Pages 0 and num_pages - 1, CSR begin 0 and end = length, origin 0, rows on their origin
+    # page, page size 1: a trap here fails the gate by assertion (a guard rejecting valid input).
+    qk.guards_admit_valid_boundary_metadata(qk.eps_device_data(HEAD_DIM, LINK_ROTARY_DIM))
 
 
 @pytest.mark.refusal
@@ -94,6 +94,12 @@ def test_device_guard_fires_on_a_csr_end_past_the_page_indices():
 @pytest.mark.trap
 def test_device_guard_fires_on_a_row_before_its_window_origin():
     qk.launch_with_row_before_origin(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_row_past_its_window():
+    qk.launch_with_row_past_its_window(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
 
 
 @pytest.mark.gpu

@@ -116,16 +116,76 @@ def test_the_scenarios_own_metadata_passes_every_guard():
             assert g is None and page in s.window, (t, g, page)
 
 
-def test_the_boundary_pages_window_names_page_0_and_the_last_page_for_real_rows():
+def test_the_row_past_window_gate_is_stopped_by_that_guard_and_by_nothing_else():
     s = qk.SCENARIO
-    moved = qk.BOUNDARY_WINDOW
-    pages = {_guards(pos=int(p), page_size=s.page_size, origin=s.page_origin, num_pages=s.num_pages,
-                     indices=np.asarray(moved))[1] for p in s.positions}
-    assert pages == set(moved) and {0, s.num_pages - 1} <= pages
-    assert len(set(moved)) == len(moved) == len(s.window)
-    # With the page-id guard one too strict at either end, some real row would trap:
-    for lo, hi in ((1, s.num_pages), (0, s.num_pages - 1)):
-        assert any(not lo <= p < hi for p in pages)
+    indptr, indices = s.decode_csr()
+    origins = s.decode_origins()
+    origins[-1] -= 1
+    backing = np.append(indices, s.junk_page)   # the gate's allocation; its view is the first len(indices)
+    args = lambda t: dict(pos=int(s.positions[t]), page_size=s.page_size, origin=int(origins[t]),  # noqa: E731
+                          num_pages=s.num_pages, indices=backing, indptr=indptr, t=t)
+    last = s.num_tokens - 1
+    # The mirror's page_indices length is len(backing); the kernel's is indices.size (end > len
+    # would fire only past that, and the last end is exactly indices.size).
+    assert indptr[-1] == indices.size
+    assert _guards(**args(last)) == ("row past window", None)
+    pages = [_guards(**args(t), dropped=("row past window",)) for t in range(s.num_tokens)]
+    assert all(g is None for g, _ in pages), pages
+    assert pages[last][1] == s.junk_page, "the last token's row 1 reads the entry past the view"
+
+
+def _boundary_runs():
+    """(name, guard-mirror keyword arguments) of every row the boundary-metadata gate launches."""
+    s, p1 = design.ORIGIN0_SCENARIO, design.PAGE1_SCENARIO
+    indptr, indices = s.decode_csr(junk_lead=False)
+    runs = []
+    for name, sc, window in (("prefill", s, s.window), ("moved", s, qk.BOUNDARY_WINDOW), ("page size 1", p1, p1.window)):
+        runs += [(name, dict(pos=int(p), page_size=sc.page_size, origin=sc.page_origin, num_pages=sc.num_pages,
+                             indices=np.asarray(window))) for p in sc.positions]
+    runs += [("decode", dict(pos=int(p), page_size=s.page_size, origin=int(o), num_pages=s.num_pages,
+                             indices=indices, indptr=indptr, t=t))
+             for t, (p, o) in enumerate(zip(s.positions, s.decode_origins()))]
+    return runs
+
+
+def test_the_boundary_metadata_gate_passes_every_guard_and_reaches_every_boundary():
+    runs = _boundary_runs()
+    for name, kw in runs:
+        assert _guards(**kw)[0] is None, (name, kw)
+    s = design.ORIGIN0_SCENARIO
+    moved = {_guards(**kw)[1] for name, kw in runs if name == "moved"}
+    assert {0, s.num_pages - 1} <= moved and len(set(qk.BOUNDARY_WINDOW)) == len(s.window)
+    decode = [kw for name, kw in runs if name == "decode"]
+    assert decode[0]["indptr"][0] == 0 and decode[-1]["indptr"][-1] == len(decode[-1]["indices"])
+    assert any(kw["origin"] == 0 for kw in decode)
+    assert all(_c_div(kw["pos"], kw["page_size"]) == kw["origin"] for kw in decode)
+    assert design.PAGE1_SCENARIO.page_size == 1
+
+
+# One guard one too strict (or always firing): each must trap on some row the gate launches.
+STRICT = {
+    "begin <= 0": lambda c: c["begin"] <= 0,
+    "end >= len": lambda c: c["end"] >= c["len"],
+    "origin <= 0": lambda c: c["origin"] <= 0,
+    "pos / page_size <= origin": lambda c: c["q"] <= c["origin"],
+    "page_size <= 1": lambda c: c["page_size"] <= 1,
+    "page <= 0": lambda c: c["page"] <= 0,
+    "page >= num_pages - 1": lambda c: c["page"] >= c["num_pages"] - 1,
+}
+
+
+@pytest.mark.parametrize("strict", sorted(STRICT))
+def test_a_guard_one_too_strict_fires_on_some_row_of_the_boundary_metadata_gate(strict):
+    fired = []
+    for name, kw in _boundary_runs():
+        g, page = _guards(**kw)
+        assert g is None
+        n = len(kw["indices"])
+        begin, end = (int(kw["indptr"][kw["t"]]), int(kw["indptr"][kw["t"] + 1])) if "indptr" in kw else (0, n)
+        ctx = dict(begin=begin, end=end, len=n, origin=kw["origin"], q=_c_div(kw["pos"], kw["page_size"]),
+                   page_size=kw["page_size"], page=page, num_pages=kw["num_pages"])
+        fired.append(STRICT[strict](ctx))
+    assert any(fired), f"{strict}: no row of the boundary-metadata gate would trap"
 
 
 class _Recorder:
@@ -164,3 +224,9 @@ def test_the_trap_bodies_hand_the_kernel_the_designed_metadata(head_dim, monkeyp
     indices, indptr = args[18], args[23]
     assert int(indptr[0]) == -1 and indices.base is not None and int(indices.base[0]) == qk.SCENARIO.junk_page
     assert list(indices) == list(qk.SCENARIO.decode_csr()[1])
+
+    qk.launch_with_row_past_its_window(data)
+    name, args = rec.calls[-1]
+    indices, origins = args[18], args[24]
+    assert int(origins[-1]) == int(qk.SCENARIO.decode_origins()[-1]) - 1
+    assert indices.base is not None and int(indices.base[indices.size]) == qk.SCENARIO.junk_page
