@@ -386,6 +386,16 @@ def launch_with_row_past_its_window(data: QkData, scenario=SCENARIO) -> None:
     _synchronize()
 
 
+def launch_with_negative_window_origin(data: QkData, scenario=SCENARIO) -> None:
+    """Token 0's window origin is -1 (decode origins stay on the device; the prefill launcher
+    refuses a negative page_origin). Without the guard its row is pos / page_size + 1 = 2, inside
+    its three-entry window, so it reads a valid entry and nothing faults."""
+    origins = scenario.decode_origins()
+    origins[0] = -1
+    decode_arm(data, scenario, origins=origins)
+    _synchronize()
+
+
 def launch_with_negative_csr_begin(data: QkData, scenario=SCENARIO) -> None:
     """Token 0's CSR begin is -1 (the launcher never reads page_indptr: it stays on the
     device). page_indices is a view one entry into an array whose first entry is the junk

@@ -109,6 +109,12 @@ def test_device_guard_fires_on_a_row_past_its_window():
 
 @pytest.mark.gpu
 @pytest.mark.trap
+def test_device_guard_fires_on_a_negative_window_origin():
+    qk.launch_with_negative_window_origin(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
 def test_device_guard_fires_on_a_negative_csr_begin():
     qk.launch_with_negative_csr_begin(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
 

@@ -134,6 +134,18 @@ def test_the_row_past_window_gate_is_stopped_by_that_guard_and_by_nothing_else()
     assert pages[last][1] == s.junk_page, "the last token's row 1 reads the entry past the view"
 
 
+def test_the_negative_origin_gate_is_stopped_by_that_guard_and_by_nothing_else():
+    s = qk.SCENARIO
+    indptr, indices = s.decode_csr()
+    origins = s.decode_origins()
+    origins[0] = -1
+    args = lambda t: dict(pos=int(s.positions[t]), page_size=s.page_size, origin=int(origins[t]),  # noqa: E731
+                          num_pages=s.num_pages, indices=indices, indptr=indptr, t=t)
+    assert _guards(**args(0)) == ("origin < 0", None)
+    pages = [_guards(**args(t), dropped=("origin < 0",)) for t in range(s.num_tokens)]
+    assert all(g is None for g, _ in pages), pages
+
+
 def _boundary_runs():
     """(name, guard-mirror keyword arguments) of every row the boundary-metadata gate launches."""
     s, p1 = design.ORIGIN0_SCENARIO, design.PAGE1_SCENARIO
@@ -224,6 +236,9 @@ def test_the_trap_bodies_hand_the_kernel_the_designed_metadata(head_dim, monkeyp
     indices, indptr = args[18], args[23]
     assert int(indptr[0]) == -1 and indices.base is not None and int(indices.base[0]) == qk.SCENARIO.junk_page
     assert list(indices) == list(qk.SCENARIO.decode_csr()[1])
+
+    qk.launch_with_negative_window_origin(data)
+    assert int(rec.calls[-1][1][24][0]) == -1
 
     qk.launch_with_row_past_its_window(data)
     name, args = rec.calls[-1]
