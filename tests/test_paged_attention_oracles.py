@@ -452,6 +452,7 @@ class _Model:
         self.neg, self.fv, self.per, self.w_start, self.tile_off = np.float32(neg), fv, per, w_start, tile_off
         self.lo_from_warp0 = lo_from_warp0
         self._scores = {}
+        self._cases = {}   # keeps every case keyed by id() alive: a freed case's id can be reused
 
     def new_state(self, hd):
         return [self.neg, np.float32(0), np.zeros(hd, np.float32)]
@@ -464,6 +465,7 @@ class _Model:
         if not slots:
             return False
         key = (id(case), r, h, entry)
+        self._cases[id(case)] = case
         if key not in self._scores:
             self._scores[key] = ora.kernel_score(case.q[r, h], case.k_pool[entry, h // g])
         scores = self._scores[key]
