@@ -245,3 +245,20 @@ def test_the_trap_bodies_hand_the_kernel_the_designed_metadata(head_dim, monkeyp
     indices, origins = args[18], args[24]
     assert int(origins[-1]) == int(qk.SCENARIO.decode_origins()[-1]) - 1
     assert indices.base is not None and int(indices.base[indices.size]) == qk.SCENARIO.junk_page
+
+
+def test_the_end_before_begin_guard_is_dominated_by_the_row_guard():
+    # Equivalent by argument: once the origin guards pass, row >= 0, so a window with end < begin
+    # (negative length) or end == begin (empty) traps at `row >= end - begin` anyway. Dropping the
+    # guard, or making it `end <= begin`, changes which guard fires, never whether one does.
+    indices = np.arange(6)
+    for begin in range(5):
+        for end in range(5):
+            indptr = np.asarray([begin, end])
+            for pos in range(12):
+                for origin in range(4):
+                    kw = dict(pos=pos, page_size=4, origin=origin, num_pages=6, indices=indices, indptr=indptr, t=0)
+                    g, _ = _guards(**kw)
+                    if end <= begin:
+                        assert g is not None, kw
+                        assert _guards(**kw, dropped=("end < begin",))[0] is not None, kw
