@@ -60,6 +60,20 @@ def edge_case(kernel: str, window: int) -> ora.Case:
 
 
 @host_cache
+def needle_case(hd: int, window: int, kind: str) -> ora.Case:
+    """The decode needle case (oracles.paged_attention.needle_case) at NEEDLE_HEADS, NEEDLE_SEED:
+    built once per process (4-9 ms each; the needle anchors and the split-count links share them)."""
+    return ora.needle_case(hd=hd, window=window, kind=kind, seed=NEEDLE_SEED, **NEEDLE_HEADS)
+
+
+@host_cache
+def staircase_case(hd: int, window: int, rising: bool, paired: bool = False) -> ora.Case:
+    """The prefill staircase (oracles.paged_attention.staircase_case), nh 4, nkv 2, STAIR_SEED:
+    built once per process (2-8 ms each)."""
+    return ora.staircase_case(hd=hd, nh=4, nkv=2, window=window, rising=rising, seed=STAIR_SEED, paired=paired)
+
+
+@host_cache
 def reference_of(name: str, rows: str) -> np.ndarray:
     """The float64 reference of a random case, computed once per process."""
     return ora.reference(random_case(name, rows))

@@ -373,6 +373,123 @@ def launch_with_row_before_origin(data: QkData, scenario=SCENARIO) -> None:
     _synchronize()
 
 
+def launch_with_row_past_its_window(data: QkData, scenario=SCENARIO) -> None:
+    """The last token's origin is one page before its own, so its row is 1 in a window of one
+    entry. page_indices is a view of an array with one valid entry more, so without the guard
+    the row reads that entry and nothing faults."""
+    indptr, indices = scenario.decode_csr()
+    origins = scenario.decode_origins()
+    origins[-1] -= 1
+    assert indptr[-1] - indptr[-2] == 1, "the last token's window must be one entry"
+    backing = data.put(np.append(indices, scenario.junk_page).astype(np.int32))
+    decode_arm(data, scenario, origins=origins, indices=backing[: indices.size])
+    _synchronize()
+
+
+def launch_with_negative_window_origin(data: QkData, scenario=SCENARIO) -> None:
+    """Token 0's window origin is -1 (decode origins stay on the device; the prefill launcher
+    refuses a negative page_origin). Without the guard its row is pos / page_size + 1 = 2, inside
+    its three-entry window, so it reads a valid entry and nothing faults."""
+    origins = scenario.decode_origins()
+    origins[0] = -1
+    decode_arm(data, scenario, origins=origins)
+    _synchronize()
+
+
+def launch_with_negative_csr_begin(data: QkData, scenario=SCENARIO) -> None:
+    """Token 0's CSR begin is -1 (the launcher never reads page_indptr: it stays on the
+    device). page_indices is a view one entry into an array whose first entry is the junk
+    page (valid), so without the guard token 0's row 0 reads that entry and nothing faults."""
+    indptr, indices = scenario.decode_csr()
+    indptr[0] = -1
+    backing = data.put(np.insert(indices, 0, scenario.junk_page).astype(np.int32))
+    decode_arm(data, scenario, indptr=indptr, indices=backing[1:])
+    _synchronize()
+
+
+# A page size the launcher refuses, so the trap gate below launches past its checks. Zero
+# would not do: on sm_90 `pos / 0` is -1 (the division's fix-up for a zero divisor), which
+# the row-before-origin guard traps for every origin >= 0 whether or not the page-size guard
+# is there. A negative size is stopped by the page-size guard alone.
+NEGATIVE_PAGE_SIZE = -16
+
+
+def launch_with_negative_page_size(data: QkData) -> None:
+    """Paged prefill with page_size -16 through the launcher's one spelled kernel call
+    (`_launch_paged`), skipping `check_pool`, which refuses it. The request is positions
+    0..T-1 (T < 16), origin 0, a one-entry window naming page 0 of a one-page, one-layer
+    pool: pos / -16 = 0 is row 0 of the window, so no other guard fires. pool_index then puts
+    K at (pos * nkv + kv_head) * HD, inside the first kv block, and V one kv block earlier,
+    before the pool; the pool passed is a view one kv block into a zeroed allocation of two,
+    so without the guard every store lands in memory and nothing faults."""
+    assert data.num_tokens < -NEGATIVE_PAGE_SIZE, "every position must give pos / page_size = 0"
+    heads = launcher.check_heads(data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin,
+                                 rotary_dim=data.rotary_dim)
+    kv_block = -NEGATIVE_PAGE_SIZE * NKV * data.head_dim
+    backing = data.filled((2 * kv_block,), 0)
+    q_out = data.filled((data.num_tokens, NQ, data.head_dim), FILLER)
+    launcher._launch_paged(heads, False, data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin,
+                           q_out, backing[kv_block:], NEGATIVE_PAGE_SIZE, 1, 0, 1,
+                           data.put(np.zeros(1, dtype=np.int32)), 0, 0,
+                           launcher._NULL, launcher._NULL, launcher._NULL, data.eps)
+    _synchronize()
+
+
+# ------------------------------------------------------------------ the guards admit valid input
+
+
+# ORIGIN0_SCENARIO's window (4, 1, 3, 0) moved to (5, 3, 0, 1): the page-id guard's two
+# boundaries, page 0 and the last page 5, both named by real rows (logical pages 2 and 0).
+BOUNDARY_WINDOW = (5, 3, 0, 1)
+
+
+def guards_admit_valid_boundary_metadata(data: QkData) -> None:
+    """Every device guard traps outside the valid metadata and nowhere inside it: valid input
+    at each guard's boundary must run. On the origin-0 request (tiny-head data, 11 tokens):
+
+    - prefill over BOUNDARY_WINDOW (pages 0 and num_pages - 1) vs over the scenario's window:
+      the same q_out, and the same pages, moved;
+    - decode over a CSR without the junk entry (token 0's begin is 0, the last end is the
+      array's length), every token on its window's origin page (pos / page_size == origin),
+      tokens 0-2 at origin 0: equal to the prefill, bit for bit;
+    - the prefill link at page size 1 (PAGE1_SCENARIO).
+
+    A guard one too strict (or always firing) traps here: this gate catches the fault and fails
+    by its own assertion, instead of a link dying by a trap no gate would have named."""
+    from harness.device import is_cuda_error
+
+    s = design.ORIGIN0_SCENARIO
+    assert data.num_tokens == s.num_tokens
+    indptr, indices = s.decode_csr(junk_lead=False)
+    origins = s.decode_origins()
+    assert indptr[0] == 0 and indptr[-1] == indices.size and np.any(origins == 0)
+    assert np.array_equal(s.positions // s.page_size, origins), "every token sits on its origin page (row 0)"
+    try:
+        q_ref, pool_ref = (host(a) for a in prefill_arm(data, s))
+        q_moved, pool_moved = (host(a) for a in prefill_arm(data, s, window=BOUNDARY_WINDOW))
+        q_dec, pool_dec = (host(a) for a in decode_arm(data, s, indptr=indptr, indices=data.put(indices)))
+        prefill_lands_flat_values_at_layout_addresses(data, design.PAGE1_SCENARIO)
+        _synchronize()
+    except Exception as exc:  # noqa: BLE001 - only a device error is this gate's verdict
+        if not is_cuda_error(exc):
+            raise
+        pytest.fail(f"a device guard fired on valid input at its boundary (pages 0 and {s.num_pages - 1}, "
+                    f"CSR begin 0 and end {indices.size}, origin 0, rows on their origin page, page size 1): "
+                    f"{type(exc).__name__}: {exc}")
+    stride = layout_for(data, s).page_stride
+    ref = bits_of(pool_ref).reshape(s.num_pages, stride)
+    for page in (4, 1, 3):
+        assert np.count_nonzero(ref[page]), f"the reference prefill wrote nothing into page {page}"
+    expected = np.zeros_like(ref)
+    for old, new in zip(s.window, BOUNDARY_WINDOW):
+        expected[new] = ref[old]
+    assert_bits_eq(f"q_out (prefill over window {BOUNDARY_WINDOW} vs {s.window})", q_moved, q_ref)
+    assert_bits_eq(f"pool after prefill over window {BOUNDARY_WINDOW} (the pages of window {s.window}, moved; "
+                   "zero elsewhere)", pool_moved, from_bits(expected.reshape(-1), bf16))
+    assert_bits_eq("q_out (decode from CSR begin 0 vs prefill)", q_dec, q_ref)
+    assert_bits_eq("pool (decode from CSR begin 0, rows on their origin pages, vs prefill)", pool_dec, pool_ref)
+
+
 # ------------------------------------------------------------------ refusals
 
 

@@ -16,7 +16,8 @@ from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
 from gates._paged_attention import (NEEDLE_HEADS, NEEDLE_SEED, chosen_splits, decode_config, edge_case, host_arrays,
-                                    new_counters, permuted_device_pool, reference_of, run_paged_decode, to_device)
+                                    needle_case, new_counters, permuted_device_pool, reference_of, run_paged_decode,
+                                    to_device)
 
 __all__ = ["decode_config"]   # the shared fixture, imported for pytest
 
@@ -25,7 +26,7 @@ SPLIT_LINK_KINDS = ("last_visible", "window_just_outside")
 
 
 def needle_device_case(hd, window, kind):
-    return to_device(ora.needle_case(hd=hd, window=window, kind=kind, seed=NEEDLE_SEED, **NEEDLE_HEADS))
+    return to_device(needle_case(hd, window, kind))
 
 
 @pytest.mark.gpu

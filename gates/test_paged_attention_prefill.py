@@ -14,8 +14,8 @@ from harness.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
-from gates._paged_attention import (CONFIGS, STAIR_SEED, STAIR_WINDOW, config_id, edge_case, host_arrays,
-                                    permuted_device_pool, random_case, reference_of, run_paged_prefill, to_device)
+from gates._paged_attention import (CONFIGS, STAIR_WINDOW, config_id, edge_case, host_arrays, permuted_device_pool,
+                                    random_case, reference_of, run_paged_prefill, staircase_case, to_device)
 
 WINDOWS = (0, STAIR_WINDOW)
 
@@ -33,7 +33,7 @@ def chunk_config(request):
 
 
 def staircase_out(hd, window, rising):
-    case = ora.staircase_case(hd=hd, nh=4, nkv=2, window=window, rising=rising, seed=STAIR_SEED)
+    case = staircase_case(hd, window, rising)
     return run_paged_prefill(to_device(case)), ora.copy_rows(case)
 
 
@@ -64,7 +64,7 @@ def test_prefill_paired_staircase_rows_average_their_two_tied_keys(hd, window):
     # (weights exactly 1 and 1), so its output is bf16((v[q - 1] + v[q]) / 2), nearest even; an
     # even row's last key stands alone (a copy). The copies above cannot see the division by l,
     # the second key's weight or the output rounding; this can, on 100 rows of 200.
-    case = ora.staircase_case(hd=hd, nh=4, nkv=2, window=window, rising=True, seed=STAIR_SEED, paired=True)
+    case = staircase_case(hd, window, rising=True, paired=True)
     assert_bits_eq(f"prefill out [row, head, dim], paired staircase, window {window}",
                    run_paged_prefill(to_device(case)), ora.mean_rows(case), dtype=bf16)
 

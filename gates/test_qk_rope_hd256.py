@@ -69,6 +69,14 @@ def test_paged_decode_with_origin_zero_tokens_equals_paged_prefill():
     qk.origin_zero_decode_equals_prefill(qk.eps_device_data(HEAD_DIM, LINK_ROTARY_DIM))
 
 
+@pytest.mark.gpu
+@pytest.mark.link
+def test_device_guards_admit_valid_metadata_at_their_boundaries():
+    # Pages 0 and num_pages - 1, CSR begin 0 and end = length, origin 0, rows on their origin
+    # page, page size 1: a trap here fails the gate by assertion (a guard rejecting valid input).
+    qk.guards_admit_valid_boundary_metadata(qk.eps_device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
 @pytest.mark.refusal
 @pytest.mark.parametrize("refusal", qk.REFUSALS, ids=[r.id for r in qk.REFUSALS])
 def test_launcher_refuses_bad_arguments_before_any_launch(refusal):
@@ -91,3 +99,28 @@ def test_device_guard_fires_on_a_csr_end_past_the_page_indices():
 @pytest.mark.trap
 def test_device_guard_fires_on_a_row_before_its_window_origin():
     qk.launch_with_row_before_origin(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_row_past_its_window():
+    qk.launch_with_row_past_its_window(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_negative_window_origin():
+    qk.launch_with_negative_window_origin(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_negative_csr_begin():
+    qk.launch_with_negative_csr_begin(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_device_guard_fires_on_a_negative_page_size():
+    # The launcher refuses page_size <= 0, so this launches past its checks (docs/qk_rope.md).
+    qk.launch_with_negative_page_size(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))

@@ -100,14 +100,24 @@ def visible(kpos, qpos, window: int):
 # ------------------------------------------------------------------ the float64 reference
 
 
+REFERENCE_ROW_BLOCK = 64            # query rows per block of the reference's score matrices
+
+
 def reference(case: Case, scale: float = 1.0) -> np.ndarray:
-    """float64 softmax(q k^T * scale) v over each row's visible keys, [rows, nh, hd]."""
+    """float64 softmax(q k^T * scale) v over each row's visible keys, [rows, nh, hd].
+
+    Rows go in blocks of REFERENCE_ROW_BLOCK (in the case's row order); a block's scores are
+    computed only against the keys some row of the block can see, [min first visible, max
+    qpos]: a key outside that range is masked for every row of the block, and a masked key's
+    weight is exp(-inf) = 0 exactly, so leaving it out changes nothing but the work (a prefill
+    of every position skips most of a causal or sliding-window matrix)."""
     q = case.q.astype(np.float64)
     rows, nh, hd = q.shape
     nkv = case.nkv
     g = nh // nkv
     out = np.empty((rows, nh, hd), np.float64)
     off, qpos = np.asarray(case.off), np.asarray(case.qpos)
+    fv = first_visible(qpos, case.window)
     for o in np.unique(off):
         idx = np.flatnonzero(off == o)
         n_keys = int(qpos[idx].max()) + 1
@@ -115,14 +125,17 @@ def reference(case: Case, scale: float = 1.0) -> np.ndarray:
         # [pages, nkv, 16, hd] -> [nkv, keys, hd]
         k = case.k_pool[pages].astype(np.float64).transpose(1, 0, 2, 3).reshape(nkv, -1, hd)[:, :n_keys]
         v = case.v_pool[pages].astype(np.float64).transpose(1, 0, 2, 3).reshape(nkv, -1, hd)[:, :n_keys]
-        vis = visible(np.arange(n_keys)[None, :], qpos[idx][:, None], case.window)      # [R, keys]
-        qs = q[idx].reshape(idx.size, nkv, g, hd)
-        for j in range(nkv):
-            s = (qs[:, j].reshape(-1, hd) @ k[j].T).reshape(idx.size, g, n_keys) * scale
-            s = np.where(vis[:, None, :], s, -np.inf)
-            w = np.exp(s - s.max(axis=-1, keepdims=True))
-            w /= w.sum(axis=-1, keepdims=True)
-            out[idx, j * g:(j + 1) * g] = (w.reshape(-1, n_keys) @ v[j]).reshape(idx.size, g, hd)
+        for b0 in range(0, idx.size, REFERENCE_ROW_BLOCK):
+            blk = idx[b0:b0 + REFERENCE_ROW_BLOCK]
+            lo, hi = int(fv[blk].min()), int(qpos[blk].max()) + 1
+            vis = visible(np.arange(lo, hi)[None, :], qpos[blk][:, None], case.window)      # [R, keys]
+            qs = q[blk].reshape(blk.size, nkv, g, hd)
+            for j in range(nkv):
+                s = (qs[:, j].reshape(-1, hd) @ k[j, lo:hi].T).reshape(blk.size, g, hi - lo) * scale
+                s = np.where(vis[:, None, :], s, -np.inf)
+                w = np.exp(s - s.max(axis=-1, keepdims=True))
+                w /= w.sum(axis=-1, keepdims=True)
+                out[blk, j * g:(j + 1) * g] = (w.reshape(-1, hi - lo) @ v[j, lo:hi]).reshape(blk.size, g, hd)
     return out
 
 
@@ -486,8 +499,8 @@ def split_partials(case: Case, splits: int) -> np.ndarray:
                 continue
             key = max(int(fv[r]), int(begin) * PAGE)
             page, slot = _key_slot(case.bt, case.off[r], key)
-            for h in range(case.nh):
-                parts[r, h, s, 0] = kernel_score(case.q[r, h], case.k_pool[page, h // g, slot])
+            heads = np.arange(case.nh) // g
+            parts[r, :, s, 0] = kernel_score(case.q[r], case.k_pool[page, heads, slot])   # every head at once
             parts[r, :, s, 1] = 1.0
-            parts[r, :, s, 2:] = case.v_pool[page, np.arange(case.nh) // g, slot].astype(np.float32)
+            parts[r, :, s, 2:] = case.v_pool[page, heads, slot].astype(np.float32)
     return parts

@@ -178,11 +178,12 @@ class PagedScenario:
     def decode_origins(self) -> np.ndarray:
         return (self.positions // self.page_size).astype(np.int32)
 
-    def decode_csr(self) -> tuple[np.ndarray, np.ndarray]:
+    def decode_csr(self, junk_lead: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(page_indptr [B + 1], page_indices): token b's window covers logical pages
-        origins[b] .. the request's last page."""
-        indices = [self.junk_page]
-        indptr = [1]
+        origins[b] .. the request's last page. junk_lead=False drops the junk entry, so token
+        0's span begins at entry 0 (the CSR begin guard's boundary)."""
+        indices = [self.junk_page] if junk_lead else []
+        indptr = [len(indices)]
         for origin in self.decode_origins():
             indices.extend(self.window[origin - self.page_origin:])
             indptr.append(len(indices))
@@ -195,3 +196,9 @@ class PagedScenario:
 # window's fourth entry (pool page 0) covers position 12, one past the request: a warp past
 # the last job (its tail guard gone) finds a valid page there and lands visibly.
 ORIGIN0_SCENARIO = PagedScenario(start_pos=1, num_tokens=11, page_origin=0, window=(4, 1, 3, 0), junk_page=2)
+
+# Page size 1 (the smallest the page-size guard admits): the origin-0 request's positions 1..11
+# on logical pages 1..11 of a window from page 0, twelve pool pages shuffled, junk page 5 and the
+# last page 13 unreferenced.
+PAGE1_SCENARIO = PagedScenario(page_size=1, num_pages=14, start_pos=1, num_tokens=11, page_origin=0,
+                               window=(12, 0, 7, 3, 9, 1, 11, 4, 8, 2, 10, 6), junk_page=5)

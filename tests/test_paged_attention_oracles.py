@@ -90,9 +90,43 @@ def test_reference_of_the_largest_prefill_takes_seconds():
     out = ora.reference(case)
     elapsed = time.perf_counter() - start
     assert out.shape == (1500, 16, 256) and np.all(np.isfinite(out))
-    # Measured 1.2 s on this project's 2-core development machine; 60 s leaves room for a
-    # loaded CI runner while still failing a reference that fell back to Python loops (hours).
+    # Measured 1.2 s on this project's 2-core development machine before the row blocks (0.4 s
+    # of one core's CPU time after, 1.0 s before); 60 s leaves room for a loaded CI runner while
+    # still failing a reference that fell back to Python loops (hours).
     assert elapsed < 60, f"float64 prefill reference took {elapsed:.1f} s"
+
+
+def _dense_reference(case: ora.Case) -> np.ndarray:
+    """The reference without row blocks: every row of a sequence against every key, masked."""
+    q = case.q.astype(np.float64)
+    g = case.nh // case.nkv
+    out = np.empty(q.shape, np.float64)
+    for o in np.unique(case.off):
+        idx = np.flatnonzero(case.off == o)
+        n = int(case.qpos[idx].max()) + 1
+        pages = case.bt[o:o + -(-n // 16)]
+        k = case.k_pool[pages].astype(np.float64).transpose(1, 0, 2, 3).reshape(case.nkv, -1, case.hd)[:, :n]
+        v = case.v_pool[pages].astype(np.float64).transpose(1, 0, 2, 3).reshape(case.nkv, -1, case.hd)[:, :n]
+        vis = ora.visible(np.arange(n)[None, :], case.qpos[idx][:, None], case.window)
+        for h in range(case.nh):
+            s = np.where(vis, q[idx, h] @ k[h // g].T, -np.inf)
+            w = np.exp(s - s.max(axis=-1, keepdims=True))
+            out[idx, h] = (w / w.sum(axis=-1, keepdims=True)) @ v[h // g]
+    return out
+
+
+@pytest.mark.parametrize("window", [0, 70])
+def test_the_row_blocked_reference_equals_the_dense_one(window):
+    # Blocks of rows see only the keys some row of the block can see: a masked key's weight is
+    # exactly 0 either way. Rows out of order (the edge case lists them latest first), several
+    # sequences, more rows than one block.
+    cases = [ora.random_case(nh=4, nkv=2, hd=256, window=window, ctx=300, rows=300, seed=3),
+             ora.needle_case(hd=256, nh=8, nkv=2, window=window, kind="first_visible", seed=5)]
+    if window:
+        cases.append(ora.window_edge_case(hd=256, nh=8, nkv=2, window=window))
+    assert cases[0].rows > ora.REFERENCE_ROW_BLOCK
+    for case in cases:
+        np.testing.assert_allclose(ora.reference(case), _dense_reference(case), rtol=1e-13, atol=1e-15)
 
 
 def test_choose_splits_is_deterministic_and_within_the_kernel_range():
@@ -192,6 +226,8 @@ FIRST_VISIBLE_EQUIVALENT = {
     "condition qpos - window - 1 > 0": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w - 1 > 0 else 0,
     "condition qpos - window + 0 > 0": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w > 0 else 0,
     "else 1": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w + 1 > 0 else 1,
+    # Not even fv moves: where qpos - window + 1 == 0 both branches return 0.
+    "condition qpos - window + 1 >= 0": lambda qpos, w: qpos - w + 1 if w > 0 and qpos - w + 1 >= 0 else 0,
 }
 
 
@@ -291,6 +327,36 @@ def test_the_equivalent_first_visible_mutants_never_move_a_page(name):
             assert _c_div(fn(q, w), 16) == _c_div(_fv(q, w), 16), (name, q, w)
 
 
+def test_the_first_visible_boundary_mutant_returns_the_same_key_everywhere():
+    fn = FIRST_VISIBLE_EQUIVALENT["condition qpos - window + 1 >= 0"]
+    for w in range(0, 601):
+        for q in range(0, 1201):
+            assert fn(q, w) == _fv(q, w), (q, w)
+
+
+def _strided_cover(hd: int, threads: int, stride: int) -> list[int]:
+    """How many times `for (d = threadIdx.x; d < HD; d += stride)` visits each d, over a block."""
+    seen = [0] * hd
+    for t in range(threads):
+        for d in range(t, hd, stride):
+            seen[d] += 1
+    return seen
+
+
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES)
+def test_a_merge_stride_of_blockdim_minus_1_still_visits_every_d(hd):
+    # merge_splits' `d += blockDim.x` -> `d += blockDim.x - 1` (and paged_decode's own loop):
+    # at the launchers' 128 threads (fixed by __launch_bounds__ too), thread t visits t + 127 k,
+    # so every d < HD is visited at least once; the d = 127 + 127 k visited twice (threads 127 and
+    # 0) get the same merge of the same partials, the same bits. Equivalent: no input sees it.
+    assert pa.DECODE_THREADS == 128
+    exact = _strided_cover(hd, pa.DECODE_THREADS, pa.DECODE_THREADS)
+    mutant = _strided_cover(hd, pa.DECODE_THREADS, pa.DECODE_THREADS - 1)
+    assert exact == [1] * hd
+    assert min(mutant) == 1 and max(mutant) == 2
+    assert [d for d in range(hd) if mutant[d] == 2] == list(range(127, hd, 127))
+
+
 def test_split_chunks_cover_every_visible_page_once_as_documented():
     case = ora.window_edge_case(hd=256, nh=8, nkv=2, window=70)
     for splits in range(1, pa.MAX_SPLITS + 1):
@@ -386,6 +452,7 @@ class _Model:
         self.neg, self.fv, self.per, self.w_start, self.tile_off = np.float32(neg), fv, per, w_start, tile_off
         self.lo_from_warp0 = lo_from_warp0
         self._scores = {}
+        self._cases = {}   # keeps every case keyed by id() alive: a freed case's id can be reused
 
     def new_state(self, hd):
         return [self.neg, np.float32(0), np.zeros(hd, np.float32)]
@@ -398,6 +465,7 @@ class _Model:
         if not slots:
             return False
         key = (id(case), r, h, entry)
+        self._cases[id(case)] = case
         if key not in self._scores:
             self._scores[key] = ora.kernel_score(case.q[r, h], case.k_pool[entry, h // g])
         scores = self._scores[key]
