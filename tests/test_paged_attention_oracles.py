@@ -116,7 +116,8 @@ def _dense_reference(case: ora.Case) -> np.ndarray:
 
 
 @pytest.mark.parametrize("window", [0, 70])
-def test_the_row_blocked_reference_equals_the_dense_one(window):
+def test_the_row_blocked_reference_equals_the_dense_one(window, monkeypatch):
+    monkeypatch.setattr(ora, "REFERENCE_ROW_BLOCK", 64)  # the blocked path, not the suite's one block
     # Blocks of rows see only the keys some row of the block can see: a masked key's weight is
     # exactly 0 either way. Rows out of order (the edge case lists them latest first), several
     # sequences, more rows than one block.
