@@ -369,3 +369,39 @@ def test_a_mutant_that_faults_gate_after_gate_stops_after_a_few_faults(suite):
     ex.stop_on_kill = False  # --all-gates: the whole matrix, every fault
     runs = ex.run(_mutant(root, "faults-all", KERNEL + "// FAULT\n"), launches, 60)
     assert [o.outcome for o in runs.outcomes] == ["failed"] * 6
+
+
+def test_a_slot_waiting_for_a_fresh_worker_does_not_hold_up_the_others(tmp_path):
+    """One slot blocked on a spare that is still starting must not stop another slot from
+    giving back its reset worker and a third from taking it."""
+    import threading
+    import types
+
+    started = threading.Event()
+    release = threading.Event()
+
+    class SlowPool:
+        def fresh_worker(self):
+            started.set()
+            release.wait(10)
+            return types.SimpleNamespace(alive=True, served=0, ended_because=None, name="fresh")
+
+    ex = WarmExecutor(tmp_path, ("gates",), tmp_path, tmp_path / "cache")
+    ex._pool = SlowPool()
+    waiting = threading.Thread(target=ex._take)
+    waiting.start()
+    assert started.wait(10), "the first slot asked the pool for a fresh worker"
+    reset = types.SimpleNamespace(alive=True, served=3, ended_because=None, name="reset")
+    done = threading.Event()
+    got = []
+
+    def give_back_and_take():
+        ex._give_back(reset)
+        got.append(ex._take())
+        done.set()
+
+    threading.Thread(target=give_back_and_take).start()
+    assert done.wait(5), "giving back and taking a reset worker waited for the pool"
+    assert got == [reset]
+    release.set()
+    waiting.join(10)
