@@ -5,6 +5,7 @@ reports, and a kernel root that is never written."""
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -64,7 +65,8 @@ def test_fresh_process_campaign_gives_every_kind_of_verdict(suite):
     assert campaign.baseline.ok, campaign.baseline
     assert tree_hash(root) == before
     ids = {m.id for m in campaign.mutants}
-    left = [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*") if p.name.split("-")[2] in ids]
+    left = [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*")
+            if p.name.split("-")[2] in ids and p.name.split("-")[3] == str(os.getpid())]
     assert left == [], "no sandbox outlives its mutant"
     got = by_text(campaign)
     verdicts = {k: r.verdict for k, r in got.items()}

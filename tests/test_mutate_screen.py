@@ -163,4 +163,20 @@ def test_a_killed_worker_costs_nothing_but_time(tmp_path, monkeypatch):
     assert all(c.ok for c in compiled.values())
     assert tree_hash(root) == before
     ids = {m.id for m in ms}
-    assert [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*") if p.name.split("-")[2] in ids] == []
+    assert [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*")
+            if p.name.split("-")[2] in ids and p.name.split("-")[3] == ctx.owner] == []
+
+
+def test_sweeping_after_a_killed_worker_spares_another_campaigns_sandboxes():
+    import shutil
+
+    from harness.mutate.screen import sweep_sandboxes
+
+    mine = tempfile.mkdtemp(prefix="harness-mutant-abc123def456-111-")
+    theirs = tempfile.mkdtemp(prefix="harness-mutant-abc123def456-222-")
+    try:
+        sweep_sandboxes(["abc123def456"], "111")
+        assert not Path(mine).exists() and Path(theirs).exists()
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+        shutil.rmtree(theirs, ignore_errors=True)

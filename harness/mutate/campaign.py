@@ -411,7 +411,7 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
         return MutantResult(m, Verdict.NO_COVERAGE, "no gate loads its module or reads its source",
                             seconds=r.seconds, cubin_identical=r.cubin_identical)
     per_gate = bool(getattr(executor, "gate_deadlines", None))
-    with sandbox(root, f"mutant-{m.id}") as copy:
+    with sandbox(root, f"mutant-{m.id}-{os.getpid()}") as copy:  # named as the screen's (screen.ScreenContext)
         _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
         deadline = mutant_deadline(config, coverage, sel, per_gate) + getattr(executor, "start_seconds", 0.0)
         j = run_mutant(executor, copy, [sel.direct, sel.siblings], deadline, config.all_gates,

@@ -24,7 +24,7 @@ import os
 import re
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.mutate.generate import Mutant
@@ -49,6 +49,9 @@ class ScreenContext:
     cache_dir: Path
     names: dict  # {module relpath: ModuleSettings}: the compile settings its launcher declares
     dependents: dict  # {source relpath: (module relpaths,)}
+    # the campaign's process: in every sandbox's name, so sweeping after a killed screening
+    # worker never touches the sandboxes of another campaign screening the same mutants
+    owner: str = field(default_factory=lambda: str(os.getpid()))
 
 
 def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
@@ -59,7 +62,7 @@ def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
 
     start = time.perf_counter()
     modules = ctx.dependents.get(mutant.file, ())
-    with sandbox(ctx.kernel_root, f"mutant-{mutant.id}") as copy:
+    with sandbox(ctx.kernel_root, f"mutant-{mutant.id}-{ctx.owner}") as copy:
         original = (copy / mutant.file).read_bytes()
         _write(copy, mutant.file, mutant.apply(original).decode("utf-8"))
         prints = []
@@ -121,7 +124,7 @@ def compile_all(mutants: list[Mutant], ctx: ScreenContext, jobs: int, on_done=No
         try:
             _pool_round(todo, ctx, jobs, done)
         except BrokenProcessPool:
-            sweep_sandboxes([m.id for m in todo])
+            sweep_sandboxes([m.id for m in todo], ctx.owner)
             if attempt == POOL_RESTARTS:
                 raise
     return out
@@ -141,19 +144,20 @@ def _pool_round(todo: list[Mutant], ctx: ScreenContext, jobs: int, done) -> None
             proc.kill()  # a worker killed mid-compile cannot run its sandbox's `finally`:
         for proc in processes:
             proc.join(timeout=10)
-        sweep_sandboxes([m.id for m in todo])  # so its sandbox is removed here
+        sweep_sandboxes([m.id for m in todo], ctx.owner)  # so its sandbox is removed here
         raise
     finally:
         pool.shutdown(wait=True)
 
 
-def sweep_sandboxes(ids: list[str]) -> None:
-    """Remove the sandboxes of these mutants that a killed worker left in the temp folder."""
+def sweep_sandboxes(ids: list[str], owner: str | None = None) -> None:
+    """Remove the sandboxes of these mutants that a killed worker left in the temp folder
+    (only this campaign's: `owner`, the ScreenContext's)."""
     import shutil
     import tempfile
 
     base = Path(tempfile.gettempdir())
-    wanted = tuple(f"harness-mutant-{i}-" for i in ids)
+    wanted = tuple(f"harness-mutant-{i}-{owner}-" if owner else f"harness-mutant-{i}-" for i in ids)
     for entry in base.glob("harness-mutant-*"):
         if entry.name.startswith(wanted):
             shutil.rmtree(entry, ignore_errors=True)
