@@ -9,7 +9,6 @@ shows up in a bitwise comparison instead of passing as stale data.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from functools import partial
 

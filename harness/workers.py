@@ -666,8 +666,7 @@ def _prepare_device() -> None:
             # it instead of each new size costing a cudaMalloc (a gate that sweeps 16 split
             # counts allocated 16 scratch sizes; on the H200 that was about 10 ms each).
             del a, b
-            reserve = cupy.empty(POOL_RESERVE_MB << 20, dtype=cupy.uint8)
-            del reserve
+            cupy.empty(POOL_RESERVE_MB << 20, dtype=cupy.uint8)  # freed at once: into the pool
         cupy.cuda.runtime.deviceSynchronize()
     except Exception:
         pass
