@@ -2,7 +2,7 @@
 mutants, in one run.
 
 - **campaign**: `python -m harness mutate` as it runs by default (the CPU screen, then each
-  mutant's selected gates in a fresh process forked from a warm server, stopping at the
+  mutant's selected gates in warm workers that serve mutant after mutant, stopping at the
   first kill, `--gpu-jobs` at once);
 - **naive**: a fresh `pytest` per mutant over every gate of the mutated family (the test
   files that hold its gates), as many at once as the machine has cores, with a compile cache

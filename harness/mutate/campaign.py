@@ -218,9 +218,7 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     ids = {m.id for m in mutants}
     # a `pending` line (from --static) is final only for another --static run
     done = {k: v for k, v in done.items() if k in ids and (config.static or v.verdict is not Verdict.PENDING)}
-    results_path.write_text("")  # resume: rewritten with what was read, so a torn last line goes
-    for r in done.values():
-        append_result(results_path, r)
+    _rewrite_results(results_path, done.values())  # resume: what was read, so a torn last line goes
     results: dict[str, MutantResult] = dict(done)
     campaign = MutationCampaign(config, root, None, mutants, results, warnings, None, None, 0.0, resumed=len(done))
     for r in done.values():
@@ -342,19 +340,22 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
             raise
 
 
+def _rewrite_results(path: Path, results) -> None:
+    """The results file holding exactly `results`."""
+    path.write_text("")
+    for r in results:
+        append_result(path, r)
+
+
 def _take_back_after_loss(campaign: MutationCampaign, path: Path, finished_at: dict[str, float]) -> None:
     """Drop the faults and timeouts recorded in the LOST_WINDOW before a device loss, from
     the results and from the results file (so --resume runs them again)."""
-    from harness.mutate.verdicts import append_result
-
     now = time.monotonic()
     suspect = {i for i, t in finished_at.items() if now - t <= LOST_WINDOW
                and campaign.results[i].verdict in (Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT)}
     for i in suspect:
         del campaign.results[i]
-    path.write_text("")
-    for r in campaign.results.values():
-        append_result(path, r)
+    _rewrite_results(path, campaign.results.values())
 
 
 def _finish(campaign: MutationCampaign, path: Path, result: MutantResult, listener: Listener) -> None:
@@ -365,11 +366,10 @@ def _finish(campaign: MutationCampaign, path: Path, result: MutantResult, listen
 
 class KillHistory:
     """Which gates have killed each file's mutants so far in this campaign. A mutant's gates
-    then run the file's most frequent killers first (after the source readers, which launch
-    nothing; ties and gates that killed nothing keep the baseline's order; trap gates stay
-    last): most mutants of a file die in
-    the same few gates, and fastest-first made a killed mutant run about six gates on the
-    H200. Thread-safe."""
+    then run the file's most frequent killers first, within the places the selection fixes
+    (source readers first, trap gates last: `Coverage.place`); ties and gates that killed
+    nothing keep the baseline's order. Most mutants of a file die in the same few gates, and
+    fastest-first made a killed mutant run about six gates on the H200. Thread-safe."""
 
     def __init__(self):
         import threading
@@ -388,11 +388,8 @@ class KillHistory:
             kills = dict(self._kills.get(file, {}))
         if not kills:
             return gates
-        last = {n for n in gates if n in coverage.gates and (coverage.gates[n].kind == "trap"
-                                                              or coverage.gates[n].isolated)}
-        launches = {n for n in gates if coverage.modules_of(n)}  # source readers stay first
         position = {n: i for i, n in enumerate(gates)}
-        return tuple(sorted(gates, key=lambda n: (n in last, n in launches, -kills.get(n, 0), position[n])))
+        return tuple(sorted(gates, key=lambda n: (*coverage.place(n), -kills.get(n, 0), position[n])))
 
 
 def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dict, executor: Executor,

@@ -76,12 +76,14 @@ class Coverage:
             return None
         return {s for g in self.gates.values() for s in (g.sources or ())}
 
-    def _order(self, ids) -> tuple[str, ...]:
-        def key(n):
-            g = self.gates[n]
-            return (g.kind == "trap" or g.isolated, bool(self._modules[n]), g.duration, n)
+    def place(self, nodeid: str) -> tuple[bool, bool]:
+        """The part of a gate's order nothing may change: (runs last: a trap gate, which ends
+        its worker; launches a kernel: a source reader, which launches nothing, runs first)."""
+        g = self.gates[nodeid]
+        return (g.kind == "trap" or g.isolated, bool(self._modules[nodeid]))
 
-        return tuple(sorted(ids, key=key))
+    def _order(self, ids) -> tuple[str, ...]:
+        return tuple(sorted(ids, key=lambda n: (*self.place(n), self.gates[n].duration, n)))
 
     def select(self, file: str, modules: tuple[str, ...] | list[str], cubin_identical: bool = False) -> Selection:
         wanted = set(modules)

@@ -7,9 +7,10 @@ fixture down, clears the project's functools caches (a cache may hold what the m
 kernel computed, or a device buffer its stray store hit; `harness.host_cache` marks the
 host-only ones it may keep), drops the loaded modules, checks that every device buffer is
 back in CuPy's pool and checks the context. No device buffer outlives a mutant, so a stray
-store lands in memory the next mutant allocates and fills afresh. A worker that cannot be reset so (a sticky error, a
-failing teardown), whose gate poisoned the context, or that passed its deadline is thrown
-away and a fresh one (made ahead, on a spare) takes the next gates. After MAX_SERVED
+store lands in memory the next mutant allocates and fills afresh. A worker that cannot be
+reset so (a sticky error, a failing teardown, a buffer still held), whose gate poisoned the
+context, or that passed its deadline is thrown away and a fresh one (made ahead, on a
+spare) takes the next gates. After MAX_SERVED
 mutants a worker retires, which bounds what any leak could accumulate. `reuse=False`
 gives every mutant a fresh worker (the stricter, slower way).
 
@@ -138,7 +139,7 @@ class WarmExecutor:
             self.replaced[worker.ended_because or "it ended"] += 1
 
     def summary(self) -> str:
-        """One line: how many mutant runs reused a worker and why workers were replaced."""
+        """One line: how many workers were replaced, and why."""
         if not self.replaced:
             return "every worker was kept from mutant to mutant"
         reasons = "; ".join(f"{n} x {why}" for why, n in self.replaced.most_common(6))
