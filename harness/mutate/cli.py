@@ -266,11 +266,11 @@ def _report_only(config, mutants, warnings, out, err) -> int:
     from rich.markup import escape
 
     from harness.mutate import report
-    from harness.mutate.campaign import MutationCampaign, resolve_duplicates
+    from harness.mutate.campaign import RESULTS_FILE, MutationCampaign, resolve_duplicates
     from harness.mutate.verdicts import read_results
 
     directory = config.path(config.report_dir)
-    results_path = directory / "mutants.jsonl"
+    results_path = directory / RESULTS_FILE
     found = read_results(results_path)
     ids = {m.id for m in mutants}
     results = {k: v for k, v in found.items() if k in ids}
