@@ -26,6 +26,7 @@ with the token the pool gave it).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -592,6 +593,12 @@ def server_configured() -> None:
 def serve(session) -> None:
     """The server's run loop: fork a worker for each spawn request until quit or EOF."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked workers reap themselves
+    # Everything collected so far (the gate modules, their host data, pytest's session) lives
+    # as long as every worker: out of the collector's sight, so a worker's own collections
+    # (one per mutant, in reset_for_next_mutant) never walk it, and never write to its pages
+    # (which the fork shares until they are written).
+    gc.collect()
+    gc.freeze()
     ch = _server_channel
     while True:
         try:
@@ -856,7 +863,6 @@ def reset_for_next_mutant(session) -> str | None:
     loaded module is dropped; every device buffer must be back in CuPy's pool, so none
     outlives the mutant (a stray store of this mutant landed in memory that the next one
     allocates and fills afresh). A context with a sticky error is not reused."""
-    import gc
 
     from harness import device, kernels
 

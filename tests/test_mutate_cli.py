@@ -194,3 +194,48 @@ def test_report_only_rewrites_the_reports_from_the_results_file_and_runs_nothing
     after = json.loads((report / "mutation.json").read_text())["harness"]["verdicts"]
     assert after == {k: v for k, v in before.items() if k in after} and len(after) == len(lines) - 1
     assert (report / "mutation.html").is_file()
+
+
+def test_each_gpus_executor_keeps_a_spare_for_each_of_its_slots_plus_two(monkeypatch):
+    from harness.controls import runner
+    from harness.mutate.cli import spares_for
+
+    monkeypatch.setattr(runner, "_devices", lambda: [])
+    assert spares_for(12, None) == 14  # one GPU: every slot on it
+    monkeypatch.setattr(runner, "_devices", lambda: ["0", "1"])
+    assert spares_for(24, "0") == spares_for(24, "1") == 14  # two GPUs: 12 slots each, not 24
+    assert spares_for(3, "0") == 4 and spares_for(3, "1") == 3
+
+
+def test_the_recheck_in_workers_ends_the_campaigns_workers_and_never_reuses_one(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from harness.controls import runner
+    from harness.mutate.campaign import MutateConfig
+    from harness.mutate.cli import _fresh_worker_slots
+
+    monkeypatch.setattr(runner, "_devices", lambda: ["0", "1"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    closed = []
+    campaign_executors = {"0": SimpleNamespace(close=lambda: closed.append("0")),
+                          "1": SimpleNamespace(close=lambda: closed.append("1"))}
+    config = MutateConfig(rootdir=tmp_path, kernel_root=Path("kernels"), report_dir=Path("r"), gpu_jobs=4)
+    gates = {"gates/test_k.py::test_a": SimpleNamespace(duration=1.0)}
+    coverage = SimpleNamespace(gates=gates, memory_safety_gates=lambda: frozenset({"gates/test_k.py::test_a"}))
+    slots = _fresh_worker_slots(config, tmp_path / "cache", SimpleNamespace(arch="sm_90", coverage=coverage),
+                                campaign_executors)
+    assert sorted(closed) == ["0", "1"], "the campaign's workers end before the re-check starts its own"
+    assert len(slots) == 4 and len({id(s) for s in slots}) == 2  # four slots on two GPUs' executors
+    assert [s.device_ordinal for s in slots] == [0, 1, 0, 1]
+    for s in slots:
+        assert s.reuse is False and s.spares == 4 and s.arch == "sm_90"
+        assert s.memory_safety == {"gates/test_k.py::test_a"}  # the campaign's fault cap spares them
+        assert s.gate_deadlines and s.gate_deadlines["gates/test_k.py::test_a"] > 1.0
+    assert set(campaign_executors) == {("recheck", "0"), ("recheck", "1")}, "closed with the campaign's"
+
+
+def test_an_unknown_recheck_process_is_refused(suite, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run(suite, "--recheck-in", "container")
+    assert exc.value.code == 2
+    assert "--recheck-in" in capsys.readouterr().err

@@ -71,6 +71,12 @@ def test_each_launch(kernel_root, i):
         raise CUDARuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
 
 @pytest.mark.gpu
+@pytest.mark.anchor
+def test_frozen(kernel_root):
+    import gc
+    assert gc.get_freeze_count() > 1000, f"only {gc.get_freeze_count()} objects frozen before the fork"
+
+@pytest.mark.gpu
 @pytest.mark.link
 def test_pid(kernel_root):
     cached = device_side(kernel_root)
@@ -128,6 +134,14 @@ def test_one_worker_serves_mutant_after_mutant_with_the_projects_caches_cleared(
     (pid2, n2), = [line.split() for line in (second_box.parent / "pids").read_text().splitlines()]
     assert pid1 == pid2 and (n1, n2) == ("2", "3")
     assert not ex.replaced and ex.summary() == "every worker was kept from mutant to mutant"
+
+
+def test_workers_inherit_the_servers_collected_objects_frozen_out_of_the_collectors_sight(suite):
+    # a worker's collection per mutant (reset_for_next_mutant) never walks the collected
+    # session, and never writes to the pages the fork shares with the server
+    root, ex = suite
+    got = ex.run(_mutant(root, "same", KERNEL), ["gates/test_k.py::test_frozen"], 60)
+    assert [o.outcome for o in got.outcomes] == ["passed"], got
 
 
 def test_without_reuse_each_mutant_gets_a_fresh_worker(suite):

@@ -557,8 +557,9 @@ RECHECKED = (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT, Verdict.SU
 
 def recheck(campaign: MutationCampaign, executor: Executor | list, *, sample: int = 10, seed: int = 0) -> Recheck:
     """Run every survivor and `sample` other gate-run mutants again through `executor` (for
-    a warm-worker campaign: a FreshProcessExecutor) and count how many verdicts agree. A
-    list of executors runs that many mutants at once, one on each."""
+    a warm-worker campaign: fresh processes, either workers never reused or a
+    FreshProcessExecutor) and count how many verdicts agree. A list of executors runs that
+    many mutants at once, one on each (an executor may appear more than once)."""
     import random
     from concurrent.futures import ThreadPoolExecutor
     from queue import Queue

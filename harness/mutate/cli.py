@@ -61,8 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "made ahead, serving mutant after mutant and reset between them (default); fresh: a new "
                         "pytest per mutant (the slow reference way)")
     p.add_argument("--recheck", default="10", metavar="N",
-                   help="after a warm campaign, run every survivor and N other mutants again in a fresh pytest "
+                   help="after a warm campaign, run every survivor and N other mutants again in a fresh process "
                         "and report how many verdicts agree (default 10; 0: the survivors only)")
+    p.add_argument("--recheck-in", choices=("worker", "pytest"), default="worker",
+                   help="the re-check's fresh process: worker (default): a worker no other mutant used, forked "
+                        "for this one mutant and ended after it, up to --gpu-jobs at once; pytest: a whole new "
+                        "pytest per mutant, a quarter as many at once as cores (slower: a start of its own "
+                        "each, 15-30 s on the H200)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: write mutation.json, mutation.html and the table again from DIR/mutants.jsonl "
                         "(a campaign cut short before its report, or copied back from a device)")
@@ -139,16 +144,29 @@ def _executor_factory(config, kind: str):
             return FreshProcessExecutor(config.rootdir, report, cache, arch=arch, require_gpu=config.require_gpu,
                                         device=device)
         if device not in made:
-            ordinal = None
-            if device is not None:
-                visible = [d.strip() for d in (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
-                ordinal = visible.index(device) if device in visible else int(device) if device.isdigit() else None
+            ordinal = _ordinal(device)
             made[device] = WarmExecutor(config.rootdir, config.gates, config.path(config.kernel_root), cache,
-                                        arch=arch, device_ordinal=ordinal, spares=config.gpu_jobs + 2,
+                                        arch=arch, device_ordinal=ordinal, spares=spares_for(config.gpu_jobs, device),
                                         stop_on_kill=not config.all_gates)
         return made[device]
 
     return factory, made
+
+
+def _ordinal(device: str | None) -> int | None:
+    """The CUDA ordinal of a slot's device (a CUDA_VISIBLE_DEVICES entry), or None."""
+    if device is None:
+        return None
+    visible = [d.strip() for d in (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
+    return visible.index(device) if device in visible else int(device) if device.isdigit() else None
+
+
+def spares_for(jobs: int, device: str | None) -> int:
+    """Spare workers of one GPU's executor: one for each slot on that GPU, plus two (a slot
+    whose worker a fault or a trap ended takes a spare that is already up)."""
+    from harness.mutate.campaign import slot_devices
+
+    return sum(1 for d in slot_devices(jobs) if d == device) + 2
 
 
 class _Progress:
@@ -289,6 +307,30 @@ def _report_only(config, mutants, warnings, out, err) -> int:
     return ExitStatus.OK
 
 
+def _fresh_worker_slots(config, cache, campaign, executors: dict) -> list:
+    """The re-check's executors in worker mode, one for each campaign slot: per GPU, a warm
+    executor of its own (its own server and spares) that never reuses a worker, so each
+    mutant runs in a process no other mutant touched. The campaign's own workers are ended
+    first: their contexts and memory go back to the GPU."""
+    from harness.mutate.campaign import gate_deadlines, slot_devices
+    from harness.mutate.warm import WarmExecutor
+
+    for ex in list(executors.values()):
+        ex.close()
+    executors.clear()
+    devices = slot_devices(config.gpu_jobs)
+    for device in dict.fromkeys(devices):
+        ordinal = _ordinal(device)
+        executors[("recheck", device)] = WarmExecutor(
+            config.rootdir, config.gates, config.path(config.kernel_root), cache, arch=campaign.arch,
+            device_ordinal=ordinal, spares=spares_for(config.gpu_jobs, device), stop_on_kill=not config.all_gates,
+            reuse=False)
+        if campaign.coverage is not None:  # the same deadlines and fault cap as the campaign's own run
+            executors[("recheck", device)].gate_deadlines = gate_deadlines(config, campaign.coverage)
+            executors[("recheck", device)].memory_safety = campaign.coverage.memory_safety_gates()
+    return [executors[("recheck", device)] for device in devices]
+
+
 def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
     from rich.markup import escape
 
@@ -305,11 +347,14 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
                 if campaign.baseline is not None and campaign.baseline.ok:
                     report.write(config.path(config.report_dir), campaign)  # kept if the re-run is cut short
                 progress.phase("re-running survivors and a sample in fresh processes")
-                fresh = [FreshProcessExecutor(config.rootdir, config.path(config.report_dir) / "runs" / "recheck",
-                                              config.path(config.cache_dir) if config.cache_dir
-                                              else _settings.current().cache_dir, arch=campaign.arch,
-                                              require_gpu=config.require_gpu, device=device)
-                         for device in slot_devices(recheck_jobs(config.gpu_jobs))]
+                cache = config.path(config.cache_dir) if config.cache_dir else _settings.current().cache_dir
+                if args.recheck_in == "pytest":
+                    fresh = [FreshProcessExecutor(config.rootdir, config.path(config.report_dir) / "runs" / "recheck",
+                                                  cache, arch=campaign.arch, require_gpu=config.require_gpu,
+                                                  device=device)
+                             for device in slot_devices(recheck_jobs(config.gpu_jobs))]
+                else:
+                    fresh = _fresh_worker_slots(config, cache, campaign, executors)
                 campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: workers and children killed, sandboxes removed, the kernel root "
@@ -343,7 +388,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
             out.print(f"workers: {ex.summary()}", markup=False)
     if getattr(campaign, "recheck", None) is not None:
         line = campaign.recheck.line()
-        out.print(f"verdict integrity: {line} (every survivor and a sample, each in a fresh pytest)"
+        where = "a fresh pytest" if args.recheck_in == "pytest" else "a fresh worker no other mutant used"
+        out.print(f"verdict integrity: {line} (every survivor and a sample, each in {where})"
                   + (f"; disagreements: {campaign.recheck.disagreements}" if campaign.recheck.disagreements else ""),
                   markup=False)
     if config.static:
