@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness import host_cache
-from harness.buffers import BF16_SENTINEL, filled, to_host
+from harness.buffers import BF16_SENTINEL, fenced, filled, to_host
 from harness.dtypes import bf16, to_bf16
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
 from oracles.quant_gemv import (Fp8GemvCase, LmHeadCase, Nvfp4Case, lm_head_block_partials, lm_head_edge_case,
@@ -57,6 +57,36 @@ def run_fp8_gemv_with_tail(case: Fp8GemvCase):
     flat = bf16_sentinels((t * n + TAIL,))
     fp8_gemv.run_fp8_gemv(flat[:t * n].reshape(t, n), cupy.asarray(case.x), cupy.asarray(case.xs), segments)
     return flat[:t * n].reshape(t, n), flat[t * n:]
+
+
+# The fenced arms (the memory-safety gates "reads nothing outside its inputs"): every input
+# is a view into the middle of an allocation three times its size, the fences a NaN of the
+# input's type. A read up to a whole buffer before or past an input (another token's or
+# row's offset negated, a chunk index walking backwards, one row too many) reads a NaN into
+# a dot: an output the gate names by assertion. A read further away faults, in a gate
+# written for exactly that property (docs/mutation.md, Verdicts).
+E4M3_NAN = 0x7F
+F32_NAN = 0x7FC00000
+BF16_NAN = 0x7FC0
+
+
+def run_fp8_gemv_fenced(case: Fp8GemvCase):
+    """The FP8 GEMV arm with x, xs and every segment's rows and row scales between NaN
+    fences: (y [T, N], the TAIL sentinels after it)."""
+    t, n = case.expected.shape
+    segments = [(fenced(w, E4M3_NAN), fenced(ws, F32_NAN)) for w, ws in case.segments]
+    flat = bf16_sentinels((t * n + TAIL,))
+    fp8_gemv.run_fp8_gemv(flat[:t * n].reshape(t, n), fenced(case.x, E4M3_NAN), fenced(case.xs, F32_NAN), segments)
+    return flat[:t * n].reshape(t, n), flat[t * n:]
+
+
+def run_lm_head_fenced(case: LmHeadCase, excluded: int) -> tuple[np.ndarray, np.ndarray]:
+    """The lm_head arm with h, E and the row scales between NaN fences: host (idx, val). A
+    row whose dot reads a fence has a NaN logit, which never wins: its token answers
+    another row (or none)."""
+    idx, val = lm_head.run_lm_head_argmax(fenced(case.h, BF16_NAN), fenced(case.E, E4M3_NAN),
+                                          fenced(case.rs, F32_NAN), excluded=excluded, softcap=case.softcap)
+    return to_host(idx), to_host(val)
 
 
 def run_lm_head(case: LmHeadCase, excluded: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gates._quant_gemv import SENTINEL, run_fp8_gemv, run_fp8_gemv_with_tail
+from gates._quant_gemv import SENTINEL, run_fp8_gemv, run_fp8_gemv_fenced, run_fp8_gemv_with_tail
 from harness import assert_bits_eq
 from harness.buffers import assert_untouched
 from kernels_cu import fp8_gemv
@@ -50,6 +50,22 @@ def test_fp8_gemv_pairs_every_element_of_every_token_and_segment_row():
     assert (fp8_chunk_sums(case) != 0).any(axis=(0, 1)).all(), "a chunk contributes nothing anywhere"
     y, tail = run_fp8_gemv_with_tail(case)
     assert_bits_eq("fp8_gemv y (position-dependent x and rows, N = 25, 37 chunks)", y, case.expected)
+    assert_untouched("fp8_gemv past y[T - 1, N - 1]", tail, SENTINEL)
+
+
+@pytest.mark.memory_safety
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_fp8_gemv_reads_nothing_outside_its_inputs():
+    # Memory safety: every read stays inside x, xs and each segment's rows and row scales.
+    # The position-dependent design again, each input now a view between e4m3 / f32 NaN
+    # fences a whole buffer long (gates/_quant_gemv.py): a read up to a buffer before or past
+    # an input (a token's or a row's offset negated, a chunk walking back, a row or a token
+    # too far) puts a NaN into a dot, and y differs by assertion. A read further away faults:
+    # this gate's verdict too (docs/mutation.md, Verdicts).
+    case = fp8_gemv_positional_case(POS_T, POS_K, POS_SEGMENTS, POS_SEED, POS_TOKEN_SCALES)
+    y, tail = run_fp8_gemv_fenced(case)
+    assert_bits_eq("fp8_gemv y (inputs between NaN fences)", y, case.expected)
     assert_untouched("fp8_gemv past y[T - 1, N - 1]", tail, SENTINEL)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gates._quant_gemv import (LmHeadGuardedRun, lm_head_edge, lm_head_partials_of, lm_head_positional, run_lm_head,
-                               run_lm_head_guarded)
+                               run_lm_head_fenced, run_lm_head_guarded)
 from harness import assert_bits_eq, assert_close
 from harness.buffers import assert_untouched
 from kernels_cu import lm_head
@@ -73,6 +73,23 @@ def test_lm_head_winners_at_block_warp_and_vocabulary_edges_and_ties_across_redu
     got_idx, got_val = run_lm_head(positional.case, excluded=LM_POS_V - 1)
     assert_bits_eq(f"argmax index with V - 1 = {LM_POS_V - 1} excluded", got_idx, idx_x)
     assert_bits_eq(f"argmax value with V - 1 = {LM_POS_V - 1} excluded", got_val, val_x.astype(np.float32))
+
+
+@pytest.mark.memory_safety
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_lm_head_reads_nothing_outside_its_inputs(positional):
+    # Memory safety: every read stays inside h, E and rs. The positional design with each
+    # input a view between bf16 / e4m3 / f32 NaN fences a whole buffer long
+    # (gates/_quant_gemv.py): a row whose dot reads a fence (a row's or a token's offset
+    # negated, a chunk walking back) has a NaN logit that never wins, so its token answers
+    # another row, by assertion; no design winner is row 0, whose offset no sign can move.
+    # A read further away faults: this gate's verdict too (docs/mutation.md, Verdicts).
+    idx, val = lm_head_argmax(positional.logits)
+    assert 0 not in idx.tolist(), "a design winner is row 0"
+    got_idx, got_val = run_lm_head_fenced(positional.case, excluded=lm_head.NONE)
+    assert_bits_eq("argmax index (inputs between NaN fences)", got_idx, idx)
+    assert_bits_eq("argmax value (inputs between NaN fences)", got_val, val.astype(np.float32))
 
 
 @pytest.mark.gpu

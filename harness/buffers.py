@@ -49,6 +49,25 @@ def filled(shape, dtype, bits: int):
     return cupy.full(shape, bits, dtype=u).view(dtype)
 
 
+def fenced(a, fill_bits: int, *, min_pad: int = 256):
+    """A host array on the device as a view into the middle of an allocation three times its
+    size (at least `min_pad` elements each side): the fences before and after hold the raw
+    bit pattern `fill_bits` (a NaN, for a kernel whose every read must stay inside `a`). A
+    kernel that reads up to a whole buffer length before or past `a` reads the fence, defined
+    memory, and fails by a value its gate can assert, not by a fault; reading further still
+    faults. Returns the view, C-contiguous, in `a`'s shape and dtype (bf16 as in
+    `to_device`)."""
+    import cupy
+
+    a = np.ascontiguousarray(a)
+    u = _UINT_OF_SIZE[a.dtype.itemsize]
+    n = a.size
+    pad = max(n, min_pad)
+    fence = np.full(pad, fill_bits, dtype=u)
+    dev = cupy.asarray(np.concatenate([fence, a.reshape(-1).view(u), fence]))
+    return dev[pad:pad + n].reshape(a.shape).view(a.dtype)
+
+
 def nan_filled(shape, dtype):
     """Quiet NaN in every element (bf16 0x7fc0, f32 0x7fc00000, f16 0x7e00)."""
     dtype = np.dtype(dtype)

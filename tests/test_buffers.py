@@ -25,10 +25,22 @@ class FakeDeviceArray:
     def view(self, dtype):
         out = FakeDeviceArray.__new__(FakeDeviceArray)
         out._host = self._host.view(dtype)
+        out.base_host = getattr(self, "base_host", self._host)
         return out
 
     def get(self):
         return self._host.copy()
+
+    def __getitem__(self, key):
+        out = FakeDeviceArray.__new__(FakeDeviceArray)
+        out._host = self._host[key]
+        out.base_host = getattr(self, "base_host", self._host)
+        return out
+
+    def reshape(self, shape):
+        out = self[...]
+        out._host = out._host.reshape(shape)
+        return out
 
 
 @pytest.fixture
@@ -56,6 +68,19 @@ def test_filled_holds_the_bits_in_every_element(fake_cupy):
     assert (bits_of(a.get()) == buffers.BF16_SENTINEL).all()
     f = buffers.filled((4,), np.float32, 0x7FC00001)
     assert (f.get().view(np.uint32) == 0x7FC00001).all()
+
+
+def test_fenced_puts_the_array_between_fences_a_whole_buffer_long(fake_cupy):
+    a = np.arange(600, dtype=np.float32).reshape(20, 30)
+    d = buffers.fenced(a, 0x7FC00000)
+    assert d.dtype == np.float32 and d.shape == (20, 30) and (d.get() == a).all()
+    whole = d.base_host.view(np.uint32)
+    assert whole.size == 3 * 600  # a buffer length of fence on each side
+    assert (whole[:600] == 0x7FC00000).all() and (whole[1200:] == 0x7FC00000).all()
+    small = buffers.fenced(np.zeros(3, np.uint8), 0x7F)  # at least min_pad elements each side
+    assert small.base_host.size == 3 + 2 * 256 and (small.base_host[:256] == 0x7F).all()
+    h = buffers.fenced(np.array([1.0, -2.0], bf16), 0x7FC0)  # bf16 through its bits
+    assert h.dtype == bf16 and (bits_of(h.get()) == bits_of(np.array([1.0, -2.0], bf16))).all()
 
 
 def test_nan_filled_uses_the_dtypes_quiet_nan_and_refuses_dtypes_without_one(fake_cupy):
