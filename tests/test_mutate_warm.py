@@ -211,6 +211,41 @@ def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verd
     assert "Speed-up" in (out / "b.md").read_text()
 
 
+def test_a_mutation_bench_cut_short_in_its_naive_half_still_reports_both_rates(suite, tmp_path, monkeypatch, capsys):
+    # a device command has a time limit: the naive way (a pytest per mutant) is the slow
+    # half, so a cut there keeps the campaign's numbers and the naive mutants that finished
+    import json
+
+    from harness.mutate import execute
+    from harness.mutate.bench import main
+
+    root, _ = suite
+    (root / "kernels" / "k.cu").write_text(
+        "// guard\n__global__ void k(float* y, const float* x, int n) {\n"
+        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = x[i] + 1;  // x + 1\n}\n")
+    real = execute.FreshProcessExecutor.run
+    calls = []
+
+    def cut_after_two(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt  # SIGINT from the device command's timeout
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(execute.FreshProcessExecutor, "run", cut_after_two)
+    out = tmp_path / "out"
+    main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--rootdir", str(root), "--seed", "1",
+          "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
+          "--cache-dir", str(tmp_path / "cache")])
+    result = json.loads((out / "b.json").read_text())
+    assert result["campaign"]["reached_gpu"] == 4 and result["campaign"]["mutants_per_minute"]
+    assert result["naive"]["cut_short"] and result["naive"]["reached_gpu"] == 2, result["naive"]
+    assert result["naive"]["mutants_per_minute"] and result["compared"] == 2
+    assert "cut short" in (out / "b.md").read_text()
+    printed = capsys.readouterr().out
+    assert "[campaign] 4 mutants reached the GPU" in printed and "[naive] cut short after" in printed
+
+
 def test_controls_on_the_warm_executor_are_proven_in_fresh_workers_at_once(suite, tmp_path):
     from harness.controls.runner import CampaignConfig, run_campaign
 

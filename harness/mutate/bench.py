@@ -41,13 +41,55 @@ def _precompile_originals(kernel_root: Path, cache: Path, arch: str | None) -> i
 
 
 def _summary(campaign) -> dict:
-    ran = [r for r in campaign.ordered() if r.verdict.value in GPU_VERDICTS]
-    screened = [r for r in campaign.ordered() if r.verdict.value in ("equivalent", "duplicate", "compile-error")]
-    seconds = campaign.gpu_seconds
-    return {"mutants": len(campaign.results), "reached_gpu": len(ran), "screened_out_on_cpu": len(screened),
-            "gpu_stage_s": round(seconds, 2), "screen_s": round(campaign.screen_seconds, 2),
+    return _counts(campaign.ordered(), campaign.gpu_seconds, campaign.screen_seconds, len(campaign.results))
+
+
+def _counts(results, seconds: float, screen_seconds: float, mutants: int) -> dict:
+    ran = [r for r in results if r.verdict.value in GPU_VERDICTS]
+    screened = [r for r in results if r.verdict.value in ("equivalent", "duplicate", "compile-error")]
+    return {"mutants": mutants, "reached_gpu": len(ran), "screened_out_on_cpu": len(screened),
+            "gpu_stage_s": round(seconds, 2), "screen_s": round(screen_seconds, 2),
             "mutants_per_minute": round(60 * len(ran) / seconds, 1) if seconds > 0 else None,
             "verdicts": {v: sum(1 for r in ran if r.verdict.value == v) for v in GPU_VERDICTS}}
+
+
+class _Clock:
+    """A campaign listener that notes when its gate stage began and prints its stages and
+    every tenth of its mutants (the benchmark's progress, for a run that may be cut)."""
+
+    def __init__(self, label: str):
+        self.label, self.gates_from, self.total, self.done = label, None, None, 0
+
+    def phase(self, text, total=None):
+        import time
+
+        if "running the gates" in text:
+            self.gates_from = time.perf_counter()
+        self.total, self.done = total, 0
+        print(f"[{self.label}] {text}", flush=True)
+
+    def advance(self):
+        self.done += 1
+        if self.total and self.done % max(1, self.total // 10) == 0:
+            print(f"[{self.label}] {self.done}/{self.total}", flush=True)
+
+    def finished(self, result):
+        pass
+
+
+def _partial(label: str, clock: _Clock, results_path: Path, mutants: int) -> dict:
+    """The summary of a half cut short: the mutants its results file holds, over the time
+    its gate stage ran until the cut."""
+    import time
+
+    from harness.mutate.verdicts import read_results
+
+    seconds = time.perf_counter() - clock.gates_from if clock.gates_from else 0.0
+    summary = _counts(list(read_results(results_path).values()), seconds, 0.0, mutants)
+    summary["cut_short"] = True
+    print(f"[{label}] cut short after {seconds:.0f} s of its gate stage: {summary['reached_gpu']} mutants "
+          "reached the GPU", flush=True)
+    return summary
 
 
 def main(argv: list[str]) -> int:
@@ -73,10 +115,12 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-mutate-"))
+    out = Path(mine.out)
+    out.mkdir(parents=True, exist_ok=True)
     warm_config = replace(config, report_dir=tmp / "campaign", resume=False)
     factory, executors = _executor_factory(warm_config, "warm")
     try:
-        warm = run_campaign(warm_config, executor_factory=factory)
+        warm = run_campaign(warm_config, listener=_Clock("campaign"), executor_factory=factory)
     finally:
         for ex in executors.values():
             ex.close()
@@ -84,30 +128,43 @@ def main(argv: list[str]) -> int:
     if warm.baseline is None or not warm.baseline.ok:
         print(f"error: the baseline is red; see {warm.baseline.log if warm.baseline else tmp}", file=sys.stderr)
         return 3
+    w = _summary(warm)
+    print(f"[campaign] {w['reached_gpu']} mutants reached the GPU in {w['gpu_stage_s']} s: "
+          f"{w['mutants_per_minute']} a minute", flush=True)
+    result = {"command": "python -m harness bench mutate " + " ".join(argv), "campaign": w, "naive": None,
+              "naive_jobs": naive_jobs, "gpu_jobs": config.gpu_jobs, "campaign_workers": worker_lines}
+    (out / f"{mine.name}.json").write_text(json.dumps(result, indent=2) + "\n")  # kept if the naive half is cut
     cold = tmp / "naive-cache"
     _precompile_originals(config.path(config.kernel_root), cold, warm.arch)
-    naive_config = replace(config, report_dir=tmp / "naive", resume=False, all_gates=True, gpu_jobs=naive_jobs,
-                           cache_dir=tmp / "naive-screen-cache")
-    naive = run_campaign(naive_config, executor_factory=lambda report, cache, arch, device=None: FreshProcessExecutor(
-        config.rootdir, report, cold, arch=arch, require_gpu=config.require_gpu, device=device))
-    both = {k: (warm.results[k].verdict.value, naive.results[k].verdict.value) for k in warm.results
-            if k in naive.results and warm.results[k].verdict.value in GPU_VERDICTS
-            and naive.results[k].verdict.value in GPU_VERDICTS}
+    # The naive half screens through the campaign's cache (the screen is not what is timed);
+    # its pytests compile each mutant cold, from a cache that holds only the originals.
+    naive_config = replace(config, report_dir=tmp / "naive", resume=False, all_gates=True, gpu_jobs=naive_jobs)
+    clock = _Clock("naive")
+    try:
+        naive = run_campaign(naive_config, listener=clock, executor_factory=lambda report, cache, arch, device=None:
+                             FreshProcessExecutor(config.rootdir, report, cold, arch=arch,
+                                                  require_gpu=config.require_gpu, device=device))
+        n, naive_results = _summary(naive), naive.results
+    except KeyboardInterrupt:  # the rate over the mutants it finished, and their verdicts
+        from harness.mutate.campaign import RESULTS_FILE
+        from harness.mutate.verdicts import read_results
+
+        results_path = tmp / "naive" / RESULTS_FILE
+        n, naive_results = _partial("naive", clock, results_path, len(warm.results)), read_results(results_path)
+    both = {k: (warm.results[k].verdict.value, naive_results[k].verdict.value) for k in warm.results
+            if k in naive_results and warm.results[k].verdict.value in GPU_VERDICTS
+            and naive_results[k].verdict.value in GPU_VERDICTS}
     disagree = {k: v for k, v in both.items() if v[0] != v[1]}
-    w, n = _summary(warm), _summary(naive)
     ratio = round(w["mutants_per_minute"] / n["mutants_per_minute"], 1) if w["mutants_per_minute"] and \
         n["mutants_per_minute"] else None
-    result = {"command": "python -m harness bench mutate " + " ".join(argv), "campaign": w, "naive": n,
-              "naive_jobs": naive_jobs, "gpu_jobs": config.gpu_jobs, "speedup": ratio,
-              "compared": len(both), "agreed": len(both) - len(disagree), "disagreements": disagree,
-              "campaign_workers": worker_lines}
-    out = Path(mine.out)
-    out.mkdir(parents=True, exist_ok=True)
+    result.update({"naive": n, "speedup": ratio, "compared": len(both), "agreed": len(both) - len(disagree),
+                   "disagreements": disagree})
     (out / f"{mine.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = ["# Mutation campaign against the naive way", "", f"`{result['command']}`, one run.", "",
           "| way | mutants | reached the GPU | screened out on the CPU | gate stage s | mutants a minute |",
           "| --- | --- | --- | --- | --- | --- |"]
-    for label, s in (("campaign (warm)", w), (f"naive ({naive_jobs} at once)", n)):
+    cut = " (cut short: the mutants it finished)" if n.get("cut_short") else ""
+    for label, s in (("campaign (warm)", w), (f"naive ({naive_jobs} at once){cut}", n)):
         md.append(f"| {label} | {s['mutants']} | {s['reached_gpu']} | {s['screened_out_on_cpu']} | "
                   f"{s['gpu_stage_s']} | {s['mutants_per_minute']} |")
     md += ["", f"Speed-up: {ratio}x. Verdicts compared: {len(both)}, agreed: {len(both) - len(disagree)}"
