@@ -650,9 +650,63 @@ def _become_worker(session, token: int) -> None:
         os._exit(code)
 
 
+GPU_WAIT_ENV = "HARNESS_GPU_WAIT"
+# How a worker's thread waits for the GPU (the primary context's scheduling flag): the
+# driver's default (auto) spins on a core for a process with one context; `block` sleeps
+# until the GPU is done, for many workers sharing one GPU and the host's cores.
+GPU_WAIT_FLAGS = {"auto": 0x00, "spin": 0x01, "yield": 0x02, "block": 0x04}
+
+
+def set_gpu_wait(mode: str | None, ordinal: int = 0) -> str | None:
+    """Set how this process waits for device `ordinal` (GPU_WAIT_FLAGS), before its primary
+    context is made; None when set, else why not (no driver, an unknown mode: the driver's
+    default stays, which changes no verdict, only the CPU a wait burns)."""
+    if not mode:
+        return None
+    if mode not in GPU_WAIT_FLAGS:
+        return f"{GPU_WAIT_ENV}={mode!r} is not one of {', '.join(GPU_WAIT_FLAGS)}"
+    from harness.device import _driver_present
+
+    if not _driver_present():
+        return None  # no GPU here: nothing waits for one (the worker's probe says so)
+    try:
+        from cuda.bindings import driver
+
+        (err,) = driver.cuInit(0)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err, dev = driver.cuDeviceGet(ordinal)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            (err,) = driver.cuDevicePrimaryCtxSetFlags(dev, GPU_WAIT_FLAGS[mode])
+    except Exception as exc:  # noqa: BLE001 - no driver library, no cuda.bindings
+        return f"{type(exc).__name__}: {exc}"
+    return None if err == driver.CUresult.CUDA_SUCCESS else f"the driver answered {err}"
+
+
+def gpu_wait_mode(ordinal: int = 0) -> str | None:
+    """The scheduling flag of device `ordinal`'s primary context (a GPU_WAIT_FLAGS name), or
+    None when the driver cannot say."""
+    try:
+        from cuda.bindings import driver
+
+        err, dev = driver.cuDeviceGet(ordinal)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        err, flags, _active = driver.cuDevicePrimaryCtxGetState(dev)
+    except Exception:  # noqa: BLE001
+        return None
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return None
+    return {v: k for k, v in GPU_WAIT_FLAGS.items()}.get(int(flags) & 0x07)
+
+
 def _prepare_device() -> None:
     """Make the context now, so the first gate does not pay for it. Under a sanitizer,
-    switch CuPy's pools off: one pooled allocation would hide an out-of-bounds access."""
+    switch CuPy's pools off: one pooled allocation would hide an out-of-bounds access.
+    First, how the worker waits for the GPU (HARNESS_GPU_WAIT), which must precede the
+    context."""
+    why_not = set_gpu_wait(os.environ.get(GPU_WAIT_ENV))
+    if why_not:
+        print(f"harness: the GPU wait mode was not set: {why_not}", file=sys.stderr)
     try:
         import cupy
     except Exception:
@@ -690,6 +744,9 @@ def _device_facts() -> dict:
     entry = visible.split(",")[0].strip() if visible else ""
     if entry.isdigit():
         facts["ordinal"] = int(entry)
+    mode = gpu_wait_mode()
+    if mode:
+        facts["gpu_wait"] = mode  # how this worker's thread waits for the GPU (HARNESS_GPU_WAIT)
     return facts
 
 

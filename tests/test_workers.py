@@ -6,6 +6,7 @@ left running after the run."""
 import json
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -322,3 +323,82 @@ def test_the_device_count_hint_reads_cuda_visible_devices_without_cuda(monkeypat
     assert workers.device_count_hint() is None  # no device visible: the probe will say so
     assert [workers.ordinal_for_xdist_worker(w, 2) for w in ("gw0", "gw1", "gw2", "gw3")] == [0, 1, 0, 1]
     assert workers.ordinal_for_xdist_worker("gw5", 1) == 0
+
+
+class _FakeDriver:
+    """The part of cuda.bindings.driver that set_gpu_wait and gpu_wait_mode call."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    def __init__(self, log):
+        self.log, self.flags = log, 0
+
+    def cuInit(self, flags):
+        self.log.append(("cuInit", flags))
+        return (0,)
+
+    def cuDeviceGet(self, ordinal):
+        self.log.append(("cuDeviceGet", ordinal))
+        return 0, f"dev{ordinal}"
+
+    def cuDevicePrimaryCtxSetFlags(self, dev, flags):
+        self.log.append(("cuDevicePrimaryCtxSetFlags", dev, flags))
+        self.flags = flags
+        return (0,)
+
+    def cuDevicePrimaryCtxGetState(self, dev):
+        return 0, self.flags, 1
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    import types
+
+    from harness import device
+
+    log = []
+    drv = _FakeDriver(log)
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.driver = drv
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", drv)
+    monkeypatch.setattr(device, "_driver_present", lambda: True)
+    return log
+
+
+def test_a_worker_sleeps_while_the_gpu_works_when_asked_before_its_context_exists(fake_driver, monkeypatch):
+    import types
+
+    from harness import workers
+
+    assert workers.set_gpu_wait("block") is None
+    assert fake_driver == [("cuInit", 0), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxSetFlags", "dev0", 0x04)]
+    assert workers.gpu_wait_mode() == "block"
+    assert "is not one of auto, spin, yield, block" in workers.set_gpu_wait("nap")
+    assert workers.set_gpu_wait(None) is None and workers.set_gpu_wait("") is None
+    # _prepare_device sets the mode before CuPy makes the context
+    fake_driver.clear()
+    calls = fake_driver
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(free=lambda p: calls.append(("cudaFree", p))))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setenv(workers.GPU_WAIT_ENV, "block")
+    workers._prepare_device()
+    assert calls[:4] == [("cuInit", 0), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxSetFlags", "dev0", 0x04),
+                         ("cudaFree", 0)], calls
+
+
+def test_the_campaigns_workers_are_told_to_sleep_while_the_gpu_works():
+    from harness import workers
+    from harness.mutate.warm import WORKER_ENV
+
+    assert WORKER_ENV[workers.GPU_WAIT_ENV] == "block"
+    assert WORKER_ENV["OPENBLAS_NUM_THREADS"] == "1"
+
+
+def test_without_a_driver_the_wait_mode_is_left_alone_quietly(monkeypatch):
+    from harness import device, workers
+
+    monkeypatch.setattr(device, "_driver_present", lambda: False)
+    assert workers.set_gpu_wait("block") is None

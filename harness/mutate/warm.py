@@ -38,8 +38,13 @@ MAX_FAULTS = 4
 # Many workers share the host's cores: each keeps to one BLAS/OpenMP thread. (numpy's
 # OpenBLAS starts a thread per core in every process and spins them after each call: a
 # dozen workers on 16 cores kept the load near 20 with the GPU almost idle.)
-ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                                     "NUMEXPR_NUM_THREADS")}
+# And each sleeps while it waits for the GPU instead of spinning on a core (the driver's
+# default for a process with one context): two dozen workers time-sharing one GPU spent their
+# waits spinning, and on the 32-core H200 machine the load stood at 45 while slots waited a
+# minute for a fresh worker to start (docs/observed/mutation-campaign-h200.md, section 6).
+WORKER_ENV = {**{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                        "NUMEXPR_NUM_THREADS")},
+              workers.GPU_WAIT_ENV: "block"}
 
 
 def server_args(rootdir: Path, gates: Sequence[str], kernel_root: Path, cache_dir: Path, arch: str | None) -> list[str]:
@@ -80,13 +85,14 @@ class WarmExecutor:
     _idle: list = field(default_factory=list, repr=False)  # reset workers waiting for a mutant
     _closed: bool = field(default=False, repr=False)  # closed: no new worker or pool (an interrupted campaign)
     replaced: Counter = field(default_factory=Counter, repr=False)  # why workers were not kept: how often
+    gpu_wait: str | None = field(default=None, repr=False)  # how the workers wait for the GPU, as they said
 
     def start(self) -> None:
         """Start the server and the spares; raises workers.PoolError with the reason."""
         if self._pool is not None:
             return
         config = workers.PoolConfig(rootdir=self.rootdir, invocation_dir=self.rootdir, pytest_args=[],
-                                    device_ordinal=self.device_ordinal, spares=self.spares, env=ONE_THREAD)
+                                    device_ordinal=self.device_ordinal, spares=self.spares, env=WORKER_ENV)
         pool = workers.Pool(config)
         pool.start_server()
         pool.collect(server_args(self.rootdir, self.gates, self.kernel_root, self.cache_dir, self.arch))
@@ -119,7 +125,9 @@ class WarmExecutor:
                 return worker
             try:
                 self.start()
-                return self._pool.fresh_worker()
+                worker = self._pool.fresh_worker()
+                self.gpu_wait = self.gpu_wait or worker.device.get("gpu_wait")
+                return worker
             except workers.PoolError as exc:
                 # A worker that cannot start (or no device at all) says nothing about the
                 # mutant: the GPU is gone or unusable. Never a verdict.
@@ -139,11 +147,12 @@ class WarmExecutor:
             self.replaced[worker.ended_because or "it ended"] += 1
 
     def summary(self) -> str:
-        """One line: how many workers were replaced, and why."""
+        """One line: how many workers were replaced, and why (and how they waited for the GPU)."""
+        wait = f" (each waited for the GPU by {self.gpu_wait})" if self.gpu_wait else ""
         if not self.replaced:
-            return "every worker was kept from mutant to mutant"
+            return "every worker was kept from mutant to mutant" + wait
         reasons = "; ".join(f"{n} x {why}" for why, n in self.replaced.most_common(6))
-        return f"{sum(self.replaced.values())} worker(s) replaced: {reasons}"
+        return f"{sum(self.replaced.values())} worker(s) replaced: {reasons}" + wait
 
     def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns:
         start = time.monotonic()
