@@ -180,6 +180,24 @@ def test_a_silent_guard_fails_its_trap_gate_by_assertion(suite):
     assert (runs.outcomes[0].outcome, runs.outcomes[0].route) == ("failed", "assertion")
 
 
+def test_waiting_for_a_worker_does_not_count_against_the_mutants_deadline(suite, monkeypatch):
+    # every spare taken by other slots' faults: the slot waits, and the mutant's own gates
+    # still get their whole deadline (counted, a wait turned green mutants into timeouts)
+    import time
+
+    root, ex = suite
+    take = ex._take
+
+    def slow_take():
+        time.sleep(2.5)
+        return take()
+
+    monkeypatch.setattr(ex, "_take", slow_take)
+    runs = ex.run(_mutant(root, "waits", KERNEL), GATE_IDS[:1], 2.0)
+    assert not runs.timed_out and [o.outcome for o in runs.outcomes] == ["passed"], runs
+    assert runs.waited >= 2.5
+
+
 def test_a_hang_is_a_timeout_and_the_next_mutant_gets_a_new_worker(suite):
     root, ex = suite
     box = _mutant(root, "spin", KERNEL + "// SPIN\n")
