@@ -193,9 +193,10 @@ def test_waiting_for_a_worker_does_not_count_against_the_mutants_deadline(suite,
         return take()
 
     monkeypatch.setattr(ex, "_take", slow_take)
-    runs = ex.run(_mutant(root, "waits", KERNEL), GATE_IDS[:1], 2.0)
-    assert not runs.timed_out and [o.outcome for o in runs.outcomes] == ["passed"], runs
-    assert runs.waited >= 2.5
+    # the trap gate ends its worker: the second gate waits for another
+    runs = ex.run(_mutant(root, "waits", KERNEL), [GATE_IDS[1], GATE_IDS[0]], 2.0)
+    assert not runs.timed_out and [o.outcome for o in runs.outcomes] == ["passed", "passed"], runs
+    assert runs.waited >= 5.0
 
 
 def test_a_hang_is_a_timeout_and_the_next_mutant_gets_a_new_worker(suite):
