@@ -73,9 +73,15 @@ def staircase_case(hd: int, window: int, rising: bool, paired: bool = False) -> 
 
 
 @host_cache
-def reference_of(name: str, rows: str) -> np.ndarray:
-    """The float64 reference of a random case, computed once per process."""
-    return ora.reference(random_case(name, rows))
+def reference_of(name: str, rows: str, scale: float = 1.0) -> np.ndarray:
+    """The float64 reference of a random case at softmax scale `scale`, computed once per process."""
+    return ora.reference(random_case(name, rows), scale)
+
+
+def engine_scale(hd: int) -> float:
+    """The softmax scale an engine passes: 1 / sqrt(head size) (1/16 at 256). Every other gate
+    runs at scale 1, where scores * scale and scores / scale agree."""
+    return 1.0 / float(np.sqrt(hd))
 
 
 # ------------------------------------------------------------------ device data
@@ -139,7 +145,7 @@ def new_counters(case: ora.Case):
 
 
 def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = "last_cta",
-                     counters=None, pool: DevicePool | None = None, partials: bool = False):
+                     counters=None, pool: DevicePool | None = None, partials: bool = False, scale: float = 1.0):
     """One split-K decode launch; `merge` is 'last_cta' (ticket counters) or 'combine'.
     partials=True returns (out, scratch as f32 [rows, nh, splits, hd + 2])."""
     import cupy
@@ -155,20 +161,20 @@ def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = 
     out = _out(case)
     pa.paged_decode(out, dc.q, pool.k_pool if pool else dc.k_pool, pool.v_pool if pool else dc.v_pool,
                     dc.bt, dc.off, dc.qpos, scratch=scratch, splits=splits, counters=counters,
-                    pmap=pool.pmap if pool else None, window=case.window, scale=1.0)
+                    pmap=pool.pmap if pool else None, window=case.window, scale=scale)
     if partials:
         parts = buffers.to_host(scratch).reshape(case.rows, case.nh, splits, case.hd + 2)
         return _host_bf16(out), parts
     return _host_bf16(out)
 
 
-def run_paged_prefill(dc: DeviceCase, *, pool: DevicePool | None = None) -> np.ndarray:
+def run_paged_prefill(dc: DeviceCase, *, pool: DevicePool | None = None, scale: float = 1.0) -> np.ndarray:
     case = dc.host
     out = _out(case)
     tiles = pa.make_tiles(case.off, pa.prefill_rows_per_tile(case.hd))
     pa.paged_prefill(out, dc.q, pool.k_pool if pool else dc.k_pool, pool.v_pool if pool else dc.v_pool,
                      dc.bt, dc.off, dc.qpos, tiles, pmap=pool.pmap if pool else None, window=case.window,
-                     scale=1.0)
+                     scale=scale)
     return _host_bf16(out)
 
 

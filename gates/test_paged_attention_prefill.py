@@ -15,7 +15,8 @@ from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
 from gates._paged_attention import (CONFIGS, STAIR_WINDOW, config_id, edge_case, host_arrays, permuted_device_pool,
-                                    random_case, reference_of, run_paged_prefill, staircase_case, to_device)
+                                    engine_scale, random_case, reference_of, run_paged_prefill, staircase_case,
+                                    to_device)
 
 WINDOWS = (0, STAIR_WINDOW)
 
@@ -128,6 +129,17 @@ def test_prefill_matches_float64_reference_within_rel_rms_1e_2(prefill_config):
     # Tolerance: bf16 output rounding (up to 2^-9 relative per element) after f32 softmax and
     # accumulation; 1e-2 is the contract's bound. Exactness is the staircase anchors' job.
     assert err < 1e-2, f"prefill {name}: rel_rms vs float64 reference = {err:.3e} (bound 1e-2)"
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_prefill_matches_float64_reference_at_the_engines_softmax_scale(chunk_config):
+    # As the decode twin: every other gate passes scale 1. The chunked prefill's 100 rows (a
+    # reference as cheap as the decode rows'), at 1 / sqrt(head size), bound 1e-2 as above.
+    name, dc = chunk_config
+    scale = engine_scale(dc.host.hd)
+    err = rel_rms(run_paged_prefill(dc, scale=scale).astype(np.float64), reference_of(name, "chunk", scale))
+    assert err < 1e-2, f"prefill {name} at scale {scale:.4g}: rel_rms vs float64 reference = {err:.3e} (bound 1e-2)"
 
 
 # ------------------------------------------------------------------ refusals (no device)
