@@ -15,7 +15,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from harness import buffers, host_cache
+from harness import buffers, host_cache, rel_rms
 from harness.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
@@ -76,6 +76,18 @@ def staircase_case(hd: int, window: int, rising: bool, paired: bool = False) -> 
 def reference_of(name: str, rows: str, scale: float = 1.0) -> np.ndarray:
     """The float64 reference of a random case at softmax scale `scale`, computed once per process."""
     return ora.reference(random_case(name, rows), scale)
+
+
+REFERENCE_BOUND = 1e-2  # rel_rms of a random-input anchor: the contract's bound for bf16 outputs
+
+
+def assert_near_reference(label: str, got: np.ndarray, ref: np.ndarray, scale: float = 1.0) -> None:
+    """A random-input anchor's check: rel_rms of the kernel's output against the float64
+    reference under REFERENCE_BOUND (bf16 output rounding, up to 2^-9 relative per element,
+    after f32 softmax and accumulation; exactness is the designed anchors' job)."""
+    at = "" if scale == 1.0 else f" at scale {scale:.4g}"
+    err = rel_rms(got.astype(np.float64), ref)
+    assert err < REFERENCE_BOUND, f"{label}{at}: rel_rms vs float64 reference = {err:.3e} (bound {REFERENCE_BOUND:g})"
 
 
 def engine_scale(hd: int) -> float:

@@ -9,14 +9,14 @@ arithmetic on random inputs (tolerance). See docs/paged_attention.md.
 import numpy as np
 import pytest
 
-from harness import assert_bits_eq, rel_rms
+from harness import assert_bits_eq
 from harness.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
-from gates._paged_attention import (CONFIGS, STAIR_WINDOW, config_id, edge_case, host_arrays, permuted_device_pool,
-                                    engine_scale, random_case, reference_of, run_paged_prefill, staircase_case,
-                                    to_device)
+from gates._paged_attention import (CONFIGS, STAIR_WINDOW, assert_near_reference, config_id, edge_case, engine_scale,
+                                    host_arrays, permuted_device_pool, random_case, reference_of, run_paged_prefill,
+                                    staircase_case, to_device)
 
 WINDOWS = (0, STAIR_WINDOW)
 
@@ -125,21 +125,18 @@ def test_prefill_never_follows_an_entry_before_a_window_that_starts_at_a_page_ed
 @pytest.mark.anchor
 def test_prefill_matches_float64_reference_within_rel_rms_1e_2(prefill_config):
     name, dc = prefill_config
-    err = rel_rms(run_paged_prefill(dc).astype(np.float64), reference_of(name, "prefill"))
-    # Tolerance: bf16 output rounding (up to 2^-9 relative per element) after f32 softmax and
-    # accumulation; 1e-2 is the contract's bound. Exactness is the staircase anchors' job.
-    assert err < 1e-2, f"prefill {name}: rel_rms vs float64 reference = {err:.3e} (bound 1e-2)"
+    assert_near_reference(f"prefill {name}", run_paged_prefill(dc), reference_of(name, "prefill"))
 
 
 @pytest.mark.gpu
 @pytest.mark.anchor
 def test_prefill_matches_float64_reference_at_the_engines_softmax_scale(chunk_config):
     # As the decode twin: every other gate passes scale 1. The chunked prefill's 100 rows (a
-    # reference as cheap as the decode rows'), at 1 / sqrt(head size), bound 1e-2 as above.
+    # reference as cheap as the decode rows'), at 1 / sqrt(head size), the same bound.
     name, dc = chunk_config
     scale = engine_scale(dc.host.hd)
-    err = rel_rms(run_paged_prefill(dc, scale=scale).astype(np.float64), reference_of(name, "chunk", scale))
-    assert err < 1e-2, f"prefill {name} at scale {scale:.4g}: rel_rms vs float64 reference = {err:.3e} (bound 1e-2)"
+    assert_near_reference(f"prefill {name}", run_paged_prefill(dc, scale=scale), reference_of(name, "chunk", scale),
+                          scale)
 
 
 # ------------------------------------------------------------------ refusals (no device)
