@@ -452,11 +452,13 @@ def test_a_slot_waiting_for_a_fresh_worker_does_not_hold_up_the_others(tmp_path)
         def fresh_worker(self):
             started.set()
             release.wait(10)
-            return types.SimpleNamespace(alive=True, served=0, ended_because=None, name="fresh")
+            return types.SimpleNamespace(alive=True, served=0, ended_because=None, name="fresh",
+                                         device={"gpu_wait": "block"})
 
     ex = WarmExecutor(tmp_path, ("gates",), tmp_path, tmp_path / "cache")
     ex._pool = SlowPool()
-    waiting = threading.Thread(target=ex._take)
+    fresh = []
+    waiting = threading.Thread(target=lambda: fresh.append(ex._take()))
     waiting.start()
     assert started.wait(10), "the first slot asked the pool for a fresh worker"
     reset = types.SimpleNamespace(alive=True, served=3, ended_because=None, name="reset")
@@ -473,3 +475,5 @@ def test_a_slot_waiting_for_a_fresh_worker_does_not_hold_up_the_others(tmp_path)
     assert got == [reset]
     release.set()
     waiting.join(10)
+    assert [w.name for w in fresh] == ["fresh"], "the waiting slot got its fresh worker"
+    assert ex.gpu_wait == "block" and ex.summary().endswith("(each waited for the GPU by block)")
