@@ -38,6 +38,23 @@ def test_post_attn_matches_host_quantization_on_designed_inputs(shape_id):
 @pytest.mark.gpu
 @pytest.mark.anchor
 @shapes
+def test_post_attn_normalises_an_o_whose_mean_square_is_four(shape_id):
+    # The designed anchor above with o twice as large (mean(o^2) = 4 exactly, o_scale 2): the
+    # first norm halves it, so mid and everything after it are the unit design's, bit for bit
+    # (margins checked on the host as above). With mean(o^2) = 1 the norm's factor is 1 to bf16
+    # and a kernel that divides by it, or skips it, agrees; here it is off by 4x or 2x.
+    s = g.SHAPES[shape_id]
+    case = od.post_attn_designed(s.t, s.h, seed=s.h, o_scale=2.0)
+    out = g.run_post_attn(case.x, case.o, case.w_pa, case.w_router, act_g=case.act_g, eps=case.eps)
+    assert_bits_eq("post_attn mid (mean(o^2) = 4)", g.host(out.mid), case.mid)
+    assert_bits_eq("post_attn rr (mean(o^2) = 4)", g.host(out.rr), case.rr)
+    assert_bits_eq("post_attn gq (mean(o^2) = 4)", g.host(out.gq), case.gq)
+    assert_close("post_attn fs (mean(o^2) = 4)", g.host(out.fs), case.fs, atol=0.0, rtol=od.FS_RTOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@shapes
 def test_zero_token_normalises_to_zero_in_every_output(shape_id):
     # rmsnorm(0) = 0 * rsqrt(0 + eps) = 0 exactly; without eps it is 0 * inf = NaN.
     s = g.SHAPES[shape_id]

@@ -262,12 +262,17 @@ def _max_into_warp(jm: np.ndarray, jo: np.ndarray, warp: int, zero_block: int) -
 
 
 def post_attn_designed(t: int, h: int, seed: int, *, act_g: float = ACT_G, eps: float = ANCHOR_EPS,
-                       zero_token: bool = True, amax_warps: bool = False) -> PostAttnCase:
+                       zero_token: bool = True, amax_warps: bool = False, o_scale: float = 1.0) -> PostAttnCase:
     """Tokens with mean(o^2) = mean(mid^2) = 1 exactly, a zero block in every live token, the
     last token the zero vector (x = o = 0) when `zero_token`; a few values of 127 / 8 in each
     live token saturate both the block scale (at 448) and e2m1 (at 6). With `amax_warps`, live
     token t's largest |mid| (every element of it) lies in warp t % warps_owning(h) of the
-    256-thread block alone, so the block max reads that warp's slot and no other."""
+    256-thread block alone, so the block max reads that warp's slot and no other. With
+    `o_scale` (a power of two), o is that many times larger, mean(o^2) = o_scale^2: its norm
+    undoes the factor, so mid is the same design, and a kernel that does not normalise o (or
+    divides by its factor) is off by o_scale (or its square) at every element."""
+    if o_scale <= 0 or np.log2(o_scale) != np.round(np.log2(o_scale)):
+        raise DesignError(f"post_attn_designed: o_scale {o_scale} is not a power of two (bf16 would round o)")
     for attempt in range(40):
         rng = np.random.default_rng(seed * 1000 + attempt)
         x = np.zeros((t, h))
@@ -287,7 +292,7 @@ def post_attn_designed(t: int, h: int, seed: int, *, act_g: float = ACT_G, eps: 
             jo_paired *= np.where(rng.random(h) < 0.5, -1, 1)
             if amax_warps:
                 jm, jo_paired = _max_into_warp(jm, jo_paired, tok % warps_owning(h), zb)
-            o[tok] = jo_paired / 8.0
+            o[tok] = jo_paired * o_scale / 8.0
             x[tok] = (jm - jo_paired * w_pa) / 8.0
         w_router = _pow2_weights(h, rng)
         xb, ob = to_bf16(x), to_bf16(o)
@@ -299,7 +304,7 @@ def post_attn_designed(t: int, h: int, seed: int, *, act_g: float = ACT_G, eps: 
             continue
         # mid must be the designed eighths (mean square exactly 1), so the device's sum of
         # squares is exact and the second norm's factor is 1 / sqrt(1 + eps) too.
-        if not np.array_equal(mid.astype(np.float64), x + o * w_pa):
+        if not np.array_equal(mid.astype(np.float64), x + o / o_scale * w_pa):
             continue
         return PostAttnCase(x=xb, o=ob, w_pa=to_bf16(w_pa), w_router=w_router, act_g=act_g, eps=eps,
                             mid=mid, rr=rr, fq=fq, fs=fs, gq=gq, gsc=gsc)

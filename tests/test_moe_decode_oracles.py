@@ -437,3 +437,23 @@ def test_router_zero_tokens_design_sees_an_accumulator_that_does_not_start_at_ze
     assert np.all(bits_of(perturbed[~zero][one_hot != 0]) == bits_of(one_hot[one_hot != 0])), "nonzero logits absorb it"
     assert np.any(bits_of(perturbed[zero]) != 0)
     assert np.any(od.topk_ties_low(perturbed[zero], k) != c.ids[zero])
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_post_attn_design_with_o_four_times_its_unit_mean_square_keeps_mid_and_shows_an_unnormalised_o(name):
+    # The campaign's survivor `o * inv_o` -> `o / inv_o`: with mean(o^2) = 1 the factor is 1 to
+    # bf16 and nothing can see it. At o_scale 2 the norm halves o and mid is the unit design's;
+    # a kernel that divides by the factor (4x) or skips it (2x) moves every live token's mid.
+    t, h, _, _, _ = SHAPES[name]
+    unit = od.post_attn_designed(t, h, seed=h)
+    big = od.post_attn_designed(t, h, seed=h, o_scale=2.0)
+    live = slice(0, t - 1)
+    o = big.o[live].astype(np.float64)
+    assert np.all(np.mean(o * o, axis=-1) == 4.0), "o's mean square must be exactly 4"
+    assert np.array_equal(bits_of(big.mid), bits_of(unit.mid)), "the norm must undo o_scale"
+    x, w = big.x[live].astype(np.float64), big.w_pa.astype(np.float64)
+    for wrong in (4.0, 2.0):  # o / inv_o is o * 2 * 2 here; no norm at all, o * 2
+        moved = od._bf16_of(x + o / 2.0 * wrong * w)
+        assert np.count_nonzero(bits_of(moved) != bits_of(big.mid[live])) > h // 2, wrong
+    with pytest.raises(od.DesignError, match="not a power of two"):
+        od.post_attn_designed(t, h, seed=h, o_scale=3.0)
