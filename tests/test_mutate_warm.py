@@ -230,6 +230,30 @@ def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verd
     assert "Speed-up" in (out / "b.md").read_text()
 
 
+def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(suite, tmp_path, capsys):
+    # `python -m harness mutate` on the fake suite: the campaign, then every survivor and a
+    # sample again in workers forked for one mutant each; the summary names the campaign's
+    # workers and the re-check's, and how many verdicts agreed
+    from harness.mutate.cli import main
+
+    root, _ = suite
+    (root / "kernels" / "k.cu").write_text(
+        "// guard\n__global__ void k(float* y, const float* x, int n) {\n"
+        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = x[i] + 1;  // x + 1\n}\n")
+    status = main(["--rootdir", str(root), "--no-require-gpu", "--seed", "1", "--max-per-file", "4",
+                   "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2", "--recheck", "2",
+                   "--cache-dir", str(tmp_path / "cache"), "--report", str(tmp_path / "report")])
+    printed = " ".join(capsys.readouterr().out.split())
+    assert status in (0, 1), printed
+    assert "workers: " in printed and "re-check workers: " in printed, printed
+    assert "re-run verdicts agreed (every survivor and a sample, each in a fresh worker no other mutant used)" \
+        in printed, printed
+    import re
+
+    agreed, checked = map(int, re.search(r"(\d+) of (\d+) re-run verdicts agreed", printed).groups())
+    assert agreed == checked >= 2, printed  # a deterministic suite: every verdict the same in a fresh worker
+
+
 def test_a_mutation_bench_cut_short_in_its_naive_half_still_reports_both_rates(suite, tmp_path, monkeypatch, capsys):
     # a device command has a time limit: the naive way (a pytest per mutant) is the slow
     # half, so a cut there keeps the campaign's numbers and the naive mutants that finished

@@ -340,6 +340,9 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
     try:
         with _Progress(err) as progress:
             campaign = run_campaign(config, progress, executor_factory=factory)
+            # the campaign's own workers, said before the re-check ends them and starts its own
+            worker_lines = [f"workers: {ex.summary()}" for ex in (executors or {}).values()
+                            if hasattr(ex, "summary") and not config.static]
             if not config.static and args.executor == "warm" and (recheck_n or _survivors(campaign)):
                 from harness.mutate.campaign import recheck, recheck_jobs, slot_devices
                 from harness.mutate.execute import FreshProcessExecutor
@@ -383,9 +386,11 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
     if campaign.coverage is None or campaign.coverage.source_read() is None:
         out.print("note: the baseline did not record which sources each gate reads, so no mutant was screened out "
                   "by its cubin alone", markup=False)
-    for ex in (executors or {}).values():
-        if hasattr(ex, "summary") and not config.static:
-            out.print(f"workers: {ex.summary()}", markup=False)
+    for line in worker_lines:
+        out.print(line, markup=False)
+    for key, ex in (executors or {}).items():
+        if isinstance(key, tuple) and key[0] == "recheck":
+            out.print(f"re-check workers: {ex.summary()}", markup=False)
     if getattr(campaign, "recheck", None) is not None:
         line = campaign.recheck.line()
         where = "a fresh pytest" if args.recheck_in == "pytest" else "a fresh worker no other mutant used"
