@@ -3,7 +3,7 @@
 The pytest process never runs a GPU gate itself and never blocks on the device. It owns a
 *pool*:
 
-- a **server**: a fresh Python (`python -m harness.workers serve`) that imports numpy, CuPy
+- a **server**: a fresh Python (`python -m harness._serve serve`) that imports numpy, CuPy
   and the harness, collects the gate modules it is given, and never initialises CUDA. It
   forks children on request, so a child starts in milliseconds with everything imported
   and every gate collected;
@@ -17,7 +17,7 @@ The pytest process never runs a GPU gate itself and never blocks on the device. 
   call cannot be interrupted any other way) and the next gate gets a spare.
 
 Under `--sanitize` the workers are not forked: each is a fresh process started under
-compute-sanitizer that collects the modules itself (`python -m harness.workers worker`).
+compute-sanitizer that collects the modules itself (`python -m harness._serve worker`).
 
 Every process talks over one Unix socket the pytest process listens on, in length-prefixed
 JSON frames; the first frame of each connection says who it is (server, probe or worker,
@@ -43,6 +43,9 @@ from pathlib import Path
 WORKER_START_TIMEOUT = 120.0  # seconds for a server or worker to start and say hello
 SPARES = 4  # warm workers kept ahead of need (trap gates start on them early)
 POOL_RESERVE_MB = 512  # device memory each worker puts in CuPy's pool before its first gate
+
+
+SERVE_MODULE = "harness._serve"  # python -m SERVE_MODULE {serve|worker|probe}: workers.entry
 
 
 class Timeout(Exception):
@@ -282,7 +285,7 @@ class Pool:
 
     def start_server(self) -> None:
         """Start the fork server (fork mode); it imports while this process collects. Returns at once."""
-        cmd = [sys.executable, "-m", "harness.workers", "serve", "--connect", self.path]
+        cmd = [sys.executable, "-m", SERVE_MODULE, "serve", "--connect", self.path]
         self.server = self._popen(cmd, dict(os.environ, **self.config.env) if self.config.env else None)
 
     def collect(self, collect_args: list[str]) -> None:
@@ -369,7 +372,7 @@ class Pool:
             self._server().send({"op": "spawn", "token": token, "env": env})
         else:
             log = self.config.sanitizer_log_dir / f"sanitizer-w{token}.log"
-            cmd = (self.config.sanitizer + ["--log-file", str(log), sys.executable, "-m", "harness.workers",
+            cmd = (self.config.sanitizer + ["--log-file", str(log), sys.executable, "-m", SERVE_MODULE,
                                             "worker", "--connect", self.path, "--token", str(token), "--"]
                    + self.config.pytest_args)
             self._procs.append(self._popen(cmd, env=dict(os.environ, HARNESS_SANITIZER_LOG=str(log),
@@ -485,7 +488,7 @@ class Pool:
 def probe_in_subprocess(cwd: Path, timeout: float = WORKER_START_TIMEOUT) -> dict:
     """The device probe in a throwaway process (no conftest loaded): for a process that must
     make no CUDA context itself and has no server to ask."""
-    out = subprocess.run([sys.executable, "-m", "harness.workers", "probe"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", SERVE_MODULE, "probe"], capture_output=True, text=True,
                          timeout=timeout, cwd=cwd)
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -1030,17 +1033,16 @@ def _probe_main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    # Run through the imported module, not this `__main__` copy: the plugin reads the
-    # module's globals (the server channel, the worker token).
-    from harness import workers as _w
-
-    _command = sys.argv[1] if len(sys.argv) > 1 else ""
-    if _command == "serve":
-        sys.exit(_w._serve_main(sys.argv[2:]))
-    if _command == "worker":
-        sys.exit(_w._worker_main(sys.argv[2:]))
-    if _command == "probe":
-        sys.exit(_w._probe_main())
-    print("usage: python -m harness.workers {serve|worker|probe} (started by the harness plugin)", file=sys.stderr)
-    sys.exit(2)
+def entry(argv: list[str]) -> int:
+    """The harness's own processes: `python -m harness._serve {serve|worker|probe}` (a module
+    of its own, so `-m` never runs a second copy of this one, which the package has already
+    imported: the plugin reads this module's globals, the server channel and worker token)."""
+    command = argv[0] if argv else ""
+    if command == "serve":
+        return _serve_main(argv[1:])
+    if command == "worker":
+        return _worker_main(argv[1:])
+    if command == "probe":
+        return _probe_main()
+    print("usage: python -m harness._serve {serve|worker|probe} (started by the harness plugin)", file=sys.stderr)
+    return 2

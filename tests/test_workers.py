@@ -402,3 +402,16 @@ def test_without_a_driver_the_wait_mode_is_left_alone_quietly(monkeypatch):
 
     monkeypatch.setattr(device, "_driver_present", lambda: False)
     assert workers.set_gpu_wait("block") is None
+
+
+def test_the_harness_processes_start_without_a_second_copy_of_the_workers_module():
+    # `python -m harness.workers` ran a second copy of a module the package had imported, and
+    # every worker log began with runpy's RuntimeWarning about it (pasted into failure notes)
+    import subprocess
+
+    from harness import workers
+
+    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", workers.SERVE_MODULE, "probe"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "RuntimeWarning" not in out.stderr and json.loads(out.stdout).keys() >= {"count"}, (out.stdout, out.stderr)
