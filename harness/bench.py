@@ -1,6 +1,7 @@
 """`python -m harness bench gates`: the gate run's speed, the old way against this one, in one run.
 
-Both trees run the same gates on the same machine with the same warm compile cache:
+Both trees run the same gates on the same machine with the same warm compile cache (and,
+for the tree that has one, its warm disk cache of host references, `harness.host_cache`):
 
 - the *before* tree (`--before DIR`: a checkout of the code before the warm pool) runs its
   own `gates/` serially and with `-n JOBS`;
@@ -120,7 +121,8 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Gate-run benchmark ({result['device']})", "", "`python -m harness bench gates --before DIR "
-          f"--jobs {args.jobs}`, one run, warm compile cache.", "",
+          f"--jobs {args.jobs}`, one run, warm compile cache (and host-reference cache, where the tree has "
+          "one: the warm-up runs fill both).", "",
           "| run | pytest s | wall s | gates | isolated gates | isolated mean s | isolated max s |",
           "| --- | --- | --- | --- | --- | --- | --- |"]
     for key, r in rows.items():
