@@ -398,3 +398,25 @@ def test_a_files_frequent_killers_run_first_and_trap_gates_stay_last():
     history.record(result("a.cu", Verdict.KILLED_BY_TRAP, "trap"))  # not a kill by assertion
     history.record(result("b.cu", Verdict.KILLED, "fast"))  # another file's killers do not count
     assert [g.split("::")[1] for g in history.order("a.cu", gates, cov)] == ["slow", "killer", "fast", "trap"]
+
+
+def test_the_table_shows_the_memory_safety_kills_that_the_score_counts():
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from harness.mutate.report import table
+    from harness.mutate.verdicts import MutantResult, Verdict
+
+    def result(verdict, safety=False):
+        return MutantResult(mutant=SimpleNamespace(file="k.cu", id=f"{verdict.value}{safety}{id(object())}"),
+                            verdict=verdict, memory_safety=safety)
+
+    results = [result(Verdict.KILLED), result(Verdict.KILLED_BY_TRAP, True), result(Verdict.KILLED_BY_TRAP),
+               result(Verdict.SURVIVED)]
+    campaign = SimpleNamespace(ordered=lambda: results, mode="campaign")
+    console = Console(width=240, record=True)
+    console.print(table(campaign))
+    text = console.export_text()
+    assert "2 (1 ms)" in text and "50.0%" in text, text  # (1 killed + 1 ms) of 4
+    assert "killed-by-trap in a gate marked memory_safety (ms)" in " ".join(text.split()), text

@@ -261,5 +261,11 @@ def table(campaign):
         cells = [str(s.counts.get(c, 0)) for c in _COLUMNS]
         if survived:
             cells[_COLUMNS.index("survived")] = f"[bold red]{survived}[/]"
+        if s.safety:  # the score counts these: say how many, so the score can be read off the row
+            cells[_COLUMNS.index("killed-by-trap")] += f" ({s.safety} ms)"
         t.add_row(escape(name), str(s.total), *cells, _pct(s.score), _pct(s.stryker_score))
+    if any(s.safety for _, s in rows):
+        t.caption = ("score: killed, plus killed-by-trap in a gate marked memory_safety (ms), over the mutants "
+                     "that are not equivalent, duplicate, compile errors or pending")
+        t.caption_justify = "left"
     return t
