@@ -237,6 +237,7 @@ def test_post_attn_amax_design_puts_each_tokens_maximum_in_one_warp():
         assert set(warp[m == m.max()].tolist()) == {t}, f"token {t}: its maximum must lie in warp {t} alone"
         assert np.max(m[warp != t]) < m.max() / 2, "the other warps' maximum must be far below (fs moves visibly)"
         assert np.mean(m * m) == 1.0
+        assert m[0] < m.max(), f"token {t}: element 0 (where a read one slot past the warp maxima lands) is a maximum"
     assert od.warps_owning(192) == 6 and od.warps_owning(2816) == 8
 
 
