@@ -641,7 +641,7 @@ def _become_worker(session, token: int) -> None:
         ch.send(hello)
         if "error" not in hello:
             _worker_channel = ch
-            _worker_loop(session, ch)
+            _worker_loop(session, ch, hello["device"])
     except BaseException:
         code = 1
         import traceback
@@ -788,7 +788,9 @@ class _ReportSink:
         self.reports.append(report)
 
 
-def _worker_loop(session, ch: Channel) -> None:
+def _worker_loop(session, ch: Channel, facts: dict) -> None:
+    """Serve gates and mutants over `ch`; `facts` are the device facts this worker said hello
+    with (its gates' reports carry them)."""
     config = session.config
     items = {item.nodeid: item for item in session.items}
     sink = _ReportSink()
@@ -796,7 +798,6 @@ def _worker_loop(session, ch: Channel) -> None:
     from harness import sanitizer
 
     watch = sanitizer.LogWatch.from_environment()
-    facts = _device_facts()
     props = []
     if facts:
         props += [("device", facts.get("name", "")), ("device_ordinal", str(facts.get("ordinal", ""))),

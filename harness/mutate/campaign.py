@@ -280,12 +280,8 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
     root = campaign.kernel_root
     jobs = max(1, config.gpu_jobs)
     executors = [make_executor(device) for device in slot_devices(jobs)]
-    deadlines = gate_deadlines(config, coverage) if coverage is not None else None
     for ex in executors:
-        if hasattr(ex, "gate_deadlines"):
-            ex.gate_deadlines = deadlines
-        if hasattr(ex, "memory_safety") and coverage is not None:
-            ex.memory_safety = coverage.memory_safety_gates()
+        arm(ex, config, coverage)
     free = list(range(jobs))
     running: dict = {}
     ended = False
@@ -427,6 +423,17 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
                         duplicate_of=r.duplicate_of if verdict is Verdict.DUPLICATE else None,
                         memory_safety=j.memory_safety, gate_seconds=round(j.seconds, 4),
                         in_gates=round(j.in_gates, 4), worker_wait=round(j.waited, 4))
+
+
+def arm(executor, config: MutateConfig, coverage: Coverage | None) -> None:
+    """Give an executor that watches each gate (the warm one) each gate's own deadline and
+    the memory-safety gates its fault cap spares; an executor without them is left as is."""
+    if coverage is None:
+        return
+    if hasattr(executor, "gate_deadlines"):
+        executor.gate_deadlines = gate_deadlines(config, coverage)
+    if hasattr(executor, "memory_safety"):
+        executor.memory_safety = coverage.memory_safety_gates()
 
 
 def gate_deadlines(config: MutateConfig, coverage: Coverage) -> dict[str, float] | None:

@@ -135,7 +135,6 @@ def _executor_factory(config, kind: str):
     """(factory for run_campaign, the executors it made, to close). Warm: one executor per GPU,
     shared by the campaign's slots on that GPU; its spares cover every slot."""
     from harness.mutate.execute import FreshProcessExecutor
-    from harness.mutate.warm import WarmExecutor
 
     made: dict = {}
 
@@ -144,13 +143,19 @@ def _executor_factory(config, kind: str):
             return FreshProcessExecutor(config.rootdir, report, cache, arch=arch, require_gpu=config.require_gpu,
                                         device=device)
         if device not in made:
-            ordinal = _ordinal(device)
-            made[device] = WarmExecutor(config.rootdir, config.gates, config.path(config.kernel_root), cache,
-                                        arch=arch, device_ordinal=ordinal, spares=spares_for(config.gpu_jobs, device),
-                                        stop_on_kill=not config.all_gates)
+            made[device] = _warm_executor(config, cache, arch, device)
         return made[device]
 
     return factory, made
+
+
+def _warm_executor(config, cache, arch, device: str | None, reuse: bool = True):
+    """The warm executor of one GPU (`device`, a slot's), its spares covering that GPU's slots."""
+    from harness.mutate.warm import WarmExecutor
+
+    return WarmExecutor(config.rootdir, config.gates, config.path(config.kernel_root), cache, arch=arch,
+                        device_ordinal=_ordinal(device), spares=spares_for(config.gpu_jobs, device),
+                        stop_on_kill=not config.all_gates, reuse=reuse)
 
 
 def _ordinal(device: str | None) -> int | None:
@@ -312,22 +317,15 @@ def _fresh_worker_slots(config, cache, campaign, executors: dict) -> list:
     executor of its own (its own server and spares) that never reuses a worker, so each
     mutant runs in a process no other mutant touched. The campaign's own workers are ended
     first: their contexts and memory go back to the GPU."""
-    from harness.mutate.campaign import gate_deadlines, slot_devices
-    from harness.mutate.warm import WarmExecutor
+    from harness.mutate.campaign import arm, slot_devices
 
     for ex in list(executors.values()):
         ex.close()
     executors.clear()
     devices = slot_devices(config.gpu_jobs)
     for device in dict.fromkeys(devices):
-        ordinal = _ordinal(device)
-        executors[("recheck", device)] = WarmExecutor(
-            config.rootdir, config.gates, config.path(config.kernel_root), cache, arch=campaign.arch,
-            device_ordinal=ordinal, spares=spares_for(config.gpu_jobs, device), stop_on_kill=not config.all_gates,
-            reuse=False)
-        if campaign.coverage is not None:  # the same deadlines and fault cap as the campaign's own run
-            executors[("recheck", device)].gate_deadlines = gate_deadlines(config, campaign.coverage)
-            executors[("recheck", device)].memory_safety = campaign.coverage.memory_safety_gates()
+        ex = executors[("recheck", device)] = _warm_executor(config, cache, campaign.arch, device, reuse=False)
+        arm(ex, config, campaign.coverage)  # the same deadlines and fault cap as the campaign's own run
     return [executors[("recheck", device)] for device in devices]
 
 
