@@ -13,8 +13,8 @@ and a different reduction order changes the bits of every non-exact sum the link
   `__match_*_sync`, `__reduce_*_sync` and `__syncwarp(mask)` passes the full-warp mask, the
   literal `0xffffffffu` / `0xffffffff` or a constant defined to it; a shuffle's width, when
   given, is 32.
-- Every butterfly (a `for` loop whose body shuffles with an offset naming the loop
-  variable) runs that variable over exactly 16, 8, 4, 2, 1 (evaluated from the loop's init,
+- Every butterfly or shift-down tree (a `for` loop whose body shuffles with an offset naming
+  the loop variable) runs that variable over exactly 16, 8, 4, 2, 1 (evaluated from the loop's init,
   condition and step) and passes the bare variable as the offset; a shuffle offset outside
   such a loop is a literal power of two below 32. A designed sub-warp butterfly is listed
   in SUB_WARP_BUTTERFLIES with its width and reason.
@@ -177,6 +177,7 @@ def test_butterflies_run_over_16_8_4_2_1(kernel_root, source):
         if file == source and function not in butterfly_functions:
             problems.append(f"{source}: SUB_WARP_BUTTERFLIES lists {function} ({lanes} lanes) but it holds no "
                             "butterfly loop: remove the entry or restore the loop")
-    assert_no_problems(problems, "a warp butterfly is `for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync("
-                                 "0xffffffffu, v, m);`: any other offsets change the summation order (the bits "
-                                 "of every non-exact sum) or skip lanes")
+    assert_no_problems(problems, "a warp reduction is `for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync("
+                                 "0xffffffffu, v, m);` (or __shfl_down_sync where lane 0 alone uses the result): "
+                                 "any other offsets change the summation order (the bits of every non-exact sum) "
+                                 "or skip lanes")

@@ -15,10 +15,13 @@
 
 static_assert(FP8_GEMV_ROWS_PER_BLOCK * 32 == FP8_GEMV_THREADS, "one warp an output row");
 
+// The warp's sum in lane 0 (a shift-down tree, as CUB's WarpReduce): the other lanes end with
+// partial sums nobody may use. Lane 0's bits are those of the xor butterfly: at offset m it adds
+// lane m's value, which is the same partial sum under either pattern.
 __device__ __forceinline__ float fp8_gemv_warp_sum(float v)
 {
 #pragma unroll
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_down_sync(0xffffffffu, v, m);
     return v;
 }
 

@@ -27,20 +27,23 @@ __device__ __forceinline__ bool lm_head_better(float va, int ia, float vb, int i
     return va > vb || (va == vb && ia < ib);
 }
 
+// The warp's sum in lane 0 (a shift-down tree): the other lanes hold partial sums, used by no
+// store. Lane 0's bits are the xor butterfly's (at offset m it adds lane m's partial, the same
+// under both patterns).
 __device__ __forceinline__ float lm_head_warp_sum(float v)
 {
 #pragma unroll
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_down_sync(0xffffffffu, v, m);
     return v;
 }
 
-// Every lane ends with the warp's best (value, index).
+// Lane 0 ends with the warp's best (value, index); the other lanes with the best of a part.
 __device__ __forceinline__ void lm_head_warp_best(float& v, int& i)
 {
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, m);
-        const int oi = __shfl_xor_sync(0xffffffffu, i, m);
+        const float ov = __shfl_down_sync(0xffffffffu, v, m);
+        const int oi = __shfl_down_sync(0xffffffffu, i, m);
         if (lm_head_better(ov, oi, v, i)) { v = ov; i = oi; }
     }
 }

@@ -15,7 +15,7 @@
 // slots a token; slots K..kcap-1 are never written). Expert e's weights live at
 // store = table[e] of the expert arrays; ids and table entries outside [0, E) trap.
 // The GEMV rows of glu and down are computed exactly as nvfp4_gemv's base kernel computes an
-// output: 64 virtual lanes (nvfp4_partial, nvfp4_dot.cuh), two warp butterflies, the halves
+// output: 64 virtual lanes (nvfp4_partial, nvfp4_dot.cuh), two warp reductions, the halves
 // added low first, bf16(gs * sum). The launcher (moe_decode.py) owns every grid.
 #include "nvfp4_dot.cuh"
 
@@ -42,8 +42,8 @@ __device__ __forceinline__ float moe_e4m3_value(unsigned char b)
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
 }
 
-// Deterministic block reductions: each warp's butterfly, then every thread adds the warp
-// results in warp order. `red` holds one float a warp; the leading barrier makes it reusable.
+// Deterministic block reductions: each warp's shift-down tree into its lane 0, which alone
+// holds the warp's result and stores it, then every thread adds the warp results in warp order. `red` holds one float a warp; the leading barrier makes it reusable.
 __device__ __forceinline__ float moe_block_sum(float v, float* red)
 {
     v = nvfp4_warp_sum(v);
@@ -58,7 +58,7 @@ __device__ __forceinline__ float moe_block_sum(float v, float* red)
 __device__ __forceinline__ float moe_block_max(float v, float* red)
 {
 #pragma unroll
-    for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+    for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, m));
     __syncthreads();
     if ((threadIdx.x & 31u) == 0u) red[threadIdx.x >> 5] = v;
     __syncthreads();

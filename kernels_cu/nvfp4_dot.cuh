@@ -1,12 +1,12 @@
 // The NVFP4 partial dot, shared by every kernel that multiplies NVFP4 weights with bf16
-// activations (nvfp4_gemv.cu, moe_decode.cu): one association order, one butterfly.
+// activations (nvfp4_gemv.cu, moe_decode.cu): one association order, one warp reduction.
 //
 // A weight row is e2m1 [K / 2] bytes (two a byte, low nibble first) with e4m3 block scales
 // [K / 16]; x is bf16 [K], 16-byte aligned, in global or shared memory. An output's K16
 // groups are spread over NVFP4_VLANES = 64 "virtual lanes": lane v owns groups v, v + 64, ...
 // and adds them in that order (the last sweep, the K tail, reaches only v < K16 % 64).
-// Callers sum the 64 partials as two warp butterflies (nvfp4_warp_sum) and add the halves,
-// low half first, then round bf16(gs * (lo + hi)).
+// Callers sum the 64 partials as two warp reductions (nvfp4_warp_sum, each half's sum in its
+// lane 0) and add the halves, low half first, then round bf16(gs * (lo + hi)).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -19,10 +19,13 @@ __constant__ float E2M1_LUT[16] = {
     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f,
 };
 
+// The warp's sum in lane 0 (a shift-down tree, as CUB's WarpReduce); the other lanes hold
+// partial sums, so only lane 0 may store it. Lane 0's bits are the xor butterfly's: at offset m
+// it adds lane m's partial, the same under both patterns.
 __device__ __forceinline__ float nvfp4_warp_sum(float v)
 {
 #pragma unroll
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_down_sync(0xffffffffu, v, m);
     return v;
 }
 

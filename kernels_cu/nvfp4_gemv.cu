@@ -11,7 +11,7 @@
 //                      output; each warp sums its 32 partials, the two halves meet in shared.
 //   SW nvfp4_gemv_sw:  one warp an output, N_PER_BLOCK_SW outputs a block; lane l plays
 //                      virtual lanes l and l + 32, sums each half like a base warp, adds them.
-// Both call nvfp4_partial (one association order, nvfp4_dot.cuh) and nvfp4_warp_sum (one butterfly), so the
+// Both call nvfp4_partial (one association order, nvfp4_dot.cuh) and nvfp4_warp_sum (one warp reduction), so the
 // SW result equals the base result bitwise. The e2m1 table is staged in shared memory (per
 // warp in SW): indexing __constant__ memory with data-dependent nibbles would serialise a
 // warp, one replay per distinct address. The Python launcher (nvfp4_gemv.py) owns the grids:

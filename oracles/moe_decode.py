@@ -933,13 +933,28 @@ def down_sweep_designed(h: int, i: int, e: int, k: int, seed: int, act_h: float 
     return DownCase(ids=ids, hq=hq, hs=hs, weights=random_experts(ids, h, i, seed=seed), act_h=act_h)
 
 
+def warp_tree_sum(vals) -> np.ndarray:
+    """nvfp4_warp_sum lane by lane, in f32: `v += __shfl_down_sync(full, v, m)` for m = 16 .. 1,
+    where a lane past 31 - m reads its own value. Lane 0 ends with the warp's sum (the same bits
+    as an xor butterfly's); every other lane with a partial sum, which only a wrong writer stores.
+    `vals`: [..., 32]; returns every lane's final value."""
+    vals = np.asarray(vals, np.float32)
+    lanes = np.arange(32)
+    for m in (16, 8, 4, 2, 1):
+        src = np.where(lanes + m < 32, lanes + m, lanes)
+        vals = (vals + vals[..., src]).astype(np.float32)
+    return vals
+
+
 def nvfp4_rows_in_kernel_order(w, s, gs: float, x, lane_shift: int = 0) -> np.ndarray:
     """A host emulation of the certified GEMV's association order (nvfp4_dot.cuh, 256 threads,
     64 virtual lanes a row, four rows a pass): each lane's groups v, v + 64, ... by fmaf, each
-    half's xor butterfly, lo + hi, bf16(gs * sum). `lane_shift` = 1 computes what a kernel whose
-    thread roles are off by one (tid = threadIdx.x - 1) gets: physical warp w then holds
-    block-virtual lanes 32 w - 1 .. 32 w + 30. For host tests of a design's sensitivity (not an
-    expected value of any gate: the gates compare with the device's certified GEMV)."""
+    half's shift-down tree (warp_tree_sum), lo + hi, bf16(gs * sum). `lane_shift` = 1 computes
+    what a kernel whose thread roles are off by one (tid = threadIdx.x - 1) gets: physical warp w
+    then holds block-virtual lanes 32 w - 1 .. 32 w + 30, and the thread that stores the half (its
+    lane 0 by the shifted tid) is physical lane 1, whose tree holds a partial sum. For host tests
+    of a design's sensitivity (not an expected value of any gate: the gates compare with the
+    device's certified GEMV)."""
     x = np.asarray(x).astype(np.float32)
     rows, kk = w.shape[0], x.size
     k16 = kk // GROUP
@@ -953,12 +968,6 @@ def nvfp4_rows_in_kernel_order(w, s, gs: float, x, lane_shift: int = 0) -> np.nd
         for grp in range(v, k16, 64):
             part[:, v] = (part[:, v].astype(np.float64) + gsum[:, grp].astype(np.float64) * sc[:, grp]).astype(np.float32)
 
-    def butterfly(vals):
-        vals = vals.astype(np.float32)
-        for m in (16, 8, 4, 2, 1):
-            vals = (vals + vals[:, np.arange(32) ^ m]).astype(np.float32)
-        return vals[:, 0]
-
     out = np.zeros(rows, np.float32)
     for p0 in range(0, rows, 4):
         q = part[p0:p0 + 4].reshape(-1)  # block-virtual lanes of one pass: row o, lane v at 64 o + v
@@ -967,7 +976,7 @@ def nvfp4_rows_in_kernel_order(w, s, gs: float, x, lane_shift: int = 0) -> np.nd
         for wp in range(8):
             idx = 32 * wp + np.arange(32) - lane_shift
             vals = np.where((idx >= 0) & (idx < 256), q[np.clip(idx, 0, 255)], np.float32(0))
-            half[wp // 2, wp % 2] = butterfly(vals[None, :])[0]
+            half[wp // 2, wp % 2] = warp_tree_sum(vals[None, :])[0, lane_shift]
         n = min(4, rows - p0)
         out[p0:p0 + n] = (half[:n, 0] + half[:n, 1]).astype(np.float32)
     return to_bf16(np.float32(gs) * out)

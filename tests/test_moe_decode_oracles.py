@@ -334,22 +334,42 @@ def test_down_sweep_design_sees_thread_roles_shifted_by_one():
         assert np.count_nonzero(bits_of(shifted) != bits_of(ok)) > h // 2, "a shift by one must move most rows"
 
 
-def test_kernel_order_emulation_is_blind_to_a_rotation_when_lane_63_is_empty():
-    # Why the shifted down roles survived at the chain's I = 704 (K16 = 44): lanes 44..63 hold
-    # nothing, and a warp's butterfly (masks 16, 8, 4, 2, 1) is invariant under a cyclic
-    # rotation of its 32 inputs; only lane 31 moves between halves, and these dots are exact.
+def _xor_butterfly(v):
+    for m in (16, 8, 4, 2, 1):
+        v = (v + v[:, np.arange(32) ^ m]).astype(np.float32)
+    return v
+
+
+def test_the_shift_down_tree_gives_lane_0_the_xor_butterflys_bits_and_no_other_lane_the_sum():
+    # nvfp4_warp_sum (and fp8_gemv's, lm_head's) moved from the xor butterfly to a shift-down
+    # tree: lane 0's bits must not move (the bitwise links and every certified value rest on
+    # them), and the other lanes must not hold the sum, so a wrong writer stores a wrong value.
     rng = np.random.default_rng(3)
-    vals = (rng.normal(size=(2000, 32)) * np.exp2(rng.integers(-20, 20, (2000, 32)))).astype(np.float32)
+    vals = (rng.normal(size=(20000, 32)) * np.exp2(rng.integers(-20, 20, (20000, 32)))).astype(np.float32)
+    xor, down = _xor_butterfly(vals), od.warp_tree_sum(vals)
+    assert np.array_equal(bits_of(down[:, 0]), bits_of(xor[:, 0])), "lane 0: the butterfly's bits"
+    assert np.all(bits_of(xor) == bits_of(xor[:, :1])), "the butterfly leaves the sum in every lane"
+    same_scale = od.warp_tree_sum(rng.normal(size=(20000, 32)).astype(np.float32))
+    for lane in (1, 16, 31):
+        assert np.mean(bits_of(same_scale[:, lane]) != bits_of(same_scale[:, 0])) > 0.99, \
+            f"lane {lane} holds a partial sum"
 
-    def butterfly(v):
-        for m in (16, 8, 4, 2, 1):
-            v = (v + v[:, np.arange(32) ^ m]).astype(np.float32)
-        return v
 
-    out = butterfly(vals)
-    assert np.all(bits_of(out) == bits_of(out[:, :1])), "every lane holds the same bits"
+def test_a_rotation_of_a_warps_inputs_keeps_lane_0s_bits_but_not_the_rotated_writers():
+    # Why the shifted down roles survived at the chain's I = 704 (K16 = 44) under the xor
+    # butterfly: lanes 44..63 hold nothing, and the butterfly (masks 16, 8, 4, 2, 1) is
+    # invariant under a cyclic rotation of its 32 inputs. Lane 0 of the shift-down tree computes
+    # the same function, so it is invariant too; what the tree changes is the writer: roles
+    # shifted by one make physical lane 1 the writer, and lane 1 holds a partial sum.
+    rng = np.random.default_rng(3)
+    vals = rng.normal(size=(2000, 32)).astype(np.float32)
+    out = _xor_butterfly(vals)
     for r in (1, 5, 31):
-        assert np.array_equal(bits_of(butterfly(np.roll(vals, r, axis=1))[:, 0]), bits_of(out[:, 0]))
+        rolled = np.roll(vals, r, axis=1)
+        assert np.array_equal(bits_of(_xor_butterfly(rolled)[:, 0]), bits_of(out[:, 0]))
+        assert np.array_equal(bits_of(od.warp_tree_sum(rolled)[:, 0]), bits_of(out[:, 0]))
+    shifted_writer = od.warp_tree_sum(np.roll(vals, 1, axis=1))[:, 1]
+    assert np.mean(bits_of(shifted_writer) != bits_of(out[:, 0])) > 0.99
 
 
 def _topk_like_the_kernel(row, e, k, *, incl=False, init=-np.inf, slots=8, mod=32, div=32, masks=(16, 8, 4, 2, 1)):
