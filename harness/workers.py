@@ -134,6 +134,9 @@ class Worker:
         self.served = 0  # mutants served (a reused worker of a campaign)
         self.current_gate: str | None = None  # the gate a run_set announced last
         self.ended_because: str | None = None  # why a campaign's worker was not kept for the next mutant
+        self.start_s = float(hello.get("start_s") or 0.0)  # from its fork to its hello (context, CuPy)
+        self.set_seconds = 0.0  # the last run_set: from the send to its reply, in this process
+        self.set_phases: dict = {}  # the last run_set, as the worker timed it: protocol_s, reset_s
 
     def start(self, nodeid: str, nextid: str | None) -> None:
         """Send the gate; `wait` collects the verdict (a trap gate may be started ahead)."""
@@ -163,6 +166,8 @@ class Worker:
         self._send({"op": "run_set", "kernel_root": kernel_root, "gates": gates, "stop_on_kill": stop_on_kill,
                     "reuse": reuse, "announce": bool(gate_deadlines)})
         msg, timed_out, died, last = self._receive("done_set", deadline, gate_deadlines)
+        self.set_seconds = time.monotonic() - self._started
+        self.set_phases = {k: float((msg or {}).get(k) or 0.0) for k in ("protocol_s", "reset_s")}
         if msg is None or not msg.get("reusable"):
             self.kill()
             self.ended_because = ("it ran past its deadline" if timed_out else died if died
@@ -627,6 +632,7 @@ def _become_worker(session, token: int) -> None:
     code = 0
     try:
         _worker_token = token
+        began = time.monotonic()
         hello = {"role": "worker", "token": token, "pid": os.getpid(), "pgid": None}
         if os.environ.get("HARNESS_SANITIZER_LOG"):
             hello["pgid"] = os.getpgid(0)
@@ -636,6 +642,7 @@ def _become_worker(session, token: int) -> None:
             hello["device"] = _device_facts()
         except BaseException as exc:
             hello["error"] = f"{type(exc).__name__}: {exc}"
+        hello["start_s"] = round(time.monotonic() - began, 4)  # its context and CuPy's warm-up
         # Connect only once ready: a connection the pool accepts always has its hello waiting.
         ch = connect(_connect_path)
         ch.send(hello)
@@ -819,7 +826,9 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
             if any(o["poisoned"] for o in reply["outcomes"]):
                 why_not = "a gate left the CUDA context unusable"
             elif msg.get("reuse"):
+                began = time.monotonic()
                 why_not = reset_for_next_mutant(session)
+                reply["reset_s"] = round(time.monotonic() - began, 4)
             reply["reusable"] = why_not is None
             reply["why_not_reusable"] = why_not
             ch.send(reply)
@@ -890,6 +899,7 @@ def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) ->
     _settings.configure(kernel_root=msg["kernel_root"])
     gates = list(msg["gates"])
     outcomes = []
+    protocol = 0.0  # seconds inside pytest's run-test protocol (the gates' reports time less of it)
     for i, nodeid in enumerate(gates):
         item = items.get(nodeid)
         if item is None:
@@ -907,12 +917,14 @@ def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) ->
             session._setupstate.teardown_exact(item)
         except BaseException:
             pass
+        began = time.monotonic()
         session.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt)
+        protocol += time.monotonic() - began
         out = _outcome(item, sink.reports)
         outcomes.append(out)
         if out["poisoned"] or (msg.get("stop_on_kill") and out["outcome"] == "failed" and out["route"] == "assertion"):
             break
-    return {"op": "done_set", "outcomes": outcomes}
+    return {"op": "done_set", "outcomes": outcomes, "protocol_s": round(protocol, 4)}
 
 
 def reset_for_next_mutant(session) -> str | None:

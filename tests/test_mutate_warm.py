@@ -246,6 +246,15 @@ def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(su
     printed = " ".join(capsys.readouterr().out.split())
     assert status in (0, 1), printed
     assert "workers: " in printed and "re-check workers: " in printed, printed
+    # where the slots' time went: the fresh workers (each started ahead, on a spare) and the
+    # gate sets, with the share pytest and the gates took
+    import re as _re
+    timing = _re.search(r"worker time: (\d+) fresh worker\(s\): each started in ([\d.]+) s .*?(\d+) gate set\(s\) "
+                        r"ending clean \((\d+) gates\): ([\d.]+) s each, of it ([\d.]+) s in pytest's protocol",
+                        printed)
+    assert timing, printed
+    fresh, start, sets, gates, wall, protocol = (float(x) for x in timing.groups())
+    assert fresh >= 1 and start >= 0 and sets >= 1 and gates >= sets and 0 < protocol <= wall, timing.group(0)
     assert "re-run verdicts agreed (every survivor and a sample, each in a fresh worker no other mutant used)" \
         in printed, printed
     import re

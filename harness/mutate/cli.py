@@ -341,6 +341,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
             # the campaign's own workers, said before the re-check ends them and starts its own
             worker_lines = [f"workers: {ex.summary()}" for ex in (executors or {}).values()
                             if hasattr(ex, "summary") and not config.static]
+            worker_lines += [f"worker time: {ex.timing()}" for ex in (executors or {}).values()
+                             if hasattr(ex, "timing") and not config.static]
             if not config.static and args.executor == "warm" and (recheck_n or _survivors(campaign)):
                 from harness.mutate.campaign import recheck, recheck_jobs, slot_devices
                 from harness.mutate.execute import FreshProcessExecutor
@@ -358,6 +360,10 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
                     fresh = _fresh_worker_slots(config, cache, campaign, executors)
                 campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed)
     except KeyboardInterrupt:
+        for ex in (executors or {}).values():  # where the time went so far: a cut campaign says it too
+            if hasattr(ex, "timing") and not config.static:
+                err.print(f"workers: {ex.summary()}", markup=False)
+                err.print(f"worker time: {ex.timing()}", markup=False)
         err.print("[bold red]interrupted[/]: workers and children killed, sandboxes removed, the kernel root "
                   "untouched; continue with --resume")
         return ExitStatus.INTERRUPTED

@@ -86,6 +86,9 @@ class WarmExecutor:
     _closed: bool = field(default=False, repr=False)  # closed: no new worker or pool (an interrupted campaign)
     replaced: Counter = field(default_factory=Counter, repr=False)  # why workers were not kept: how often
     gpu_wait: str | None = field(default=None, repr=False)  # how the workers wait for the GPU, as they said
+    # where the slots' time went, summed over the campaign (timing()): fresh workers taken and
+    # what they cost, and each run_set's wall time against what its worker spent in the gates
+    times: Counter = field(default_factory=Counter, repr=False)
 
     def start(self) -> None:
         """Start the server and the spares; raises workers.PoolError with the reason."""
@@ -125,8 +128,13 @@ class WarmExecutor:
                 return worker
             try:
                 self.start()
+                asked = time.monotonic()
                 worker = self._pool.fresh_worker()
                 self.gpu_wait = self.gpu_wait or worker.device.get("gpu_wait")
+                with self._lock:
+                    self.times["fresh"] += 1
+                    self.times["fresh_start_s"] += getattr(worker, "start_s", 0.0)
+                    self.times["fresh_wait_s"] += time.monotonic() - asked
                 return worker
             except workers.PoolError as exc:
                 # A worker that cannot start (or no device at all) says nothing about the
@@ -145,6 +153,37 @@ class WarmExecutor:
             worker.kill()  # closed meanwhile
         with self._lock:
             self.replaced[worker.ended_because or "it ended"] += 1
+
+    def _count_set(self, worker, got: list, cut: bool) -> None:
+        kind = "cut" if cut else "poisoned" if any(o.get("poisoned") for o in got) else "clean"
+        with self._lock:
+            t = self.times
+            t[f"{kind}_sets"] += 1
+            t[f"{kind}_gates"] += len(got)
+            t[f"{kind}_wall_s"] += getattr(worker, "set_seconds", 0.0)
+            t[f"{kind}_reports_s"] += sum(float(o.get("duration") or 0.0) for o in got)
+            t[f"{kind}_protocol_s"] += getattr(worker, "set_phases", {}).get("protocol_s", 0.0)
+            t[f"{kind}_reset_s"] += getattr(worker, "set_phases", {}).get("reset_s", 0.0)
+
+    def timing(self) -> str:
+        """One line: where the slots' time went (fresh workers, and each kind of run_set:
+        its wall time, the gates' own report durations, pytest's protocol around them, the
+        reset after a reused worker's mutant). For finding a campaign's bottleneck."""
+        t = self.times
+        parts = []
+        if t["fresh"]:
+            parts.append(f"{t['fresh']} fresh worker(s): each started in {t['fresh_start_s'] / t['fresh']:.2f} s "
+                         f"(context and CuPy), the slot waited {t['fresh_wait_s'] / t['fresh']:.2f} s for it")
+        for kind, what in (("clean", "ending clean"), ("poisoned", "ending in a poisoned context"),
+                           ("cut", "cut by a deadline or a death")):
+            n = t[f"{kind}_sets"]
+            if not n:
+                continue
+            parts.append(f"{n} gate set(s) {what} ({t[f'{kind}_gates']} gates): {t[f'{kind}_wall_s'] / n:.2f} s "
+                         f"each, of it {t[f'{kind}_protocol_s'] / n:.2f} s in pytest's protocol, "
+                         f"{t[f'{kind}_reports_s'] / n:.2f} s in the gates' reports, "
+                         f"{t[f'{kind}_reset_s'] / n:.2f} s resetting")
+        return "; ".join(parts) or "no gate set ran"
 
     def summary(self) -> str:
         """One line: how many workers were replaced, and why (and how they waited for the GPU)."""
@@ -179,6 +218,7 @@ class WarmExecutor:
             waited += time.monotonic() - asked
             got, timed_out, died, last = worker.run_set(str(mutant_sandbox), remaining, left, self.stop_on_kill,
                                                         reuse=self.reuse, gate_deadlines=self.gate_deadlines)
+            self._count_set(worker, got, timed_out or bool(died))
             self._give_back(worker)
             if timed_out or died:
                 crashed = died
