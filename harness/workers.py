@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +136,7 @@ class Worker:
         self.current_gate: str | None = None  # the gate a run_set announced last
         self.ended_because: str | None = None  # why a campaign's worker was not kept for the next mutant
         self.start_s = float(hello.get("start_s") or 0.0)  # from its fork to its hello (context, CuPy)
+        self.start_phases = dict(hello.get("start_phases") or {})  # of start_s: context, cupy_kernels, pool, probe
         self.set_seconds = 0.0  # the last run_set: from the send to its reply, in this process
         self.set_phases: dict = {}  # the last run_set, as the worker timed it: protocol_s, reset_s
 
@@ -637,9 +639,11 @@ def _become_worker(session, token: int) -> None:
         if os.environ.get("HARNESS_SANITIZER_LOG"):
             hello["pgid"] = os.getpgid(0)
         try:
-            _prepare_device()
+            phases = _prepare_device()
             hello["probe"] = _probe_dict()
             hello["device"] = _device_facts()
+            phases["probe"] = round(time.monotonic() - began - sum(phases.values()), 4)
+            hello["start_phases"] = phases
         except BaseException as exc:
             hello["error"] = f"{type(exc).__name__}: {exc}"
         hello["start_s"] = round(time.monotonic() - began, 4)  # its context and CuPy's warm-up
@@ -709,29 +713,41 @@ def gpu_wait_mode(ordinal: int = 0) -> str | None:
     return {v: k for k, v in GPU_WAIT_FLAGS.items()}.get(int(flags) & 0x07)
 
 
-def _prepare_device() -> None:
+def _prepare_device() -> dict:
     """Make the context now, so the first gate does not pay for it. Under a sanitizer,
     switch CuPy's pools off: one pooled allocation would hide an out-of-bounds access.
     First, how the worker waits for the GPU (HARNESS_GPU_WAIT), which must precede the
-    context."""
+    context. Returns the seconds each step took (the worker's hello carries them)."""
+    phases = {}
+    began = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal began
+        now = time.monotonic()
+        phases[name] = round(now - began, 4)
+        began = now
+
     why_not = set_gpu_wait(os.environ.get(GPU_WAIT_ENV))
     if why_not:
         print(f"harness: the GPU wait mode was not set: {why_not}", file=sys.stderr)
     try:
         import cupy
     except Exception:
-        return
+        return phases
+    lap("wait_mode")
     if os.environ.get("HARNESS_SANITIZER_LOG"):
         cupy.cuda.set_allocator(None)
         cupy.cuda.set_pinned_memory_allocator(None)
     try:
         cupy.cuda.runtime.free(0)
+        lap("context")
         # CuPy loads each of its own kernels on first use: load the common ones now.
         a = cupy.zeros(256, dtype=cupy.float32)
         a.fill(1.0)
         b = cupy.arange(256, dtype=cupy.int32)
         (a + b).sum()
         cupy.asarray(a.get())
+        lap("cupy_kernels")
         if not os.environ.get("HARNESS_SANITIZER_LOG"):
             # One allocation now, handed back to CuPy's pool: later buffers are carved out of
             # it instead of each new size costing a cudaMalloc (a gate that sweeps 16 split
@@ -739,8 +755,10 @@ def _prepare_device() -> None:
             del a, b
             cupy.empty(POOL_RESERVE_MB << 20, dtype=cupy.uint8)  # freed at once: into the pool
         cupy.cuda.runtime.deviceSynchronize()
+        lap("pool")
     except Exception:
         pass
+    return phases
 
 
 def _device_facts() -> dict:
@@ -982,6 +1000,12 @@ def clear_project_caches(rootdir: Path) -> int:
         if name == "harness" or name.startswith("harness."):
             continue  # the harness's own caches (toolchain, compile settings, parsers) hold no kernel output
         for obj in list(vars(mod).values()):
+            # A module holds no cache of its own to clear here (its functions are visited as its
+            # own entry of sys.modules); and touching a lazily loaded one (importlib's
+            # LazyLoader, as CuPy loads cupyx) imports it: on the H200 that was cupyx, SciPy
+            # and 0.65 s of each fresh worker's first reset.
+            if isinstance(obj, types.ModuleType):
+                continue
             if callable(getattr(obj, "cache_clear", None)) and hasattr(obj, "cache_info") \
                     and not getattr(obj, "harness_host_cache", False):
                 obj.cache_clear()

@@ -134,6 +134,8 @@ class WarmExecutor:
                 with self._lock:
                     self.times["fresh"] += 1
                     self.times["fresh_start_s"] += getattr(worker, "start_s", 0.0)
+                    for phase, seconds in getattr(worker, "start_phases", {}).items():
+                        self.times[f"fresh_phase_{phase}"] += float(seconds)
                     self.times["fresh_wait_s"] += time.monotonic() - asked
                 return worker
             except workers.PoolError as exc:
@@ -172,8 +174,11 @@ class WarmExecutor:
         t = self.times
         parts = []
         if t["fresh"]:
+            phases = ", ".join(f"{k[len('fresh_phase_'):].replace('_', ' ')} {v / t['fresh']:.2f}"
+                               for k, v in t.items() if k.startswith("fresh_phase_"))
             parts.append(f"{t['fresh']} fresh worker(s): each started in {t['fresh_start_s'] / t['fresh']:.2f} s "
-                         f"(context and CuPy), the slot waited {t['fresh_wait_s'] / t['fresh']:.2f} s for it")
+                         f"({phases or 'context and CuPy'}), the slot waited {t['fresh_wait_s'] / t['fresh']:.2f} s "
+                         "for it")
         for kind, what in (("clean", "ending clean"), ("poisoned", "ending in a poisoned context"),
                            ("cut", "cut by a deadline or a death")):
             n = t[f"{kind}_sets"]
