@@ -60,8 +60,10 @@ def test_lm_head_winners_at_block_warp_and_vocabulary_edges_and_ties_across_redu
     # takes two steps). h and E position-dependent from {+-0.5, +-1, +-2}, rs in {1/2, 1, 2},
     # every token a different winner: V - 1, a warp's last row, a three-way tie across reduce
     # warps 1, 4 and 0 (second pass), a tie inside one reduce warp (upper half-warp lane holds
-    # the lower index), a tie inside one block. softcap 0: every logit is exact in f32 (products
-    # multiples of 1/4, |dot| <= 1056, rs powers of two), so index and value compare as bits.
+    # the lower index), a tie inside one block, a lone winner in lane 0 of reduce warp 1 (after
+    # the shift-down tree only lane 0 holds a warp's best: a wrong writer loses it). softcap 0:
+    # every logit is exact in f32 (products multiples of 1/4, |dot| <= 1056, rs powers of two),
+    # so index and value compare as bits.
     # Then V - 1 excluded: token 0's winner moves to a block's first row, 0.5 below.
     idx, val = lm_head_argmax(positional.logits)
     assert idx.tolist() == [min(rows) for rows in LM_POS_WINNERS], "the design's winners moved"

@@ -205,6 +205,8 @@ LM_POS_WINNERS = (
     (64 * 45 + 63, 64 * 130 + 8, 64 * 261),  # tie across reduce warps 1, 4 and 0 (pass 2): 2943 wins
     (64 * 20 + 56, 64 * 259 + 1),        # tie inside reduce warp 0: lane 20 (upper) beats lane 3 (pass 2)
     (64 * 100 + 8 * 2 + 5, 64 * 100 + 8 * 2 + 6, 64 * 100 + 8 * 6),  # tie inside one block: same warp, other warp
+    (64 * 32 + 17,),                     # block 32: reduce lane 0 of warp 1, alone (the lane whose best is
+                                         # the warp's after lm_head_warp_best's shift-down tree)
 )
 LM_POS_RUNNER_UP = 64 * 200  # token 0's best once V - 1 is excluded: the first row of block 200
 LM_POS_SOFTCAP = 2048.0  # logits stay below 1100: tanh keeps every order (see lm_head_positional_case)

@@ -173,6 +173,9 @@ def test_lm_head_positional_case_puts_each_winner_where_designed():
     # second pass of the reduce loop.
     partial_threads = [(r // 64) % 256 for rows in LM_POS_WINNERS for r in rows]
     assert any(t % 32 >= 16 for t in partial_threads) and any(t // 32 > 0 for t in partial_threads)
+    # and one token's only winner sits in a lane 0 other than warp 0's: after the shift-down tree
+    # only that lane holds the warp's best, so a wrong writer loses the winner
+    assert any(len(rows) == 1 and (rows[0] // 64) % 256 in range(32, 256, 32) for rows in LM_POS_WINNERS)
     assert any(r // 64 >= 256 for rows in LM_POS_WINNERS for r in rows)
 
 
