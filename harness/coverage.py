@@ -1,7 +1,8 @@
-"""Which kernel modules and source files each gate touches: a per-process registry.
+"""Which kernel modules, kernels and source files each gate touches: a per-process registry.
 
 The gate-running plugin calls `begin(nodeid)` before a gate; `harness.kernels.module()`
-calls `note_module(relpath)` and the file reads of `harness.source` call
+calls `note_module(relpath)`, each launch through `harness.kernels` calls
+`note_kernel("file.cu:name")`, and the file reads of `harness.source` call
 `note_source(path)`. A mutation campaign reads the result (per gate, as
 `modules_loaded` and `sources_read`, kernel-root-relative) to run only the gates that
 load a mutated module or read its source. Recording is a set insert: it costs nothing
@@ -20,6 +21,7 @@ class GateCoverage:
     nodeid: str | None
     modules: set[str] = field(default_factory=set)
     sources: set[str] = field(default_factory=set)
+    kernels: set[str] = field(default_factory=set)  # "file.cu:name" of every kernel it launched
 
 
 _current = GateCoverage(None)
@@ -50,6 +52,11 @@ def _relative(path: str | os.PathLike) -> str:
 def note_module(relpath: str | os.PathLike) -> None:
     """The current gate loaded the module compiled from `relpath`."""
     _current.modules.add(_relative(relpath))
+
+
+def note_kernel(name: str) -> None:
+    """The current gate launched kernel `name` ("file.cu:name", as harness.kernels names it)."""
+    _current.kernels.add(name)
 
 
 def note_source(path: str | os.PathLike) -> None:

@@ -71,6 +71,7 @@ class Launch:
             allow_dynamic_shared(self, int(shared))
             self.shared_allowed = int(shared)
         note_launch(self.name)
+        coverage.note_kernel(self.name)  # which gates run which kernel: a campaign's finer selection
         return self.function(grid, block, args, *rest, **kwargs)
 
     def __getattr__(self, attr):

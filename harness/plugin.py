@@ -586,9 +586,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when == "teardown":
         # What the gate loaded and read, in the process that ran it (a worker, for GPU gates).
         cov = coverage.current()
-        if cov.nodeid == item.nodeid and (cov.modules or cov.sources):
+        if cov.nodeid == item.nodeid and (cov.modules or cov.sources or cov.kernels):
             rep.user_properties.extend([("modules_loaded", " ".join(sorted(cov.modules))),
-                                        ("sources_read", " ".join(sorted(cov.sources)))])
+                                        ("sources_read", " ".join(sorted(cov.sources))),
+                                        ("kernels_launched", " ".join(sorted(cov.kernels)))])
     if "harness.kernels" in sys.modules:  # the options each module this gate loaded was compiled with
         used = sys.modules["harness.kernels"].take_used()
         if used:
@@ -633,7 +634,7 @@ class _Recorder:
             rec.gpu = props.get("gpu") == "true"
         rec.isolated = rec.isolated or props.get("isolated") == "true"
         rec.memory_safety = rec.memory_safety or props.get("memory_safety") == "true"
-        for key in ("modules_loaded", "sources_read"):
+        for key in ("modules_loaded", "sources_read", "kernels_launched"):
             if props.get(key):
                 getattr(rec, key).extend(x for x in props[key].split() if x not in getattr(rec, key))
         if props.get("compile_options"):

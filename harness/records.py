@@ -68,6 +68,7 @@ class GateRecord:
     memory_safety: bool = False  # written for a memory-safety property (trap gates, @pytest.mark.memory_safety)
     modules_loaded: list[str] = field(default_factory=list)  # kernel-root-relative modules the gate loaded
     sources_read: list[str] = field(default_factory=list)  # kernel-root-relative sources it read (structural)
+    kernels_launched: list[str] = field(default_factory=list)  # "file.cu:name" of each kernel it launched
 
     @property
     def red(self) -> bool:

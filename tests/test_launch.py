@@ -126,3 +126,24 @@ def test_guard_must_not_fire_turns_a_fault_into_an_assertion_naming_the_claim():
             raise ValueError("not a device error")
     with guard_must_not_fire("claim"):
         pass
+
+
+def test_each_launch_is_recorded_for_the_gate_that_made_it():
+    # gates.json's kernels_launched: harness.kernels' launch wrapper notes "file.cu:name" on the
+    # gate being recorded (harness.coverage), beside the watchdog's last-launch note
+    from harness import coverage
+    from harness.kernels import Launch
+
+    calls = []
+    coverage.reset()
+    try:
+        coverage.begin("gates/test_x.py::test_a")
+        Launch(lambda *a, **k: calls.append(a), "k.cu:first")((1,), (32,), ())
+        Launch(lambda *a, **k: calls.append(a), "k.cu:second")((1,), (32,), ())
+        coverage.begin("gates/test_x.py::test_b")
+        Launch(lambda *a, **k: calls.append(a), "k.cu:second")((2,), (64,), ())
+        got = {n: sorted(r.kernels) for n, r in coverage.recorded().items() if n}
+    finally:
+        coverage.reset()
+    assert len(calls) == 3, "every launch still reaches the kernel"
+    assert got == {"gates/test_x.py::test_a": ["k.cu:first", "k.cu:second"], "gates/test_x.py::test_b": ["k.cu:second"]}

@@ -34,16 +34,18 @@ def pytest_sessionfinish(session) -> None:
     folder = os.environ.get(ENV)
     if not folder:
         return
-    data = {nodeid: {"modules_loaded": sorted(rec.modules), "sources_read": sorted(rec.sources)}
+    data = {nodeid: {"modules_loaded": sorted(rec.modules), "sources_read": sorted(rec.sources),
+                     "kernels_launched": sorted(rec.kernels)}
             for nodeid, rec in coverage.recorded().items() if nodeid is not None}
     for nodeid in _collected:  # a gate that loaded and read nothing (or was skipped) is recorded too
-        data.setdefault(nodeid, {"modules_loaded": [], "sources_read": []})
+        data.setdefault(nodeid, {"modules_loaded": [], "sources_read": [], "kernels_launched": []})
     Path(folder).mkdir(parents=True, exist_ok=True)
     (Path(folder) / f"coverage-{os.getpid()}.json").write_text(json.dumps(data, indent=1))
 
 
 def read_folder(folder: Path) -> dict[str, dict[str, set[str]]]:
-    """Every process's file merged: {nodeid: {"modules_loaded": set, "sources_read": set}}."""
+    """Every process's file merged: {nodeid: {"modules_loaded": set, "sources_read": set}}, and
+    "kernels_launched" where a file recorded it."""
     out: dict[str, dict[str, set[str]]] = {}
     for path in sorted(Path(folder).glob("coverage-*.json")):
         try:
@@ -52,6 +54,8 @@ def read_folder(folder: Path) -> dict[str, dict[str, set[str]]]:
             continue
         for nodeid, rec in data.items():
             slot = out.setdefault(nodeid, {"modules_loaded": set(), "sources_read": set()})
-            for key in slot:
+            for key in ("modules_loaded", "sources_read"):
                 slot[key].update(rec.get(key, ()))
+            if "kernels_launched" in rec:  # absent from older files: not recorded, which is not "none"
+                slot.setdefault("kernels_launched", set()).update(rec["kernels_launched"])
     return out
