@@ -4,6 +4,7 @@ canonical forms, red by their own assertion, naming file:line, on every other fo
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -31,14 +32,16 @@ def run(tmp_path, text: str, name: str = "k.cu", files: dict | None = None) -> d
         (tmp_path / other).write_text(content)
     properties = {}
     out = {"properties": properties}
-    for label, check in (("mask", lambda: gate.test_warp_primitives_name_the_full_warp(
-                             tmp_path, name, lambda k, v: properties.__setitem__(k, v))),
+    request = SimpleNamespace(node=SimpleNamespace(user_properties=[]))
+    for label, check in (("mask", lambda: gate.test_warp_primitives_name_the_full_warp(tmp_path, name, request)),
                          ("butterfly", lambda: gate.test_butterflies_run_over_16_8_4_2_1(tmp_path, name))):
         try:
             check()
             out[label] = None
         except AssertionError as exc:
             out[label] = str(exc)
+        finally:
+            properties.update(request.node.user_properties)
     return out
 
 
