@@ -137,7 +137,10 @@ def session_processes(session: int, needle: bytes = b"") -> list[str]:
     return found
 
 
-def test_ctrl_c_during_the_screen_leaves_nothing_behind(suite):
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_a_kill_during_the_screen_leaves_nothing_behind(suite, signum):
+    # SIGINT: what a terminal's Ctrl-C sends the whole foreground group; SIGTERM: what a
+    # cancelled CI job or `kill` sends (Python's default would exit without the sweep)
     import signal
     import tempfile
     import time
@@ -157,7 +160,7 @@ def test_ctrl_c_during_the_screen_leaves_nothing_behind(suite):
     while not session_processes(proc.pid, b"spawn_main") and time.time() < deadline:
         time.sleep(0.05)  # until the screening workers exist: then the screen is under way
     assert session_processes(proc.pid, b"spawn_main"), "the screen started its workers"
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    os.killpg(proc.pid, getattr(signal, signum))  # to the whole group, the screening workers too
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == ExitStatus.INTERRUPTED, "".join(lines)
     assert tree_hash(root) == before
@@ -165,7 +168,10 @@ def test_ctrl_c_during_the_screen_leaves_nothing_behind(suite):
     from harness.mutate.generate import generate, select_files
 
     ids = {m.id for m in generate(root, select_files(root, []), tuple(OPERATORS))[0]}
-    left = [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*") if p.name.split("-")[2] in ids]
+    # this run's sandboxes: harness-mutant-<id>-<the campaign's pid>-<random> (another run,
+    # killed before this one, may have left its own)
+    left = [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*")
+            if p.name.split("-")[2] in ids and p.name.split("-")[3] == str(proc.pid)]
     assert left == [], "no sandbox outlives the run"
 
     deadline = time.time() + 10  # multiprocessing's resource tracker exits once its pipe closes

@@ -178,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             return ExitStatus.USAGE
     from harness.workers import DeviceLost
 
+    from harness.interrupt import sigterm_as_interrupt
+
     try:
-        with _Progress(err) as progress:
+        with sigterm_as_interrupt(), _Progress(err) as progress:  # a cancelled CI job: as Ctrl-C
             campaign = run_campaign(config, progress)
     except ControlSpecError as exc:
         err.print(escape(str(exc)))

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from harness import _settings
+from harness.interrupt import sigterm_as_interrupt
 
 
 class ExitStatus(enum.IntEnum):
@@ -277,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         return usage(f"--recheck {args.recheck!r} is not a whole number of mutants >= 0; pass e.g. --recheck 10")
     factory, executors = _executor_factory(config, args.executor)
     try:
-        return _run(config, args, recheck_n, factory, out, err, executors)
+        with sigterm_as_interrupt():  # a cancelled CI job ends the campaign as Ctrl-C does
+            return _run(config, args, recheck_n, factory, out, err, executors)
     finally:
         for ex in executors.values():
             ex.close()  # no server or worker outlives the campaign, interrupted or not
