@@ -510,3 +510,27 @@ def test_a_slot_waiting_for_a_fresh_worker_does_not_hold_up_the_others(tmp_path)
     waiting.join(10)
     assert [w.name for w in fresh] == ["fresh"], "the waiting slot got its fresh worker"
     assert ex.gpu_wait == "block" and ex.summary().endswith("(each waited for the GPU by block)")
+
+
+def test_a_batchs_wait_for_workers_does_not_cut_the_next_batch():
+    # run_mutant gives the siblings batch what is left of the deadline: the direct batch's
+    # wait for fresh workers (a warm executor's `waited`) is not the mutant's time
+    import time
+
+    from harness.mutate.execute import GateOutcome, GateRuns, run_mutant
+    from harness.mutate.verdicts import Verdict
+
+    class Waiting:
+        per_gate = False
+        calls = []
+
+        def run(self, sandbox, gates, deadline):
+            self.calls.append((tuple(gates), deadline))
+            time.sleep(0.6)  # all of it waiting for a worker
+            return GateRuns(tuple(GateOutcome(g, "passed") for g in gates), seconds=0.6, waited=0.6)
+
+    ex = Waiting()
+    j = run_mutant(ex, Path("."), [("g/direct",), ("g/sibling",)], 0.5, all_gates=False)
+    assert [c[0] for c in ex.calls] == [("g/direct",), ("g/sibling",)], "the siblings ran"
+    assert ex.calls[1][1] > 0.45, ex.calls
+    assert j.verdict is Verdict.SURVIVED, j.reason
