@@ -14,6 +14,7 @@ the mutants found there. The kernel root is only ever read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from contextlib import contextmanager
@@ -75,6 +76,7 @@ class MutateConfig:
     cache_dir: Path | None = None
     gates: tuple[str, ...] = ("gates",)  # what the baseline runs, relative to rootdir
     require_gpu: bool = True  # False only in the harness's own tests and --static
+    trap_gates: str = "all"  # "reached": skip trap gates whose kernels cannot run the mutated function
 
     def path(self, p) -> Path:
         p = Path(p)
@@ -403,6 +405,13 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
     if not sel.direct:
         return MutantResult(m, Verdict.NO_COVERAGE, "no gate loads its module or reads its source",
                             seconds=r.seconds, cubin_identical=r.cubin_identical)
+    skipped: set[str] = set()
+    if config.trap_gates == "reached":
+        reaching = _reaching(root).get(m.function)
+        if reaching:
+            skipped = coverage.unreached_trap_gates(sel.all, reaching)
+            sel = dataclasses.replace(sel, direct=tuple(g for g in sel.direct if g not in skipped),
+                                      siblings=tuple(g for g in sel.siblings if g not in skipped))
     per_gate = bool(getattr(executor, "gate_deadlines", None))
     with sandbox(root, f"mutant-{m.id}-{os.getpid()}") as copy:  # named as the screen's (screen.ScreenContext)
         _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
@@ -418,11 +427,22 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
     elif r.duplicate_of is not None and verdict is Verdict.SURVIVED:
         verdict = Verdict.DUPLICATE  # takes its twin's verdict (resolve_duplicates)
         reason = f"duplicate of {r.duplicate_of} (the {len(j.gates_run)} gate(s) reading its source passed)"
+    if skipped and verdict is Verdict.SURVIVED:
+        reason = (f"{reason}; {len(skipped)} trap gate(s) not run (--trap-gates reached): none of their kernels "
+                  f"runs {m.function}")
     return MutantResult(m, verdict, reason, killed_by=list(j.killed_by), gates_run=list(j.gates_run),
                         covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical,
                         duplicate_of=r.duplicate_of if verdict is Verdict.DUPLICATE else None,
                         memory_safety=j.memory_safety, gate_seconds=round(j.seconds, 4),
                         in_gates=round(j.in_gates, 4), worker_wait=round(j.waited, 4))
+
+
+@functools.lru_cache(maxsize=4)
+def _reaching(root: Path) -> dict[str, frozenset[str]]:
+    """{device function: the kernels that can run it}, read once per kernel root."""
+    from harness.mutate.callgraph import kernels_reaching
+
+    return kernels_reaching(root)
 
 
 def arm(executor, config: MutateConfig, coverage: Coverage | None) -> None:

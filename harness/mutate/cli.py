@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "for this one mutant and ended after it, up to --gpu-jobs at once; pytest: a whole new "
                         "pytest per mutant, a quarter as many at once as cores (slower: a start of its own "
                         "each, 15-30 s on the H200)")
+    p.add_argument("--trap-gates", choices=("all", "reached"), default="all",
+                   help="all (default): every selected trap gate runs; reached: skip a trap gate whose kernels "
+                        "(gates.json's kernels_launched) cannot run the function the mutant changed, by the "
+                        "sources' call graph (each trap gate costs a fresh worker)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: write mutation.json, mutation.html and the table again from DIR/mutants.jsonl "
                         "(a campaign cut short before its report, or copied back from a device)")
@@ -124,7 +128,7 @@ def config_from(args):
         gpu_jobs=_positive_int(args.gpu_jobs, "--gpu-jobs", "4"), deadline=_deadline(args.deadline),
         all_gates=args.all_gates, static=args.static, seed=seed, max_per_file=max_per_file, resume=args.resume,
         arch=args.arch, cache_dir=Path(cache_dir) if cache_dir else None, gates=tuple(args.gates or ("gates",)),
-        require_gpu=not args.no_require_gpu,
+        require_gpu=not args.no_require_gpu, trap_gates=args.trap_gates,
     )
 
 

@@ -40,6 +40,7 @@ class GateInfo:
     sources: frozenset[str] | None
     isolated: bool = False
     memory_safety: bool = False  # written for a memory-safety property: a fault in it is its verdict
+    kernels: frozenset[str] | None = None  # "file.cu:name" of each kernel it launched; None: not recorded
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,24 @@ class Coverage:
         siblings = {n for n, g in self.gates.items() if g.file in files and n not in direct}
         return Selection(self._order(direct), self._order(siblings))
 
+    def unreached_trap_gates(self, nodeids, reaching: frozenset[str]) -> set[str]:
+        """The trap gates among `nodeids` that cannot run code a mutant in a function reached
+        only by the kernels `reaching` changed: each launched kernels (recorded), none of them
+        one of those. Sound for trap gates alone: each ran in a fresh worker of its own in the
+        baseline, so every kernel its verdict rests on (fixtures, caches) was launched, and
+        recorded, during it. A gate that shares a process with others may take a kernel's
+        output from an earlier gate's fixture or cache without launching it."""
+        from harness.mutate.callgraph import kernel_base_name
+
+        out = set()
+        for n in nodeids:
+            g = self.gates.get(n)
+            if g is None or not g.isolated or not g.kernels:
+                continue
+            if not {kernel_base_name(k) for k in g.kernels} & reaching:
+                out.add(n)
+        return out
+
     def memory_safety_gates(self) -> frozenset[str]:
         """Gates written for a memory-safety property (a fault in them is their verdict)."""
         return frozenset(n for n, g in self.gates.items() if g.memory_safety)
@@ -139,12 +158,14 @@ class Coverage:
                 sources=field("sources_read"),
                 isolated=bool(rec.get("isolated")),
                 memory_safety=bool(rec.get("memory_safety")),  # the plugin marks trap gates so too
+                kernels=field("kernels_launched"),
             )
             previous = seen.get(nodeid)
             if previous is not None:  # setup/teardown lines: keep one, with the longest time
                 info = GateInfo(nodeid, info.file, info.kind, max(info.duration, previous.duration),
                                 _union(previous.modules, info.modules), _union(previous.sources, info.sources),
-                                info.isolated or previous.isolated, info.memory_safety or previous.memory_safety)
+                                info.isolated or previous.isolated, info.memory_safety or previous.memory_safety,
+                                _union(previous.kernels, info.kernels))
             seen[nodeid] = info
         return cls(list(seen.values()))
 
