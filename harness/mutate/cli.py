@@ -335,6 +335,15 @@ def _fresh_worker_slots(config, cache, campaign, executors: dict) -> list:
     return [executors[("recheck", device)] for device in devices]
 
 
+def _worker_lines(config, executors) -> list[str]:
+    """What the warm executors say of their workers: the `workers:` lines (replaced, and why),
+    then the `worker time:` lines (where the slots' time went)."""
+    if config.static:
+        return []
+    warm = [ex for ex in (executors or {}).values() if hasattr(ex, "timing")]
+    return [f"workers: {ex.summary()}" for ex in warm] + [f"worker time: {ex.timing()}" for ex in warm]
+
+
 def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
     from rich.markup import escape
 
@@ -345,10 +354,7 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
         with _Progress(err) as progress:
             campaign = run_campaign(config, progress, executor_factory=factory)
             # the campaign's own workers, said before the re-check ends them and starts its own
-            worker_lines = [f"workers: {ex.summary()}" for ex in (executors or {}).values()
-                            if hasattr(ex, "summary") and not config.static]
-            worker_lines += [f"worker time: {ex.timing()}" for ex in (executors or {}).values()
-                             if hasattr(ex, "timing") and not config.static]
+            worker_lines = _worker_lines(config, executors)
             if not config.static and args.executor == "warm" and (recheck_n or _survivors(campaign)):
                 from harness.mutate.campaign import recheck, recheck_jobs, slot_devices
                 from harness.mutate.execute import FreshProcessExecutor
@@ -366,10 +372,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
                     fresh = _fresh_worker_slots(config, cache, campaign, executors)
                 campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed)
     except KeyboardInterrupt:
-        for ex in (executors or {}).values():  # where the time went so far: a cut campaign says it too
-            if hasattr(ex, "timing") and not config.static:
-                err.print(f"workers: {ex.summary()}", markup=False)
-                err.print(f"worker time: {ex.timing()}", markup=False)
+        for line in _worker_lines(config, executors):  # where the time went so far: a cut campaign says it too
+            err.print(line, markup=False)
         err.print("[bold red]interrupted[/]: workers and children killed, sandboxes removed, the kernel root "
                   "untouched; continue with --resume")
         return ExitStatus.INTERRUPTED
