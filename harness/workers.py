@@ -36,6 +36,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from dataclasses import dataclass, field
@@ -44,6 +45,13 @@ from pathlib import Path
 WORKER_START_TIMEOUT = 120.0  # seconds for a server or worker to start and say hello
 SPARES = 4  # warm workers kept ahead of need (trap gates start on them early)
 POOL_RESERVE_MB = 512  # device memory each worker puts in CuPy's pool before its first gate
+# Killed workers still exiting (their CUDA context being torn down, a faulted one's after the
+# GPU's fault handling) before the pool forks another: the driver does that work, and a new
+# context's, one at a time per GPU. On the H200, a campaign that forked a worker for every
+# fault as fast as they came (a dozen slots) piled exits up until no new worker could say
+# hello within two minutes, and the campaign stopped as if the GPU were lost.
+MAX_EXITING = 3
+EXIT_HOLD_S = 30.0  # the longest the pool holds a fork back for them; then it forks anyway
 
 
 SERVE_MODULE = "harness._serve"  # python -m SERVE_MODULE {serve|worker|probe}: workers.entry
@@ -139,6 +147,7 @@ class Worker:
         self.start_phases = dict(hello.get("start_phases") or {})  # of start_s: context, cupy_kernels, pool, probe
         self.set_seconds = 0.0  # the last run_set: from the send to its reply, in this process
         self.set_phases: dict = {}  # the last run_set, as the worker timed it: protocol_s, reset_s
+        self.exits: Exits | None = None  # the pool's record of killed workers still exiting
 
     def start(self, nodeid: str, nextid: str | None) -> None:
         """Send the gate; `wait` collects the verdict (a trap gate may be started ahead)."""
@@ -228,7 +237,9 @@ class Worker:
             else:
                 os.kill(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            pass
+            return
+        if self.exits is not None:
+            self.exits.killed(self.pid)
 
     def quit(self) -> None:
         """Let the worker tear its fixtures down and exit; kill it if it does not."""
@@ -240,6 +251,76 @@ class Worker:
         except (OSError, Timeout, ChannelClosed):
             pass
         self.kill()
+
+
+class Exits:
+    """The pool's killed workers until their processes are gone (a forked worker is reaped
+    by the kernel: its /proc entry goes when its exit, context teardown included, is done),
+    and what waiting for them cost. Thread-safe."""
+
+    def __init__(self, limit: int = MAX_EXITING, hold_s: float = EXIT_HOLD_S):
+        self.limit, self.hold_s = limit, hold_s
+        self._lock = threading.Lock()
+        self._killed: dict[int, float] = {}  # pid -> when it was killed
+        self.exited = 0  # killed workers seen gone
+        self.exit_s = 0.0  # their time from the kill to gone (as first seen gone: an upper bound)
+        self.exit_max_s = 0.0
+        self.holds = 0  # forks held back
+        self.held_s = 0.0
+
+    def killed(self, pid: int) -> None:
+        with self._lock:
+            self._killed[pid] = time.monotonic()
+
+    def exiting(self) -> int:
+        """How many killed workers are still exiting (one killed longer ago than the hold is
+        no longer counted: a process stuck in the driver must not stop the pool for good)."""
+        now = time.monotonic()
+        with self._lock:
+            for pid, when in list(self._killed.items()):
+                gone = not _still_running(pid)
+                if gone or now - when > self.hold_s:
+                    del self._killed[pid]
+                    if gone:
+                        self.exited += 1
+                        self.exit_s += now - when
+                        self.exit_max_s = max(self.exit_max_s, now - when)
+            return len(self._killed)
+
+    def hold(self) -> None:
+        """Before a fork: wait while `limit` or more killed workers are still exiting, at
+        most `hold_s`."""
+        if self.exiting() < self.limit:
+            return
+        began = time.monotonic()
+        while self.exiting() >= self.limit and time.monotonic() - began < self.hold_s:
+            time.sleep(0.02)
+        with self._lock:
+            self.holds += 1
+            self.held_s += time.monotonic() - began
+
+    def summary(self) -> str:
+        """One clause for a campaign's `worker time:` line."""
+        self.exiting()
+        with self._lock:
+            if not self.exited and not self.holds:
+                return ""
+            mean = self.exit_s / self.exited if self.exited else 0.0
+            return (f"{self.exited} killed worker(s) took {mean:.2f} s to exit (at most {self.exit_max_s:.2f} s); "
+                    f"{self.holds} fork(s) held back {self.held_s:.1f} s in all while {self.limit} were still exiting")
+
+
+def _still_running(pid: int) -> bool:
+    """The process exists and is not a zombie (a zombie's exit, its files and its CUDA
+    context, is done; an exec'd worker stays one until the pool reaps it). Where /proc is
+    missing, never counted as running."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X")
 
 
 class DeviceLost(RuntimeError):
@@ -287,6 +368,7 @@ class Pool:
         self._token = 0
         self._procs: list[subprocess.Popen] = []  # exec'd workers
         self.started_workers = 0
+        self.exits = Exits()
 
     # ---------------------------------------------------------------- start-up
 
@@ -376,6 +458,7 @@ class Pool:
         if self.config.device_ordinal is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_device(self.config.device_ordinal)
         if self.config.sanitizer is None:
+            self.exits.hold()
             self._server().send({"op": "spawn", "token": token, "env": env})
         else:
             log = self.config.sanitizer_log_dir / f"sanitizer-w{token}.log"
@@ -392,6 +475,7 @@ class Pool:
         ch, hello = self._accept("worker", token)
         self._pending.discard(token)
         worker = Worker(ch, hello, self.config.name_prefix)
+        worker.exits = self.exits
         if hello.get("error"):
             worker.kill()
             raise PoolError(f"harness: a GPU gate worker could not start: {hello['error']}")

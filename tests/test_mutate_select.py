@@ -46,6 +46,17 @@ def test_direct_gates_fastest_first_trap_gates_last_then_their_files_other_gates
     assert "gates/test_b.py::b_link" not in sel.all
 
 
+def test_a_mutant_runs_its_trap_gates_after_every_other_gate_siblings_included(tmp_path):
+    cov = Coverage.from_report(write_report(tmp_path, GATES + [
+        gate("gates/test_s.py::trap_s", 0.001, [], [], isolated=True, kind="trap")]))
+    sel = cov.select("a.cu", ("a.cu",))
+    assert cov.batches(sel) == [
+        ("gates/test_s.py::structure_a", "gates/test_a.py::fast_anchor", "gates/test_a.py::slow_link"),
+        ("gates/test_a.py::refusal", "gates/test_s.py::structure_text"),
+        ("gates/test_a.py::trap", "gates/test_s.py::trap_s")]
+    assert sorted(g for b in cov.batches(sel) for g in b) == sorted(sel.all), "every gate, once"
+
+
 def test_an_isolated_gate_inherits_its_files_modules(tmp_path):
     cov = Coverage.from_report(write_report(tmp_path, GATES))
     assert cov.modules_of("gates/test_a.py::trap") == {"a.cu"}

@@ -461,11 +461,12 @@ def test_a_mutant_that_faults_gate_after_gate_stops_after_a_few_faults(suite):
     assert len(ran) == MAX_FAULTS and all(o.outcome == "failed" for o in ran), runs
     j = judge([runs])
     assert j.verdict.value == "killed-by-trap" and f"faulted in {MAX_FAULTS} gates (2 gate(s) not run)" in j.reason
-    # a gate written for memory safety still runs past the cap: its fault is a kill
+    # after its first fault, the mutant's memory-safety gates run next: a fault there is a
+    # kill, and the run stops at it
     ex.memory_safety = frozenset({launches[5]})
     runs = ex.run(_mutant(root, "faults-safe", KERNEL + "// FAULT\n"), launches, 60)
     by_gate = {o.nodeid: o.outcome for o in runs.outcomes}
-    assert [by_gate[g] for g in launches] == ["failed"] * MAX_FAULTS + ["not run", "failed"]
+    assert [by_gate[g] for g in launches] == ["failed"] + ["not run"] * 4 + ["failed"]
     assert judge([runs], frozenset({launches[5]})).memory_safety
     ex.stop_on_kill = False  # --all-gates: the whole matrix, every fault
     runs = ex.run(_mutant(root, "faults-all", KERNEL + "// FAULT\n"), launches, 60)
@@ -534,3 +535,24 @@ def test_a_batchs_wait_for_workers_does_not_cut_the_next_batch():
     assert [c[0] for c in ex.calls] == [("g/direct",), ("g/sibling",)], "the siblings ran"
     assert ex.calls[1][1] > 0.45, ex.calls
     assert j.verdict is Verdict.SURVIVED, j.reason
+
+
+def test_a_fault_in_a_memory_safety_gate_ends_the_mutants_run_as_a_kill_does():
+    # killed-by-trap in a gate written for memory safety counts as a kill (the score): the
+    # sibling batch does not run after it, as it would not after a kill by assertion
+    from harness.mutate.execute import GateOutcome, GateRuns, run_mutant
+
+    class Faulting:
+        per_gate = False
+        calls = []
+
+        def run(self, sandbox, gates, deadline):
+            self.calls.append(tuple(gates))
+            return GateRuns(tuple(GateOutcome(g, "failed", "trap", "cudaErrorIllegalAddress") for g in gates))
+
+    ex = Faulting()
+    j = run_mutant(ex, Path("."), [("g/safe",), ("g/sibling",)], 5, all_gates=False, memory_safety=frozenset({"g/safe"}))
+    assert ex.calls == [("g/safe",)] and j.memory_safety, (ex.calls, j)
+    ex.calls.clear()
+    j = run_mutant(ex, Path("."), [("g/other",), ("g/sibling",)], 5, all_gates=False, memory_safety=frozenset({"g/safe"}))
+    assert ex.calls == [("g/other",), ("g/sibling",)] and not j.memory_safety, "a plain fault does not stop the run"

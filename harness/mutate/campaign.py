@@ -416,7 +416,7 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
     with sandbox(root, f"mutant-{m.id}-{os.getpid()}") as copy:  # named as the screen's (screen.ScreenContext)
         _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
         deadline = mutant_deadline(config, coverage, sel, per_gate) + getattr(executor, "start_seconds", 0.0)
-        j = run_mutant(executor, copy, [sel.direct, sel.siblings], deadline, config.all_gates,
+        j = run_mutant(executor, copy, coverage.batches(sel), deadline, config.all_gates,
                        coverage.memory_safety_gates())
     verdict, reason = j.verdict, j.reason
     if r.cubin_identical and verdict is Verdict.SURVIVED:

@@ -160,7 +160,7 @@ def run_mutant(executor: Executor, sandbox: Path, batches: list[tuple[str, ...]]
             runs.append(GateRuns((), timed_out=True))
             break
         runs.append(executor.run(sandbox, batch, left))
-        verdict = judge(runs, memory_safety).verdict
-        if not all_gates and verdict in (Verdict.KILLED, Verdict.TIMEOUT):
+        j = judge(runs, memory_safety)
+        if not all_gates and (j.verdict in (Verdict.KILLED, Verdict.TIMEOUT) or j.memory_safety):
             break
     return judge(runs, memory_safety)

@@ -89,6 +89,7 @@ class WarmExecutor:
     # where the slots' time went, summed over the campaign (timing()): fresh workers taken and
     # what they cost, and each run_set's wall time against what its worker spent in the gates
     times: Counter = field(default_factory=Counter, repr=False)
+    _exits: workers.Exits | None = field(default=None, repr=False)  # the pool's killed workers (kept past close)
 
     def start(self) -> None:
         """Start the server and the spares; raises workers.PoolError with the reason."""
@@ -105,6 +106,7 @@ class WarmExecutor:
             raise workers.PoolError(f"no usable CUDA device for the campaign: {probe.get('error')}")
         pool.warm_up()
         self._pool = pool
+        self._exits = pool.exits
 
     def _reused(self) -> workers.Worker | None:
         """A reset worker that served earlier mutants, or None."""
@@ -188,6 +190,9 @@ class WarmExecutor:
                          f"each, of it {t[f'{kind}_protocol_s'] / n:.2f} s in pytest's protocol, "
                          f"{t[f'{kind}_reports_s'] / n:.2f} s in the gates' reports, "
                          f"{t[f'{kind}_reset_s'] / n:.2f} s resetting")
+        exits = self._exits.summary() if self._exits is not None else ""
+        if exits:
+            parts.append(exits)
         return "; ".join(parts) or "no gate set ran"
 
     def summary(self) -> str:
@@ -235,12 +240,22 @@ class WarmExecutor:
                 outcomes.append(GateOutcome(o["nodeid"], o["outcome"], o["route"], o["first_failure_line"],
                                             o.get("failure_message"), duration=float(o.get("duration") or 0.0)))
             done = {o["nodeid"] for o in got}
-            killed = any(o["outcome"] == "failed" and o["route"] == "assertion" for o in got)
+            faulted = [o["nodeid"] for o in got if o["poisoned"] and o["outcome"] in ("failed", "error")]
+            # a fault in a gate written for memory safety is a kill (the score): stop there too
+            killed = any(o["outcome"] == "failed" and o["route"] == "assertion" for o in got) or \
+                any(g in self.memory_safety for g in faulted)
             poisoned = any(o["poisoned"] for o in got)
-            faults += sum(1 for o in got if o["poisoned"] and o["outcome"] in ("failed", "error"))
+            faults += len(faulted)
             remaining = [g for g in remaining if g not in done]
             if not poisoned or (killed and self.stop_on_kill):
                 break
+            if faulted and self.stop_on_kill:
+                # The mutant faults: its memory-safety gates next, where a fault is a kill. Run in
+                # the gates' order, such a mutant faulted in four gates (a fresh worker and a trap
+                # surfacing each, the GPU's fault handling shared by every worker on it) before
+                # it reached one; the gates' own results stay what they are, only the order moves.
+                remaining = [g for g in remaining if g in self.memory_safety] + \
+                    [g for g in remaining if g not in self.memory_safety]
             if self.stop_on_kill and faults >= MAX_FAULTS and stopped is None:
                 # the memory-safety gates left still run: a fault there is a kill (the score)
                 kept = [g for g in remaining if g in self.memory_safety]

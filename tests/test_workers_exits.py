@@ -1,0 +1,75 @@
+"""The pool holds a fork back while killed workers are still exiting (harness.workers.Exits)."""
+
+import subprocess
+import sys
+import time
+
+from harness import workers
+
+
+def _sleeper(seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+
+
+def test_a_fork_waits_while_the_limit_of_killed_workers_are_still_exiting():
+    exits = workers.Exits(limit=1, hold_s=20.0)
+    p = _sleeper(0.8)  # stands for a killed worker whose exit (its context's teardown) is slow
+    try:
+        exits.killed(p.pid)
+        assert exits.exiting() == 1
+        began = time.monotonic()
+        exits.hold()
+        waited = time.monotonic() - began
+        assert 0.3 < waited < 10, waited
+        # gone once it exited, although nobody reaped it yet: a zombie counts as gone
+        assert exits.exiting() == 0 and exits.exited == 1 and exits.holds == 1
+        assert "1 killed worker(s) took" in exits.summary() and "1 fork(s) held back" in exits.summary()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_below_the_limit_a_fork_is_not_held():
+    exits = workers.Exits(limit=2, hold_s=20.0)
+    p = _sleeper(30)
+    try:
+        exits.killed(p.pid)
+        began = time.monotonic()
+        exits.hold()
+        assert time.monotonic() - began < 0.5 and exits.holds == 0 and exits.summary() == ""
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_process_stuck_in_its_exit_holds_a_fork_back_no_longer_than_the_cap():
+    exits = workers.Exits(limit=1, hold_s=0.5)
+    p = _sleeper(30)  # never exits in time: the pool must not stop for good
+    try:
+        exits.killed(p.pid)
+        began = time.monotonic()
+        exits.hold()
+        assert 0.4 < time.monotonic() - began < 5
+        assert exits.exiting() == 0, "dropped once past the cap"
+        assert exits.exited == 0, "not counted as an exit it never made"
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_killed_worker_is_recorded_by_its_pools_exits():
+    p = _sleeper(30)
+    try:
+        w = workers.Worker.__new__(workers.Worker)
+        w.alive, w.pid, w.pgid = True, p.pid, None
+        w.channel = workers.Channel.__new__(workers.Channel)
+        w.channel.sock = __import__("socket").socket()
+        w.exits = workers.Exits(limit=5)
+        w.kill()
+        p.wait(10)
+        assert w.exits.exited == 0 and w.exits._killed, "the kill is recorded"
+        assert w.exits.exiting() == 0 and w.exits.exited == 1
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
