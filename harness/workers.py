@@ -269,6 +269,7 @@ class Exits:
         self.held_s = 0.0
 
     def killed(self, pid: int) -> None:
+        self.exiting()  # (each look times the exits seen gone since the last one)
         with self._lock:
             self._killed[pid] = time.monotonic()
 
@@ -306,7 +307,8 @@ class Exits:
             if not self.exited and not self.holds:
                 return ""
             mean = self.exit_s / self.exited if self.exited else 0.0
-            return (f"{self.exited} killed worker(s) took {mean:.2f} s to exit (at most {self.exit_max_s:.2f} s); "
+            return (f"{self.exited} killed worker(s) were seen gone {mean:.2f} s after the kill (at most "
+                    f"{self.exit_max_s:.2f} s; looked at each kill and fork); "
                     f"{self.holds} fork(s) held back {self.held_s:.1f} s in all while {self.limit} were still exiting")
 
 

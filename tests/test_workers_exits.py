@@ -23,7 +23,7 @@ def test_a_fork_waits_while_the_limit_of_killed_workers_are_still_exiting():
         assert 0.3 < waited < 10, waited
         # gone once it exited, although nobody reaped it yet: a zombie counts as gone
         assert exits.exiting() == 0 and exits.exited == 1 and exits.holds == 1
-        assert "1 killed worker(s) took" in exits.summary() and "1 fork(s) held back" in exits.summary()
+        assert "1 killed worker(s) were seen gone" in exits.summary() and "1 fork(s) held back" in exits.summary()
     finally:
         p.kill()
         p.wait()

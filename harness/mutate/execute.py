@@ -149,7 +149,7 @@ def run_mutant(executor: Executor, sandbox: Path, batches: list[tuple[str, ...]]
     start = time.perf_counter()
     if executor.per_gate:
         batches = [(g,) for b in batches for g in b]
-    elif all_gates:
+    elif all_gates or getattr(executor, "one_call", False):
         batches = [tuple(g for b in batches for g in b)]
     runs: list[GateRuns] = []
     for batch in batches:

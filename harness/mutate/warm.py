@@ -76,6 +76,14 @@ class WarmExecutor:
     reuse: bool = True
     gate_deadlines: dict | None = None  # {nodeid: seconds}: each gate's own deadline (the campaign's auto)
     memory_safety: frozenset = frozenset()  # gates written for memory safety: run even past MAX_FAULTS
+    # gates that run last, each in a worker of its own (trap gates: they expect a trap): after
+    # a fault they are not moved first, and past MAX_FAULTS they do not run (a fault there is
+    # what they expect, not a kill)
+    trap_gates: frozenset = frozenset()
+    # run_mutant hands this executor all of a mutant's gates in one call, in order: it stops
+    # at the first kill itself, and counts faults across the direct gates, the siblings and
+    # the trap gates alike (a cap per batch let a faulting mutant fault four times in each)
+    one_call: bool = True
     _pool: workers.Pool | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # _idle, replaced, _closed
     # the pool (its start, a fresh worker): a slot waiting for a spare holds only this, so the
@@ -249,16 +257,20 @@ class WarmExecutor:
             remaining = [g for g in remaining if g not in done]
             if not poisoned or (killed and self.stop_on_kill):
                 break
+            # where a fault is a kill: a memory-safety gate that does not expect a trap itself
+            safe = [g for g in remaining if g in self.memory_safety and g not in self.trap_gates]
             if faulted and self.stop_on_kill:
-                # The mutant faults: its memory-safety gates next, where a fault is a kill. Run in
-                # the gates' order, such a mutant faulted in four gates (a fresh worker and a trap
-                # surfacing each, the GPU's fault handling shared by every worker on it) before
-                # it reached one; the gates' own results stay what they are, only the order moves.
-                remaining = [g for g in remaining if g in self.memory_safety] + \
-                    [g for g in remaining if g not in self.memory_safety]
+                # The mutant faults: those gates next. Run in the gates' order, such a mutant
+                # faulted in four gates (a fresh worker and a trap surfacing each, the GPU's
+                # fault handling shared by every worker on it) before it reached one; the gates'
+                # own results stay what they are, only the order moves.
+                remaining = safe + [g for g in remaining if g not in safe]
             if self.stop_on_kill and faults >= MAX_FAULTS and stopped is None:
-                # the memory-safety gates left still run: a fault there is a kill (the score)
-                kept = [g for g in remaining if g in self.memory_safety]
+                # those gates left still run: a fault there is a kill (the score). The trap gates
+                # do not: each costs a worker of its own, and a fault there is what it expects
+                # (on the H200, 11 QK-RoPE mutants that faulted ran 154 trap gates, a fifth of a
+                # campaign's slot time, and not one of them turned into a kill)
+                kept = safe
                 stopped = (f"stopped after it faulted in {faults} gates "
                            f"({len(remaining) - len(kept)} gate(s) not run)")
                 remaining = kept
