@@ -261,6 +261,79 @@ def flat_matches_closed_form_where_eps_matters(data: QkData) -> None:
         assert_bits_eq(f"{name} row {t}, past the last token (must keep its filler)", outs[name][t:], filler)
 
 
+# ------------------------------------------------------------------ memory safety (issue 11)
+
+BF16_NAN = 0x7FC0
+F32_NAN = 0x7FC00000
+PAGE_FENCE = 0xFFFFFFFF  # page id -1: a window entry read from before or past the window trips the page-id guard
+GUARD = buffers.GUARD  # filler elements before and after each output buffer: two 512-element head rows
+
+
+def fenced_inputs(data: QkData) -> QkData:
+    """The same designed inputs, each a view between NaN fences a whole buffer long
+    (`harness.buffers.fenced`): a read up to a buffer before or past an input (a head row, a
+    weight, a cos/sin row walked an element too far) puts a NaN into an output, and the gate
+    fails by assertion; a read further away faults, which is this gate's verdict too."""
+    nan = {"cos": F32_NAN, "sin": F32_NAN}
+    return replace(data, **{name: None if a is None else buffers.fenced(a, nan.get(name, BF16_NAN))
+                            for name, a in data.host.items()})
+
+
+def guarded(shape, inside_bits: int):
+    """A bf16 output of `shape` holding `inside_bits` between FILLER guards
+    (`harness.buffers.guarded`): (the view, the whole allocation)."""
+    return buffers.guarded(shape, bf16, FILLER, inside_bits=inside_bits)
+
+
+def assert_guards_untouched(label: str, whole) -> None:
+    buffers.assert_guards_untouched(label, whole, FILLER)
+
+
+def flat_reads_and_writes_nothing_outside_its_buffers(data: QkData) -> None:
+    """The flat anchor with every input between NaN fences and every output between FILLER
+    guards: the closed form's bits inside, the guards untouched."""
+    f = fenced_inputs(data)
+    t = data.num_tokens
+    outs = {name: guarded((t, heads, data.head_dim), FILLER)
+            for name, heads in (("q_out", NQ), ("k_out", NKV), ("v_out", NKV))}
+    launcher.run_flat(f.q, f.k, f.v, f.q_w, f.k_w, f.cos, f.sin, ANCHOR_POSITIONS,
+                      *(view for view, _ in outs.values()), rotary_dim=data.rotary_dim, eps=data.eps)
+    h = data.host
+    pos = np.asarray(ANCHOR_POSITIONS)
+    expected = {
+        "q_out": design.closed_form(h["q"], h["q_w"], pos, h["cos"], h["sin"], data.rotary_dim),
+        "k_out": design.closed_form(h["k"], h["k_w"], pos, h["cos"], h["sin"], data.rotary_dim),
+        "v_out": design.closed_form_weightless(h["v"] if h["v"] is not None else h["k"]),
+    }
+    for name, (view, whole) in outs.items():
+        assert_bits_eq(f"{name} (flat, inputs between NaN fences, vs closed form)", host(view), expected[name])
+        assert_guards_untouched(f"{name} (flat)", whole)
+
+
+def prefill_reads_and_writes_nothing_outside_its_buffers(data: QkData, scenario=SCENARIO) -> None:
+    """The prefill link with every input and the window between fences (NaN; page id -1,
+    which the page-id guard refuses) and q_out and the pool between FILLER guards: the flat
+    arm's values at the layout's addresses, zero elsewhere in the pool, the guards untouched."""
+    layout = layout_for(data, scenario)
+    flat_q, flat_k, flat_v = (host(a) for a in flat_arm(data, scenario.positions))
+    pages = [layout.page_of(int(p), scenario.window, scenario.page_origin) for p in scenario.positions]
+    image = layout.image(scenario.layer, pages, scenario.positions, flat_k, flat_v)
+    f = fenced_inputs(data)
+    q_out, q_whole = guarded((data.num_tokens, NQ, data.head_dim), FILLER)
+    pool, pool_whole = guarded((layout.num_pages * layout.page_stride,), 0)
+    window = buffers.fenced(np.asarray(scenario.window, dtype=np.int32), PAGE_FENCE)
+    launcher.run_paged_prefill(
+        f.q, f.k, f.v, f.q_w, f.k_w, f.cos, f.sin, q_out, pool,
+        page_size=scenario.page_size, num_layers=scenario.num_layers, layer=scenario.layer,
+        start_pos=scenario.start_pos, page_indices=window, page_origin=scenario.page_origin,
+        rotary_dim=data.rotary_dim, eps=data.eps)
+    assert_bits_eq("q_out (paged prefill, inputs between fences, vs flat)", host(q_out), flat_q)
+    assert_guards_untouched("q_out (paged prefill)", q_whole)
+    assert_bits_eq("pool (paged prefill, inputs between fences: flat values at layout addresses, zero elsewhere)",
+                   host(pool), image)
+    assert_guards_untouched("pool (paged prefill)", pool_whole)
+
+
 # ------------------------------------------------------------------ links
 
 

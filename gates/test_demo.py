@@ -110,6 +110,7 @@ def _check_guards(label, whole, n, sentinel):
 
 @pytest.mark.gpu
 @pytest.mark.anchor
+@pytest.mark.memory_safety  # the guard zones around the output: a write outside it faulting is this gate's verdict
 @pytest.mark.parametrize("vectorised", [False, True], ids=["scalar", "vec"])
 @pytest.mark.parametrize("n", SIZES)
 def test_scale_writes_every_element_once_and_nothing_around_it(n, vectorised):

@@ -124,3 +124,23 @@ def test_device_guard_fires_on_a_negative_csr_begin():
 def test_device_guard_fires_on_a_negative_page_size():
     # The launcher refuses page_size <= 0, so this launches past its checks (docs/qk_rope.md).
     qk.launch_with_negative_page_size(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.memory_safety
+def test_flat_arm_reads_and_writes_nothing_outside_its_buffers():
+    # Issue 11: the flat anchor (rotary_dim 128: rope-lo, rope-hi and the tail) with
+    # every input between NaN fences and every output between filler guards. A read or a
+    # store a little outside shows by assertion; one further away faults, and a fault here
+    # is this gate's verdict too (docs/mutation.md, Verdicts).
+    qk.flat_reads_and_writes_nothing_outside_its_buffers(qk.device_data(HEAD_DIM, 128))
+
+
+@pytest.mark.gpu
+@pytest.mark.link
+@pytest.mark.memory_safety
+def test_paged_prefill_reads_and_writes_nothing_outside_its_buffers():
+    # Issue 11: the prefill link with fenced inputs, a fenced window (page id -1 past both
+    # ends, which the page-id guard refuses), and q_out and the pool between filler guards.
+    qk.prefill_reads_and_writes_nothing_outside_its_buffers(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))

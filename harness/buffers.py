@@ -68,6 +68,32 @@ def fenced(a, fill_bits: int, *, min_pad: int = 256):
     return dev[pad:pad + n].reshape(a.shape).view(a.dtype)
 
 
+GUARD = 1024  # elements of a guarded buffer's guard on each side (`guarded`)
+
+
+def guarded(shape, dtype, guard_bits: int, *, inside_bits: int | None = None, guard: int = GUARD):
+    """An output buffer for a memory-safety gate: a device array of `shape` and `dtype`, a
+    view into the middle of an allocation `guard` elements longer on each side. The guards
+    hold `guard_bits` (a sentinel), the view `inside_bits` (default: the same). A store a
+    little before or past the output lands in a guard, which `assert_guards_untouched`
+    names by assertion. Returns (the view, the whole allocation as unsigned ints of the
+    dtype's size)."""
+    dtype = np.dtype(dtype)
+    u = _UINT_OF_SIZE[dtype.itemsize]
+    n = int(np.prod(shape))
+    bits = np.full(n + 2 * guard, guard_bits, dtype=u)
+    if inside_bits is not None:
+        bits[guard:guard + n] = inside_bits
+    whole = to_device(bits)
+    return whole[guard:guard + n].view(dtype).reshape(shape), whole
+
+
+def assert_guards_untouched(label: str, whole, guard_bits: int, *, guard: int = GUARD) -> None:
+    """Both guards of a `guarded` buffer still hold their sentinel."""
+    assert_untouched(f"{label}: the {guard} elements before it", whole[:guard], guard_bits)
+    assert_untouched(f"{label}: the {guard} elements past it", whole[-guard:], guard_bits)
+
+
 def nan_filled(shape, dtype):
     """Quiet NaN in every element (bf16 0x7fc0, f32 0x7fc00000, f16 0x7e00)."""
     dtype = np.dtype(dtype)

@@ -83,6 +83,21 @@ def test_fenced_puts_the_array_between_fences_a_whole_buffer_long(fake_cupy):
     assert h.dtype == bf16 and (bits_of(h.get()) == bits_of(np.array([1.0, -2.0], bf16))).all()
 
 
+def test_guarded_puts_the_output_between_sentinel_guards_that_name_a_stray_store(fake_cupy):
+    view, whole = buffers.guarded((3, 4), bf16, buffers.BF16_SENTINEL, inside_bits=0, guard=16)
+    assert view.dtype == bf16 and view.shape == (3, 4) and not bits_of(view.get()).any()
+    assert whole.shape == (12 + 2 * 16,) and whole.dtype == np.uint16
+    buffers.assert_guards_untouched("out", whole, buffers.BF16_SENTINEL, guard=16)
+    whole._host[16 + 12] = 0x3F80  # a store one element past the output
+    with pytest.raises(BitsMismatch, match=r"out: the 16 elements past it.*sentinel region was written"):
+        buffers.assert_guards_untouched("out", whole, buffers.BF16_SENTINEL, guard=16)
+    f, fw = buffers.guarded((5,), np.float32, 0x7FC00001)  # the inside holds the guards' bits by default
+    assert (f.get().view(np.uint32) == 0x7FC00001).all() and fw.shape == (5 + 2 * buffers.GUARD,)
+    fw._host[buffers.GUARD - 1] = 0
+    with pytest.raises(BitsMismatch, match="the 1024 elements before it"):
+        buffers.assert_guards_untouched("f", fw, 0x7FC00001)
+
+
 def test_nan_filled_uses_the_dtypes_quiet_nan_and_refuses_dtypes_without_one(fake_cupy):
     assert (bits_of(buffers.nan_filled((3,), bf16).get()) == 0x7FC0).all()
     assert (buffers.nan_filled((3,), np.float16).get().view(np.uint16) == 0x7E00).all()

@@ -1,0 +1,122 @@
+"""Host-only checks of the QK-RoPE memory-safety gates' plumbing (no GPU): the fenced inputs
+hold the designed values between fences, the guarded outputs sit between untouched guards,
+a kernel that computes the right values passes, and one that stores an element past an
+output, or reads a fence, fails by assertion. The device stands in for numpy here: the
+buffers module's device copies become host arrays and the launcher's kernels are replaced
+by a host emulation that writes through the same views the gate hands them."""
+
+import numpy as np
+import pytest
+
+from gates import _qk_rope as qk
+from harness import buffers
+from harness.bits import BitsMismatch
+from harness.dtypes import bf16, bits_of
+from oracles import qk_rope as design
+
+
+def _host_fenced(a, fill_bits, *, min_pad=256):
+    a = np.ascontiguousarray(a)
+    u = np.dtype(f"uint{8 * a.dtype.itemsize}")
+    pad = max(a.size, min_pad)
+    whole = np.concatenate([np.full(pad, fill_bits, u), a.reshape(-1).view(u), np.full(pad, fill_bits, u)])
+    return whole[pad:pad + a.size].view(a.dtype).reshape(a.shape)
+
+
+def _whole(view):
+    """(the 1-D allocation a host view lies in, as unsigned ints; where the view starts)."""
+    flat = view.reshape(-1)
+    base = flat
+    while getattr(base, "base", None) is not None:
+        base = base.base
+    start = (flat.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // flat.itemsize
+    return base.view(np.dtype(f"uint{8 * flat.itemsize}")), start
+
+
+def _below(view) -> int:
+    """The raw bits of the element just before a view."""
+    whole, start = _whole(view)
+    return int(whole[start - 1])
+
+
+@pytest.fixture
+def host_device(monkeypatch):
+    monkeypatch.setattr(buffers, "fenced", _host_fenced)
+    monkeypatch.setattr(buffers, "to_device", lambda a, bits=False: np.array(a))
+    return qk.host_data(256, 128)
+
+
+def _emulate_flat(mode="right"):
+    def run_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out, *, rotary_dim, eps, row_offset=0):
+        pos = np.asarray(positions)
+        q_out[...] = design.closed_form(q, q_w, pos, cos, sin, rotary_dim)
+        if mode == "reads the fence":
+            # element -1 of q read for element 0: the fence's NaN, then every element of the
+            # row through its norm, as the kernel would
+            q_out.view(np.uint16)[0, 0, :] = _below(q)
+        k_out[...] = design.closed_form(k, k_w, pos, cos, sin, rotary_dim)
+        v_out[...] = design.closed_form_weightless(v if v is not None else k)
+        if mode == "stores one past":
+            whole, start = _whole(k_out)
+            whole[start + k_out.size] = whole[start + k_out.size - 1]
+    return run_flat
+
+
+def test_the_fenced_inputs_hold_the_design_between_nan_fences(host_device):
+    f = qk.fenced_inputs(host_device)
+    for name, a in host_device.host.items():
+        if a is None:
+            assert getattr(f, name) is None
+            continue
+        got = getattr(f, name)
+        assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(bits_of(got), bits_of(a))
+        nan = qk.F32_NAN if name in ("cos", "sin") else qk.BF16_NAN
+        assert _below(got) == nan, name
+
+
+def test_the_guarded_buffer_sits_between_filler_guards(host_device):
+    view, whole = qk.guarded((3, 2, 4), 0)
+    assert view.dtype == bf16 and view.shape == (3, 2, 4) and not bits_of(view).any()
+    assert whole.size == 24 + 2 * qk.GUARD
+    qk.assert_guards_untouched("buffer", whole)
+
+
+def test_the_flat_gate_passes_a_right_kernel_and_names_a_store_past_an_output(host_device, monkeypatch):
+    monkeypatch.setattr(qk.launcher, "run_flat", _emulate_flat())
+    qk.flat_reads_and_writes_nothing_outside_its_buffers(host_device)
+    monkeypatch.setattr(qk.launcher, "run_flat", _emulate_flat("stores one past"))
+    with pytest.raises(BitsMismatch, match=r"k_out \(flat\): the 1024 elements past it.*sentinel region was written"):
+        qk.flat_reads_and_writes_nothing_outside_its_buffers(host_device)
+
+
+def test_the_flat_gate_names_a_read_of_the_fence_before_an_input(host_device, monkeypatch):
+    monkeypatch.setattr(qk.launcher, "run_flat", _emulate_flat("reads the fence"))
+    with pytest.raises(BitsMismatch, match=r"q_out \(flat, inputs between NaN fences, vs closed form\)"):
+        qk.flat_reads_and_writes_nothing_outside_its_buffers(host_device)
+
+
+def test_the_prefill_gate_passes_the_layout_and_names_a_store_before_the_pool(host_device, monkeypatch):
+    data = host_device
+    scenario = qk.SCENARIO
+    layout = qk.layout_for(data, scenario)
+    monkeypatch.setattr(qk.launcher, "run_flat", _emulate_flat())
+    flat_q, flat_k, flat_v = qk.flat_arm(data, scenario.positions)
+    pages = [layout.page_of(int(p), scenario.window, scenario.page_origin) for p in scenario.positions]
+    image = layout.image(scenario.layer, pages, scenario.positions, flat_k, flat_v)
+    seen = {}
+
+    def run_paged_prefill(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_indices, stray=False, **kw):
+        seen["window"] = page_indices
+        q_out[...] = flat_q
+        pool[...] = image
+        if seen.get("stray"):
+            whole, start = _whole(pool)
+            whole[start - 1] = 0
+
+    monkeypatch.setattr(qk.launcher, "run_paged_prefill", run_paged_prefill)
+    qk.prefill_reads_and_writes_nothing_outside_its_buffers(data)
+    window = seen["window"]
+    assert window.tolist() == list(scenario.window) and _below(window) == qk.PAGE_FENCE, "fenced by page id -1"
+    seen["stray"] = True
+    with pytest.raises(BitsMismatch, match=r"pool \(paged prefill\): the 1024 elements before it"):
+        qk.prefill_reads_and_writes_nothing_outside_its_buffers(data)
