@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness import buffers
 from harness.buffers import assert_untouched, filled
 from harness.caching import host_cache
 from harness.dtypes import bf16
@@ -147,6 +148,50 @@ def run_final(dense, opair, wts, mid, w_d, w_m, *, layer_scalar: float, eps: flo
     moe.run_final(out, put(dense), put(opair), put(wts), put(mid), put(w_d), put(w_m),
                   layer_scalar=layer_scalar, eps=eps, k=k)
     return out
+
+
+# ------------------------------------------------------------------ memory safety (issue 11)
+
+NAN_BITS = {2: 0x7FC0, 4: 0x7FC00000}  # bf16, f32: the fences around an input
+SENTINEL_OF = {1: BYTE_SENTINEL, 2: BF16_SENTINEL, 4: F32_SENTINEL}  # the guards around an output
+
+
+def fence(a):
+    """A host bf16 or f32 input on the device between NaN fences a whole buffer long
+    (`harness.buffers.fenced`): a read a little before or past it gives a NaN."""
+    a = np.ascontiguousarray(a)
+    return buffers.fenced(a, NAN_BITS[a.dtype.itemsize])
+
+
+def guarded(shape, dtype):
+    """An output holding its dtype's sentinel between sentinel guards
+    (`harness.buffers.guarded`): (the view, the whole allocation)."""
+    return buffers.guarded(shape, dtype, SENTINEL_OF[np.dtype(dtype).itemsize])
+
+
+def assert_guards_untouched(label: str, whole) -> None:
+    buffers.assert_guards_untouched(label, whole, SENTINEL_OF[whole.dtype.itemsize])
+
+
+def run_post_attn_fenced(x, o, w_pa, w_router, *, act_g: float, eps: float):
+    """run_post_attn with every input fenced and every output guarded: (PostAttnOut, {name:
+    the output's whole allocation})."""
+    t, h = x.shape
+    made = {name: guarded(shape, dtype) for name, shape, dtype in (
+        ("mid", (t, h), bf16), ("rr", (t, h), bf16), ("fq", (t, h), np.uint8), ("fs", (t,), np.float32),
+        ("gq", (t, h // 2), np.uint8), ("gsc", (t, h // od.GROUP), np.uint8))}
+    out = PostAttnOut(**{name: view for name, (view, _) in made.items()})
+    moe.run_post_attn(out.mid, out.rr, out.fq, out.fs, out.gq, out.gsc, fence(x), fence(o), fence(w_pa),
+                      fence(w_router), act_g=act_g, eps=eps)
+    return out, {name: whole for name, (_, whole) in made.items()}
+
+
+def run_final_fenced(dense, opair, wts, mid, w_d, w_m, *, layer_scalar: float, eps: float, k: int):
+    """run_final with every input fenced and the output guarded: (out, its whole allocation)."""
+    out, whole = guarded(mid.shape, bf16)
+    moe.run_final(out, fence(dense), fence(opair), fence(wts), fence(mid), fence(w_d), fence(w_m),
+                  layer_scalar=layer_scalar, eps=eps, k=k)
+    return out, whole
 
 
 def run_glu_reference(gu_rows, *, act_h: float):

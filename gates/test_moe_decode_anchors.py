@@ -150,6 +150,50 @@ def test_final_matches_host_on_designed_slots(shape_id):
 
 @pytest.mark.gpu
 @pytest.mark.anchor
+@pytest.mark.memory_safety
+@shapes
+def test_post_attn_reads_and_writes_nothing_outside_its_buffers(shape_id):
+    # Issue 11: the designed post_attn anchor with x, o and both weights between NaN fences
+    # and all six outputs between sentinel guards. A read a little outside an input puts a
+    # NaN into mid and everything after it, a store outside an output lands in a guard, both
+    # by assertion; a read or store further away (a block reduction's slot from lane -1, a
+    # token's row from block -1) faults, and a fault here is this gate's verdict
+    # (docs/mutation.md, Verdicts). Not yet run on the device.
+    s = g.SHAPES[shape_id]
+    case = od.post_attn_designed(s.t, s.h, seed=s.h)
+    out, wholes = g.run_post_attn_fenced(case.x, case.o, case.w_pa, case.w_router, act_g=case.act_g, eps=case.eps)
+    assert_bits_eq("post_attn mid (inputs between NaN fences)", g.host(out.mid), case.mid)
+    assert_bits_eq("post_attn rr (inputs between NaN fences)", g.host(out.rr), case.rr)
+    assert_bits_eq("post_attn gsc (inputs between NaN fences)", g.host(out.gsc), case.gsc)
+    assert_bits_eq("post_attn gq (inputs between NaN fences)", g.host(out.gq), case.gq)
+    assert_bits_eq("post_attn fq (inputs between NaN fences)", g.host(out.fq), case.fq)
+    assert_close("post_attn fs (inputs between NaN fences)", g.host(out.fs), case.fs, atol=0.0, rtol=od.FS_RTOL)
+    for name, whole in wholes.items():
+        g.assert_guards_untouched(f"post_attn {name}", whole)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.memory_safety
+@shapes
+def test_final_reads_and_writes_nothing_outside_its_buffers(shape_id):
+    # Issue 11: the designed final anchor with every input between NaN fences (the slots
+    # past K are NaN already) and out between sentinel guards; as above. Not yet run on the
+    # device.
+    s = g.SHAPES[shape_id]
+    case = od.final_designed(s.t, s.h, s.k, seed=s.h + s.k)
+    opair = np.full((s.t, s.kcap, s.h), np.nan, dtype=np.float32)
+    opair[:, :s.k] = case.opair.astype(np.float32)
+    wts = np.full((s.t, s.kcap), np.nan, np.float32)
+    wts[:, :s.k] = case.wts
+    out, whole = g.run_final_fenced(case.dense, to_bf16(opair), wts, case.mid, case.w_d, case.w_m,
+                                    layer_scalar=case.layer_scalar, eps=case.eps, k=s.k)
+    assert_bits_eq("final out (inputs between NaN fences)", g.host(out), case.out)
+    g.assert_guards_untouched("final out", whole)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
 @shapes
 def test_zero_expert_weights_and_zero_dense_return_mid_times_layer_scalar(shape_id):
     # The seed's case, on non-constant inputs: every expert output is exactly 0, so both norms

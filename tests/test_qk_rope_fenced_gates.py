@@ -9,40 +9,16 @@ import numpy as np
 import pytest
 
 from gates import _qk_rope as qk
-from harness import buffers
 from harness.bits import BitsMismatch
 from harness.dtypes import bf16, bits_of
 from oracles import qk_rope as design
-
-
-def _host_fenced(a, fill_bits, *, min_pad=256):
-    a = np.ascontiguousarray(a)
-    u = np.dtype(f"uint{8 * a.dtype.itemsize}")
-    pad = max(a.size, min_pad)
-    whole = np.concatenate([np.full(pad, fill_bits, u), a.reshape(-1).view(u), np.full(pad, fill_bits, u)])
-    return whole[pad:pad + a.size].view(a.dtype).reshape(a.shape)
-
-
-def _whole(view):
-    """(the 1-D allocation a host view lies in, as unsigned ints; where the view starts)."""
-    flat = view.reshape(-1)
-    base = flat
-    while getattr(base, "base", None) is not None:
-        base = base.base
-    start = (flat.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // flat.itemsize
-    return base.view(np.dtype(f"uint{8 * flat.itemsize}")), start
-
-
-def _below(view) -> int:
-    """The raw bits of the element just before a view."""
-    whole, start = _whole(view)
-    return int(whole[start - 1])
+from tests.host_device import below as _below
+from tests.host_device import host_buffers  # noqa: F401 (a fixture)
+from tests.host_device import store_before, store_past
 
 
 @pytest.fixture
-def host_device(monkeypatch):
-    monkeypatch.setattr(buffers, "fenced", _host_fenced)
-    monkeypatch.setattr(buffers, "to_device", lambda a, bits=False: np.array(a))
+def host_device(host_buffers):
     return qk.host_data(256, 128)
 
 
@@ -57,8 +33,7 @@ def _emulate_flat(mode="right"):
         k_out[...] = design.closed_form(k, k_w, pos, cos, sin, rotary_dim)
         v_out[...] = design.closed_form_weightless(v if v is not None else k)
         if mode == "stores one past":
-            whole, start = _whole(k_out)
-            whole[start + k_out.size] = whole[start + k_out.size - 1]
+            store_past(k_out)
     return run_flat
 
 
@@ -110,8 +85,7 @@ def test_the_prefill_gate_passes_the_layout_and_names_a_store_before_the_pool(ho
         q_out[...] = flat_q
         pool[...] = image
         if seen.get("stray"):
-            whole, start = _whole(pool)
-            whole[start - 1] = 0
+            store_before(pool)
 
     monkeypatch.setattr(qk.launcher, "run_paged_prefill", run_paged_prefill)
     qk.prefill_reads_and_writes_nothing_outside_its_buffers(data)
