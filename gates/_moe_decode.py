@@ -21,7 +21,7 @@ import numpy as np
 from harness import buffers
 from harness.buffers import assert_untouched, filled
 from harness.caching import host_cache
-from harness.dtypes import bf16
+from harness.dtypes import bf16, to_bf16
 from kernels_cu import moe_decode as moe
 from kernels_cu import nvfp4_gemv
 from oracles import moe_decode as od
@@ -148,6 +148,17 @@ def run_final(dense, opair, wts, mid, w_d, w_m, *, layer_scalar: float, eps: flo
     moe.run_final(out, put(dense), put(opair), put(wts), put(mid), put(w_d), put(w_m),
                   layer_scalar=layer_scalar, eps=eps, k=k)
     return out
+
+
+def final_designed_inputs(shape: Shape):
+    """The designed final case at `shape` and run_final's inputs for it: (case, (dense, opair,
+    wts, mid, w_d, w_m)), opair and wts NaN in the slots past K (which must never be read)."""
+    case = od.final_designed(shape.t, shape.h, shape.k, seed=shape.h + shape.k)
+    opair = np.full((shape.t, shape.kcap, shape.h), np.nan, dtype=np.float32)
+    opair[:, :shape.k] = case.opair.astype(np.float32)
+    wts = np.full((shape.t, shape.kcap), np.nan, np.float32)
+    wts[:, :shape.k] = case.wts
+    return case, (case.dense, to_bf16(opair), wts, case.mid, case.w_d, case.w_m)
 
 
 # ------------------------------------------------------------------ memory safety (issue 11)

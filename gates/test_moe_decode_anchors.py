@@ -25,14 +25,18 @@ def test_post_attn_matches_host_quantization_on_designed_inputs(shape_id):
     s = g.SHAPES[shape_id]
     case = od.post_attn_designed(s.t, s.h, seed=s.h)
     out = g.run_post_attn(case.x, case.o, case.w_pa, case.w_router, act_g=case.act_g, eps=case.eps)
-    assert_bits_eq("post_attn mid", g.host(out.mid), case.mid)
-    assert_bits_eq("post_attn rr", g.host(out.rr), case.rr)
-    assert_bits_eq("post_attn gsc (NVFP4 block scales)", g.host(out.gsc), case.gsc)
-    assert_bits_eq("post_attn gq (NVFP4 codes)", g.host(out.gq), case.gq)
-    assert_bits_eq("post_attn fq (e4m3 dense input)", g.host(out.fq), case.fq)
+    _assert_post_attn_outputs(out, case)
+
+
+def _assert_post_attn_outputs(out, case, how: str = "") -> None:
+    assert_bits_eq(f"post_attn mid{how}", g.host(out.mid), case.mid)
+    assert_bits_eq(f"post_attn rr{how}", g.host(out.rr), case.rr)
+    assert_bits_eq(f"post_attn gsc (NVFP4 block scales){how}", g.host(out.gsc), case.gsc)
+    assert_bits_eq(f"post_attn gq (NVFP4 codes){how}", g.host(out.gq), case.gq)
+    assert_bits_eq(f"post_attn fq (e4m3 dense input){how}", g.host(out.fq), case.fq)
     # fs = amax(n) / 448 is not rounded after the norm: it carries rsqrtf's 2 ulp and three f32
     # roundings, under 2^-20 relative; FS_RTOL is 2^-19.
-    assert_close("post_attn fs", g.host(out.fs), case.fs, atol=0.0, rtol=od.FS_RTOL)
+    assert_close(f"post_attn fs{how}", g.host(out.fs), case.fs, atol=0.0, rtol=od.FS_RTOL)
 
 
 @pytest.mark.gpu
@@ -138,13 +142,8 @@ def test_final_matches_host_on_designed_slots(shape_id):
     # Exact: the slot sum is exact (multiples of 1/8), both norms see mean(v^2) = 1 and the
     # output rounding is margin-checked; the last slot weighs most.
     s = g.SHAPES[shape_id]
-    case = od.final_designed(s.t, s.h, s.k, seed=s.h + s.k)
-    opair = np.full((s.t, s.kcap, s.h), np.nan, dtype=np.float32)
-    opair[:, :s.k] = case.opair.astype(np.float32)
-    wts = np.full((s.t, s.kcap), np.nan, np.float32)
-    wts[:, :s.k] = case.wts
-    out = g.run_final(case.dense, to_bf16(opair), wts, case.mid, case.w_d, case.w_m,
-                      layer_scalar=case.layer_scalar, eps=case.eps, k=s.k)
+    case, inputs = g.final_designed_inputs(s)
+    out = g.run_final(*inputs, layer_scalar=case.layer_scalar, eps=case.eps, k=s.k)
     assert_bits_eq("final out", g.host(out), case.out)
 
 
@@ -162,12 +161,7 @@ def test_post_attn_reads_and_writes_nothing_outside_its_buffers(shape_id):
     s = g.SHAPES[shape_id]
     case = od.post_attn_designed(s.t, s.h, seed=s.h)
     out, wholes = g.run_post_attn_fenced(case.x, case.o, case.w_pa, case.w_router, act_g=case.act_g, eps=case.eps)
-    assert_bits_eq("post_attn mid (inputs between NaN fences)", g.host(out.mid), case.mid)
-    assert_bits_eq("post_attn rr (inputs between NaN fences)", g.host(out.rr), case.rr)
-    assert_bits_eq("post_attn gsc (inputs between NaN fences)", g.host(out.gsc), case.gsc)
-    assert_bits_eq("post_attn gq (inputs between NaN fences)", g.host(out.gq), case.gq)
-    assert_bits_eq("post_attn fq (inputs between NaN fences)", g.host(out.fq), case.fq)
-    assert_close("post_attn fs (inputs between NaN fences)", g.host(out.fs), case.fs, atol=0.0, rtol=od.FS_RTOL)
+    _assert_post_attn_outputs(out, case, " (inputs between NaN fences)")
     for name, whole in wholes.items():
         g.assert_guards_untouched(f"post_attn {name}", whole)
 
@@ -181,13 +175,8 @@ def test_final_reads_and_writes_nothing_outside_its_buffers(shape_id):
     # past K are NaN already) and out between sentinel guards; as above. Not yet run on the
     # device.
     s = g.SHAPES[shape_id]
-    case = od.final_designed(s.t, s.h, s.k, seed=s.h + s.k)
-    opair = np.full((s.t, s.kcap, s.h), np.nan, dtype=np.float32)
-    opair[:, :s.k] = case.opair.astype(np.float32)
-    wts = np.full((s.t, s.kcap), np.nan, np.float32)
-    wts[:, :s.k] = case.wts
-    out, whole = g.run_final_fenced(case.dense, to_bf16(opair), wts, case.mid, case.w_d, case.w_m,
-                                    layer_scalar=case.layer_scalar, eps=case.eps, k=s.k)
+    case, inputs = g.final_designed_inputs(s)
+    out, whole = g.run_final_fenced(*inputs, layer_scalar=case.layer_scalar, eps=case.eps, k=s.k)
     assert_bits_eq("final out (inputs between NaN fences)", g.host(out), case.out)
     g.assert_guards_untouched("final out", whole)
 

@@ -3,13 +3,11 @@ checks accept the fenced inputs and guarded outputs, an emulated kernel that wri
 designed values passes, and one that stores past an output or reads a fence fails by
 assertion (tests/host_device.py stands in for the device)."""
 
-import numpy as np
 import pytest
 
 from gates import _moe_decode as g
 from harness import assert_bits_eq
 from harness.bits import BitsMismatch
-from harness.dtypes import to_bf16
 from oracles import moe_decode as od
 from tests.host_device import below, host_buffers, store_before, store_past, whole_of  # noqa: F401 (a fixture)
 
@@ -64,11 +62,7 @@ def test_every_post_attn_input_lies_between_nan_fences_and_every_output_between_
 
 def test_the_final_gate_passes_the_design_and_names_a_store_before_out(host_buffers, monkeypatch):
     s = SHAPE
-    case = od.final_designed(s.t, s.h, s.k, seed=s.h + s.k)
-    opair = np.full((s.t, s.kcap, s.h), np.nan, dtype=np.float32)
-    opair[:, :s.k] = case.opair.astype(np.float32)
-    wts = np.full((s.t, s.kcap), np.nan, np.float32)
-    wts[:, :s.k] = case.wts
+    case, args = g.final_designed_inputs(s)
     stray = {"on": False}
 
     def run_final(out, dense, opair_d, wts_d, mid, w_d, w_m, *, layer_scalar, eps, k):
@@ -79,7 +73,6 @@ def test_the_final_gate_passes_the_design_and_names_a_store_before_out(host_buff
             store_before(out)
 
     monkeypatch.setattr(g.moe, "run_final", run_final)
-    args = (case.dense, to_bf16(opair), wts, case.mid, case.w_d, case.w_m)
     out, whole = g.run_final_fenced(*args, layer_scalar=case.layer_scalar, eps=case.eps, k=s.k)
     assert_bits_eq("final out", g.host(out), case.out)
     g.assert_guards_untouched("final out", whole)
