@@ -258,7 +258,7 @@ class Exits:
     by the kernel: its /proc entry goes when its exit, context teardown included, is done),
     and what waiting for them cost. Thread-safe."""
 
-    def __init__(self, limit: int = MAX_EXITING, hold_s: float = EXIT_HOLD_S):
+    def __init__(self, limit: int | None = MAX_EXITING, hold_s: float = EXIT_HOLD_S):
         self.limit, self.hold_s = limit, hold_s
         self._lock = threading.Lock()
         self._killed: dict[int, float] = {}  # pid -> when it was killed
@@ -290,8 +290,8 @@ class Exits:
 
     def hold(self) -> None:
         """Before a fork: wait while `limit` or more killed workers are still exiting, at
-        most `hold_s`."""
-        if self.exiting() < self.limit:
+        most `hold_s`. With no limit, never."""
+        if self.limit is None or self.exiting() < self.limit:
             return
         began = time.monotonic()
         while self.exiting() >= self.limit and time.monotonic() - began < self.hold_s:
@@ -307,9 +307,10 @@ class Exits:
             if not self.exited and not self.holds:
                 return ""
             mean = self.exit_s / self.exited if self.exited else 0.0
+            held = (f"; {self.holds} fork(s) held back {self.held_s:.1f} s in all while {self.limit} were still "
+                    "exiting") if self.limit is not None else ""
             return (f"{self.exited} killed worker(s) were seen gone {mean:.2f} s after the kill (at most "
-                    f"{self.exit_max_s:.2f} s; looked at each kill and fork); "
-                    f"{self.holds} fork(s) held back {self.held_s:.1f} s in all while {self.limit} were still exiting")
+                    f"{self.exit_max_s:.2f} s; looked at each kill and fork){held}")
 
 
 def _still_running(pid: int) -> bool:
@@ -347,6 +348,10 @@ class PoolConfig:
     name_prefix: str = ""  # the xdist worker's id, so worker names stay unique across a -n run
     start_timeout: float = WORKER_START_TIMEOUT
     env: dict | None = None  # set in the server's environment (so in every worker forked from it)
+    # hold a fork back while this many killed workers are still exiting (None: never). A
+    # campaign sets it (MAX_EXITING): it kills a worker for every fault, all run long. A gate
+    # run kills its trap gates' workers at its end, where a hold would only add to the wall.
+    max_exiting: int | None = None
 
 
 class Pool:
@@ -370,7 +375,7 @@ class Pool:
         self._token = 0
         self._procs: list[subprocess.Popen] = []  # exec'd workers
         self.started_workers = 0
-        self.exits = Exits()
+        self.exits = Exits(limit=config.max_exiting)
 
     # ---------------------------------------------------------------- start-up
 

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from harness import workers
 
 
@@ -73,3 +75,34 @@ def test_a_killed_worker_is_recorded_by_its_pools_exits():
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, monkeypatch):
+    exits = workers.Exits(limit=None)
+    p = _sleeper(30)
+    try:
+        exits.killed(p.pid)
+        began = time.monotonic()
+        exits.hold()
+        assert time.monotonic() - began < 0.5 and exits.holds == 0
+    finally:
+        p.kill()
+        p.wait()
+    # the gate run's pool (the plugin's default config) never holds a fork back; a campaign's does
+    assert workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[]).max_exiting is None
+    from harness.mutate.warm import WarmExecutor
+
+    made = {}
+
+    class Pool:
+        def __init__(self, config):
+            made["config"] = config
+
+        def start_server(self):
+            raise workers.PoolError("stop here: the config is what this test reads")
+
+    monkeypatch.setattr(workers, "Pool", Pool)
+    ex = WarmExecutor(rootdir=tmp_path, gates=(), kernel_root=tmp_path, cache_dir=tmp_path)
+    with pytest.raises(workers.PoolError, match="stop here"):
+        ex.start()
+    assert made["config"].max_exiting == workers.MAX_EXITING

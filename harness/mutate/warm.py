@@ -104,7 +104,8 @@ class WarmExecutor:
         if self._pool is not None:
             return
         config = workers.PoolConfig(rootdir=self.rootdir, invocation_dir=self.rootdir, pytest_args=[],
-                                    device_ordinal=self.device_ordinal, spares=self.spares, env=WORKER_ENV)
+                                    device_ordinal=self.device_ordinal, spares=self.spares, env=WORKER_ENV,
+                                    max_exiting=workers.MAX_EXITING)
         pool = workers.Pool(config)
         pool.start_server()
         pool.collect(server_args(self.rootdir, self.gates, self.kernel_root, self.cache_dir, self.arch))
