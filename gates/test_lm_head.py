@@ -10,9 +10,10 @@ from gates._quant_gemv import (LmHeadGuardedRun, lm_head_edge, lm_head_partials_
 from harness import assert_bits_eq, assert_close
 from harness.buffers import assert_untouched
 from kernels_cu import lm_head
-from oracles.quant_gemv import (LM_EDGE_WINNER, LM_HEAD_HOT_ROW, LM_POS_RUNNER_UP, LM_POS_SOFTCAP, LM_POS_UNIT_CAP,
-                                 LM_POS_UNIT_CAP_RS, LM_POS_V, LM_POS_WINNERS, TANHF_ULP_BOUND, LmHeadCase, capped,
-                                 lm_head_argmax, lm_head_case)
+from oracles.quant_gemv import (LM_EDGE_WINNER, LM_HEAD_HOT_ROW, LM_LONE_ROWS, LM_POS_RUNNER_UP, LM_POS_SOFTCAP,
+                                 LM_POS_UNIT_CAP, LM_POS_UNIT_CAP_RS, LM_POS_V, LM_POS_WINNERS, TANHF_ULP_BOUND,
+                                 LmHeadCase, capped, lm_head_argmax, lm_head_case, lm_head_exact_logits,
+                                 lm_head_lone_candidate_case)
 
 T, V, H, SOFTCAP = 2, 1024, 64, 30.0
 
@@ -182,6 +183,22 @@ def test_lm_head_all_negative_and_all_overflowing_logits_keep_their_winners():
         assert_bits_eq(f"argmax index (logits <= 0 and -inf, excluded {excluded})", run.idx, idx)
         assert_bits_eq(f"argmax value (logits <= 0 and -inf, excluded {excluded})", run.val, val.astype(np.float32))
         assert_partials(run, "edge", excluded)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_lm_head_takes_a_lone_minus_inf_candidate_after_warps_with_none():
+    # oracles.quant_gemv.lm_head_lone_candidate_case: every logit NaN but each token's one,
+    # -inf (rs = +inf, E = -I, h one-hot), in warps 0-7 of block 0 and warps 0 and 3 of
+    # block 1. Every warp before a token's candidate reports (-inf, no index), so the
+    # block's final stage and the reduce must take a -inf row over nothing; a tie-break that
+    # reads another warp's index keeps nothing. Exact: the answer is (row, -inf), as bits.
+    case = lm_head_lone_candidate_case()
+    idx, val = lm_head_argmax(lm_head_exact_logits(case))
+    assert idx.tolist() == list(LM_LONE_ROWS) and np.all(np.isneginf(val)), "the design moved"
+    got_idx, got_val = run_lm_head(case, lm_head.NONE)
+    assert_bits_eq("argmax index (a lone -inf candidate after warps with none)", got_idx, idx)
+    assert_bits_eq("argmax value (a lone -inf candidate after warps with none)", got_val, val.astype(np.float32))
 
 
 def _check(excluded=-1, softcap=30.0, h=64):

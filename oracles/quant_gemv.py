@@ -336,6 +336,42 @@ class LmHeadEdgeCase:
     logits: np.ndarray  # float64 [2, V]: the f32 logits (token 0 all -inf), exact
 
 
+# Each token's lone candidate: rows 8w + w of block 0 (warp w, lane-order position w), one in
+# block 1's warp 3 and one in its warp 0 (row 66).
+LM_LONE_ROWS = (3, 9, 18, 27, 36, 45, 54, 63, 64 + 8 * 3 + 6, 66)
+LM_LONE_V = 128  # two blocks
+
+
+def lm_head_lone_candidate_case() -> LmHeadCase:
+    """Every logit NaN but one, which is -inf: rs = +inf for every row, E = -1 on the
+    diagonal and 0 elsewhere (V = H = 128), and token t's h the one-hot vector of
+    LM_LONE_ROWS[t]. Row v's dot is -1 at v = LM_LONE_ROWS[t] (logit -inf) and a zero
+    elsewhere (logit inf * 0 = NaN, which never wins): the answer is (LM_LONE_ROWS[t], -inf).
+
+    So before each token's candidate every warp of its block has no candidate at all: its
+    slot holds (-inf, no index), and the block's final stage must still take the -inf row
+    over "nothing". A stage that breaks a tie between equal values by another warp's index
+    (`s_idx[w - 1]`) keeps no index there; the positional and edge designs always have a
+    candidate in an earlier warp, where that index is never lower and nothing changes."""
+    v = hdim = LM_LONE_V
+    E = np.zeros((v, hdim), dtype=np.uint8)
+    E[np.arange(v), np.arange(v)] = e4m3_bits([-1.0])[0]
+    h = np.zeros((len(LM_LONE_ROWS), hdim))
+    h[np.arange(len(LM_LONE_ROWS)), list(LM_LONE_ROWS)] = 1.0
+    return LmHeadCase(h=to_bf16(h), E=E, rs=np.full(v, np.inf, dtype=np.float32), softcap=0.0)
+
+
+def lm_head_exact_logits(case: LmHeadCase) -> np.ndarray:
+    """rs[v] * dot(h[t], E[v]) in float64 from the case's bits, inf * 0 giving NaN as the
+    device's f32 does (no rounding: for designs whose dots and products are exact)."""
+    from harness.dtypes import decode_e4m3
+
+    h = case.h.astype(np.float64)
+    E = decode_e4m3(case.E).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return case.rs.astype(np.float64)[None, :] * (h @ E.T)
+
+
 def lm_head_edge_case(seed: int = 12) -> LmHeadEdgeCase:
     """Two tokens over E drawn from POSITIVE_SET and rs from LM_EDGE_RS (seeded):
 

@@ -304,3 +304,33 @@ def test_lm_head_unit_cap_keeps_the_positional_order_past_tanhf_error():
     idx, val = lm_head_argmax(pc.logits)
     uncapped = val * LM_POS_UNIT_CAP_RS
     assert np.all(np.abs(uncapped - np.tanh(uncapped)) > 1e-3)
+
+
+def test_lm_head_lone_candidate_case_has_one_minus_inf_logit_a_token_after_warps_with_none():
+    from oracles.quant_gemv import (LM_LONE_ROWS, LM_NO_INDEX, LM_ROWS_PER_BLOCK, lm_head_block_partials,
+                                    lm_head_exact_logits, lm_head_lone_candidate_case)
+
+    case = lm_head_lone_candidate_case()
+    lg = lm_head_exact_logits(case)
+    t = np.arange(len(LM_LONE_ROWS))
+    assert np.all(np.isneginf(lg[t, list(LM_LONE_ROWS)]))
+    assert np.isnan(lg).sum() == lg.size - len(LM_LONE_ROWS), "every other logit is NaN"
+    # every warp of block 0 holds one token's candidate, and block 1 two, in different warps
+    where = {(r // LM_ROWS_PER_BLOCK, r % LM_ROWS_PER_BLOCK // 8) for r in LM_LONE_ROWS}
+    assert {w for b, w in where if b == 0} == set(range(8)) and len({w for b, w in where if b == 1}) == 2
+    idx, val = lm_head_argmax(lg)
+    assert idx.tolist() == list(LM_LONE_ROWS) and np.all(np.isneginf(val))
+    part_idx = lm_head_block_partials(lg)[0]
+    blocks = np.array(LM_LONE_ROWS) // LM_ROWS_PER_BLOCK
+    assert np.array_equal(part_idx[t, blocks], LM_LONE_ROWS)
+    assert np.all(part_idx[t, 1 - blocks] == LM_NO_INDEX), "the other block has no candidate at all"
+    # the mutant this design exists for: a final stage that breaks ties by s_idx[w - 1]
+    for r in LM_LONE_ROWS:
+        slots = [(-np.inf, LM_NO_INDEX)] * 8
+        slots[r % LM_ROWS_PER_BLOCK // 8] = (-np.inf, r)
+        best = slots[0]
+        for w in range(1, 8):
+            v, i = slots[w][0], slots[w - 1][1]
+            if v > best[0] or (v == best[0] and i < best[1]):
+                best = (v, slots[w][1])
+        assert best[1] == (r if r % LM_ROWS_PER_BLOCK < 8 else LM_NO_INDEX), r
