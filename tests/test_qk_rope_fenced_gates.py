@@ -17,14 +17,18 @@ from tests.host_device import host_buffers  # noqa: F401 (a fixture)
 from tests.host_device import store_before, store_past
 
 
-@pytest.fixture
-def host_device(host_buffers):
-    return qk.host_data(256, 128)
+@pytest.fixture(params=[256, 512], ids=["hd256", "hd512"])
+def host_device(host_buffers, request):
+    return qk.host_data(request.param, 128)
 
 
 def _emulate_flat(mode="right"):
     def run_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out, *, rotary_dim, eps, row_offset=0):
-        pos = np.asarray(positions)
+        # the launcher's own checks take the fenced views and the guarded outputs
+        heads = qk.launcher.check_heads(q, k, v, q_w, k_w, cos, sin, rotary_dim=rotary_dim)
+        pos = qk.launcher.check_positions(heads, positions, heads.num_tokens)
+        for name, out, n in (("q_out", q_out, heads.nq), ("k_out", k_out, heads.nkv), ("v_out", v_out, heads.nkv)):
+            qk.launcher._check_out(name, out, heads.num_tokens, n, heads)
         q_out[...] = design.closed_form(q, q_w, pos, cos, sin, rotary_dim)
         if mode == "reads the fence":
             # element -1 of q read for element 0: the fence's NaN, then every element of the
@@ -81,6 +85,10 @@ def test_the_prefill_gate_passes_the_layout_and_names_a_store_before_the_pool(ho
     seen = {}
 
     def run_paged_prefill(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_indices, stray=False, **kw):
+        heads = qk.launcher.check_heads(q, k, v, q_w, k_w, cos, sin, rotary_dim=kw["rotary_dim"])
+        assert qk.launcher.check_pool(heads, pool, page_size=kw["page_size"], num_layers=kw["num_layers"],
+                                      layer=kw["layer"]) == layout.num_pages
+        qk.launcher._check_out("q_out", q_out, heads.num_tokens, heads.nq, heads)
         seen["window"] = page_indices
         q_out[...] = flat_q
         pool[...] = image
