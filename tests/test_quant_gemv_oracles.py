@@ -310,7 +310,10 @@ def test_lm_head_lone_candidate_case_has_one_minus_inf_logit_a_token_after_warps
     from oracles.quant_gemv import (LM_LONE_ROWS, LM_NO_INDEX, LM_ROWS_PER_BLOCK, lm_head_block_partials,
                                     lm_head_exact_logits, lm_head_lone_candidate_case)
 
+    from kernels_cu import lm_head
+
     case = lm_head_lone_candidate_case()
+    assert lm_head.check_lm_head_args(case.h, case.E, case.rs, lm_head.NONE, case.softcap) == (len(LM_LONE_ROWS), 128, 128)
     lg = lm_head_exact_logits(case)
     t = np.arange(len(LM_LONE_ROWS))
     assert np.all(np.isneginf(lg[t, list(LM_LONE_ROWS)]))
