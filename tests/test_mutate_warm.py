@@ -256,6 +256,8 @@ def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(su
     assert timing, printed
     fresh, start, sets, gates, wall, protocol = (float(x) for x in timing.groups())
     assert fresh >= 1 and start >= 0 and sets >= 1 and gates >= sets and 0 < protocol <= wall, timing.group(0)
+    per = _re.search(r"(\d+) mutant\(s\) run: ([\d.]+) fresh worker\(s\) a mutant", printed)
+    assert per and abs(float(per.group(2)) - fresh / int(per.group(1))) < 0.01, printed
     assert "re-run verdicts agreed (every survivor and a sample, each in a fresh worker no other mutant used)" \
         in printed, printed
     import re

@@ -202,6 +202,10 @@ class WarmExecutor:
         exits = self._exits.summary() if self._exits is not None else ""
         if exits:
             parts.append(exits)
+        if t["mutants"]:
+            # what sets a campaign's rate on the H200: each fresh worker is a context the driver
+            # makes, and usually a trap or fault it handled, one at a time per GPU
+            parts.append(f"{t['mutants']} mutant(s) run: {t['fresh'] / t['mutants']:.2f} fresh worker(s) a mutant")
         return "; ".join(parts) or "no gate set ran"
 
     def summary(self) -> str:
@@ -214,6 +218,8 @@ class WarmExecutor:
 
     def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns:
         start = time.monotonic()
+        with self._lock:
+            self.times["mutants"] += 1
         remaining = list(gates)
         outcomes: list[GateOutcome] = []
         timed_out, crashed = False, None
