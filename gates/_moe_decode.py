@@ -84,6 +84,12 @@ def _ids(shape):
     return filled(shape, np.int32, ID_SENTINEL)
 
 
+def sentinel_of(dtype) -> int:
+    """The sentinel an output of `dtype` starts as (the helpers above)."""
+    dtype = np.dtype(dtype)
+    return {1: BYTE_SENTINEL, 2: BF16_SENTINEL, 4: ID_SENTINEL if dtype == np.int32 else F32_SENTINEL}[dtype.itemsize]
+
+
 def zero_ticket():
     import cupy
 
@@ -103,10 +109,16 @@ class PostAttnOut:
     gsc: object
 
 
+def _post_attn_outputs(t: int, h: int):
+    """(name, shape, dtype) of each post_attn output."""
+    return (("mid", (t, h), bf16), ("rr", (t, h), bf16), ("fq", (t, h), np.uint8), ("fs", (t,), np.float32),
+            ("gq", (t, h // 2), np.uint8), ("gsc", (t, h // od.GROUP), np.uint8))
+
+
 def run_post_attn(x, o, w_pa, w_router, *, act_g: float, eps: float) -> PostAttnOut:
     t, h = x.shape
-    out = PostAttnOut(mid=_bf16((t, h)), rr=_bf16((t, h)), fq=_bytes((t, h)), fs=_f32((t,)),
-                      gq=_bytes((t, h // 2)), gsc=_bytes((t, h // od.GROUP)))
+    out = PostAttnOut(**{name: filled(shape, dtype, sentinel_of(dtype))
+                         for name, shape, dtype in _post_attn_outputs(t, h)})
     moe.run_post_attn(out.mid, out.rr, out.fq, out.fs, out.gq, out.gsc, put(x), put(o), put(w_pa), put(w_router),
                       act_g=act_g, eps=eps)
     return out
@@ -163,44 +175,33 @@ def final_designed_inputs(shape: Shape):
 
 # ------------------------------------------------------------------ memory safety (issue 11)
 
-NAN_BITS = {2: 0x7FC0, 4: 0x7FC00000}  # bf16, f32: the fences around an input
-SENTINEL_OF = {1: BYTE_SENTINEL, 2: BF16_SENTINEL, 4: F32_SENTINEL}  # the guards around an output
-
-
-def fence(a):
-    """A host bf16 or f32 input on the device between NaN fences a whole buffer long
-    (`harness.buffers.fenced`): a read a little before or past it gives a NaN."""
-    a = np.ascontiguousarray(a)
-    return buffers.fenced(a, NAN_BITS[a.dtype.itemsize])
-
-
 def guarded(shape, dtype):
     """An output holding its dtype's sentinel between sentinel guards
     (`harness.buffers.guarded`): (the view, the whole allocation)."""
-    return buffers.guarded(shape, dtype, SENTINEL_OF[np.dtype(dtype).itemsize])
+    return buffers.guarded(shape, dtype, sentinel_of(dtype))
 
 
 def assert_guards_untouched(label: str, whole) -> None:
-    buffers.assert_guards_untouched(label, whole, SENTINEL_OF[whole.dtype.itemsize])
+    """Both guards of a `guarded` output untouched (`whole` is its unsigned view: ID_SENTINEL
+    and F32_SENTINEL are the same bits, so its size says which sentinel)."""
+    buffers.assert_guards_untouched(label, whole, sentinel_of(whole.dtype))
 
 
 def run_post_attn_fenced(x, o, w_pa, w_router, *, act_g: float, eps: float):
     """run_post_attn with every input fenced and every output guarded: (PostAttnOut, {name:
     the output's whole allocation})."""
     t, h = x.shape
-    made = {name: guarded(shape, dtype) for name, shape, dtype in (
-        ("mid", (t, h), bf16), ("rr", (t, h), bf16), ("fq", (t, h), np.uint8), ("fs", (t,), np.float32),
-        ("gq", (t, h // 2), np.uint8), ("gsc", (t, h // od.GROUP), np.uint8))}
+    made = {name: guarded(shape, dtype) for name, shape, dtype in _post_attn_outputs(t, h)}
     out = PostAttnOut(**{name: view for name, (view, _) in made.items()})
-    moe.run_post_attn(out.mid, out.rr, out.fq, out.fs, out.gq, out.gsc, fence(x), fence(o), fence(w_pa),
-                      fence(w_router), act_g=act_g, eps=eps)
+    moe.run_post_attn(out.mid, out.rr, out.fq, out.fs, out.gq, out.gsc,
+                      *map(buffers.fenced, (x, o, w_pa, w_router)), act_g=act_g, eps=eps)  # between quiet NaNs
     return out, {name: whole for name, (_, whole) in made.items()}
 
 
 def run_final_fenced(dense, opair, wts, mid, w_d, w_m, *, layer_scalar: float, eps: float, k: int):
     """run_final with every input fenced and the output guarded: (out, its whole allocation)."""
     out, whole = guarded(mid.shape, bf16)
-    moe.run_final(out, fence(dense), fence(opair), fence(wts), fence(mid), fence(w_d), fence(w_m),
+    moe.run_final(out, *map(buffers.fenced, (dense, opair, wts, mid, w_d, w_m)),  # between quiet NaNs
                   layer_scalar=layer_scalar, eps=eps, k=k)
     return out, whole
 
@@ -276,8 +277,7 @@ def storage_weights(experts: moe.Experts, store: int):
 def assert_slots_past_k_untouched(label: str, a, k: int) -> None:
     """Slots K..kcap-1 of a [T, kcap, ...] or [T, kcap] buffer keep their sentinel."""
     h = host(a)
-    bits = {2: BF16_SENTINEL, 4: F32_SENTINEL if h.dtype != np.int32 else ID_SENTINEL, 1: BYTE_SENTINEL}[h.dtype.itemsize]
-    assert_untouched(f"{label} slots {k}.. past K", h[:, k:], bits)
+    assert_untouched(f"{label} slots {k}.. past K", h[:, k:], sentinel_of(h.dtype))
 
 
 def assert_fully_written(label: str, a, k: int | None = None) -> None:
@@ -286,7 +286,7 @@ def assert_fully_written(label: str, a, k: int | None = None) -> None:
     h = host(a)
     h = h[:, :k] if k is not None else h
     b = h.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[h.dtype.itemsize])
-    sentinel = {1: BYTE_SENTINEL, 2: BF16_SENTINEL, 4: F32_SENTINEL if h.dtype != np.int32 else ID_SENTINEL}[h.dtype.itemsize]
+    sentinel = sentinel_of(h.dtype)
     if h.dtype.itemsize == 1:
         rows = b.reshape(-1, b.shape[-1])
         unwritten = int(np.count_nonzero(np.all(rows == sentinel, axis=-1)))

@@ -49,17 +49,21 @@ def filled(shape, dtype, bits: int):
     return cupy.full(shape, bits, dtype=u).view(dtype)
 
 
-def fenced(a, fill_bits: int, *, min_pad: int = 256):
+def fenced(a, fill_bits: int | None = None, *, min_pad: int = 256):
     """A host array on the device as a view into the middle of an allocation three times its
     size (at least `min_pad` elements each side): the fences before and after hold the raw
-    bit pattern `fill_bits` (a NaN, for a kernel whose every read must stay inside `a`). A
-    kernel that reads up to a whole buffer length before or past `a` reads the fence, defined
-    memory, and fails by a value its gate can assert, not by a fault; reading further still
-    faults. Returns the view, C-contiguous, in `a`'s shape and dtype (bf16 as in
-    `to_device`)."""
+    bit pattern `fill_bits` (a NaN, for a kernel whose every read must stay inside `a`;
+    by default the quiet NaN of `a`'s floating dtype, `nan_bits`). A kernel that reads up to
+    a whole buffer length before or past `a` reads the fence, defined memory, and fails by a
+    value its gate can assert, not by a fault; reading further still faults. Returns the
+    view, C-contiguous, in `a`'s shape and dtype (bf16 as in `to_device`)."""
     import cupy
 
     a = np.ascontiguousarray(a)
+    if fill_bits is None:
+        if not (a.dtype == bf16 or np.issubdtype(a.dtype, np.floating)):
+            raise TypeError(f"fenced: {a.dtype} has no NaN to fence with: pass fill_bits (an e4m3 NaN is 0x7f)")
+        fill_bits = nan_bits(a.dtype)
     u = _UINT_OF_SIZE[a.dtype.itemsize]
     n = a.size
     pad = max(n, min_pad)
@@ -94,13 +98,19 @@ def assert_guards_untouched(label: str, whole, guard_bits: int, *, guard: int = 
     assert_untouched(f"{label}: the {guard} elements past it", whole[-guard:], guard_bits)
 
 
-def nan_filled(shape, dtype):
-    """Quiet NaN in every element (bf16 0x7fc0, f32 0x7fc00000, f16 0x7e00)."""
+def nan_bits(dtype) -> int:
+    """The raw bits of a quiet NaN of a dtype's size (bf16 0x7fc0, f16 0x7e00, f32 0x7fc00000,
+    f64 0x7ff8000000000000)."""
     dtype = np.dtype(dtype)
     bits = {2: 0x7FC0 if dtype.name == "bfloat16" else 0x7E00, 4: 0x7FC00000, 8: 0x7FF8000000000000}
     if dtype.itemsize not in bits:
         raise TypeError(f"no NaN of {dtype}: use filled() with an explicit sentinel")
-    return filled(shape, dtype, bits[dtype.itemsize])
+    return bits[dtype.itemsize]
+
+
+def nan_filled(shape, dtype):
+    """Quiet NaN in every element (bf16 0x7fc0, f32 0x7fc00000, f16 0x7e00)."""
+    return filled(shape, dtype, nan_bits(dtype))
 
 
 def assert_untouched(label: str, arr, bits: int) -> None:

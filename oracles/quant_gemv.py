@@ -306,13 +306,15 @@ def lm_head_block_partials(logits: np.ndarray, excluded: int = -1,
 
 def f32_logits(rs: np.ndarray, dots: np.ndarray) -> np.ndarray:
     """float64 [T, V]: the f32 logit rs[v] * dot[t, v] of exact float64 dots (each exact in f32),
-    rounded once to f32, as float64. Refuses a logit f32 would round other than by overflow:
+    rounded once to f32, as float64 (NaN where rs is infinite and the dot zero). Refuses a logit
+    f32 would round other than by overflow:
     an overflow to +-inf is the one rounding every f32 order agrees on (the dot is exact, the
     product's magnitude is past the largest f32 by more than half an ulp)."""
     exact = rs[None, :].astype(np.float64) * dots
     with np.errstate(over="ignore"):
         f32 = exact.astype(np.float32).astype(np.float64)
-    rounded = (f32 != exact) & ~(np.isinf(f32) & (np.abs(exact) >= 2.0**128))
+    # an infinite rs times a zero dot is NaN in float64 and in f32 alike: no rounding
+    rounded = (f32 != exact) & ~(np.isinf(f32) & (np.abs(exact) >= 2.0**128)) & ~(np.isnan(f32) & np.isnan(exact))
     if rounded.any() or not np.array_equal(dots.astype(np.float32).astype(np.float64), dots):
         raise ValueError("a designed dot or logit is not exact in f32 (and not an overflow): the argmax "
                          "would depend on the order")
@@ -362,14 +364,12 @@ def lm_head_lone_candidate_case() -> LmHeadCase:
 
 
 def lm_head_exact_logits(case: LmHeadCase) -> np.ndarray:
-    """rs[v] * dot(h[t], E[v]) in float64 from the case's bits, inf * 0 giving NaN as the
-    device's f32 does (no rounding: for designs whose dots and products are exact)."""
+    """`f32_logits` of a case's own bits (h bf16, E e4m3, rs f32): refused unless every dot
+    and logit is exact in f32."""
     from harness.dtypes import decode_e4m3
 
-    h = case.h.astype(np.float64)
-    E = decode_e4m3(case.E).astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        return case.rs.astype(np.float64)[None, :] * (h @ E.T)
+    with np.errstate(invalid="ignore"):  # rs = inf times a zero dot: NaN, as on the device
+        return f32_logits(case.rs, case.h.astype(np.float64) @ decode_e4m3(case.E).astype(np.float64).T)
 
 
 def lm_head_edge_case(seed: int = 12) -> LmHeadEdgeCase:

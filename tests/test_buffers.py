@@ -83,6 +83,17 @@ def test_fenced_puts_the_array_between_fences_a_whole_buffer_long(fake_cupy):
     assert h.dtype == bf16 and (bits_of(h.get()) == bits_of(np.array([1.0, -2.0], bf16))).all()
 
 
+def test_fenced_defaults_to_the_dtypes_quiet_nan_and_asks_for_bits_where_there_is_none(fake_cupy):
+    f = buffers.fenced(np.ones(4, np.float32))
+    assert (f.base_host.view(np.uint32)[:256] == 0x7FC00000).all()
+    b = buffers.fenced(np.ones(4, bf16))
+    assert (b.base_host.view(np.uint16)[-256:] == 0x7FC0).all()
+    with pytest.raises(TypeError, match="uint8 has no NaN to fence with: pass fill_bits"):
+        buffers.fenced(np.zeros(4, np.uint8))
+    assert [buffers.nan_bits(d) for d in (bf16, np.float16, np.float32, np.float64)] == \
+        [0x7FC0, 0x7E00, 0x7FC00000, 0x7FF8000000000000]
+
+
 def test_guarded_puts_the_output_between_sentinel_guards_that_name_a_stray_store(fake_cupy):
     view, whole = buffers.guarded((3, 4), bf16, buffers.BF16_SENTINEL, inside_bits=0, guard=16)
     assert view.dtype == bf16 and view.shape == (3, 4) and not bits_of(view.get()).any()

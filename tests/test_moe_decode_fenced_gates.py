@@ -12,6 +12,7 @@ from oracles import moe_decode as od
 from tests.host_device import below, host_buffers, store_before, store_past, whole_of  # noqa: F401 (a fixture)
 
 SHAPE = g.SHAPES["small-E13-H192-I128-K3-T3"]
+BF16_NAN = 0x7FC0
 
 
 def _post_attn_case():
@@ -23,7 +24,7 @@ def _emulate_post_attn(case, mode="right"):
         g.moe.check_post_attn(mid, rr, fq, fs, gq, gsc, x, o, w_pa, w_router, act_g, eps)
         for name, out in dict(mid=mid, rr=rr, fq=fq, fs=fs, gq=gq, gsc=gsc).items():
             out[...] = getattr(case, name)
-        assert below(x) == g.NAN_BITS[2] and below(w_router) == g.NAN_BITS[2], "the inputs are fenced"
+        assert below(x) == BF16_NAN and below(w_router) == BF16_NAN, "the inputs are fenced"
         if mode == "stores one past gsc":
             store_past(gsc)
     return run_post_attn
@@ -52,10 +53,10 @@ def test_every_post_attn_input_lies_between_nan_fences_and_every_output_between_
     outs, ins = seen["args"][:6], seen["args"][6:]
     for a in ins:
         whole, start = whole_of(a)
-        assert whole[start - 1] == g.NAN_BITS[2] and whole[start + a.size] == g.NAN_BITS[2]
+        assert whole[start - 1] == BF16_NAN and whole[start + a.size] == BF16_NAN
     for a in outs:
         whole, start = whole_of(a)
-        sentinel = g.SENTINEL_OF[a.dtype.itemsize]
+        sentinel = g.sentinel_of(a.dtype)
         assert start == g.buffers.GUARD and whole.size == a.size + 2 * g.buffers.GUARD
         assert whole[start - 1] == sentinel and whole[start + a.size] == sentinel
 
@@ -67,7 +68,7 @@ def test_the_final_gate_passes_the_design_and_names_a_store_before_out(host_buff
 
     def run_final(out, dense, opair_d, wts_d, mid, w_d, w_m, *, layer_scalar, eps, k):
         g.moe.check_final(out, dense, opair_d, wts_d, mid, w_d, w_m, layer_scalar, eps, k)
-        assert below(wts_d) == g.NAN_BITS[4] and below(opair_d) == g.NAN_BITS[2]
+        assert below(wts_d) == 0x7FC00000 and below(opair_d) == BF16_NAN
         out[...] = case.out
         if stray["on"]:
             store_before(out)
