@@ -51,7 +51,13 @@ POOL_RESERVE_MB = 512  # device memory each worker puts in CuPy's pool before it
 # fault as fast as they came (a dozen slots) piled exits up until no new worker could say
 # hello within two minutes, and the campaign stopped as if the GPU were lost.
 MAX_EXITING = 3
-EXIT_HOLD_S = 30.0  # the longest the pool holds a fork back for them; then it forks anyway
+EXIT_HOLD_S = 60.0  # the longest the pool holds a fork back for them; then it forks anyway
+# Workers starting at once (forked, not yet said hello) in a campaign's pool, per GPU. Each
+# start is a cuInit and a context the driver makes while it handles the campaign's traps and
+# faults one at a time; twice on the H200 (one GPU and two), a campaign whose pool kept a
+# dozen or more starting through a burst of faulting mutants saw processes pile up in the
+# driver (load 60, 44 in uninterruptible sleep) until none said hello within two minutes.
+MAX_STARTING = 4
 
 
 SERVE_MODULE = "harness._serve"  # python -m SERVE_MODULE {serve|worker|probe}: workers.entry
@@ -352,6 +358,9 @@ class PoolConfig:
     # campaign sets it (MAX_EXITING): it kills a worker for every fault, all run long. A gate
     # run kills its trap gates' workers at its end, where a hold would only add to the wall.
     max_exiting: int | None = None
+    # at most this many workers starting at once (None: every spare at once). A campaign sets
+    # it (MAX_STARTING); a gate run wants its spares all up before its trap gates.
+    max_starting: int | None = None
 
 
 class Pool:
@@ -493,7 +502,8 @@ class Pool:
         self._fill()
 
     def _fill(self) -> None:
-        while len(self.spares) + len(self._pending) < self.config.spares:
+        cap = self.config.max_starting
+        while len(self.spares) + len(self._pending) < self.config.spares and (cap is None or len(self._pending) < cap):
             self._ask()
 
     def _spare(self) -> Worker:

@@ -106,3 +106,33 @@ def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, 
     with pytest.raises(workers.PoolError, match="stop here"):
         ex.start()
     assert made["config"].max_exiting == workers.MAX_EXITING
+    assert made["config"].max_starting == workers.MAX_STARTING
+    assert workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[]).max_starting is None
+
+
+def _counting_pool(tmp_path, spares, max_starting):
+    """A pool whose server only counts spawn requests (no process starts)."""
+    pool = workers.Pool(workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[], spares=spares,
+                                           max_starting=max_starting))
+    asked = []
+
+    class Server:
+        def send(self, msg):
+            asked.append(msg["token"])
+
+    pool.server_channel = Server()
+    return pool, asked
+
+
+def test_a_campaigns_pool_starts_no_more_than_its_cap_of_workers_at_once(tmp_path):
+    pool, asked = _counting_pool(tmp_path, spares=14, max_starting=4)
+    pool.warm_up()
+    assert len(asked) == 4 and pool._pending == set(asked), "4 starting, not 14"
+    pool._pending.discard(asked[0])  # one said hello and became a spare
+    pool.spares.append(object())
+    pool._fill()
+    assert len(asked) == 5 and len(pool._pending) == 4, "one more starts in its place"
+    # with no cap (a gate run) every spare starts at once
+    pool, asked = _counting_pool(tmp_path, spares=14, max_starting=None)
+    pool.warm_up()
+    assert len(asked) == 14

@@ -105,7 +105,7 @@ class WarmExecutor:
             return
         config = workers.PoolConfig(rootdir=self.rootdir, invocation_dir=self.rootdir, pytest_args=[],
                                     device_ordinal=self.device_ordinal, spares=self.spares, env=WORKER_ENV,
-                                    max_exiting=workers.MAX_EXITING)
+                                    max_exiting=workers.MAX_EXITING, max_starting=workers.MAX_STARTING)
         pool = workers.Pool(config)
         pool.start_server()
         pool.collect(server_args(self.rootdir, self.gates, self.kernel_root, self.cache_dir, self.arch))
