@@ -566,3 +566,36 @@ def test_a_fault_in_a_memory_safety_gate_ends_the_mutants_run_as_a_kill_does():
     ex.calls.clear()
     j = run_mutant(ex, Path("."), [("g/other",), ("g/sibling",)], 5, all_gates=False, memory_safety=frozenset({"g/safe"}))
     assert ex.calls == [("g/other",), ("g/sibling",)] and not j.memory_safety, "a plain fault does not stop the run"
+
+
+def test_a_naive_run_cut_by_its_deadline_is_counted_apart_not_as_a_disagreement(suite, tmp_path, monkeypatch):
+    # on the H200 the naive way (16 pytests at once) ran past the campaign's bound for reasons
+    # of load: such a run is listed apart, and the naive half gets its own generous deadline
+    import json
+
+    from harness.mutate import bench, execute
+    from harness.mutate.bench import main
+
+    root, _ = suite
+    (root / "kernels" / "k.cu").write_text(
+        "// guard\n__global__ void k(float* y, const float* x, int n) {\n"
+        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = x[i] + 1;  // x + 1\n}\n")
+    real = execute.FreshProcessExecutor.run
+    deadlines = []
+
+    def first_one_cut(self, sandbox, gates, deadline):
+        deadlines.append(deadline)
+        if len(deadlines) == 1:
+            return execute.GateRuns(tuple(execute.GateOutcome(g, "not run") for g in gates), timed_out=True)
+        return real(self, sandbox, gates, deadline)
+
+    monkeypatch.setattr(execute.FreshProcessExecutor, "run", first_one_cut)
+    out = tmp_path / "out"
+    status = main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--rootdir", str(root), "--seed", "1",
+                   "--max-per-file", "4", "--gpu-jobs", "2", "--jobs", "2", "--cache-dir", str(tmp_path / "cache")])
+    result = json.loads((out / "b.json").read_text())
+    assert status == 0, result
+    assert min(deadlines) >= bench.NAIVE_DEADLINE, deadlines
+    assert len(result["naive_timeouts_only"]) == 1 and not result["disagreements"], result
+    assert result["compared"] == result["agreed"] == result["campaign"]["reached_gpu"] - 1
+    assert "Not compared: 1 naive run(s) cut by the naive deadline (600 s)" in (out / "b.md").read_text()
