@@ -12,9 +12,10 @@ arguments this module sees are the ones a mutant changes.
 - `Constants`: the integer names a file defines at namespace scope (`#define N 32`,
   `constexpr int N = 32;`), its quoted includes read on demand through `read_source`.
 - `evaluate(node, env, consts)`: an integer constant expression (literals, names, the
-  operators `+ - * / % << >> & | ^ ~ !`, comparisons, `&&`, `||`, parentheses).
-- `loop_values(loop, consts)`: the values a `for` loop's variable takes, by running its
-  init, condition and step.
+  operators `+ - * / % << >> & | ^ ~ !`, comparisons, `&&`, `||`, parentheses); `env`
+  binds names and fields (`threadIdx.x`) to values.
+- `loop_values(loop, consts, env)`: the values a `for` loop's variable takes, by running
+  its init, condition and step.
 """
 
 from __future__ import annotations
@@ -178,6 +179,8 @@ def evaluate(node, env: dict[str, int], consts: Constants) -> int:
     if kind == "identifier":
         name = text_of(node)
         return env[name] if name in env else consts.value(name)
+    if kind == "field_expression" and text_of(node) in env:  # threadIdx.x, bound by the caller
+        return env[text_of(node)]
     if kind == "unary_expression":
         op, arg = text_of(node.child_by_field_name("operator")), node.child_by_field_name("argument")
         value = evaluate(arg, env, consts)
@@ -235,8 +238,9 @@ def _step(update, var: str, value: int, consts: Constants) -> int:
     raise Unevaluable(f"the step `{text_of(update)}` is not an update of `{var}` this gate reads")
 
 
-def loop_values(loop, consts: Constants) -> list[int]:
-    """The values the loop variable takes in the body, in order."""
+def loop_values(loop, consts: Constants, env: dict[str, int] | None = None) -> list[int]:
+    """The values the loop variable takes in the body, in order (`env` binds the other names
+    its init and condition read: a thread's index, a runtime bound)."""
     found = loop_variable(loop)
     if found is None:
         raise Unevaluable("the loop's initializer does not set one variable (`int m = 16`)")
@@ -244,9 +248,10 @@ def loop_values(loop, consts: Constants) -> list[int]:
     cond = loop.child_by_field_name("condition")
     if cond is None:
         raise Unevaluable("the loop has no condition")
-    value, values = evaluate(init, {}, consts), []
+    env = dict(env or {})
+    value, values = evaluate(init, env, consts), []
     for _ in range(MAX_LOOP_STEPS):
-        if not evaluate(cond, {var: value}, consts):
+        if not evaluate(cond, {**env, var: value}, consts):
             return values
         values.append(value)
         value = _step(loop.child_by_field_name("update"), var, value, consts)

@@ -1,0 +1,262 @@
+"""Structural gates over lm_head.cu: thread roles and shared slots no value can show.
+
+They read the `.cu` of the ACTIVE kernel root (a control's or mutant's sandbox) through
+harness.source, parse it with the tree-sitter CUDA grammar (gates/_warp_structure.py) and
+evaluate the kernels' index expressions for every thread of a block. They need no GPU.
+
+Each claim is one the kernels rely on and a wrong one breaks without a wrong value on the
+H200 (the full campaign's survivors and hangs, docs/observed/mutation-campaign-h200.md
+section 9):
+
+- **Every shared slot a thread indexes lies inside its array.** `s_val[warp]` stored by
+  each warp's lane 0 and `s_val[w]` read by the block stage: an array one slot short puts
+  warp 7's slot past its end, still inside the block's shared allocation, so it reads back
+  right and no fence or sanitizer sees it.
+- **Warps and lanes take one role each.** In `lm_head_partial` a warp's 32 lanes score one
+  row together (the full-mask warp sum), so `warp` must be the same across a hardware warp
+  (else lanes break out of the row loop apart and the shuffle waits forever), and the 8
+  warps must take the 8 row groups once each. In both kernels exactly one lane of each
+  hardware warp, its first (the one the shift-down sum leaves holding the result), stores
+  the warp's slot, and the storing lanes fill every slot once. Two lanes storing one slot
+  is a race the H200 happens to order.
+- **Strided loops visit every index once.** A lane-strided loop (`c = lane; c < steps;
+  c += 32`) over a warp's lanes, and a block-strided one (`b = threadIdx.x; b < blocks;
+  b += LM_HEAD_THREADS`) over a block's threads, together take each index below the bound
+  exactly once, for bounds on and off every multiple (a step of 0 never ends: a hang).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gates._warp_structure import Constants, Unevaluable, _walk, evaluate, line_of, loop_values, parse, text_of
+from harness.source import read_source
+from kernels_cu import lm_head
+
+pytestmark = pytest.mark.structural
+
+KERNELS = ("lm_head_partial", "lm_head_reduce")
+WARP = 32
+# The kernels whose `warp` chooses what a whole hardware warp does together (rows summed with
+# full-mask shuffles): it must be uniform across the warp. lm_head_reduce's `warp` names only
+# the slot its storing lane writes.
+WARP_UNIFORM = ("lm_head_partial",)
+# Bounds a strided loop is run at: below, on and past a warp and a block, and a few in between.
+BOUNDS = (0, 1, 7, 31, 32, 33, 100, 255, 256, 257, 300, 513)
+THREAD = "threadIdx.x"
+
+
+def _source(kernel_root):
+    text = read_source(kernel_root / lm_head.SOURCE)
+    return text, Constants(text), parse(text)
+
+
+def _kernel(tree, name):
+    for node in _walk(tree.root_node):
+        if node.type == "function_definition":
+            decl = node.child_by_field_name("declarator")
+            while decl is not None and decl.type != "function_declarator":
+                decl = decl.child_by_field_name("declarator")
+            if decl is not None and text_of(decl.child_by_field_name("declarator")) == name:
+                return node
+    pytest.fail(f"{lm_head.SOURCE}: no kernel `{name}`; this gate reads {', '.join(KERNELS)}")
+
+
+def _initialisers(fn) -> dict[str, object]:
+    """{name: value node} of the body's `T name = value` declarations (the first of each name)."""
+    out = {}
+    for node in _walk(fn.child_by_field_name("body")):
+        if node.type == "init_declarator" and node.child_by_field_name("declarator").type == "identifier":
+            out.setdefault(text_of(node.child_by_field_name("declarator")), node.child_by_field_name("value"))
+    return out
+
+
+def _shared_arrays(fn, consts) -> dict[str, tuple[int, int]]:
+    """{name: (slots, line)} of the body's `__shared__ T name[N]` arrays."""
+    out = {}
+    for node in _walk(fn.child_by_field_name("body")):
+        if node.type == "declaration" and any(c.type == "type_qualifier" and text_of(c) == "__shared__"
+                                              for c in node.children):
+            for decl in node.children_by_field_name("declarator"):
+                if decl.type == "array_declarator":
+                    size = decl.child_by_field_name("size")
+                    out[text_of(decl.child_by_field_name("declarator"))] = (evaluate(size, {}, consts), line_of(decl))
+    return out
+
+
+def _thread_env(inits, consts, tid: int) -> dict[str, int]:
+    """`threadIdx.x`, `warp` and `lane` of thread `tid` (the names the kernels give them)."""
+    env = {THREAD: tid}
+    for name in ("warp", "lane"):
+        if name in inits:
+            env[name] = evaluate(inits[name], env, consts)
+    return env
+
+
+def _guards(node, fn):
+    """The conditions of the `if` statements whose consequence holds `node`, innermost first."""
+    out, child, parent = [], node, node.parent
+    while parent is not None and parent != fn:
+        if parent.type == "if_statement" and parent.child_by_field_name("consequence") == child:
+            cond = parent.child_by_field_name("condition")  # a condition_clause: `(lane == 0)`
+            out.append(cond.named_children[-1] if cond.type == "condition_clause" else cond)
+        child, parent = parent, parent.parent
+    return out
+
+
+def _runs(guards, env, consts) -> bool:
+    """Whether a thread with `env` passes every guard it can be evaluated against (one that
+    reads a runtime value, `v >= V`, is taken as passed: the check errs towards more threads)."""
+    for cond in guards:
+        try:
+            if not evaluate(cond, env, consts):
+                return False
+        except Unevaluable:
+            continue
+    return True
+
+
+def _enclosing_loop(node, name):
+    parent = node.parent
+    while parent is not None:
+        if parent.type == "for_statement":
+            init = parent.child_by_field_name("initializer")
+            if init is not None and name in {text_of(n) for n in _walk(init) if n.type == "identifier"}:
+                return parent
+        parent = parent.parent
+    return None
+
+
+def _problem(fn, node, text: str) -> str:
+    return f"{lm_head.SOURCE} line {line_of(node)} ({_name(fn)}): {text}"
+
+
+def _name(fn) -> str:
+    decl = fn.child_by_field_name("declarator")
+    while decl.type != "function_declarator":
+        decl = decl.child_by_field_name("declarator")
+    return text_of(decl.child_by_field_name("declarator"))
+
+
+def test_lm_head_every_shared_slot_a_thread_indexes_lies_inside_its_array(kernel_root):
+    text, consts, tree = _source(kernel_root)
+    threads = consts.value("LM_HEAD_THREADS")
+    problems, checked = [], 0
+    for kernel in KERNELS:
+        fn = _kernel(tree, kernel)
+        arrays, inits = _shared_arrays(fn, consts), _initialisers(fn)
+        for node in _walk(fn.child_by_field_name("body")):
+            if node.type != "subscript_expression":
+                continue
+            name = text_of(node.child_by_field_name("argument"))
+            if name not in arrays:
+                continue
+            slots, declared = arrays[name]
+            index = node.child_by_field_name("indices") or node.child_by_field_name("index")
+            index = index.named_children[0] if index is not None and index.type == "subscript_argument_list" else index
+            guards, seen = _guards(node, fn), set()
+            try:
+                loop = _enclosing_loop(node, text_of(index)) if index.type == "identifier" else None
+                for tid in range(threads):
+                    env = _thread_env(inits, consts, tid)
+                    if not _runs(guards, env, consts):
+                        continue
+                    if loop is not None:
+                        seen.update(loop_values(loop, consts, env))
+                    else:
+                        seen.add(evaluate(index, env, consts))
+            except Unevaluable as exc:
+                problems.append(_problem(fn, node, f"cannot read the index of `{text_of(node)}`: {exc}"))
+                continue
+            checked += 1
+            outside = sorted(i for i in seen if not 0 <= i < slots)
+            if outside:
+                problems.append(_problem(fn, node, f"`{text_of(node)}` takes index {outside} but `{name}` "
+                                                   f"(line {declared}) holds {slots} slots"))
+    assert checked >= 4, f"{lm_head.SOURCE}: found {checked} shared-slot accesses; this gate reads s_val/s_idx"
+    assert not problems, "\n".join([*problems, "  size each warp-slot array for every warp of the block "
+                                               "(LM_HEAD_THREADS / 32) and index it only below that"])
+
+
+def test_lm_head_warps_and_lanes_take_one_role_each(kernel_root):
+    text, consts, tree = _source(kernel_root)
+    threads = consts.value("LM_HEAD_THREADS")
+    warps = threads // WARP
+    problems = []
+    for kernel in KERNELS:
+        fn = _kernel(tree, kernel)
+        inits = _initialisers(fn)
+        if "warp" not in inits or "lane" not in inits:
+            problems.append(f"{lm_head.SOURCE} ({kernel}): no `warp = ...` and `lane = ...`; this gate reads them")
+            continue
+        try:
+            envs = [_thread_env(inits, consts, tid) for tid in range(threads)]
+        except Unevaluable as exc:
+            problems.append(_problem(fn, inits["warp"], f"cannot read warp and lane: {exc}"))
+            continue
+        storers = []
+        for hw in range(warps):
+            group = envs[hw * WARP:(hw + 1) * WARP]
+            first = [e[THREAD] for e in group if e["lane"] == 0]
+            if first != [hw * WARP]:
+                problems.append(_problem(fn, inits["lane"], f"in hardware warp {hw} the threads with lane == 0 are "
+                                                            f"{first}: exactly one, its first ({hw * WARP}), must "
+                                                            "store the warp's slot (the shift-down sum leaves the "
+                                                            "result there)"))
+            else:
+                storers.append(group[0]["warp"])
+            if kernel in WARP_UNIFORM and len({e["warp"] for e in group}) != 1:
+                problems.append(_problem(fn, inits["warp"], f"`warp` differs across hardware warp {hw} "
+                                                            f"({sorted({e['warp'] for e in group})}): its lanes score "
+                                                            "one row together with full-mask shuffles"))
+        if len(storers) == warps and sorted(storers) != list(range(warps)):
+            problems.append(_problem(fn, inits["warp"], f"the storing lanes' `warp` is {storers}: each of the "
+                                                        f"{warps} slots must be written once"))
+    assert not problems, "\n".join([*problems, "  warp = threadIdx.x >> 5 and lane = threadIdx.x & 31"])
+
+
+def _strided_loops(fn):
+    """`for` loops whose variable starts at a thread's lane or index."""
+    for node in _walk(fn.child_by_field_name("body")):
+        if node.type == "for_statement":
+            init = node.child_by_field_name("initializer")
+            names = {text_of(n) for n in _walk(init) if n.type in ("identifier", "field_expression")} if init else set()
+            if "lane" in names or THREAD in names:
+                yield node
+
+
+def test_lm_head_strided_loops_visit_every_index_once(kernel_root):
+    text, consts, tree = _source(kernel_root)
+    threads = consts.value("LM_HEAD_THREADS")
+    problems, checked = [], 0
+    for kernel in KERNELS:
+        fn = _kernel(tree, kernel)
+        inits = _initialisers(fn)
+        for loop in _strided_loops(fn):
+            checked += 1
+            head = text_of(loop).split(")")[0] + ")"  # `for (init; cond; step)`
+            by_lane = "lane" in {text_of(n) for n in _walk(loop.child_by_field_name("initializer"))}
+            team = range(WARP) if by_lane else range(threads)
+            var = text_of(loop.child_by_field_name("initializer").child_by_field_name("declarator")
+                          .child_by_field_name("declarator"))
+            cond = loop.child_by_field_name("condition")
+            bound = [text_of(n) for n in _walk(cond) if n.type == "identifier" and text_of(n) != var]
+            try:
+                for n in BOUNDS:
+                    counts: dict[int, int] = {}
+                    for t in team:
+                        env = _thread_env(inits, consts, t)
+                        env.update({b: n for b in bound})
+                        for i in loop_values(loop, consts, env):
+                            counts[i] = counts.get(i, 0) + 1
+                    wrong = sorted(i for i in set(counts) | set(range(n)) if counts.get(i, 0) != 1 or not 0 <= i < n)
+                    if wrong:
+                        who = "a warp's lanes" if by_lane else "a block's threads"
+                        problems.append(_problem(fn, loop, f"`{head}`: over {who} with {'/'.join(bound) or 'its bound'} "
+                                                           f"= {n}, indices {wrong[:8]} are not visited exactly once"))
+                        break
+            except Unevaluable as exc:
+                problems.append(_problem(fn, loop, f"`{head}`: {exc}"))
+    assert checked >= 2, f"{lm_head.SOURCE}: found {checked} strided loops; this gate reads `c = lane` and `b = threadIdx.x`"
+    assert not problems, "\n".join([*problems, "  step a lane-strided loop by 32 and a block-strided one by "
+                                               "LM_HEAD_THREADS, from the lane or thread index"])
