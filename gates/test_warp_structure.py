@@ -24,7 +24,8 @@ and a different reduction order changes the bits of every non-exact sum the link
   accesses of one converged warp are ordered); only `--sanitize racecheck` on the device
   can report the intra-warp hazard it leaves. Where a barrier is part of a claim, the
   family's structural gate requires it: the NVFP4 table stage's `__syncwarp()` is required
-  by `gates/test_gemv_structure.py` (a staged table is published before it is read).
+  by `gates/test_gemv_structure.py` (a staged table is published before it is read), and
+  QK-RoPE's staging-row `__syncwarp()`s by `gates/test_qk_rope_structure.py`.
 """
 
 from __future__ import annotations
