@@ -30,6 +30,9 @@ MARKERS = {
                      "buffer that must never be touched): a fault in it is the verdict it is written to give, so "
                      "a mutation campaign counts a mutant it catches by a fault as killed (trap gates are so "
                      "by definition)",
+    "names_faults": "the gate turns a device error on valid input (a guard that fires where it must not) into "
+                    "a failure by its own assertion: after a mutant's first fault a mutation campaign runs it "
+                    "next, and its fault cap never skips it",
     "structural": "reads kernel source text (a constant agrees with its #define); needs no device",
     "compile": "compiles one .cu with NVRTC (collected from the kernel root; no device)",
     "deadline(seconds)": "this GPU gate's deadline, over --harness-deadline / ini harness_deadline",
@@ -568,6 +571,8 @@ def _properties(item: pytest.Item) -> list[tuple[str, str]]:
              ("gpu", "true" if _is_gpu(item) else "false")]
     if item.get_closest_marker("memory_safety") or item.get_closest_marker("trap"):
         props.append(("memory_safety", "true"))
+    if item.get_closest_marker("names_faults"):
+        props.append(("names_faults", "true"))
     return props
 
 
@@ -634,6 +639,7 @@ class _Recorder:
             rec.gpu = props.get("gpu") == "true"
         rec.isolated = rec.isolated or props.get("isolated") == "true"
         rec.memory_safety = rec.memory_safety or props.get("memory_safety") == "true"
+        rec.names_faults = rec.names_faults or props.get("names_faults") == "true"
         for key in ("modules_loaded", "sources_read", "kernels_launched"):
             if props.get(key):
                 getattr(rec, key).extend(x for x in props[key].split() if x not in getattr(rec, key))

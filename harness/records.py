@@ -66,6 +66,7 @@ class GateRecord:
     compile_options: list[str] = field(default_factory=list)
     isolated: bool = False  # ran alone in a fresh worker process (trap gates)
     memory_safety: bool = False  # written for a memory-safety property (trap gates, @pytest.mark.memory_safety)
+    names_faults: bool = False  # turns a device error on valid input into its own assertion (@pytest.mark.names_faults)
     modules_loaded: list[str] = field(default_factory=list)  # kernel-root-relative modules the gate loaded
     sources_read: list[str] = field(default_factory=list)  # kernel-root-relative sources it read (structural)
     kernels_launched: list[str] = field(default_factory=list)  # "file.cu:name" of each kernel it launched

@@ -228,6 +228,7 @@ def test_the_recheck_in_workers_ends_the_campaigns_workers_and_never_reuses_one(
     config = MutateConfig(rootdir=tmp_path, kernel_root=Path("kernels"), report_dir=Path("r"), gpu_jobs=4)
     gates = {"gates/test_k.py::test_a": SimpleNamespace(duration=1.0)}
     coverage = SimpleNamespace(gates=gates, memory_safety_gates=lambda: frozenset({"gates/test_k.py::test_a"}),
+                               fault_naming_gates=lambda: frozenset({"gates/test_k.py::test_a"}),
                                place=lambda nodeid: (False, True))  # not a trap gate; it launches kernels
     slots = _fresh_worker_slots(config, tmp_path / "cache", SimpleNamespace(arch="sm_90", coverage=coverage),
                                 campaign_executors)
@@ -237,6 +238,7 @@ def test_the_recheck_in_workers_ends_the_campaigns_workers_and_never_reuses_one(
     for s in slots:
         assert s.reuse is False and s.spares == 4 and s.arch == "sm_90"
         assert s.memory_safety == {"gates/test_k.py::test_a"}  # the campaign's fault cap spares them
+        assert s.names_faults == {"gates/test_k.py::test_a"}  # ... and these, run first after a fault
         assert s.trap_gates == frozenset()
         assert s.gate_deadlines and s.gate_deadlines["gates/test_k.py::test_a"] > 1.0
     assert set(campaign_executors) == {("recheck", "0"), ("recheck", "1")}, "closed with the campaign's"

@@ -478,6 +478,13 @@ def test_a_mutant_that_faults_gate_after_gate_stops_after_a_few_faults(suite):
     by_gate = {o.nodeid: o.outcome for o in runs.outcomes}
     assert [by_gate[g] for g in launches] == ["failed"] * MAX_FAULTS + ["not run"] * 2, by_gate
     ex.trap_gates = frozenset()
+    # a gate that names a fault by its own assertion (@pytest.mark.names_faults) runs first
+    # after the first fault, before the memory-safety gates
+    ex.memory_safety, ex.names_faults = frozenset({launches[5]}), frozenset({launches[4]})
+    runs = ex.run(_mutant(root, "faults-naming", KERNEL + "// FAULT\n"), launches, 60)
+    order = [o.nodeid for o in runs.outcomes if o.outcome != "not run"]
+    assert order == [launches[0], launches[4], launches[5]], runs.outcomes
+    ex.memory_safety, ex.names_faults = frozenset(), frozenset()
     ex.stop_on_kill = False  # --all-gates: the whole matrix, every fault
     runs = ex.run(_mutant(root, "faults-all", KERNEL + "// FAULT\n"), launches, 60)
     assert [o.outcome for o in runs.outcomes] == ["failed"] * 6

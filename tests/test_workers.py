@@ -177,6 +177,7 @@ def test_gpu_gates_share_a_warm_worker_and_each_trap_gate_gets_a_fresh_one(suite
             open("pids", "a").write(f"t {os.getpid()}\\n")
             fire_trap()
         @pytest.mark.memory_safety
+        @pytest.mark.names_faults
         @pytest.mark.gpu
         @pytest.mark.link
         def test_4():
@@ -206,6 +207,9 @@ def test_gpu_gates_share_a_warm_worker_and_each_trap_gate_gets_a_fresh_one(suite
 
     assert Coverage.from_report(suite.path / "rep" / "gates.json").memory_safety_gates() == {
         "test_s.py::test_2_trap", "test_s.py::test_3_trap", "test_s.py::test_4"}
+    # a gate marked names_faults is recorded so, for a campaign to run it first after a fault
+    assert gates["test_4"]["names_faults"] is True and gates["test_1"]["names_faults"] is False
+    assert Coverage.from_report(suite.path / "rep" / "gates.json").fault_naming_gates() == {"test_s.py::test_4"}
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])

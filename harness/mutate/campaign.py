@@ -454,6 +454,8 @@ def arm(executor, config: MutateConfig, coverage: Coverage | None) -> None:
         executor.gate_deadlines = gate_deadlines(config, coverage)
     if hasattr(executor, "memory_safety"):
         executor.memory_safety = coverage.memory_safety_gates()
+    if hasattr(executor, "names_faults"):
+        executor.names_faults = coverage.fault_naming_gates()
     if hasattr(executor, "trap_gates"):
         executor.trap_gates = frozenset(g for g in coverage.gates if coverage.place(g)[0])
 

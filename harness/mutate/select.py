@@ -42,6 +42,7 @@ class GateInfo:
     isolated: bool = False
     memory_safety: bool = False  # written for a memory-safety property: a fault in it is its verdict
     kernels: frozenset[str] | None = None  # "file.cu:name" of each kernel it launched; None: not recorded
+    names_faults: bool = False  # fails by its own assertion on a device error with valid input
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,10 @@ class Coverage:
         """Gates written for a memory-safety property (a fault in them is their verdict)."""
         return frozenset(n for n, g in self.gates.items() if g.memory_safety)
 
+    def fault_naming_gates(self) -> frozenset[str]:
+        """Gates that turn a device error on valid input into their own assertion."""
+        return frozenset(n for n, g in self.gates.items() if g.names_faults)
+
     def seconds(self, nodeids) -> float:
         """What these gates took together in the baseline."""
         return sum(self.gates[n].duration for n in nodeids if n in self.gates)
@@ -171,13 +176,14 @@ class Coverage:
                 isolated=bool(rec.get("isolated")),
                 memory_safety=bool(rec.get("memory_safety")),  # the plugin marks trap gates so too
                 kernels=field("kernels_launched"),
+                names_faults=bool(rec.get("names_faults")),
             )
             previous = seen.get(nodeid)
             if previous is not None:  # setup/teardown lines: keep one, with the longest time
                 info = GateInfo(nodeid, info.file, info.kind, max(info.duration, previous.duration),
                                 _union(previous.modules, info.modules), _union(previous.sources, info.sources),
                                 info.isolated or previous.isolated, info.memory_safety or previous.memory_safety,
-                                _union(previous.kernels, info.kernels))
+                                _union(previous.kernels, info.kernels), info.names_faults or previous.names_faults)
             seen[nodeid] = info
         return cls(list(seen.values()))
 

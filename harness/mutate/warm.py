@@ -76,6 +76,9 @@ class WarmExecutor:
     reuse: bool = True
     gate_deadlines: dict | None = None  # {nodeid: seconds}: each gate's own deadline (the campaign's auto)
     memory_safety: frozenset = frozenset()  # gates written for memory safety: run even past MAX_FAULTS
+    # gates that fail by their own assertion when a guard fires on valid input
+    # (@pytest.mark.names_faults): after a first fault they run first, and past MAX_FAULTS too
+    names_faults: frozenset = frozenset()
     # gates that run last, each in a worker of its own (trap gates: they expect a trap): after
     # a fault they are not moved first, and past MAX_FAULTS they do not run (a fault there is
     # what they expect, not a kill)
@@ -264,8 +267,13 @@ class WarmExecutor:
             remaining = [g for g in remaining if g not in done]
             if not poisoned or (killed and self.stop_on_kill):
                 break
-            # where a fault is a kill: a memory-safety gate that does not expect a trap itself
-            safe = [g for g in remaining if g in self.memory_safety and g not in self.trap_gates]
+            # where a fault is a kill: a memory-safety gate that does not expect a trap itself; and
+            # before them the gates that name a fault by their own assertion (a guard that fires on
+            # valid metadata: on the H200, 8 QK-RoPE mutants that trapped so in every decode link
+            # stopped at the fault cap before the gate that would have said so ran)
+            naming = [g for g in remaining if g in self.names_faults and g not in self.trap_gates]
+            safe = naming + [g for g in remaining if g in self.memory_safety and g not in self.trap_gates
+                             and g not in naming]
             if faulted and self.stop_on_kill:
                 # The mutant faults: those gates next. Run in the gates' order, such a mutant
                 # faulted in four gates (a fresh worker and a trap surfacing each, the GPU's
