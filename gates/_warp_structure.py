@@ -91,6 +91,7 @@ class Constants:
         self._seen: set[str] = set()
         self._absorb(text)
         self._evaluating: set[str] = set()
+        self._values: dict[str, int] = {}  # each name evaluated once (a macro's text is parsed each time)
 
     def _absorb(self, text: str) -> None:
         tree = parse(text)
@@ -124,6 +125,11 @@ class Constants:
         return False
 
     def value(self, name: str) -> int:
+        if name not in self._values:
+            self._values[name] = self._value(name)
+        return self._values[name]
+
+    def _value(self, name: str) -> int:
         while name not in self._defs and self._more():
             pass
         found = self._defs.get(name)
@@ -218,7 +224,7 @@ def loop_variable(loop) -> tuple[str, object] | None:
     return None
 
 
-def _step(update, var: str, value: int, consts: Constants) -> int:
+def _step(update, var: str, value: int, consts: Constants, env: dict[str, int] | None = None) -> int:
     if update is None:
         raise Unevaluable("the loop has no step")
     if update.type == "update_expression":
@@ -227,7 +233,7 @@ def _step(update, var: str, value: int, consts: Constants) -> int:
             return value + (1 if "++" in text_of(update) else -1)
     if update.type == "assignment_expression" and text_of(update.child_by_field_name("left")) == var:
         op = text_of(update.child_by_field_name("operator"))
-        right = evaluate(update.child_by_field_name("right"), {var: value}, consts)
+        right = evaluate(update.child_by_field_name("right"), {**(env or {}), var: value}, consts)
         if op == "=":
             return right
         base = op[:-1]
@@ -238,7 +244,7 @@ def _step(update, var: str, value: int, consts: Constants) -> int:
     raise Unevaluable(f"the step `{text_of(update)}` is not an update of `{var}` this gate reads")
 
 
-def loop_values(loop, consts: Constants, env: dict[str, int] | None = None) -> list[int]:
+def loop_values(loop, consts: Constants, env: dict[str, int] | None = None, max_steps: int = MAX_LOOP_STEPS) -> list[int]:
     """The values the loop variable takes in the body, in order (`env` binds the other names
     its init and condition read: a thread's index, a runtime bound)."""
     found = loop_variable(loop)
@@ -249,13 +255,19 @@ def loop_values(loop, consts: Constants, env: dict[str, int] | None = None) -> l
     if cond is None:
         raise Unevaluable("the loop has no condition")
     env = dict(env or {})
+    # an `unsigned` loop variable wraps modulo 2^32, as on the device (`t -= 8` from 7 ends a
+    # `t < T` loop; as a Python int it would never end)
+    declared = loop.child_by_field_name("initializer")
+    wrap = declared is not None and declared.type == "declaration" and "unsigned" in text_of(declared).split("=")[0]
     value, values = evaluate(init, env, consts), []
-    for _ in range(MAX_LOOP_STEPS):
+    for _ in range(max_steps):
+        if wrap:
+            value %= 1 << 32
         if not evaluate(cond, {**env, var: value}, consts):
             return values
         values.append(value)
-        value = _step(loop.child_by_field_name("update"), var, value, consts)
-    raise Unevaluable(f"the loop does not end within {MAX_LOOP_STEPS} steps (values {values[:8]}...)")
+        value = _step(loop.child_by_field_name("update"), var, value, consts, env)
+    raise Unevaluable(f"the loop does not end within {max_steps} steps (values {values[:8]}...)")
 
 
 # ------------------------------------------------------------------ calls

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import pytest
 
+from gates._thread_roles import (THREAD, WARP, guards, initialisers, kernel, name_of, partition_problem, passes,
+                                 strided_loops, thread_env)
 from gates._warp_structure import Constants, Unevaluable, _walk, evaluate, line_of, loop_values, parse, text_of
 from harness.source import read_source
 from kernels_cu import lm_head
@@ -36,14 +38,10 @@ from kernels_cu import lm_head
 pytestmark = pytest.mark.structural
 
 KERNELS = ("lm_head_partial", "lm_head_reduce")
-WARP = 32
 # The kernels whose `warp` chooses what a whole hardware warp does together (rows summed with
 # full-mask shuffles): it must be uniform across the warp. lm_head_reduce's `warp` names only
 # the slot its storing lane writes.
 WARP_UNIFORM = ("lm_head_partial",)
-# Bounds a strided loop is run at: below, on and past a warp and a block, and a few in between.
-BOUNDS = (0, 1, 7, 31, 32, 33, 100, 255, 256, 257, 300, 513)
-THREAD = "threadIdx.x"
 
 
 def _source(kernel_root):
@@ -52,23 +50,10 @@ def _source(kernel_root):
 
 
 def _kernel(tree, name):
-    for node in _walk(tree.root_node):
-        if node.type == "function_definition":
-            decl = node.child_by_field_name("declarator")
-            while decl is not None and decl.type != "function_declarator":
-                decl = decl.child_by_field_name("declarator")
-            if decl is not None and text_of(decl.child_by_field_name("declarator")) == name:
-                return node
-    pytest.fail(f"{lm_head.SOURCE}: no kernel `{name}`; this gate reads {', '.join(KERNELS)}")
-
-
-def _initialisers(fn) -> dict[str, object]:
-    """{name: value node} of the body's `T name = value` declarations (the first of each name)."""
-    out = {}
-    for node in _walk(fn.child_by_field_name("body")):
-        if node.type == "init_declarator" and node.child_by_field_name("declarator").type == "identifier":
-            out.setdefault(text_of(node.child_by_field_name("declarator")), node.child_by_field_name("value"))
-    return out
+    fn = kernel(tree, name)
+    if fn is None:
+        pytest.fail(f"{lm_head.SOURCE}: no kernel `{name}`; this gate reads {', '.join(KERNELS)}")
+    return fn
 
 
 def _shared_arrays(fn, consts) -> dict[str, tuple[int, int]]:
@@ -84,38 +69,6 @@ def _shared_arrays(fn, consts) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _thread_env(inits, consts, tid: int) -> dict[str, int]:
-    """`threadIdx.x`, `warp` and `lane` of thread `tid` (the names the kernels give them)."""
-    env = {THREAD: tid}
-    for name in ("warp", "lane"):
-        if name in inits:
-            env[name] = evaluate(inits[name], env, consts)
-    return env
-
-
-def _guards(node, fn):
-    """The conditions of the `if` statements whose consequence holds `node`, innermost first."""
-    out, child, parent = [], node, node.parent
-    while parent is not None and parent != fn:
-        if parent.type == "if_statement" and parent.child_by_field_name("consequence") == child:
-            cond = parent.child_by_field_name("condition")  # a condition_clause: `(lane == 0)`
-            out.append(cond.named_children[-1] if cond.type == "condition_clause" else cond)
-        child, parent = parent, parent.parent
-    return out
-
-
-def _runs(guards, env, consts) -> bool:
-    """Whether a thread with `env` passes every guard it can be evaluated against (one that
-    reads a runtime value, `v >= V`, is taken as passed: the check errs towards more threads)."""
-    for cond in guards:
-        try:
-            if not evaluate(cond, env, consts):
-                return False
-        except Unevaluable:
-            continue
-    return True
-
-
 def _enclosing_loop(node, name):
     parent = node.parent
     while parent is not None:
@@ -128,23 +81,16 @@ def _enclosing_loop(node, name):
 
 
 def _problem(fn, node, text: str) -> str:
-    return f"{lm_head.SOURCE} line {line_of(node)} ({_name(fn)}): {text}"
-
-
-def _name(fn) -> str:
-    decl = fn.child_by_field_name("declarator")
-    while decl.type != "function_declarator":
-        decl = decl.child_by_field_name("declarator")
-    return text_of(decl.child_by_field_name("declarator"))
+    return f"{lm_head.SOURCE} line {line_of(node)} ({name_of(fn)}): {text}"
 
 
 def test_lm_head_every_shared_slot_a_thread_indexes_lies_inside_its_array(kernel_root):
     text, consts, tree = _source(kernel_root)
     threads = consts.value("LM_HEAD_THREADS")
     problems, checked = [], 0
-    for kernel in KERNELS:
-        fn = _kernel(tree, kernel)
-        arrays, inits = _shared_arrays(fn, consts), _initialisers(fn)
+    for name in KERNELS:
+        fn = _kernel(tree, name)
+        arrays, inits = _shared_arrays(fn, consts), initialisers(fn)
         for node in _walk(fn.child_by_field_name("body")):
             if node.type != "subscript_expression":
                 continue
@@ -154,12 +100,12 @@ def test_lm_head_every_shared_slot_a_thread_indexes_lies_inside_its_array(kernel
             slots, declared = arrays[name]
             index = node.child_by_field_name("indices") or node.child_by_field_name("index")
             index = index.named_children[0] if index is not None and index.type == "subscript_argument_list" else index
-            guards, seen = _guards(node, fn), set()
+            conds, seen = guards(node, fn), set()
             try:
                 loop = _enclosing_loop(node, text_of(index)) if index.type == "identifier" else None
                 for tid in range(threads):
-                    env = _thread_env(inits, consts, tid)
-                    if not _runs(guards, env, consts):
+                    env = thread_env(fn, inits, consts, tid, threads)
+                    if not passes(conds, env, consts):
                         continue
                     if loop is not None:
                         seen.update(loop_values(loop, consts, env))
@@ -183,80 +129,57 @@ def test_lm_head_warps_and_lanes_take_one_role_each(kernel_root):
     threads = consts.value("LM_HEAD_THREADS")
     warps = threads // WARP
     problems = []
-    for kernel in KERNELS:
-        fn = _kernel(tree, kernel)
-        inits = _initialisers(fn)
-        if "warp" not in inits or "lane" not in inits:
-            problems.append(f"{lm_head.SOURCE} ({kernel}): no `warp = ...` and `lane = ...`; this gate reads them")
+    for name in KERNELS:
+        fn = _kernel(tree, name)
+        inits = initialisers(fn)
+        if not {"warp", "lane"} <= {name for name, _ in inits}:
+            problems.append(f"{lm_head.SOURCE} ({name}): no `warp = ...` and `lane = ...`; this gate reads them")
             continue
         try:
-            envs = [_thread_env(inits, consts, tid) for tid in range(threads)]
+            envs = [thread_env(fn, inits, consts, tid, threads) for tid in range(threads)]
         except Unevaluable as exc:
-            problems.append(_problem(fn, inits["warp"], f"cannot read warp and lane: {exc}"))
+            problems.append(_problem(fn, fn, f"cannot read warp and lane: {exc}"))
             continue
+        if any("warp" not in e or "lane" not in e for e in envs):
+            problems.append(_problem(fn, fn, "cannot evaluate `warp` and `lane` from the thread's index"))
+            continue
+        where = dict(inits)
         storers = []
         for hw in range(warps):
             group = envs[hw * WARP:(hw + 1) * WARP]
             first = [e[THREAD] for e in group if e["lane"] == 0]
             if first != [hw * WARP]:
-                problems.append(_problem(fn, inits["lane"], f"in hardware warp {hw} the threads with lane == 0 are "
+                problems.append(_problem(fn, where["lane"], f"in hardware warp {hw} the threads with lane == 0 are "
                                                             f"{first}: exactly one, its first ({hw * WARP}), must "
                                                             "store the warp's slot (the shift-down sum leaves the "
                                                             "result there)"))
             else:
                 storers.append(group[0]["warp"])
-            if kernel in WARP_UNIFORM and len({e["warp"] for e in group}) != 1:
-                problems.append(_problem(fn, inits["warp"], f"`warp` differs across hardware warp {hw} "
+            if name in WARP_UNIFORM and len({e["warp"] for e in group}) != 1:
+                problems.append(_problem(fn, where["warp"], f"`warp` differs across hardware warp {hw} "
                                                             f"({sorted({e['warp'] for e in group})}): its lanes score "
                                                             "one row together with full-mask shuffles"))
         if len(storers) == warps and sorted(storers) != list(range(warps)):
-            problems.append(_problem(fn, inits["warp"], f"the storing lanes' `warp` is {storers}: each of the "
+            problems.append(_problem(fn, where["warp"], f"the storing lanes' `warp` is {storers}: each of the "
                                                         f"{warps} slots must be written once"))
     assert not problems, "\n".join([*problems, "  warp = threadIdx.x >> 5 and lane = threadIdx.x & 31"])
-
-
-def _strided_loops(fn):
-    """`for` loops whose variable starts at a thread's lane or index."""
-    for node in _walk(fn.child_by_field_name("body")):
-        if node.type == "for_statement":
-            init = node.child_by_field_name("initializer")
-            names = {text_of(n) for n in _walk(init) if n.type in ("identifier", "field_expression")} if init else set()
-            if "lane" in names or THREAD in names:
-                yield node
 
 
 def test_lm_head_strided_loops_visit_every_index_once(kernel_root):
     text, consts, tree = _source(kernel_root)
     threads = consts.value("LM_HEAD_THREADS")
     problems, checked = [], 0
-    for kernel in KERNELS:
-        fn = _kernel(tree, kernel)
-        inits = _initialisers(fn)
-        for loop in _strided_loops(fn):
+    for name in KERNELS:
+        fn = _kernel(tree, name)
+        inits = initialisers(fn)
+        for loop in strided_loops(fn, inits):
             checked += 1
-            head = text_of(loop).split(")")[0] + ")"  # `for (init; cond; step)`
-            by_lane = "lane" in {text_of(n) for n in _walk(loop.child_by_field_name("initializer"))}
-            team = range(WARP) if by_lane else range(threads)
-            var = text_of(loop.child_by_field_name("initializer").child_by_field_name("declarator")
-                          .child_by_field_name("declarator"))
-            cond = loop.child_by_field_name("condition")
-            bound = [text_of(n) for n in _walk(cond) if n.type == "identifier" and text_of(n) != var]
             try:
-                for n in BOUNDS:
-                    counts: dict[int, int] = {}
-                    for t in team:
-                        env = _thread_env(inits, consts, t)
-                        env.update({b: n for b in bound})
-                        for i in loop_values(loop, consts, env):
-                            counts[i] = counts.get(i, 0) + 1
-                    wrong = sorted(i for i in set(counts) | set(range(n)) if counts.get(i, 0) != 1 or not 0 <= i < n)
-                    if wrong:
-                        who = "a warp's lanes" if by_lane else "a block's threads"
-                        problems.append(_problem(fn, loop, f"`{head}`: over {who} with {'/'.join(bound) or 'its bound'} "
-                                                           f"= {n}, indices {wrong[:8]} are not visited exactly once"))
-                        break
+                problem = partition_problem(fn, loop, inits, consts, threads)
             except Unevaluable as exc:
-                problems.append(_problem(fn, loop, f"`{head}`: {exc}"))
+                problem = f"`{text_of(loop).split(')')[0]})`: {exc}"
+            if problem:
+                problems.append(_problem(fn, loop, problem))
     assert checked >= 2, f"{lm_head.SOURCE}: found {checked} strided loops; this gate reads `c = lane` and `b = threadIdx.x`"
     assert not problems, "\n".join([*problems, "  step a lane-strided loop by 32 and a block-strided one by "
                                                "LM_HEAD_THREADS, from the lane or thread index"])
