@@ -46,8 +46,9 @@ def kernel(tree, name: str):
     return functions(tree).get(name)
 
 
-def block_size(fn, consts: Constants) -> int | None:
-    """The block size a kernel's `__launch_bounds__(N)` names, or None."""
+def block_size(fn, consts: Constants, env: dict[str, int] | None = None) -> int | None:
+    """The block size a kernel's `__launch_bounds__(N)` names (`env`: its template
+    arguments), or None."""
     for node in _walk(fn):
         if node.type == "compound_statement":
             break
@@ -55,7 +56,7 @@ def block_size(fn, consts: Constants) -> int | None:
                 text_of(node).startswith("__launch_bounds__"):
             args = node.child_by_field_name("arguments")
             if args is not None and args.named_children:
-                return evaluate(args.named_children[0], {}, consts)
+                return evaluate(args.named_children[0], env or {}, consts)
     text = text_of(fn)
     if "__launch_bounds__(" in text.split("{", 1)[0]:
         from gates._warp_structure import _expression
@@ -65,7 +66,7 @@ def block_size(fn, consts: Constants) -> int | None:
         while depth and end < len(spelling):
             depth += {"(": 1, ")": -1}.get(spelling[end], 0)
             end += 1
-        return evaluate(_expression(spelling[:end - 1].split(",")[0]), {}, consts)
+        return evaluate(_expression(spelling[:end - 1].split(",")[0]), env or {}, consts)
     return None
 
 

@@ -187,6 +187,9 @@ def evaluate(node, env: dict[str, int], consts: Constants) -> int:
         return env[name] if name in env else consts.value(name)
     if kind == "field_expression" and text_of(node) in env:  # threadIdx.x, bound by the caller
         return env[text_of(node)]
+    if kind == "qualified_identifier":  # pa::LANES: namespace constants are read by their own name
+        name = text_of(node).split("::")[-1].strip()
+        return env[name] if name in env else consts.value(name)
     if kind == "unary_expression":
         op, arg = text_of(node.child_by_field_name("operator")), node.child_by_field_name("argument")
         value = evaluate(arg, env, consts)

@@ -1,4 +1,4 @@
-"""Structural gates: the FP8 GEMV and MoE kernels' threads take one role each.
+"""Structural gates: the FP8 GEMV, MoE and paged-attention kernels' threads take one role each.
 
 They read the `.cu` of the ACTIVE kernel root (a control's or mutant's sandbox) through
 harness.source, parse it with the tree-sitter CUDA grammar and evaluate each kernel's index
@@ -17,7 +17,7 @@ section 9):
   element past the row.
 - **A warp's work is the warp's.** Where a warp's 32 lanes work on one row or one expert
   with full-mask shuffles after a warp-uniform exit (`fp8_gemv`'s row `n`, `moe_router`'s
-  expert `e`), the value that picks it is the same across each hardware warp, for every
+  expert `e`, paged attention's split, head, row and tile), the value that picks it is the same across each hardware warp, for every
   block; lanes that pick different work leave the shuffle apart and the warp never returns.
 - **One lane stores a warp's result, its first.** Where lane 0 stores what a shift-down sum
   left there (`fp8_gemv`, `moe_router`, `moe_glu`, `moe_down`), exactly one thread of each
@@ -45,8 +45,17 @@ KERNELS = {
 WARP_WORK = {
     ("fp8_gemv.cu", "fp8_gemv"): ("warp", "n"),
     ("moe_decode.cu", "moe_router"): ("warp", "e"),
+    ("paged_attention.cu", "paged_decode"): ("warp", "split", "h", "row"),
+    ("paged_attention.cu", "paged_prefill"): ("warp", "tile", "h"),
+}
+# (file, kernel) -> the template arguments it is checked at (the launcher's instantiations)
+TEMPLATE_ARGS = {
+    ("paged_attention.cu", "paged_decode"): {"HD": 256},
+    ("paged_attention.cu", "paged_prefill"): {"HD": 256, "ROWS": 8},
 }
 # kernels where lane 0 of each warp stores the warp's result
+# (paged attention's are not: its xor butterflies leave the same bits in every lane, so any
+# one lane may store them, and its lanes rotated by one survived the campaign as equivalent)
 LANE_ZERO_STORES = (("fp8_gemv.cu", "fp8_gemv"), ("moe_decode.cu", "moe_router"), ("moe_decode.cu", "moe_glu"),
                     ("moe_decode.cu", "moe_down"))
 BLOCKS = (0, 1, 5)  # blockIdx.x values the warp-work check is run at
@@ -67,7 +76,7 @@ def _include(kernel_root, include: str) -> str | None:
 def _kernel(tree, file: str, name: str):
     fn = kernel(tree, name)
     if fn is None:
-        pytest.fail(f"{file}: no kernel `{name}`; this gate reads {', '.join(KERNELS[file])}")
+        pytest.fail(f"{file}: no kernel `{name}`; this gate reads it")
     return fn
 
 
@@ -110,10 +119,12 @@ def test_strided_loops_take_every_index_once(kernel_root, file):
 def test_a_warps_work_is_the_same_for_all_its_lanes(kernel_root, file, name):
     consts, tree = _read(kernel_root, file)
     fn = _kernel(tree, file, name)
-    block, inits = block_size(fn, consts), initialisers(fn)
+    targs = TEMPLATE_ARGS.get((file, name), {})
+    block, inits = block_size(fn, consts, targs), initialisers(fn)
     problems = []
     for b in BLOCKS:
-        envs = [thread_env(fn, inits, consts, tid, block, extra={"blockIdx.x": b}) for tid in range(block)]
+        envs = [thread_env(fn, inits, consts, tid, block, extra={**targs, "blockIdx.x": b, "blockIdx.y": b,
+                                                                "blockIdx.z": b}) for tid in range(block)]
         for local in WARP_WORK[(file, name)]:
             if any(local not in e for e in envs):
                 problems.append(f"{file} ({name}): cannot evaluate `{local}` from the thread's and block's index")
@@ -131,8 +142,9 @@ def test_a_warps_work_is_the_same_for_all_its_lanes(kernel_root, file, name):
 def test_one_lane_stores_each_warps_result_its_first(kernel_root, file, name):
     consts, tree = _read(kernel_root, file)
     fn = _kernel(tree, file, name)
-    block, inits = block_size(fn, consts), initialisers(fn)
-    envs = [thread_env(fn, inits, consts, tid, block) for tid in range(block)]
+    targs = TEMPLATE_ARGS.get((file, name), {})
+    block, inits = block_size(fn, consts, targs), initialisers(fn)
+    envs = [thread_env(fn, inits, consts, tid, block, extra=targs) for tid in range(block)]
     assert all("lane" in e for e in envs), f"{file} ({name}): cannot evaluate `lane` from the thread's index"
     problems = []
     for hw in range(block // WARP):
