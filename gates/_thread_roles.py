@@ -20,7 +20,8 @@ kernel's runtime sizes bound to trial values.
 
 from __future__ import annotations
 
-from gates._warp_structure import Constants, Unevaluable, _walk, evaluate, loop_values, loop_variable, text_of
+from gates._warp_structure import (Constants, Unevaluable, _function_name, _walk, evaluate, loop_values,
+                                   loop_variable, text_of)
 
 THREAD, BLOCK = "threadIdx.x", "blockDim.x"
 WARP = 32
@@ -29,11 +30,8 @@ SIZES = (0, 1, 31, 33, 100, 256, 257, 513)
 
 
 def name_of(fn) -> str:
-    decl = fn.child_by_field_name("declarator")
-    while decl is not None and decl.type != "function_declarator":
-        decl = decl.child_by_field_name("declarator")
-    inner = decl.child_by_field_name("declarator") if decl is not None else None
-    return text_of(inner) if inner is not None else "?"
+    """A function definition's name ("?" when it has none the grammar shows)."""
+    return _function_name(fn)
 
 
 def functions(tree) -> dict:
