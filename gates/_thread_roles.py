@@ -13,6 +13,8 @@ kernel's runtime sizes bound to trial values.
   parameters (each bound to `size`) and every local that can be evaluated from them.
 - `guards(node, fn)` and `passes(guards, env, consts)`: the `if` conditions around a
   statement, and whether a thread passes them (one it cannot evaluate counts as passed).
+- `first_lanes(envs, hw)` and `warp_values(envs, hw, local)`: what a hardware warp's threads
+  hold.
 - `strided_loops(fn, inits)` and `partition_problem(...)`: the loops whose variable starts
   at a thread's own index, and whether the threads' sequences take each index below the
   bound exactly once.
@@ -109,6 +111,22 @@ def thread_env(fn, inits, consts: Constants, tid: int, block: int, size: int = 2
         except Unevaluable:
             continue
     return env
+
+
+def hardware_warp(envs, hw: int) -> list[dict]:
+    """The environments of hardware warp `hw`'s 32 threads (envs indexed by thread)."""
+    return envs[hw * WARP:(hw + 1) * WARP]
+
+
+def first_lanes(envs, hw: int) -> list[int]:
+    """The threads of hardware warp `hw` whose `lane` is 0 (one, its first, where lane 0
+    stores the warp's result)."""
+    return [e[THREAD] for e in hardware_warp(envs, hw) if e["lane"] == 0]
+
+
+def warp_values(envs, hw: int, local: str) -> list[int]:
+    """The values `local` takes across hardware warp `hw` (one, where it picks the warp's work)."""
+    return sorted({e[local] for e in hardware_warp(envs, hw)})
 
 
 def guards(node, fn) -> list:

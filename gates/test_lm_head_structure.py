@@ -19,18 +19,17 @@ section 9):
   hardware warp, its first (the one the shift-down sum leaves holding the result), stores
   the warp's slot, and the storing lanes fill every slot once. Two lanes storing one slot
   is a race the H200 happens to order.
-- **Strided loops visit every index once.** A lane-strided loop (`c = lane; c < steps;
-  c += 32`) over a warp's lanes, and a block-strided one (`b = threadIdx.x; b < blocks;
-  b += LM_HEAD_THREADS`) over a block's threads, together take each index below the bound
-  exactly once, for bounds on and off every multiple (a step of 0 never ends: a hang).
+
+Its strided loops (`c = lane; c < steps; c += 32`, `b = threadIdx.x; b < blocks;
+b += LM_HEAD_THREADS`) are checked with every family's, in `gates/test_thread_roles.py`.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gates._thread_roles import (THREAD, WARP, guards, initialisers, kernel, name_of, partition_problem, passes,
-                                 strided_loops, thread_env)
+from gates._thread_roles import (WARP, first_lanes, guards, initialisers, kernel, name_of, passes, thread_env,
+                                 warp_values)
 from gates._warp_structure import Constants, Unevaluable, _walk, evaluate, line_of, loop_values, parse, text_of
 from harness.source import read_source
 from kernels_cu import lm_head
@@ -46,7 +45,7 @@ WARP_UNIFORM = ("lm_head_partial",)
 
 def _source(kernel_root):
     text = read_source(kernel_root / lm_head.SOURCE)
-    return text, Constants(text), parse(text)
+    return Constants(text), parse(text)
 
 
 def _kernel(tree, name):
@@ -85,7 +84,7 @@ def _problem(fn, node, text: str) -> str:
 
 
 def test_lm_head_every_shared_slot_a_thread_indexes_lies_inside_its_array(kernel_root):
-    text, consts, tree = _source(kernel_root)
+    consts, tree = _source(kernel_root)
     threads = consts.value("LM_HEAD_THREADS")
     problems, checked = [], 0
     for name in KERNELS:
@@ -94,10 +93,10 @@ def test_lm_head_every_shared_slot_a_thread_indexes_lies_inside_its_array(kernel
         for node in _walk(fn.child_by_field_name("body")):
             if node.type != "subscript_expression":
                 continue
-            name = text_of(node.child_by_field_name("argument"))
-            if name not in arrays:
+            array = text_of(node.child_by_field_name("argument"))
+            if array not in arrays:
                 continue
-            slots, declared = arrays[name]
+            slots, declared = arrays[array]
             index = node.child_by_field_name("indices") or node.child_by_field_name("index")
             index = index.named_children[0] if index is not None and index.type == "subscript_argument_list" else index
             conds, seen = guards(node, fn), set()
@@ -117,7 +116,7 @@ def test_lm_head_every_shared_slot_a_thread_indexes_lies_inside_its_array(kernel
             checked += 1
             outside = sorted(i for i in seen if not 0 <= i < slots)
             if outside:
-                problems.append(_problem(fn, node, f"`{text_of(node)}` takes index {outside} but `{name}` "
+                problems.append(_problem(fn, node, f"`{text_of(node)}` takes index {outside} but `{array}` "
                                                    f"(line {declared}) holds {slots} slots"))
     assert checked >= 4, f"{lm_head.SOURCE}: found {checked} shared-slot accesses; this gate reads s_val/s_idx"
     assert not problems, "\n".join([*problems, "  size each warp-slot array for every warp of the block "
@@ -125,7 +124,7 @@ def test_lm_head_every_shared_slot_a_thread_indexes_lies_inside_its_array(kernel
 
 
 def test_lm_head_warps_and_lanes_take_one_role_each(kernel_root):
-    text, consts, tree = _source(kernel_root)
+    consts, tree = _source(kernel_root)
     threads = consts.value("LM_HEAD_THREADS")
     warps = threads // WARP
     problems = []
@@ -146,40 +145,19 @@ def test_lm_head_warps_and_lanes_take_one_role_each(kernel_root):
         where = dict(inits)
         storers = []
         for hw in range(warps):
-            group = envs[hw * WARP:(hw + 1) * WARP]
-            first = [e[THREAD] for e in group if e["lane"] == 0]
+            first = first_lanes(envs, hw)
             if first != [hw * WARP]:
                 problems.append(_problem(fn, where["lane"], f"in hardware warp {hw} the threads with lane == 0 are "
                                                             f"{first}: exactly one, its first ({hw * WARP}), must "
                                                             "store the warp's slot (the shift-down sum leaves the "
                                                             "result there)"))
             else:
-                storers.append(group[0]["warp"])
-            if name in WARP_UNIFORM and len({e["warp"] for e in group}) != 1:
+                storers.append(envs[hw * WARP]["warp"])
+            if name in WARP_UNIFORM and len(warp_values(envs, hw, "warp")) != 1:
                 problems.append(_problem(fn, where["warp"], f"`warp` differs across hardware warp {hw} "
-                                                            f"({sorted({e['warp'] for e in group})}): its lanes score "
+                                                            f"({warp_values(envs, hw, 'warp')}): its lanes score "
                                                             "one row together with full-mask shuffles"))
         if len(storers) == warps and sorted(storers) != list(range(warps)):
             problems.append(_problem(fn, where["warp"], f"the storing lanes' `warp` is {storers}: each of the "
                                                         f"{warps} slots must be written once"))
     assert not problems, "\n".join([*problems, "  warp = threadIdx.x >> 5 and lane = threadIdx.x & 31"])
-
-
-def test_lm_head_strided_loops_visit_every_index_once(kernel_root):
-    text, consts, tree = _source(kernel_root)
-    threads = consts.value("LM_HEAD_THREADS")
-    problems, checked = [], 0
-    for name in KERNELS:
-        fn = _kernel(tree, name)
-        inits = initialisers(fn)
-        for loop in strided_loops(fn, inits):
-            checked += 1
-            try:
-                problem = partition_problem(fn, loop, inits, consts, threads)
-            except Unevaluable as exc:
-                problem = f"`{text_of(loop).split(')')[0]})`: {exc}"
-            if problem:
-                problems.append(_problem(fn, loop, problem))
-    assert checked >= 2, f"{lm_head.SOURCE}: found {checked} strided loops; this gate reads `c = lane` and `b = threadIdx.x`"
-    assert not problems, "\n".join([*problems, "  step a lane-strided loop by 32 and a block-strided one by "
-                                               "LM_HEAD_THREADS, from the lane or thread index"])

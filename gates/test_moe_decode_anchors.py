@@ -157,7 +157,7 @@ def test_post_attn_reads_and_writes_nothing_outside_its_buffers(shape_id):
     # NaN into mid and everything after it, a store outside an output lands in a guard, both
     # by assertion; a read or store further away (a block reduction's slot from lane -1, a
     # token's row from block -1) faults, and a fault here is this gate's verdict
-    # (docs/mutation.md, Verdicts). Not yet run on the device.
+    # (docs/mutation.md, Verdicts).
     s = g.SHAPES[shape_id]
     case = od.post_attn_designed(s.t, s.h, seed=s.h)
     out, wholes = g.run_post_attn_fenced(case.x, case.o, case.w_pa, case.w_router, act_g=case.act_g, eps=case.eps)
@@ -172,8 +172,7 @@ def test_post_attn_reads_and_writes_nothing_outside_its_buffers(shape_id):
 @shapes
 def test_final_reads_and_writes_nothing_outside_its_buffers(shape_id):
     # Issue 11: the designed final anchor with every input between NaN fences (the slots
-    # past K are NaN already) and out between sentinel guards; as above. Not yet run on the
-    # device.
+    # past K are NaN already) and out between sentinel guards; as above.
     s = g.SHAPES[shape_id]
     case, inputs = g.final_designed_inputs(s)
     out, whole = g.run_final_fenced(*inputs, layer_scalar=case.layer_scalar, eps=case.eps, k=s.k)

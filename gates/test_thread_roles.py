@@ -1,16 +1,17 @@
-"""Structural gates: the FP8 GEMV, MoE and paged-attention kernels' threads take one role each.
+"""Structural gates: the FP8 GEMV, lm_head, MoE and paged-attention kernels' threads take one role each.
 
 They read the `.cu` of the ACTIVE kernel root (a control's or mutant's sandbox) through
 harness.source, parse it with the tree-sitter CUDA grammar and evaluate each kernel's index
 expressions for every thread of a block of its `__launch_bounds__` size (gates/_thread_roles.py).
-No GPU. (lm_head's are in `gates/test_lm_head_structure.py`.)
+No GPU. (lm_head's slot bounds and warp and lane roles are in `gates/test_lm_head_structure.py`.)
 
 What a wrong role does on the H200 is hang or come out right, so no value gate names it
 (the full campaign's timeouts and survivors, docs/observed/mutation-campaign-h200.md,
 section 9):
 
 - **Strided loops take every index once.** A loop whose variable starts at a thread's own
-  index (`i = tid; i < H; i += MOE_THREADS`, `c = lane; c < chunks; c += 32`, a half-warp's
+  index (`i = tid; i < H; i += MOE_THREADS`, `c = lane; c < chunks; c += 32`, lm_head's
+  `b = threadIdx.x; b < blocks; b += LM_HEAD_THREADS`, a half-warp's
   `b = tid / 16u; b < nb; b += MOE_THREADS / 16u`) must, over a block's threads, take each
   index below its bound once (threads that share a sequence are one team), at sizes on and
   off every multiple. A step of 0 never ends (a hang); a bound one past reads and writes one
@@ -29,8 +30,8 @@ from __future__ import annotations
 
 import pytest
 
-from gates._thread_roles import (THREAD, WARP, block_size, initialisers, kernel, partition_problem, strided_loops,
-                                 thread_env)
+from gates._thread_roles import (WARP, block_size, first_lanes, initialisers, kernel, partition_problem,
+                                 strided_loops, thread_env, warp_values)
 from gates._warp_structure import Constants, Unevaluable, _walk, line_of, parse, text_of
 from harness.source import read_source
 
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.structural
 # file -> kernels whose strided loops are checked (each with the device functions it names)
 KERNELS = {
     "fp8_gemv.cu": ("fp8_gemv",),
+    "lm_head.cu": ("lm_head_partial", "lm_head_reduce"),
     "moe_decode.cu": ("moe_post_attn", "moe_router", "moe_glu", "moe_down", "moe_final"),
 }
 # (file, kernel) -> the locals that pick a hardware warp's shared work
@@ -130,7 +132,7 @@ def test_a_warps_work_is_the_same_for_all_its_lanes(kernel_root, file, name):
                 problems.append(f"{file} ({name}): cannot evaluate `{local}` from the thread's and block's index")
                 break
             for hw in range(block // WARP):
-                values = sorted({e[local] for e in envs[hw * WARP:(hw + 1) * WARP]})
+                values = warp_values(envs, hw, local)
                 if len(values) != 1:
                     problems.append(f"{file} ({name}): `{local}` differs across hardware warp {hw} of block {b} "
                                     f"({values[:4]}): its lanes leave the warp's full-mask shuffles apart")
@@ -148,7 +150,7 @@ def test_one_lane_stores_each_warps_result_its_first(kernel_root, file, name):
     assert all("lane" in e for e in envs), f"{file} ({name}): cannot evaluate `lane` from the thread's index"
     problems = []
     for hw in range(block // WARP):
-        first = [e[THREAD] for e in envs[hw * WARP:(hw + 1) * WARP] if e["lane"] == 0]
+        first = first_lanes(envs, hw)
         if first != [hw * WARP]:
             problems.append(f"{file} ({name}): in hardware warp {hw} the threads with lane == 0 are {first[:8]}: "
                             f"exactly one, its first ({hw * WARP}), must store the warp's result")
