@@ -199,7 +199,7 @@ def loop_head(loop) -> str:
 
 
 def partition_problem(fn, loop, inits, consts: Constants, block: int, sizes=SIZES,
-                      caps: dict[str, int] | None = None) -> str | None:
+                      caps: dict[str, int] | None = None, extra: dict[str, int] | None = None) -> str | None:
     """None when, for each trial size, the distinct index sequences of the block's threads
     take every index below the loop's bound exactly once (threads that share a sequence are a
     team: a half-warp on one block of 16); else what is wrong."""
@@ -210,11 +210,11 @@ def partition_problem(fn, loop, inits, consts: Constants, block: int, sizes=SIZE
     only = needed([loop.child_by_field_name("initializer"), cond, loop.child_by_field_name("update")], inits)
     params = size_parameters(fn)
     for size in sizes:
-        env0 = thread_env(fn, inits, consts, 0, block, size, only=only, params=params, caps=caps)
+        env0 = thread_env(fn, inits, consts, 0, block, size, extra=extra, only=only, params=params, caps=caps)
         bound = evaluate(cond.child_by_field_name("right"), env0, consts)
         sequences = set()
         for tid in range(block):
-            env = thread_env(fn, inits, consts, tid, block, size, only=only, params=params, caps=caps)
+            env = thread_env(fn, inits, consts, tid, block, size, extra=extra, only=only, params=params, caps=caps)
             sequences.add(tuple(loop_values(loop, consts, env, max_steps=4 * max(sizes) + 64)))
         counts: dict[int, int] = {}
         for seq in sequences:
@@ -224,4 +224,184 @@ def partition_problem(fn, loop, inits, consts: Constants, block: int, sizes=SIZE
         if wrong:
             return (f"`{loop_head(loop)}`: over a block of {block} threads with the sizes at {size}, indices "
                     f"{wrong[:8]} of [0, {bound}) are not taken exactly once")
+    return None
+
+
+# ------------------------------------------------------------------ stores and their writers
+
+def _declared_name(decl) -> str | None:
+    """The identifier a declarator declares (`x`, `*p`, `a[N]`, `a[N][M]`, `x = v`)."""
+    while decl is not None and decl.type != "identifier":
+        decl = decl.child_by_field_name("declarator")
+    return text_of(decl) if decl is not None else None
+
+
+def register_arrays(fn) -> set[str]:
+    """The names of a function's local arrays that are not `__shared__` (they live in
+    registers or local memory: each thread has its own, so they have no shared writers)."""
+    out = set()
+    for node in _walk(fn.child_by_field_name("body")):
+        if node.type != "declaration" or "__shared__" in text_of(node).split("[")[0]:
+            continue
+        for decl in node.children_by_field_name("declarator"):
+            inner = decl.child_by_field_name("declarator") if decl.type == "init_declarator" else decl
+            if inner is not None and inner.type == "array_declarator":
+                out.add(_declared_name(inner))
+    return out
+
+
+def shared_scalars(fn) -> set[str]:
+    """The `__shared__` variables of a function that are not arrays (`__shared__ int is_last;`)."""
+    out = set()
+    for node in _walk(fn.child_by_field_name("body")):
+        if node.type == "declaration" and "__shared__" in text_of(node):
+            for decl in node.children_by_field_name("declarator"):
+                if decl.type == "identifier":
+                    out.add(text_of(decl))
+    return out
+
+
+def shared_extents(fn, consts: Constants, env: dict | None = None) -> dict[str, tuple[int, ...]]:
+    """{name: its dimensions} of the `__shared__` arrays a function declares with sizes this
+    can evaluate (`env`: template arguments); `extern` ones (sized at launch) left out."""
+    out = {}
+    for node in _walk(fn.child_by_field_name("body")):
+        if node.type != "declaration" or "__shared__" not in text_of(node) or "extern" in text_of(node).split("[")[0]:
+            continue
+        for decl in node.children_by_field_name("declarator"):
+            dims = []
+            while decl is not None and decl.type == "array_declarator":
+                try:
+                    dims.append(evaluate(decl.child_by_field_name("size"), env or {}, consts))
+                except (Unevaluable, AttributeError):
+                    dims = None
+                    break
+                decl = decl.child_by_field_name("declarator")
+            if dims and decl is not None and decl.type == "identifier":
+                out[text_of(decl)] = tuple(reversed(dims))
+    return out
+
+
+def memory_stores(fn) -> list:
+    """The assignments of `fn` that store to memory other threads can see: an element of a
+    pointer or a `__shared__` array (`a[i] = v`, `a[i][j] += v`, `*p = v`) or a `__shared__`
+    scalar. A thread's own arrays and fields (`acc[t]`, `st.m`) are left out."""
+    local, scalars, out = register_arrays(fn), shared_scalars(fn), []
+    for node in _walk(fn.child_by_field_name("body")):
+        if node.type != "assignment_expression":
+            continue
+        left = node.child_by_field_name("left")
+        if left.type == "identifier":
+            if text_of(left) in scalars:
+                out.append(node)
+            continue
+        if left.type == "pointer_expression" and text_of(left).startswith("*"):
+            out.append(node)
+            continue
+        base = left
+        while base.type == "subscript_expression":
+            base = base.child_by_field_name("argument")
+        if left.type == "subscript_expression" and base.type == "identifier" and text_of(base) not in local:
+            out.append(node)
+    return out
+
+
+def address(target, env, consts: Constants, moving: set[str] = frozenset()) -> tuple:
+    """(the base's spelling, its evaluated indices) of a store's target (`moving`: the local
+    pointers that differ between threads, whose stores this cannot place)."""
+    if target.type == "identifier":
+        return (text_of(target),)
+    if target.type == "pointer_expression":
+        arg = target.child_by_field_name("argument")
+        if arg.type == "identifier":
+            return ("*" + text_of(arg),)
+        raise Unevaluable(f"`{text_of(target)}` is not a store through a named pointer")
+    indices = []
+    while target.type == "subscript_expression":
+        index = target.child_by_field_name("index")
+        if index is None:  # grammars spell the index as a subscript_argument_list
+            index = target.named_children[-1]
+        while index.type == "subscript_argument_list" and index.named_child_count == 1:
+            index = index.named_children[0]
+        indices.append(evaluate(index, env, consts))
+        target = target.child_by_field_name("argument")
+    if text_of(target) in moving:
+        raise Unevaluable(f"`{text_of(target)}` is a pointer that differs between threads")
+    return (text_of(target), *reversed(indices))
+
+
+def enclosing_loops(node, fn) -> list:
+    """The `for` statements whose body holds `node`, outermost first."""
+    out, child, parent = [], node, node.parent
+    while parent is not None and parent != fn:
+        if parent.type == "for_statement" and parent.child_by_field_name("body") == child:
+            out.append(parent)
+        child, parent = parent, parent.parent
+    return out[::-1]
+
+
+def store_env(fn, store, inits, consts: Constants, tid: int, block: int, extra: dict, params: list[str],
+              size: int, caps: dict[str, int] | None = None) -> dict:
+    """Thread `tid`'s names at `store`, each enclosing loop at its thread's first value."""
+    env = thread_env(fn, inits, consts, tid, block, size, extra=extra, params=params, caps=caps)
+    loops = {}
+    for loop in enclosing_loops(store, fn):
+        found = loop_variable(loop)
+        if found is None:
+            continue
+        try:
+            loops[found[0]] = env[found[0]] = evaluate(found[1], env, consts)
+        except Unevaluable:
+            continue
+    return thread_env(fn, inits, consts, tid, block, size, extra={**extra, **loops}, params=params,
+                      caps=caps) if loops else env
+
+
+def shared_writers(fn, store, consts: Constants, block: int, scope: int, extra: dict | None = None,
+                   bind: dict | None = None, sizes=(1, 33, 256),
+                   extents: dict[str, tuple[int, ...]] | None = None,
+                   caps: dict[str, int] | None = None) -> str | None:
+    """None when, in one step of every enclosing loop, no two threads of a `scope`-thread
+    group (a warp, or the block) that pass the store's guards store to one address, every
+    store to an array of known `extents` is inside it, and some thread stores, at each trial
+    size; else what is wrong. `bind`: parameters that stand for a thread's index ({"lane":
+    "threadIdx.x & 31u"}); `caps`: the bounds a contract puts on runtime sizes. Raises
+    Unevaluable when an address cannot be read."""
+    from gates._warp_structure import _expression
+
+    inits, conds = initialisers(fn), guards(store, fn)
+    bound = {name: _expression(spelling) for name, spelling in (bind or {}).items()}
+    params = [p for p in size_parameters(fn) if p not in bound]
+    target = store.child_by_field_name("left")
+    # local pointers set from a value that differs between threads (`o = out + row * HD` with
+    # a row read from memory): their stores are placed only where the pointer's value can be
+    dep = thread_dependent(inits)
+    moving = {_declared_name(node) for node in _walk(fn.child_by_field_name("body"))
+              if node.type == "init_declarator" and node.child_by_field_name("declarator").type == "pointer_declarator"
+              and _names(node.child_by_field_name("value")) & dep}
+    stored = False
+    for size in sizes:
+        seen: dict[tuple, list[int]] = {}
+        for tid in range(block):
+            own = {name: evaluate(node, {THREAD: tid, BLOCK: block}, consts) for name, node in bound.items()}
+            env = store_env(fn, store, inits, consts, tid, block, {**(extra or {}), **own}, params, size, caps)
+            if not passes(conds, env, consts):
+                continue
+            where = address(target, env, consts, moving)
+            dims = (extents or {}).get(where[0])
+            if dims is not None and (len(dims) != len(where) - 1 or
+                                     any(not 0 <= i < d for i, d in zip(where[1:], dims))):
+                return (f"`{' '.join(text_of(store).split())}`: thread {tid} stores "
+                        f"`{where[0]}{''.join(f'[{i}]' for i in where[1:])}`, outside "
+                        f"`{where[0]}{''.join(f'[{d}]' for d in dims)}` (sizes at {size})")
+            seen.setdefault((tid // scope, where), []).append(tid)
+        stored = stored or bool(seen)
+        shared = {key: tids for key, tids in seen.items() if len(tids) > 1}
+        if shared:
+            (_, where), tids = min(shared.items(), key=lambda kv: kv[1][0])
+            spelled = where[0] + "".join(f"[{i}]" for i in where[1:])
+            return (f"`{' '.join(text_of(store).split())}`: threads {tids[:6]}{' ...' if len(tids) > 6 else ''} "
+                    f"store `{spelled}` in the same step (sizes at {size})")
+    if not stored:
+        return f"`{' '.join(text_of(store).split())}`: no thread of the block stores, at any size {sizes}"
     return None

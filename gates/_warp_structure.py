@@ -196,6 +196,17 @@ def evaluate(node, env: dict[str, int], consts: Constants) -> int:
         ops = {"-": lambda v: -v, "+": lambda v: v, "~": lambda v: ~v, "!": lambda v: int(not v)}
         if op in ops:
             return ops[op](value)
+    if kind in ("true", "false"):
+        return int(kind == "true")
+    if kind == "cast_expression":  # `(unsigned long long)slot`: the value, wrapped as an unsigned type wraps
+        value = evaluate(node.child_by_field_name("value"), env, consts)
+        spelled = " ".join(text_of(node.child_by_field_name("type")).split())
+        if spelled.startswith("unsigned"):
+            return value % (1 << (64 if "long long" in spelled else 32))
+        return value
+    if kind == "conditional_expression":  # `c ? a : b`
+        cond = evaluate(node.child_by_field_name("condition"), env, consts)
+        return evaluate(node.child_by_field_name("consequence" if cond else "alternative"), env, consts)
     if kind == "binary_expression":
         op = text_of(node.child_by_field_name("operator"))
         left = evaluate(node.child_by_field_name("left"), env, consts)
@@ -205,7 +216,7 @@ def evaluate(node, env: dict[str, int], consts: Constants) -> int:
         if op in _BINARY:
             return _BINARY[op](left, right)
     raise Unevaluable(f"`{text_of(node)}` is not an integer constant expression this gate reads "
-                      "(literals, constants, + - * / % << >> & | ^ ~ and comparisons)")
+                      "(literals, constants, casts, + - * / % << >> & | ^ ~, comparisons and `?:`)")
 
 
 # ------------------------------------------------------------------ loops

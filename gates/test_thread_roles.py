@@ -32,7 +32,7 @@ import pytest
 
 from gates._thread_roles import (WARP, block_size, first_lanes, initialisers, kernel, partition_problem,
                                  strided_loops, thread_env, warp_values)
-from gates._warp_structure import Constants, Unevaluable, _walk, line_of, parse, text_of
+from gates._warp_structure import Constants, Unevaluable, _walk, line_of, loop_variable, parse, text_of
 from harness.source import read_source
 
 pytestmark = pytest.mark.structural
@@ -42,7 +42,12 @@ KERNELS = {
     "fp8_gemv.cu": ("fp8_gemv",),
     "lm_head.cu": ("lm_head_partial", "lm_head_reduce"),
     "moe_decode.cu": ("moe_post_attn", "moe_router", "moe_glu", "moe_down", "moe_final"),
+    "paged_attention.cu": ("paged_decode", "paged_combine", "paged_prefill"),
 }
+# (file, kernel) -> strided loops whose bounds are read from memory, by their variable: paged
+# decode's page loop runs from a row's first visible page (its qpos and window); which pages a
+# warp takes is the warp-work gate's and the anchors' business
+DATA_BOUND_LOOPS = {("paged_attention.cu", "paged_decode"): ("p",)}
 # (file, kernel) -> the locals that pick a hardware warp's shared work
 WARP_WORK = {
     ("fp8_gemv.cu", "fp8_gemv"): ("warp", "n"),
@@ -53,6 +58,7 @@ WARP_WORK = {
 # (file, kernel) -> the template arguments it is checked at (the launcher's instantiations)
 TEMPLATE_ARGS = {
     ("paged_attention.cu", "paged_decode"): {"HD": 256},
+    ("paged_attention.cu", "paged_combine"): {"HD": 256},
     ("paged_attention.cu", "paged_prefill"): {"HD": 256, "ROWS": 8},
 }
 # kernels where lane 0 of each warp stores the warp's result
@@ -62,7 +68,7 @@ LANE_ZERO_STORES = (("fp8_gemv.cu", "fp8_gemv"), ("moe_decode.cu", "moe_router")
                     ("moe_decode.cu", "moe_down"))
 BLOCKS = (0, 1, 5)  # blockIdx.x values the warp-work check is run at
 # file -> {runtime size: the constant its contract bounds it by} (the launchers refuse more)
-CAPS = {"moe_decode.cu": {"T": "MOE_MAX_T"}}
+CAPS = {"moe_decode.cu": {"T": "MOE_MAX_T", "K": "MOE_MAX_K"}}
 
 
 def _read(kernel_root, name: str):
@@ -86,7 +92,9 @@ def _called(fn, tree) -> list:
     """The functions of the file that `fn` calls by name (one level: the staging helpers)."""
     from gates._thread_roles import functions
 
-    names = {text_of(n.child_by_field_name("function")) for n in _walk(fn) if n.type == "call_expression"}
+    # `pa::merge_splits<HD>(...)` calls `merge_splits`
+    names = {text_of(n.child_by_field_name("function")).split("<")[0].split("::")[-1].strip()
+             for n in _walk(fn) if n.type == "call_expression"}
     return [f for name, f in functions(tree).items() if name in names and f is not fn]
 
 
@@ -97,7 +105,8 @@ def test_strided_loops_take_every_index_once(kernel_root, file):
     problems, checked = [], 0
     for name in KERNELS[file]:
         fn = _kernel(tree, file, name)
-        block = block_size(fn, consts)
+        targs = TEMPLATE_ARGS.get((file, name), {})
+        block = block_size(fn, consts, targs)
         if block is None:
             problems.append(f"{file} line {line_of(fn)} ({name}): no `__launch_bounds__(N)`; this gate runs a block "
                             "of N threads")
@@ -105,9 +114,11 @@ def test_strided_loops_take_every_index_once(kernel_root, file):
         for f in [fn, *_called(fn, tree)]:
             inits = initialisers(f)
             for loop in strided_loops(f, inits):
+                if loop_variable(loop)[0] in DATA_BOUND_LOOPS.get((file, name), ()):
+                    continue
                 checked += 1
                 try:
-                    problem = partition_problem(f, loop, inits, consts, block, caps=caps)
+                    problem = partition_problem(f, loop, inits, consts, block, caps=caps, extra=targs)
                 except Unevaluable as exc:
                     problem = f"`{' '.join(text_of(loop).split(')')[0].split())})`: {exc}"
                 if problem:
@@ -155,3 +166,91 @@ def test_one_lane_stores_each_warps_result_its_first(kernel_root, file, name):
             problems.append(f"{file} ({name}): in hardware warp {hw} the threads with lane == 0 are {first[:8]}: "
                             f"exactly one, its first ({hw * WARP}), must store the warp's result")
     assert not problems, "\n".join(problems + ["  lane = threadIdx.x & 31"])
+
+
+# (file, function) -> (block size, the group whose threads must not share an address, the
+# parameters that stand for a thread's index). A kernel's block is its `__launch_bounds__`;
+# a device function's is its callers' (`moe_topk_softmax` runs one warp a token, so two
+# warps storing one address is a question for its callers' indexing, checked in theirs).
+ONE_WRITER = {
+    ("fp8_gemv.cu", "fp8_gemv"): (None, "block", {}),
+    ("lm_head.cu", "lm_head_partial"): (None, "block", {}),
+    ("lm_head.cu", "lm_head_reduce"): (None, "block", {}),
+    ("nvfp4_gemv.cu", "nvfp4_stage_lut_warp"): ("32", "warp", {"lane": "threadIdx.x & 31u"}),
+    ("nvfp4_gemv.cu", "nvfp4_gemv"): (None, "block", {}),
+    ("nvfp4_gemv.cu", "nvfp4_gemv_sw"): (None, "block", {}),
+    ("moe_decode.cu", "moe_block_sum"): ("MOE_THREADS", "block", {}),  # `red`: its callers' s_red
+    ("moe_decode.cu", "moe_block_max"): ("MOE_THREADS", "block", {}),
+    ("moe_decode.cu", "moe_stage_activation"): ("MOE_THREADS", "block", {}),
+    ("moe_decode.cu", "moe_post_attn"): (None, "block", {}),
+    ("moe_decode.cu", "moe_topk_softmax"): ("MOE_ROUTER_WARPS * 32", "warp", {"lane": "threadIdx.x & 31u"}),
+    ("moe_decode.cu", "moe_router"): (None, "block", {}),
+    ("moe_decode.cu", "moe_glu"): (None, "block", {}),
+    ("moe_decode.cu", "moe_glu_quant_ref"): (None, "block", {}),
+    ("moe_decode.cu", "moe_down"): (None, "block", {}),
+    ("moe_decode.cu", "moe_final"): (None, "block", {}),
+    ("paged_attention.cu", "merge_splits"): ("DECODE_WARPS * LANES", "block", {}),
+    ("paged_attention.cu", "paged_decode"): (None, "block", {}),
+    ("paged_attention.cu", "paged_prefill"): (None, "block", {}),
+}
+# (file, function) -> {a pointer parameter: the extent its callers give it}
+PARAMETER_EXTENTS = {("moe_decode.cu", "moe_block_sum"): {"red": "MOE_THREADS / 32"},
+                     ("moe_decode.cu", "moe_block_max"): {"red": "MOE_THREADS / 32"}}
+BLOCK_INDEX = {"blockIdx.x": 1, "blockIdx.y": 1, "blockIdx.z": 1, "gridDim.x": 4, "gridDim.y": 4, "gridDim.z": 4}
+
+
+@pytest.mark.parametrize("file,name", sorted(ONE_WRITER), ids=[f"{f}:{k}" for f, k in sorted(ONE_WRITER)])
+def test_each_address_has_one_writer_a_step(kernel_root, file, name):
+    from gates._thread_roles import memory_stores, shared_extents, shared_writers
+    from gates._warp_structure import _expression, evaluate
+
+    consts, tree = _read(kernel_root, file)
+    fn = _kernel(tree, file, name)
+    spelled, scope, bind = ONE_WRITER[(file, name)]
+    targs = TEMPLATE_ARGS.get((file, "paged_decode" if name == "merge_splits" else name), {})
+    block = block_size(fn, consts, targs) if spelled is None else evaluate(_expression(spelled), targs, consts)
+    assert block, f"{file} ({name}): no `__launch_bounds__(N)`; this gate runs a block of N threads"
+    extents = {**shared_extents(fn, consts, targs),
+               **{p: (evaluate(_expression(n), targs, consts),)
+                  for p, n in PARAMETER_EXTENTS.get((file, name), {}).items()}}
+    problems, checked = [], 0
+    for store in memory_stores(fn):
+        try:
+            problem = shared_writers(fn, store, consts, block, WARP if scope == "warp" else block,
+                                     extra={**targs, **BLOCK_INDEX}, bind=bind, extents=extents,
+                                     caps={size: consts.value(cap) for size, cap in CAPS.get(file, {}).items()})
+        except Unevaluable:
+            continue  # an address read from memory (a page table, a tile start): not placed here
+        checked += 1
+        if problem:
+            problems.append(f"{file} line {line_of(store)} ({name}): {problem}")
+    assert checked, f"{file} ({name}): no store whose address this gate can place; it reads `a[i] = v` stores"
+    assert not problems, "\n".join(problems + [
+        "  one thread stores each element: guard the store by the one lane or thread that holds the value "
+        "(several threads storing one address in one instruction is a race the hardware happens to order)"])
+
+
+# kernels with a `lane` local: the shuffles' source lanes, the `lane == 0` writers and the
+# per-lane slices of a row all take it for the thread's hardware lane
+LANE_KERNELS = [("fp8_gemv.cu", "fp8_gemv"), ("lm_head.cu", "lm_head_partial"), ("lm_head.cu", "lm_head_reduce"),
+                ("moe_decode.cu", "moe_router"), ("moe_decode.cu", "moe_glu"), ("moe_decode.cu", "moe_glu_quant_ref"),
+                ("moe_decode.cu", "moe_down"), ("nvfp4_gemv.cu", "nvfp4_gemv_sw"),
+                ("paged_attention.cu", "paged_decode"), ("paged_attention.cu", "paged_prefill")]
+
+
+@pytest.mark.parametrize("file,name", LANE_KERNELS, ids=[f"{f}:{k}" for f, k in LANE_KERNELS])
+def test_lane_is_the_hardware_lane(kernel_root, file, name):
+    consts, tree = _read(kernel_root, file)
+    fn = _kernel(tree, file, name)
+    assert "lane" in dict(initialisers(fn)), f"{file} ({name}): no `lane` local; this gate reads `lane = ...`"
+    targs = TEMPLATE_ARGS.get((file, name), {})
+    block = block_size(fn, consts, targs)
+    assert block, f"{file} ({name}): no `__launch_bounds__(N)`; this gate runs a block of N threads"
+    wrong = []
+    for tid in range(block):
+        env = thread_env(fn, initialisers(fn), consts, tid, block, extra={**targs, **BLOCK_INDEX})
+        if env.get("lane") != tid % WARP:
+            wrong.append((tid, env.get("lane", "unevaluable")))
+    assert not wrong, (f"{file} ({name}): `lane` is not the thread's hardware lane for threads "
+                       f"{', '.join(f'{t} (lane {v})' for t, v in wrong[:6])}{' ...' if len(wrong) > 6 else ''}\n"
+                       "  lane = threadIdx.x & 31 (the lane the shuffles and the hardware number)")

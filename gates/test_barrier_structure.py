@@ -1,0 +1,177 @@
+"""Structural gates: the barriers and fences that order one thread's stores before another's reads.
+
+A barrier or fence removed leaves a race the H200 rarely shows: the full campaign's survivors
+(docs/observed/mutation-campaign-h200.md, section 9; `docs/observed/survivors-section9-moe.md`
+and `-paged.md`) include every one of these removed, and no value gate saw them. So these
+gates read the order from the source (tree-sitter CUDA grammar, as the campaign parses it):
+
+- **A last-CTA ticket is released and acquired.** Where the last CTA to arrive merges what the
+  others wrote (`moe_router`'s top-K selection, `paged_decode`'s split merge), the kernel's
+  statements around the ticket are, in order: `__threadfence()` (release: this CTA's stores
+  are visible device-wide before it is counted), `__syncthreads()` (every warp's stores are
+  done before one thread takes the ticket), the ticket taken by one thread into a `__shared__`
+  flag, `__syncthreads()` (the flag is published), `if (!flag) return;`, `__threadfence()`
+  (acquire: the merge reads after the ticket).
+- **A block reduction's scratch is written between two barriers.** `moe_block_sum` and
+  `moe_block_max` store each warp's result into one shared slot a warp, then every thread
+  reads all slots: the barrier after publishes the slots, the barrier before keeps a fast
+  warp from overwriting a slot a slow warp still reads from the previous call (post_attn and
+  final call them back to back on the same scratch).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gates._thread_roles import block_size, functions, memory_stores
+from gates._warp_structure import Constants, Unevaluable, _walk, evaluate, line_of, parse, text_of
+from harness.source import read_source
+
+pytestmark = pytest.mark.structural
+
+# (file, kernel) -> the pointer its last-CTA ticket counts in
+TICKETS = {("moe_decode.cu", "moe_router"): "ticket", ("paged_attention.cu", "paged_decode"): "counters"}
+# (file, kernel) -> template arguments (the launcher's instantiation)
+TEMPLATE_ARGS = {("paged_attention.cu", "paged_decode"): {"HD": 256}}
+# (file, device function) -> its shared scratch parameter
+SCRATCH = {("moe_decode.cu", "moe_block_sum"): "red", ("moe_decode.cu", "moe_block_max"): "red"}
+
+
+def _read(kernel_root, file: str):
+    text = read_source(kernel_root / file)
+    consts = Constants(text, lambda inc: read_source(kernel_root / inc) if (kernel_root / inc).is_file() else None)
+    return consts, parse(text)
+
+
+def _function(tree, file: str, name: str):
+    fn = functions(tree).get(name)
+    if fn is None:
+        pytest.fail(f"{file}: no function `{name}`; this gate reads it")
+    return fn
+
+
+def _statements(fn) -> list:
+    """The function body's statements in order, declarations and comments left out."""
+    return [s for s in fn.child_by_field_name("body").named_children if s.type not in ("declaration", "comment")]
+
+
+def _spelled(node) -> str:
+    return " ".join(text_of(node).split())
+
+
+def _is_call(stmt, name: str) -> bool:
+    return stmt.type == "expression_statement" and _spelled(stmt).replace(" ", "") == f"{name}();"
+
+
+def _names_ticket(node, ticket: str) -> bool:
+    return any(n.type == "call_expression" and text_of(n.child_by_field_name("function")).startswith("atomic")
+               and ticket in {text_of(i) for i in _walk(n.child_by_field_name("arguments")) if i.type == "identifier"}
+               for n in _walk(node))
+
+
+def _flag(stmt) -> str | None:
+    """The `__shared__` flag a ticket statement sets (`is_last = atomicAdd(...) == ...`)."""
+    for n in _walk(stmt):
+        if n.type == "assignment_expression" and n.child_by_field_name("left").type == "identifier":
+            return text_of(n.child_by_field_name("left"))
+    return None
+
+
+@pytest.mark.parametrize("file,name", sorted(TICKETS), ids=[k for _, k in sorted(TICKETS)])
+def test_a_last_cta_ticket_is_released_and_acquired(kernel_root, file, name):
+    consts, tree = _read(kernel_root, file)
+    fn = _function(tree, file, name)
+    ticket, stmts = TICKETS[(file, name)], _statements(fn)
+    at = [i for i, s in enumerate(stmts) if _names_ticket(s, ticket)]
+    assert len(at) == 1, (f"{file} ({name}): {len(at)} statements of the kernel body take the ticket "
+                          f"`{ticket}` with an atomic; this gate reads the one that does")
+    i, take = at[0], stmts[at[0]]
+    flag = _flag(take)
+    want = [(i - 2, "__threadfence", "release: this CTA's stores are visible device-wide before it is counted"),
+            (i - 1, "__syncthreads", "every warp's stores are done before one thread takes the ticket"),
+            (i + 1, "__syncthreads", "the flag the ticket set is published to the block")]
+    problems = []
+    for j, call, why in want:
+        if not (0 <= j < len(stmts) and _is_call(stmts[j], call)):
+            got = _spelled(stmts[j]) if 0 <= j < len(stmts) else "nothing"
+            problems.append(f"line {line_of(take)}: {'before' if j < i else 'after'} the ticket expected "
+                            f"`{call}();` ({why}); found `{got[:60]}`")
+    exit_ = stmts[i + 2] if i + 2 < len(stmts) else None
+    if flag is None or exit_ is None or exit_.type != "if_statement" or \
+            _spelled(exit_.child_by_field_name("condition")).replace(" ", "") != f"(!{flag})" or \
+            _spelled(exit_.child_by_field_name("consequence")) != "return;":
+        problems.append(f"line {line_of(take)}: after the ticket and its barrier expected `if (!{flag}) return;` "
+                        f"(only the last CTA merges); found `{_spelled(exit_)[:60] if exit_ is not None else 'nothing'}`")
+    elif not (i + 3 < len(stmts) and _is_call(stmts[i + 3], "__threadfence")):
+        problems.append(f"line {line_of(exit_)}: after `if (!{flag}) return;` expected `__threadfence();` "
+                        "(acquire: the merge reads the other CTAs' stores after the ticket)")
+    targs = TEMPLATE_ARGS.get((file, name), {})
+    block = block_size(fn, consts, targs)
+    cond = take.child_by_field_name("condition") if take.type == "if_statement" else None
+    try:
+        takers = [t for t in range(block) if cond is not None and
+                  evaluate(cond.named_children[-1], {"threadIdx.x": t, **targs}, consts)]
+    except Unevaluable:
+        takers = []
+    if len(takers) != 1:
+        problems.append(f"line {line_of(take)}: the ticket must be taken by one thread of the block "
+                        f"(`if (threadIdx.x == 0) {{ ... }}`); {len(takers)} of {block} take it")
+    assert not problems, f"{file} ({name}):\n" + "\n".join(f"  {p}" for p in problems)
+
+
+@pytest.mark.parametrize("file,name", sorted(SCRATCH), ids=[k for _, k in sorted(SCRATCH)])
+def test_a_block_reductions_scratch_is_written_between_two_barriers(kernel_root, file, name):
+    _, tree = _read(kernel_root, file)
+    fn = _function(tree, file, name)
+    scratch, stmts = SCRATCH[(file, name)], _statements(fn)
+    writes = [w for w in memory_stores(fn) if _spelled(w).startswith(f"{scratch}[")]
+    at = [i for i, s in enumerate(stmts)
+          if any(s.start_byte <= w.start_byte and w.end_byte <= s.end_byte for w in writes)]
+    assert at, f"{file} ({name}): no statement stores `{scratch}[...]`; this gate reads the one that does"
+    problems = []
+    for i in at:
+        if not (i >= 1 and _is_call(stmts[i - 1], "__syncthreads")):
+            problems.append(f"line {line_of(stmts[i])}: expected `__syncthreads();` just before the store: a fast "
+                            f"warp must not overwrite a slot of `{scratch}` a slow warp still reads from the last call")
+        if not (i + 1 < len(stmts) and _is_call(stmts[i + 1], "__syncthreads")):
+            problems.append(f"line {line_of(stmts[i])}: expected `__syncthreads();` just after the store: every "
+                            f"warp's slot of `{scratch}` is stored before any thread reads them")
+    assert not problems, f"{file} ({name}):\n" + "\n".join(f"  {p}" for p in problems)
+
+
+# file -> the block reductions whose scratch a kernel passes as the second argument
+REDUCTIONS = {"moe_decode.cu": ("moe_block_sum", "moe_block_max")}
+
+
+def _shared_size(fn, name: str, consts: Constants) -> int | None:
+    """The element count of the `__shared__` array `name` a function declares (None: none)."""
+    for node in _walk(fn.child_by_field_name("body")):
+        if node.type != "declaration" or "__shared__" not in text_of(node):
+            continue
+        for decl in node.children_by_field_name("declarator"):
+            if decl.type == "array_declarator" and text_of(decl.child_by_field_name("declarator")) == name:
+                return evaluate(decl.child_by_field_name("size"), {}, consts)
+    return None
+
+
+@pytest.mark.parametrize("file", sorted(REDUCTIONS))
+def test_a_block_reductions_scratch_has_one_slot_a_warp(kernel_root, file):
+    # One float a warp of the kernel's block: fewer and the last warps store past it (into the
+    # next shared variable); more wastes static shared memory that, with the kernels' dynamic
+    # H-sized rows, crosses the 48 KiB a launch may use without opting in (from H 4096).
+    consts, tree = _read(kernel_root, file)
+    problems, checked = [], 0
+    for name, fn in functions(tree).items():
+        block = block_size(fn, consts)
+        for call in (n for n in _walk(fn) if n.type == "call_expression"
+                     and text_of(n.child_by_field_name("function")) in REDUCTIONS[file]):
+            args = call.child_by_field_name("arguments").named_children
+            scratch = text_of(args[1]) if len(args) > 1 else "?"
+            size = _shared_size(fn, scratch, consts)
+            checked += 1
+            if block is None or size is None or size != block // 32:
+                problems.append(f"line {line_of(call)} ({name}): `{text_of(call)}` reduces over a block of {block} "
+                                f"threads into `{scratch}`, a `__shared__` array of {size} floats; it needs "
+                                f"{None if block is None else block // 32} (one a warp)")
+    assert checked, f"{file}: no call of {REDUCTIONS[file]}; this gate reads their scratch"
+    assert not problems, f"{file}:\n" + "\n".join(f"  {p}" for p in sorted(set(problems)))
