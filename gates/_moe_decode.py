@@ -206,6 +206,26 @@ def run_final_fenced(dense, opair, wts, mid, w_d, w_m, *, layer_scalar: float, e
     return out, whole
 
 
+def run_router_fenced(rr, wr, pes, *, k: int, kcap: int):
+    """run_router with rr, wr and pes fenced and logits, ids and wts guarded: (RouterOut,
+    {name: the output's whole allocation})."""
+    t, e = rr.shape[0], wr.shape[0]
+    made = {"logits": guarded((t, e), np.float32), "ids": guarded((t, kcap), np.int32),
+            "wts": guarded((t, kcap), np.float32)}
+    out = RouterOut(**{name: view for name, (view, _) in made.items()})
+    moe.run_router(out.logits, out.ids, out.wts, zero_ticket(), *map(buffers.fenced, (rr, wr, pes)), k=k)
+    return out, {name: whole for name, (_, whole) in made.items()}
+
+
+def run_glu_reference_fenced(gu_rows, *, act_h: float):
+    """run_glu_reference with gu fenced and hq, hs guarded: (hq, hs, {name: whole allocation})."""
+    slots, two_i = gu_rows.shape
+    (hq, hq_whole), (hs, hs_whole) = guarded((slots, two_i // 4), np.uint8), \
+        guarded((slots, two_i // 2 // od.GROUP), np.uint8)
+    moe.run_glu_quant_ref(hq, hs, buffers.fenced(gu_rows), act_h=act_h)
+    return hq, hs, {"hq": hq_whole, "hs": hs_whole}
+
+
 def run_glu_reference(gu_rows, *, act_h: float):
     """The reference arm: the GLU and quantizer device functions on given g/u rows [slots, 2I]."""
     slots, two_i = gu_rows.shape

@@ -66,10 +66,11 @@ def needle_case(hd: int, window: int, kind: str) -> ora.Case:
 
 
 @host_cache
-def staircase_case(hd: int, window: int, rising: bool, paired: bool = False) -> ora.Case:
+def staircase_case(hd: int, window: int, rising: bool, paired: bool = False, start: int = 0) -> ora.Case:
     """The prefill staircase (oracles.paged_attention.staircase_case), nh 4, nkv 2, STAIR_SEED:
     built once per process (2-8 ms each)."""
-    return ora.staircase_case(hd=hd, nh=4, nkv=2, window=window, rising=rising, seed=STAIR_SEED, paired=paired)
+    return ora.staircase_case(hd=hd, nh=4, nkv=2, window=window, rising=rising, seed=STAIR_SEED, paired=paired,
+                              start=start)
 
 
 @host_cache(disk=True)
@@ -158,9 +159,11 @@ def new_counters(case: ora.Case):
 
 
 def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = "last_cta",
-                     counters=None, pool: DevicePool | None = None, partials: bool = False, scale: float = 1.0):
+                     counters=None, pool: DevicePool | None = None, partials: bool = False, scale: float = 1.0,
+                     out=None):
     """One split-K decode launch; `merge` is 'last_cta' (ticket counters) or 'combine'.
-    partials=True returns (out, scratch as f32 [rows, nh, splits, hd + 2])."""
+    partials=True returns (out, scratch as f32 [rows, nh, splits, hd + 2]). `out`: the output
+    buffer (uint16 bf16 bits, holding OUT_SENTINEL) if not a fresh one."""
     import cupy
 
     case = dc.host
@@ -171,7 +174,7 @@ def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = 
         counters = None
     scratch = cupy.full(pa.decode_scratch_floats(case.rows, case.nh, splits, case.hd), SCRATCH_SENTINEL,
                         dtype=cupy.uint32).view(cupy.float32)
-    out = _out(case)
+    out = _out(case) if out is None else out
     pa.paged_decode(out, dc.q, pool.k_pool if pool else dc.k_pool, pool.v_pool if pool else dc.v_pool,
                     dc.bt, dc.off, dc.qpos, scratch=scratch, splits=splits, counters=counters,
                     pmap=pool.pmap if pool else None, window=case.window, scale=scale)
@@ -179,6 +182,13 @@ def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = 
         parts = buffers.to_host(scratch).reshape(case.rows, case.nh, splits, case.hd + 2)
         return _host_bf16(out), parts
     return _host_bf16(out)
+
+
+def run_paged_decode_guarded(dc: DeviceCase, *, merge: str) -> tuple[np.ndarray, object]:
+    """run_paged_decode into an output between OUT_SENTINEL guards (`harness.buffers.guarded`):
+    (the output, bf16 on the host; the whole allocation, for `assert_guards_untouched`)."""
+    out, whole = buffers.guarded(dc.host.q.shape, np.uint16, OUT_SENTINEL)
+    return run_paged_decode(dc, merge=merge, out=out), whole
 
 
 def run_paged_prefill(dc: DeviceCase, *, pool: DevicePool | None = None, scale: float = 1.0) -> np.ndarray:

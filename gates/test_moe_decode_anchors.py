@@ -182,6 +182,47 @@ def test_final_reads_and_writes_nothing_outside_its_buffers(shape_id):
 
 @pytest.mark.gpu
 @pytest.mark.anchor
+@pytest.mark.memory_safety
+@shapes
+def test_router_reads_and_writes_nothing_outside_its_buffers(shape_id):
+    # The designed router anchor with rr, Wr and pes between NaN fences and logits, ids and wts
+    # between sentinel guards. At the small shape E 13 is not a multiple of a router block's 8
+    # experts (warps 13..15 of the last block have none) and T 3 is below its 8 warps (warps
+    # 3..7 select for no token): an expert or a token past the end stores a NaN logit, an id or
+    # a weight into a guard, by assertion; an index wrapped far away faults, and a fault here is
+    # this gate's verdict (docs/mutation.md, Verdicts).
+    s = g.SHAPES[shape_id]
+    case = od.router_designed(s.t, s.h, s.e, s.k, seed=s.e)
+    out, wholes = g.run_router_fenced(case.rr, case.wr, case.pes, k=s.k, kcap=s.kcap)
+    assert_bits_eq("router logits (inputs between NaN fences)", g.host(out.logits), case.logits)
+    assert_bits_eq("router ids (inputs between NaN fences)", g.host(out.ids)[:, :s.k], case.ids)
+    assert_close("router wts (inputs between NaN fences)", g.host(out.wts)[:, :s.k], case.wts,
+                 atol=0.0, rtol=od.WTS_RTOL)  # as the designed anchor: expf within 2 ulp
+    g.assert_slots_past_k_untouched("router ids", out.ids, s.k)
+    g.assert_slots_past_k_untouched("router wts", out.wts, s.k)
+    for name, whole in wholes.items():
+        g.assert_guards_untouched(f"router {name}", whole)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.memory_safety
+@shapes
+def test_glu_reference_arm_reads_and_writes_nothing_outside_its_buffers(shape_id):
+    # The reference arm's moderate design with gu between NaN fences and hq, hs between byte
+    # sentinel guards; a block or slot index off by one (unsigned: wrapped at block 0) reads or
+    # stores outside them, by assertion nearby and by a fault (this gate's verdict) far away.
+    s = g.SHAPES[shape_id]
+    case = od.glu_moderate_designed(s.t * s.k, s.i, seed=s.i + 2)
+    hq, hs, wholes = g.run_glu_reference_fenced(case.gu, act_h=case.act_h)
+    assert_bits_eq("glu reference hs (gu between NaN fences)", g.host(hs), case.hs)
+    assert_bits_eq("glu reference hq (gu between NaN fences)", g.host(hq), case.hq)
+    for name, whole in wholes.items():
+        g.assert_guards_untouched(f"glu reference {name}", whole)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
 @shapes
 def test_zero_expert_weights_and_zero_dense_return_mid_times_layer_scalar(shape_id):
     # The seed's case, on non-constant inputs: every expert output is exactly 0, so both norms
@@ -233,7 +274,8 @@ def test_post_attn_amax_lies_in_each_warp_in_turn():
     assert_bits_eq("post_attn gq (amax in warp t)", g.host(out.gq), case.gq)
 
 
-ROUTER_EDGES = {"E256-K8-H64": (256, 8), "E13-K3-H64": (13, 3)}
+# E 8 is one router block: the last CTA to take the ticket is the first (ticket 0 == gridDim - 1)
+ROUTER_EDGES = {"E256-K8-H64": (256, 8), "E13-K3-H64": (13, 3), "E8-K3-H64": (8, 3)}
 
 
 @pytest.mark.gpu

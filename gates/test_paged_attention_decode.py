@@ -10,14 +10,15 @@ See docs/paged_attention.md.
 import numpy as np
 import pytest
 
-from harness import assert_bits_eq
+from harness import assert_bits_eq, buffers
 from harness.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
-from gates._paged_attention import (NEEDLE_HEADS, NEEDLE_SEED, assert_near_reference, chosen_splits, decode_config,
-                                    edge_case, engine_scale, host_arrays, needle_case, new_counters,
-                                    permuted_device_pool, reference_of, run_paged_decode, to_device)
+from gates._paged_attention import (NEEDLE_HEADS, NEEDLE_SEED, OUT_SENTINEL, assert_near_reference, chosen_splits,
+                                    decode_config, edge_case, engine_scale, host_arrays, needle_case, new_counters,
+                                    permuted_device_pool, reference_of, run_paged_decode, run_paged_decode_guarded,
+                                    to_device)
 
 __all__ = ["decode_config"]   # the shared fixture, imported for pytest
 
@@ -117,15 +118,34 @@ def test_decode_never_follows_a_block_table_entry_outside_every_window(decode_co
     first_page = int(ora.first_visible(dc.host.qpos, dc.host.window).min()) // pa.PAGE
     assert unseen[-1] and (first_page == 0 or unseen[first_page - 1]), (
         f"{name}: the entries just past the context and just before the earliest window must be invalid")
-    assert_bits_eq(f"decode out {name}, {int(unseen.sum())} unseen block-table entries invalid vs valid",
-                   run_paged_decode(to_device(invalid)), run_paged_decode(dc), dtype=bf16)
-    # Behind a page map too: decode reads a block-table entry before it knows whether any key
+    # Behind a page map first: decode reads a block-table entry before it knows whether any key
     # of that page is visible, so a kernel that walks one entry too many but masks all of its
     # keys touches no pool memory; through the map, the entry itself is dereferenced
-    # (pmap[2^30]) and faults.
+    # (pmap[2^30]) and faults at the first one (a page walk that runs away, rather than
+    # walking on through mapped memory in the plain launch until the deadline).
     pool = permuted_device_pool(dc.host)
     assert_bits_eq(f"decode out {name}, unseen entries invalid vs valid, behind a page map",
                    run_paged_decode(to_device(invalid), pool=pool), run_paged_decode(dc, pool=pool), dtype=bf16)
+    assert_bits_eq(f"decode out {name}, {int(unseen.sum())} unseen block-table entries invalid vs valid",
+                   run_paged_decode(to_device(invalid)), run_paged_decode(dc), dtype=bf16)
+
+
+@pytest.mark.memory_safety
+@pytest.mark.gpu
+@pytest.mark.link
+def test_decode_writes_nothing_outside_its_output_in_either_merge(decode_config):
+    # Both merges (the last CTA's, with ticket counters; the combine kernel's, with none) into an
+    # output between sentinel guards, against the certified last-CTA run: a row or head off by
+    # one stores into a guard (by assertion); a merge that follows the null counters of the
+    # combine path, or a (row, head) index wrapped below zero, faults, and a fault here is this
+    # gate's verdict (docs/mutation.md, Verdicts).
+    name, dc = decode_config
+    certified = run_paged_decode(dc)
+    for merge in ("combine", "last_cta"):
+        got, whole = run_paged_decode_guarded(dc, merge=merge)
+        assert_bits_eq(f"decode out {name}, {merge} merge into a guarded output vs the certified run",
+                       got, certified, dtype=bf16)
+        buffers.assert_guards_untouched(f"decode out {name} ({merge} merge)", whole, OUT_SENTINEL)
 
 
 @pytest.mark.gpu
@@ -157,11 +177,11 @@ def test_decode_never_follows_an_entry_before_a_window_that_starts_at_a_page_edg
     unseen = ora.unseen_entries(case)
     assert unseen[case.off[1]] and unseen[case.off[3] + 1], "the pages before fv 16 and fv 33 must be invalid"
     dc, invalid = to_device(case), to_device(ora.with_invalid_unseen_entries(case))
-    assert_bits_eq(f"decode out (window edge, window {window}), {int(unseen.sum())} unseen entries invalid vs valid",
-                   run_paged_decode(invalid), run_paged_decode(dc), dtype=bf16)
-    pool = permuted_device_pool(case)
+    pool = permuted_device_pool(case)  # behind the page map first, as above
     assert_bits_eq(f"decode out (window edge, window {window}), unseen entries invalid vs valid, behind a page map",
                    run_paged_decode(invalid, pool=pool), run_paged_decode(dc, pool=pool), dtype=bf16)
+    assert_bits_eq(f"decode out (window edge, window {window}), {int(unseen.sum())} unseen entries invalid vs valid",
+                   run_paged_decode(invalid), run_paged_decode(dc), dtype=bf16)
 
 
 @pytest.mark.gpu

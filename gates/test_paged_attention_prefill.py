@@ -56,6 +56,21 @@ def test_prefill_each_row_copies_the_v_row_of_its_first_visible_key(hd, window):
     assert_bits_eq(f"prefill out [row, head, dim], falling staircase, window {window}", got, expected, dtype=bf16)
 
 
+# A first row one page minus (rows a tile - 1) in: every tile's last row sits one page past its
+# first row's (rows 9..16 at hd 256, 8 a tile; 13..16 at hd 512, 4 a tile), so a tile's page
+# range must come from its last row, not its first.
+MID_PAGE_START = {hd: ora.PAGE + 1 - pa.prefill_rows_per_tile(hd) for hd in pa.HEAD_SIZES}
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
+def test_prefill_rows_starting_mid_page_copy_the_v_row_of_their_last_visible_key(hd):
+    case = staircase_case(hd, 0, rising=True, start=MID_PAGE_START[hd])
+    assert_bits_eq(f"prefill out [row, head, dim], rising staircase from row {MID_PAGE_START[hd]} (mid-page)",
+                   run_paged_prefill(to_device(case)), ora.copy_rows(case), dtype=bf16)
+
+
 @pytest.mark.gpu
 @pytest.mark.anchor
 @pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w}")

@@ -239,7 +239,7 @@ def twin_needle_case(hd: int, nh: int, nkv: int, window: int, seed: int) -> Case
 
 
 def staircase_case(hd: int, nh: int, nkv: int, window: int, rising: bool, seed: int,
-                   paired: bool = False) -> Case:
+                   paired: bool = False, start: int = 0) -> Case:
     """Prefill of all STAIR_CTX positions of one sequence (its block-table row starts after
     another sequence's STAIR_PREFIX_PAGES entries; its pages are shuffled). Key j has every
     element c*(j+1) (rising) or c*(STAIR_CTX - j) (falling), c = STAIR_STEP_SCORE / hd, q = 1:
@@ -248,7 +248,12 @@ def staircase_case(hd: int, nh: int, nkv: int, window: int, rising: bool, seed: 
 
     paired (rising only): keys 2i and 2i + 1 share level i + 1, so an odd row's last two keys
     tie (weights exactly 1 and 1: the output is their V rows' mean, rounded once, `mean_rows`)
-    and an even row's last key stands alone (a copy)."""
+    and an even row's last key stands alone (a copy).
+
+    start: the first query row's position (rows start..STAIR_CTX - 1; the keys are the same).
+    Rows that start mid-page put a tile's last rows on a page its first row does not reach."""
+    if not 0 <= start < STAIR_CTX:
+        raise ValueError(f"staircase_case: start {start} is outside [0, {STAIR_CTX})")
     if paired and not rising:
         raise ValueError("staircase_case: paired levels are built for the rising staircase")
     rng = np.random.default_rng(seed)
@@ -265,15 +270,15 @@ def staircase_case(hd: int, nh: int, nkv: int, window: int, rising: bool, seed: 
     kb = _bf16(k)
     if not np.array_equal(kb.astype(np.float64)[bt[STAIR_PREFIX_PAGES:], 0, :, 0].reshape(-1), level):
         raise ValueError(f"staircase_case: levels are not exact in bf16 for hd {hd}, ctx {ctx}")
-    qpos = np.arange(ctx, dtype=np.int32)
+    qpos = np.arange(start, ctx, dtype=np.int32)
     winner = (qpos if rising else first_visible(qpos, window)).astype(np.int32)
     twin = None
     if paired:
         if window == 1:
             raise ValueError("staircase_case: a paired staircase needs a window of 0 or at least 2")
         twin = np.where(qpos % 2 == 1, qpos - 1, qpos).astype(np.int32)
-    return Case(_bf16(np.ones((ctx, nh, hd))), kb, _nonzero_values(rng, (total, nkv, PAGE, hd)), bt,
-                np.full(ctx, STAIR_PREFIX_PAGES, np.int32), qpos, window, winner, twin)
+    return Case(_bf16(np.ones((len(qpos), nh, hd))), kb, _nonzero_values(rng, (total, nkv, PAGE, hd)), bt,
+                np.full(len(qpos), STAIR_PREFIX_PAGES, np.int32), qpos, window, winner, twin)
 
 
 def copy_rows(case: Case) -> np.ndarray:
