@@ -175,3 +175,82 @@ def test_a_block_reductions_scratch_has_one_slot_a_warp(kernel_root, file):
                                 f"{None if block is None else block // 32} (one a warp)")
     assert checked, f"{file}: no call of {REDUCTIONS[file]}; this gate reads their scratch"
     assert not problems, f"{file}:\n" + "\n".join(f"  {p}" for p in sorted(set(problems)))
+
+
+# (file, function) whose `__shared__` arrays are stored by some threads and read by others
+PUBLISHED = [("lm_head.cu", "lm_head_partial"), ("lm_head.cu", "lm_head_reduce"),
+             ("nvfp4_gemv.cu", "nvfp4_gemv"), ("moe_decode.cu", "moe_post_attn"), ("moe_decode.cu", "moe_glu"),
+             ("moe_decode.cu", "moe_down"), ("moe_decode.cu", "moe_final"), ("paged_attention.cu", "paged_decode"),
+             ("paged_attention.cu", "paged_prefill")]
+
+
+def _barrier_functions(tree) -> set[str]:
+    """The functions of the file whose body holds a `__syncthreads()` (a call is a barrier)."""
+    return {name for name, fn in functions(tree).items()
+            if any(n.type == "call_expression" and text_of(n.child_by_field_name("function")) == "__syncthreads"
+                   for n in _walk(fn.child_by_field_name("body")))}
+
+
+def _callee(call) -> str:
+    return text_of(call.child_by_field_name("function")).split("<")[0].split("::")[-1].strip()
+
+
+@pytest.mark.parametrize("file,name", PUBLISHED, ids=[f"{f}:{k}" for f, k in PUBLISHED])
+def test_a_shared_arrays_stores_are_published_by_a_barrier(kernel_root, file, name):
+    # A statement of the kernel body that stores into a `__shared__` array, and the next one
+    # that reads it, have a `__syncthreads()` between them (or a call of a function that holds
+    # one, such as a block reduction): the readers are other threads. The campaign's re-check
+    # saw why value gates cannot hold this: moe_final's barrier after staging the K weights,
+    # removed, was killed in one run and survived the next.
+    from gates._thread_roles import shared_extents
+
+    consts, tree = _read(kernel_root, file)
+    fn = _function(tree, file, name)
+    barriers = _barrier_functions(tree)
+    shared = set(shared_extents(fn, consts, {"HD": 256, "ROWS": 8})) | {
+        text_of(d) for n in _walk(fn.child_by_field_name("body"))
+        if n.type == "declaration" and text_of(n).startswith("extern __shared__")
+        for d in _walk(n) if d.type == "identifier" and d.parent.type == "array_declarator"}
+    body = [s for s in fn.child_by_field_name("body").named_children if s.type != "comment"]
+    stores = memory_stores(fn)
+
+    def stored(stmt) -> set[str]:
+        out = set()
+        for w in stores:
+            if stmt.start_byte <= w.start_byte and w.end_byte <= stmt.end_byte:
+                base = w.child_by_field_name("left")
+                while base.type == "subscript_expression":
+                    base = base.child_by_field_name("argument")
+                if text_of(base) in shared:
+                    out.add(text_of(base))
+        return out
+
+    def read(stmt, array: str) -> bool:
+        targets = {(w.child_by_field_name("left").start_byte) for w in stores}
+        for n in _walk(stmt):
+            if n.type == "identifier" and text_of(n) == array:
+                top = n
+                while top.parent is not None and top.parent.type == "subscript_expression" and \
+                        top.parent.child_by_field_name("argument") == top:
+                    top = top.parent
+                if top.start_byte not in targets or top.type == "identifier":
+                    return True
+        return False
+
+    def barrier(stmt) -> bool:
+        return _is_call(stmt, "__syncthreads") or any(
+            n.type == "call_expression" and _callee(n) in barriers for n in _walk(stmt))
+
+    problems, checked = [], 0
+    for i, stmt in enumerate(body):
+        for array in sorted(stored(stmt)):
+            checked += 1
+            for later in body[i + 1:]:
+                if barrier(later):
+                    break
+                if read(later, array):
+                    problems.append(f"line {line_of(stmt)}: `{array}` is stored here and read at line {line_of(later)} "
+                                    "with no `__syncthreads()` between: a thread may read it before another's store")
+                    break
+    assert checked, f"{file} ({name}): no statement stores a `__shared__` array; this gate reads them"
+    assert not problems, f"{file} ({name}):\n" + "\n".join(f"  {p}" for p in problems)

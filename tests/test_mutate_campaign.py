@@ -211,7 +211,10 @@ def test_recheck_counts_agreement(suite):
         def run(self, sandbox, gates, deadline):
             return GateRuns((), timed_out=True)
 
-    differ = recheck(campaign, Flaky(), sample=1)
+    seen = []
+    differ = recheck(campaign, Flaky(), sample=1, on_result=lambda first, second: seen.append((first, second)))
+    # each re-run is handed over as it ends (a re-check cut short keeps what it measured)
+    assert [f.mutant.id for f, _ in seen] == differ.checked and all(s.verdict is Verdict.TIMEOUT for _, s in seen)
     assert differ.agreed == 0 and set(differ.disagreements) == set(differ.checked)
     assert differ.line() == f"0 of {len(differ.checked)} re-run verdicts agreed"
     # each disagreement says what the second run saw, not only its verdict

@@ -4,6 +4,7 @@ cleared between them (host caches kept); it stops at the first kill by assertion
 trap gates as the plugin does, goes on in another worker after a poisoned context, and
 turns a hang into a timeout with a new worker for the next mutant."""
 
+import json
 import shutil
 import textwrap
 from pathlib import Path
@@ -256,6 +257,11 @@ def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(su
     assert timing, printed
     fresh, start, sets, gates, wall, protocol = (float(x) for x in timing.groups())
     assert fresh >= 1 and start >= 0 and sets >= 1 and gates >= sets and 0 < protocol <= wall, timing.group(0)
+    # one line a re-run mutant, written as each ends
+    rows = [json.loads(line) for line in (tmp_path / "report" / "recheck.jsonl").read_text().splitlines()]
+    agreed = _re.search(r"verdict integrity: (\d+) of (\d+) re-run verdicts agreed", printed)
+    assert agreed and len(rows) == int(agreed.group(2)) and sum(r["agreed"] for r in rows) == int(agreed.group(1))
+    assert all(set(r) == {"id", "first", "second", "agreed", "reason"} for r in rows), rows
     per = _re.search(r"(\d+) mutant\(s\) run: ([\d.]+) fresh worker\(s\) a mutant", printed)
     assert per and abs(float(per.group(2)) - fresh / int(per.group(1))) < 0.01, printed
     assert "re-run verdicts agreed (every survivor and a sample, each in a fresh worker no other mutant used)" \

@@ -586,11 +586,14 @@ class Recheck:
 RECHECKED = (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT, Verdict.SURVIVED)
 
 
-def recheck(campaign: MutationCampaign, executor: Executor | list, *, sample: int = 10, seed: int = 0) -> Recheck:
+def recheck(campaign: MutationCampaign, executor: Executor | list, *, sample: int = 10, seed: int = 0,
+            on_result=None) -> Recheck:
     """Run every survivor and `sample` other gate-run mutants again through `executor` (for
     a warm-worker campaign: fresh processes, either workers never reused or a
     FreshProcessExecutor) and count how many verdicts agree. A list of executors runs that
-    many mutants at once, one on each (an executor may appear more than once)."""
+    many mutants at once, one on each (an executor may appear more than once).
+    `on_result(first, second)` is called as each re-run ends (from the re-run's thread), so
+    a re-check cut short still leaves what it measured."""
     import random
     from concurrent.futures import ThreadPoolExecutor
     from queue import Queue
@@ -607,9 +610,12 @@ def recheck(campaign: MutationCampaign, executor: Executor | list, *, sample: in
     def again(r: MutantResult) -> MutantResult:
         ex = free.get()
         try:
-            return gate_stage(r, campaign.kernel_root, campaign.coverage, deps, ex, campaign.config)
+            second = gate_stage(r, campaign.kernel_root, campaign.coverage, deps, ex, campaign.config)
         finally:
             free.put(ex)
+        if on_result is not None:
+            on_result(r, second)
+        return second
 
     with ThreadPoolExecutor(max_workers=free.qsize(), thread_name_prefix="recheck") as pool:
         second = list(pool.map(again, chosen))

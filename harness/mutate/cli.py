@@ -335,6 +335,25 @@ def _fresh_worker_slots(config, cache, campaign, executors: dict) -> list:
     return [executors[("recheck", device)] for device in devices]
 
 
+def _recheck_log(path: Path):
+    """A re-check callback appending one JSON line a re-run mutant to `path` (started empty):
+    id, both verdicts, whether they agree and the second run's reason."""
+    import json
+    import threading
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    lock = threading.Lock()
+
+    def log(first, second) -> None:
+        line = json.dumps({"id": first.mutant.id, "first": first.verdict.value, "second": second.verdict.value,
+                           "agreed": first.verdict is second.verdict, "reason": second.reason})
+        with lock, path.open("a") as f:
+            f.write(line + "\n")
+
+    return log
+
+
 def _worker_lines(config, executors) -> list[str]:
     """What the warm executors say of their workers: the `workers:` lines (replaced, and why),
     then the `worker time:` lines (where the slots' time went)."""
@@ -370,7 +389,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
                              for device in slot_devices(recheck_jobs(config.gpu_jobs))]
                 else:
                     fresh = _fresh_worker_slots(config, cache, campaign, executors)
-                campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed)
+                campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed,
+                                           on_result=_recheck_log(config.path(config.report_dir) / "recheck.jsonl"))
     except KeyboardInterrupt:
         for line in _worker_lines(config, executors):  # where the time went so far: a cut campaign says it too
             err.print(line, markup=False)
