@@ -81,13 +81,18 @@ def test_router_picks_designed_top_k_with_ties_to_the_lowest_id(shape_id):
     # (K >= 3) one sits inside the top K; expert 0 never wins.
     s = g.SHAPES[shape_id]
     case = od.router_designed(s.t, s.h, s.e, s.k, seed=s.e)
-    out = g.run_router(case.rr, case.wr, case.pes, k=s.k, kcap=s.kcap)
-    assert_bits_eq("router logits", g.host(out.logits), case.logits)
-    assert_bits_eq("router ids (descending logit, ties to the lowest id)", g.host(out.ids)[:, :s.k], case.ids)
+    _assert_router_designed(g.run_router(case.rr, case.wr, case.pes, k=s.k, kcap=s.kcap), case, s.k)
+
+
+def _assert_router_designed(out, case, k: int, where: str = "") -> None:
+    """The designed router case's logits and ids bit for bit, its weights within WTS_RTOL,
+    the slots past K untouched."""
+    assert_bits_eq(f"router logits{where}", g.host(out.logits), case.logits)
+    assert_bits_eq(f"router ids (descending logit, ties to the lowest id){where}", g.host(out.ids)[:, :k], case.ids)
     # expf is within 2 ulp; with the sum and one IEEE division the weights are within 2^-20.
-    assert_close("router wts", g.host(out.wts)[:, :s.k], case.wts, atol=0.0, rtol=od.WTS_RTOL)
-    g.assert_slots_past_k_untouched("router ids", out.ids, s.k)
-    g.assert_slots_past_k_untouched("router wts", out.wts, s.k)
+    assert_close(f"router wts{where}", g.host(out.wts)[:, :k], case.wts, atol=0.0, rtol=od.WTS_RTOL)
+    g.assert_slots_past_k_untouched("router ids", out.ids, k)
+    g.assert_slots_past_k_untouched("router wts", out.wts, k)
 
 
 @pytest.mark.gpu
@@ -194,12 +199,7 @@ def test_router_reads_and_writes_nothing_outside_its_buffers(shape_id):
     s = g.SHAPES[shape_id]
     case = od.router_designed(s.t, s.h, s.e, s.k, seed=s.e)
     out, wholes = g.run_router_fenced(case.rr, case.wr, case.pes, k=s.k, kcap=s.kcap)
-    assert_bits_eq("router logits (inputs between NaN fences)", g.host(out.logits), case.logits)
-    assert_bits_eq("router ids (inputs between NaN fences)", g.host(out.ids)[:, :s.k], case.ids)
-    assert_close("router wts (inputs between NaN fences)", g.host(out.wts)[:, :s.k], case.wts,
-                 atol=0.0, rtol=od.WTS_RTOL)  # as the designed anchor: expf within 2 ulp
-    g.assert_slots_past_k_untouched("router ids", out.ids, s.k)
-    g.assert_slots_past_k_untouched("router wts", out.wts, s.k)
+    _assert_router_designed(out, case, s.k, " (inputs between NaN fences)")
     for name, whole in wholes.items():
         g.assert_guards_untouched(f"router {name}", whole)
 
