@@ -6,8 +6,10 @@ mutation campaign uses (`gates/_warp_structure.py`), and a kernel's index expres
 evaluated for every thread of a block, with `threadIdx.x` and `blockDim.x` bound and the
 kernel's runtime sizes bound to trial values.
 
-- `kernel(tree, name)`, `name_of(fn)`, `block_size(fn, consts)`: a function and its
-  `__launch_bounds__`.
+- `read_kernel_file(kernel_root, file)`: a file's constants and syntax tree;
+  `TEMPLATE_ARGS`: the launchers' template instantiations.
+- `defined(tree, file, name)`, `name_of(fn)`, `callee(call)`, `block_size(fn, consts)`: a
+  function, a call's plain name and a kernel's `__launch_bounds__`.
 - `initialisers(fn)`: the body's `T name = value` declarations, in order.
 - `thread_env(fn, inits, consts, tid, block, size)`: threadIdx.x, blockDim.x, the size
   parameters (each bound to `size`) and every local that can be evaluated from them.
@@ -18,17 +20,58 @@ kernel's runtime sizes bound to trial values.
 - `strided_loops(fn, inits)` and `partition_problem(...)`: the loops whose variable starts
   at a thread's own index, and whether the threads' sequences take each index below the
   bound exactly once.
+- `memory_stores(fn)`, `shared_extents(fn, consts)` and `shared_writers(...)`: the stores
+  other threads can see, the `__shared__` arrays' sizes, and whether each address has one
+  writer a step, inside its array.
 """
 
 from __future__ import annotations
 
 from gates._warp_structure import (Constants, Unevaluable, _function_name, _walk, evaluate, loop_values,
-                                   loop_variable, text_of)
+                                   loop_variable, parse, text_of)
 
 THREAD, BLOCK = "threadIdx.x", "blockDim.x"
 WARP = 32
 # Trial values for a kernel's runtime sizes: below, on and past a warp and a block, and between.
 SIZES = (0, 1, 31, 33, 100, 256, 257, 513)
+
+
+# (file, function) -> the template arguments the launcher instantiates it with (a device
+# function: its kernel's)
+TEMPLATE_ARGS = {
+    ("paged_attention.cu", "paged_decode"): {"HD": 256},
+    ("paged_attention.cu", "paged_combine"): {"HD": 256},
+    ("paged_attention.cu", "merge_splits"): {"HD": 256},
+    ("paged_attention.cu", "paged_prefill"): {"HD": 256, "ROWS": 8},
+}
+
+
+def read_kernel_file(kernel_root, file: str):
+    """(constants, syntax tree) of `file` under the active kernel root, read through
+    harness.source; its quoted includes are read from the same root on demand."""
+    from harness.source import read_source
+
+    def include(name: str) -> str | None:
+        path = kernel_root / name
+        return read_source(path) if path.is_file() else None
+
+    text = read_source(kernel_root / file)
+    return Constants(text, include), parse(text)
+
+
+def defined(tree, file: str, name: str):
+    """The definition of `name` in `file`; fails the gate when the file has none."""
+    import pytest
+
+    fn = functions(tree).get(name)
+    if fn is None:
+        pytest.fail(f"{file}: no function `{name}`; this gate reads it")
+    return fn
+
+
+def callee(call) -> str:
+    """The plain name a call names: `merge_splits` for `pa::merge_splits<HD>(...)`."""
+    return text_of(call.child_by_field_name("function")).split("<")[0].split("::")[-1].strip()
 
 
 def name_of(fn) -> str:
@@ -39,11 +82,6 @@ def name_of(fn) -> str:
 def functions(tree) -> dict:
     """{name: function_definition node} of every function defined in the tree."""
     return {name_of(n): n for n in _walk(tree.root_node) if n.type == "function_definition"}
-
-
-def kernel(tree, name: str):
-    """The definition of `name`; None when the file defines no such function."""
-    return functions(tree).get(name)
 
 
 def block_size(fn, consts: Constants, env: dict[str, int] | None = None) -> int | None:

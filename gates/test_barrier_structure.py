@@ -23,31 +23,16 @@ from __future__ import annotations
 
 import pytest
 
-from gates._thread_roles import block_size, functions, memory_stores
-from gates._warp_structure import Constants, Unevaluable, _walk, evaluate, line_of, parse, text_of
-from harness.source import read_source
+from gates._thread_roles import (TEMPLATE_ARGS, block_size, callee, defined, functions, memory_stores,
+                                 read_kernel_file, shared_extents)
+from gates._warp_structure import Unevaluable, _walk, evaluate, line_of, text_of
 
 pytestmark = pytest.mark.structural
 
 # (file, kernel) -> the pointer its last-CTA ticket counts in
 TICKETS = {("moe_decode.cu", "moe_router"): "ticket", ("paged_attention.cu", "paged_decode"): "counters"}
-# (file, kernel) -> template arguments (the launcher's instantiation)
-TEMPLATE_ARGS = {("paged_attention.cu", "paged_decode"): {"HD": 256}}
 # (file, device function) -> its shared scratch parameter
 SCRATCH = {("moe_decode.cu", "moe_block_sum"): "red", ("moe_decode.cu", "moe_block_max"): "red"}
-
-
-def _read(kernel_root, file: str):
-    text = read_source(kernel_root / file)
-    consts = Constants(text, lambda inc: read_source(kernel_root / inc) if (kernel_root / inc).is_file() else None)
-    return consts, parse(text)
-
-
-def _function(tree, file: str, name: str):
-    fn = functions(tree).get(name)
-    if fn is None:
-        pytest.fail(f"{file}: no function `{name}`; this gate reads it")
-    return fn
 
 
 def _statements(fn) -> list:
@@ -79,8 +64,8 @@ def _flag(stmt) -> str | None:
 
 @pytest.mark.parametrize("file,name", sorted(TICKETS), ids=[k for _, k in sorted(TICKETS)])
 def test_a_last_cta_ticket_is_released_and_acquired(kernel_root, file, name):
-    consts, tree = _read(kernel_root, file)
-    fn = _function(tree, file, name)
+    consts, tree = read_kernel_file(kernel_root, file)
+    fn = defined(tree, file, name)
     ticket, stmts = TICKETS[(file, name)], _statements(fn)
     at = [i for i, s in enumerate(stmts) if _names_ticket(s, ticket)]
     assert len(at) == 1, (f"{file} ({name}): {len(at)} statements of the kernel body take the ticket "
@@ -121,8 +106,8 @@ def test_a_last_cta_ticket_is_released_and_acquired(kernel_root, file, name):
 
 @pytest.mark.parametrize("file,name", sorted(SCRATCH), ids=[k for _, k in sorted(SCRATCH)])
 def test_a_block_reductions_scratch_is_written_between_two_barriers(kernel_root, file, name):
-    _, tree = _read(kernel_root, file)
-    fn = _function(tree, file, name)
+    _, tree = read_kernel_file(kernel_root, file)
+    fn = defined(tree, file, name)
     scratch, stmts = SCRATCH[(file, name)], _statements(fn)
     writes = [w for w in memory_stores(fn) if _spelled(w).startswith(f"{scratch}[")]
     at = [i for i, s in enumerate(stmts)
@@ -143,23 +128,12 @@ def test_a_block_reductions_scratch_is_written_between_two_barriers(kernel_root,
 REDUCTIONS = {"moe_decode.cu": ("moe_block_sum", "moe_block_max")}
 
 
-def _shared_size(fn, name: str, consts: Constants) -> int | None:
-    """The element count of the `__shared__` array `name` a function declares (None: none)."""
-    for node in _walk(fn.child_by_field_name("body")):
-        if node.type != "declaration" or "__shared__" not in text_of(node):
-            continue
-        for decl in node.children_by_field_name("declarator"):
-            if decl.type == "array_declarator" and text_of(decl.child_by_field_name("declarator")) == name:
-                return evaluate(decl.child_by_field_name("size"), {}, consts)
-    return None
-
-
 @pytest.mark.parametrize("file", sorted(REDUCTIONS))
 def test_a_block_reductions_scratch_has_one_slot_a_warp(kernel_root, file):
     # One float a warp of the kernel's block: fewer and the last warps store past it (into the
     # next shared variable); more wastes static shared memory that, with the kernels' dynamic
     # H-sized rows, crosses the 48 KiB a launch may use without opting in (from H 4096).
-    consts, tree = _read(kernel_root, file)
+    consts, tree = read_kernel_file(kernel_root, file)
     problems, checked = [], 0
     for name, fn in functions(tree).items():
         block = block_size(fn, consts)
@@ -167,7 +141,7 @@ def test_a_block_reductions_scratch_has_one_slot_a_warp(kernel_root, file):
                      and text_of(n.child_by_field_name("function")) in REDUCTIONS[file]):
             args = call.child_by_field_name("arguments").named_children
             scratch = text_of(args[1]) if len(args) > 1 else "?"
-            size = _shared_size(fn, scratch, consts)
+            size = shared_extents(fn, consts).get(scratch, (None,))[0]
             checked += 1
             if block is None or size is None or size != block // 32:
                 problems.append(f"line {line_of(call)} ({name}): `{text_of(call)}` reduces over a block of {block} "
@@ -191,10 +165,6 @@ def _barrier_functions(tree) -> set[str]:
                    for n in _walk(fn.child_by_field_name("body")))}
 
 
-def _callee(call) -> str:
-    return text_of(call.child_by_field_name("function")).split("<")[0].split("::")[-1].strip()
-
-
 @pytest.mark.parametrize("file,name", PUBLISHED, ids=[f"{f}:{k}" for f, k in PUBLISHED])
 def test_a_shared_arrays_stores_are_published_by_a_barrier(kernel_root, file, name):
     # A statement of the kernel body that stores into a `__shared__` array, and the next one
@@ -202,12 +172,10 @@ def test_a_shared_arrays_stores_are_published_by_a_barrier(kernel_root, file, na
     # one, such as a block reduction): the readers are other threads. The campaign's re-check
     # saw why value gates cannot hold this: moe_final's barrier after staging the K weights,
     # removed, was killed in one run and survived the next.
-    from gates._thread_roles import shared_extents
-
-    consts, tree = _read(kernel_root, file)
-    fn = _function(tree, file, name)
+    consts, tree = read_kernel_file(kernel_root, file)
+    fn = defined(tree, file, name)
     barriers = _barrier_functions(tree)
-    shared = set(shared_extents(fn, consts, {"HD": 256, "ROWS": 8})) | {
+    shared = set(shared_extents(fn, consts, TEMPLATE_ARGS.get((file, name), {}))) | {
         text_of(d) for n in _walk(fn.child_by_field_name("body"))
         if n.type == "declaration" and text_of(n).startswith("extern __shared__")
         for d in _walk(n) if d.type == "identifier" and d.parent.type == "array_declarator"}
@@ -225,8 +193,9 @@ def test_a_shared_arrays_stores_are_published_by_a_barrier(kernel_root, file, na
                     out.add(text_of(base))
         return out
 
+    targets = {w.child_by_field_name("left").start_byte for w in stores}
+
     def read(stmt, array: str) -> bool:
-        targets = {(w.child_by_field_name("left").start_byte) for w in stores}
         for n in _walk(stmt):
             if n.type == "identifier" and text_of(n) == array:
                 top = n
@@ -239,7 +208,7 @@ def test_a_shared_arrays_stores_are_published_by_a_barrier(kernel_root, file, na
 
     def barrier(stmt) -> bool:
         return _is_call(stmt, "__syncthreads") or any(
-            n.type == "call_expression" and _callee(n) in barriers for n in _walk(stmt))
+            n.type == "call_expression" and callee(n) in barriers for n in _walk(stmt))
 
     problems, checked = [], 0
     for i, stmt in enumerate(body):

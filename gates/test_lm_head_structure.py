@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import pytest
 
-from gates._thread_roles import (WARP, first_lanes, guards, initialisers, kernel, name_of, passes, thread_env,
-                                 warp_values)
-from gates._warp_structure import Constants, Unevaluable, _walk, evaluate, line_of, loop_values, parse, text_of
-from harness.source import read_source
+from gates._thread_roles import (WARP, defined, first_lanes, guards, initialisers, name_of, passes,
+                                 read_kernel_file, thread_env, warp_values)
+from gates._warp_structure import Unevaluable, _walk, evaluate, line_of, loop_values, text_of
 from kernels_cu import lm_head
 
 pytestmark = pytest.mark.structural
@@ -41,18 +40,6 @@ KERNELS = ("lm_head_partial", "lm_head_reduce")
 # full-mask shuffles): it must be uniform across the warp. lm_head_reduce's `warp` names only
 # the slot its storing lane writes.
 WARP_UNIFORM = ("lm_head_partial",)
-
-
-def _source(kernel_root):
-    text = read_source(kernel_root / lm_head.SOURCE)
-    return Constants(text), parse(text)
-
-
-def _kernel(tree, name):
-    fn = kernel(tree, name)
-    if fn is None:
-        pytest.fail(f"{lm_head.SOURCE}: no kernel `{name}`; this gate reads {', '.join(KERNELS)}")
-    return fn
 
 
 def _shared_arrays(fn, consts) -> dict[str, tuple[int, int]]:
@@ -84,11 +71,11 @@ def _problem(fn, node, text: str) -> str:
 
 
 def test_lm_head_every_shared_slot_a_thread_indexes_lies_inside_its_array(kernel_root):
-    consts, tree = _source(kernel_root)
+    consts, tree = read_kernel_file(kernel_root, lm_head.SOURCE)
     threads = consts.value("LM_HEAD_THREADS")
     problems, checked = [], 0
     for name in KERNELS:
-        fn = _kernel(tree, name)
+        fn = defined(tree, lm_head.SOURCE, name)
         arrays, inits = _shared_arrays(fn, consts), initialisers(fn)
         for node in _walk(fn.child_by_field_name("body")):
             if node.type != "subscript_expression":
@@ -124,12 +111,12 @@ def test_lm_head_every_shared_slot_a_thread_indexes_lies_inside_its_array(kernel
 
 
 def test_lm_head_warps_and_lanes_take_one_role_each(kernel_root):
-    consts, tree = _source(kernel_root)
+    consts, tree = read_kernel_file(kernel_root, lm_head.SOURCE)
     threads = consts.value("LM_HEAD_THREADS")
     warps = threads // WARP
     problems = []
     for name in KERNELS:
-        fn = _kernel(tree, name)
+        fn = defined(tree, lm_head.SOURCE, name)
         inits = initialisers(fn)
         if not {"warp", "lane"} <= {name for name, _ in inits}:
             problems.append(f"{lm_head.SOURCE} ({name}): no `warp = ...` and `lane = ...`; this gate reads them")

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import pytest
 
-from gates._thread_roles import (WARP, block_size, first_lanes, initialisers, kernel, partition_problem,
-                                 strided_loops, thread_env, warp_values)
-from gates._warp_structure import Constants, Unevaluable, _walk, line_of, loop_variable, parse, text_of
-from harness.source import read_source
+from gates._thread_roles import (TEMPLATE_ARGS, WARP, block_size, callee, defined, first_lanes, functions,
+                                 initialisers, partition_problem, read_kernel_file, strided_loops, thread_env,
+                                 warp_values)
+from gates._warp_structure import Unevaluable, _walk, line_of, loop_variable, text_of
 
 pytestmark = pytest.mark.structural
 
@@ -55,12 +55,6 @@ WARP_WORK = {
     ("paged_attention.cu", "paged_decode"): ("warp", "split", "h", "row"),
     ("paged_attention.cu", "paged_prefill"): ("warp", "tile", "h"),
 }
-# (file, kernel) -> the template arguments it is checked at (the launcher's instantiations)
-TEMPLATE_ARGS = {
-    ("paged_attention.cu", "paged_decode"): {"HD": 256},
-    ("paged_attention.cu", "paged_combine"): {"HD": 256},
-    ("paged_attention.cu", "paged_prefill"): {"HD": 256, "ROWS": 8},
-}
 # kernels where lane 0 of each warp stores the warp's result
 # (paged attention's are not: its xor butterflies leave the same bits in every lane, so any
 # one lane may store them, and its lanes rotated by one survived the campaign as equivalent)
@@ -71,40 +65,19 @@ BLOCKS = (0, 1, 5)  # blockIdx.x values the warp-work check is run at
 CAPS = {"moe_decode.cu": {"T": "MOE_MAX_T", "K": "MOE_MAX_K"}}
 
 
-def _read(kernel_root, name: str):
-    text = read_source(kernel_root / name)
-    return Constants(text, lambda include: _include(kernel_root, include)), parse(text)
-
-
-def _include(kernel_root, include: str) -> str | None:
-    path = kernel_root / include
-    return read_source(path) if path.is_file() else None
-
-
-def _kernel(tree, file: str, name: str):
-    fn = kernel(tree, name)
-    if fn is None:
-        pytest.fail(f"{file}: no kernel `{name}`; this gate reads it")
-    return fn
-
-
 def _called(fn, tree) -> list:
     """The functions of the file that `fn` calls by name (one level: the staging helpers)."""
-    from gates._thread_roles import functions
-
-    # `pa::merge_splits<HD>(...)` calls `merge_splits`
-    names = {text_of(n.child_by_field_name("function")).split("<")[0].split("::")[-1].strip()
-             for n in _walk(fn) if n.type == "call_expression"}
+    names = {callee(n) for n in _walk(fn) if n.type == "call_expression"}
     return [f for name, f in functions(tree).items() if name in names and f is not fn]
 
 
 @pytest.mark.parametrize("file", sorted(KERNELS))
 def test_strided_loops_take_every_index_once(kernel_root, file):
-    consts, tree = _read(kernel_root, file)
+    consts, tree = read_kernel_file(kernel_root, file)
     caps = {size: consts.value(bound) for size, bound in CAPS.get(file, {}).items()}
     problems, checked = [], 0
     for name in KERNELS[file]:
-        fn = _kernel(tree, file, name)
+        fn = defined(tree, file, name)
         targs = TEMPLATE_ARGS.get((file, name), {})
         block = block_size(fn, consts, targs)
         if block is None:
@@ -130,8 +103,8 @@ def test_strided_loops_take_every_index_once(kernel_root, file):
 
 @pytest.mark.parametrize("file,name", sorted(WARP_WORK), ids=[k for _, k in sorted(WARP_WORK)])
 def test_a_warps_work_is_the_same_for_all_its_lanes(kernel_root, file, name):
-    consts, tree = _read(kernel_root, file)
-    fn = _kernel(tree, file, name)
+    consts, tree = read_kernel_file(kernel_root, file)
+    fn = defined(tree, file, name)
     targs = TEMPLATE_ARGS.get((file, name), {})
     block, inits = block_size(fn, consts, targs), initialisers(fn)
     problems = []
@@ -153,8 +126,8 @@ def test_a_warps_work_is_the_same_for_all_its_lanes(kernel_root, file, name):
 
 @pytest.mark.parametrize("file,name", LANE_ZERO_STORES, ids=[k for _, k in LANE_ZERO_STORES])
 def test_one_lane_stores_each_warps_result_its_first(kernel_root, file, name):
-    consts, tree = _read(kernel_root, file)
-    fn = _kernel(tree, file, name)
+    consts, tree = read_kernel_file(kernel_root, file)
+    fn = defined(tree, file, name)
     targs = TEMPLATE_ARGS.get((file, name), {})
     block, inits = block_size(fn, consts, targs), initialisers(fn)
     envs = [thread_env(fn, inits, consts, tid, block, extra=targs) for tid in range(block)]
@@ -204,10 +177,10 @@ def test_each_address_has_one_writer_a_step(kernel_root, file, name):
     from gates._thread_roles import memory_stores, shared_extents, shared_writers
     from gates._warp_structure import _expression, evaluate
 
-    consts, tree = _read(kernel_root, file)
-    fn = _kernel(tree, file, name)
+    consts, tree = read_kernel_file(kernel_root, file)
+    fn = defined(tree, file, name)
     spelled, scope, bind = ONE_WRITER[(file, name)]
-    targs = TEMPLATE_ARGS.get((file, "paged_decode" if name == "merge_splits" else name), {})
+    targs = TEMPLATE_ARGS.get((file, name), {})
     block = block_size(fn, consts, targs) if spelled is None else evaluate(_expression(spelled), targs, consts)
     assert block, f"{file} ({name}): no `__launch_bounds__(N)`; this gate runs a block of N threads"
     extents = {**shared_extents(fn, consts, targs),
@@ -240,8 +213,8 @@ LANE_KERNELS = [("fp8_gemv.cu", "fp8_gemv"), ("lm_head.cu", "lm_head_partial"), 
 
 @pytest.mark.parametrize("file,name", LANE_KERNELS, ids=[f"{f}:{k}" for f, k in LANE_KERNELS])
 def test_lane_is_the_hardware_lane(kernel_root, file, name):
-    consts, tree = _read(kernel_root, file)
-    fn = _kernel(tree, file, name)
+    consts, tree = read_kernel_file(kernel_root, file)
+    fn = defined(tree, file, name)
     assert "lane" in dict(initialisers(fn)), f"{file} ({name}): no `lane` local; this gate reads `lane = ...`"
     targs = TEMPLATE_ARGS.get((file, name), {})
     block = block_size(fn, consts, targs)
