@@ -5,7 +5,6 @@ trap gates as the plugin does, goes on in another worker after a poisoned contex
 turns a hang into a timeout with a new worker for the next mutant."""
 
 import json
-import shutil
 import textwrap
 from pathlib import Path
 
@@ -92,6 +91,9 @@ def test_pid(kernel_root):
 """
 
 KERNEL = "// guard\n__global__ void k(float* y, const float* x) { *y = *x + 1; }  // x + 1\n"
+# a bounds-guarded kernel: its mutants include a guard loosened and dropped
+GUARDED_KERNEL = ("// guard\n__global__ void k(float* y, const float* x, int n) {\n"
+                  "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = x[i] + 1;  // x + 1\n}\n")
 
 
 @pytest.fixture
@@ -216,9 +218,7 @@ def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verd
     from harness.mutate.bench import main
 
     root, _ = suite
-    (root / "kernels" / "k.cu").write_text(
-        "// guard\n__global__ void k(float* y, const float* x, int n) {\n"
-        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = x[i] + 1;  // x + 1\n}\n")
+    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
     out = tmp_path / "out"
     status = main(["--out", str(out), "--name", "b", "--naive-jobs", "2", "--rootdir", str(root), "--seed", "1",
                    "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
@@ -238,9 +238,7 @@ def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(su
     from harness.mutate.cli import main
 
     root, _ = suite
-    (root / "kernels" / "k.cu").write_text(
-        "// guard\n__global__ void k(float* y, const float* x, int n) {\n"
-        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = x[i] + 1;  // x + 1\n}\n")
+    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
     status = main(["--rootdir", str(root), "--no-require-gpu", "--seed", "1", "--max-per-file", "4",
                    "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2", "--recheck", "2",
                    "--cache-dir", str(tmp_path / "cache"), "--report", str(tmp_path / "report")])
@@ -281,9 +279,7 @@ def test_a_mutation_bench_cut_short_in_its_naive_half_still_reports_both_rates(s
     from harness.mutate.bench import main
 
     root, _ = suite
-    (root / "kernels" / "k.cu").write_text(
-        "// guard\n__global__ void k(float* y, const float* x, int n) {\n"
-        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = x[i] + 1;  // x + 1\n}\n")
+    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
     real = execute.FreshProcessExecutor.run
     calls = []
 
@@ -590,9 +586,7 @@ def test_a_naive_run_cut_by_its_deadline_is_counted_apart_not_as_a_disagreement(
     from harness.mutate.bench import main
 
     root, _ = suite
-    (root / "kernels" / "k.cu").write_text(
-        "// guard\n__global__ void k(float* y, const float* x, int n) {\n"
-        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = x[i] + 1;  // x + 1\n}\n")
+    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
     real = execute.FreshProcessExecutor.run
     deadlines = []
 
