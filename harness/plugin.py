@@ -138,14 +138,9 @@ def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[floa
     return DEFAULT_DEADLINE, "the default"
 
 
-_TRACE = os.environ.get("HARNESS_POOL_TRACE")  # a file: the pool's timeline, for measuring it
-_T0 = time.monotonic()
-
-
-def _trace(event: str) -> None:
-    if _TRACE:
-        with open(_TRACE, "a") as f:
-            f.write(f"{time.monotonic() - _T0:8.3f} {os.getpid()} {event}\n")
+_trace = workers.trace  # the pool's timeline (HARNESS_POOL_TRACE): this process's events and its children's
+if os.environ.get(workers.TRACE_ENV):
+    workers.trace("plugin imported")  # the first line fixes the time base its children share
 
 
 def _state(config: pytest.Config) -> HarnessState:
@@ -319,8 +314,12 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
     if st.sanitizer_cmd is None:
         st.pool.collect(args)
         if early:
-            # The device is known before the probe answers: the spares start beside the probe.
-            st.pool.warm_up()
+            # The device is known before the probe answers: the main worker starts beside the
+            # probe, the trap gates' spares once it answered (pytest_collection_modifyitems).
+            # The driver makes contexts one at a time: made all at once on the H200, ten took
+            # 1.1-1.3 s each, the probe's and the main worker's among them, and the first gate
+            # waited for all of them.
+            st.pool.warm_up(1 if traps and not st.is_worker else None)
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
@@ -479,13 +478,22 @@ def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:
     if current in st.trap_queue:
         st.trap_queue.remove(current)
     while st.trap_queue and len(st.inflight) < TRAPS_AHEAD:
+        # What the pool refills to when this trap gate takes its spare: a spare for each trap
+        # gate still to start after it, and one for the main worker's replacement.
+        st.pool.config.spares = max(1, min(TRAPS_AHEAD - len(st.inflight), len(st.trap_queue)))
         worker = st.pool.ready_spare()
         if worker is None:
-            return
+            break
         nxt = st.trap_queue.pop(0)
         _trace(f"  start ahead {nxt.nodeid} on {worker.name}")
         worker.start(nxt.nodeid, None)
         st.inflight[nxt.nodeid] = worker
+    # Spares for the trap gates still to start, and one for the main worker's replacement: no
+    # more. (Refilled to the run's first count, the pool made eight contexts on the H200 while
+    # the seven first-wave traps were being handled, and the driver makes a context, handles a
+    # trap and loads the main worker's modules one at a time: those contexts took 6-9 s each,
+    # and the traps took 7-8 s to surface instead of 2.4 s.)
+    st.pool.config.spares = 1 + min(TRAPS_AHEAD - len(st.inflight), len(st.trap_queue))
 
 
 def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline: float, source: str,

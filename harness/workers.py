@@ -63,6 +63,27 @@ MAX_STARTING = 4
 SERVE_MODULE = "harness._serve"  # python -m SERVE_MODULE {serve|worker|probe}: workers.entry
 
 
+TRACE_ENV = "HARNESS_POOL_TRACE"  # a file: the pool's timeline, every process's events, for measuring it
+TRACE_T0_ENV = "HARNESS_POOL_T0"  # the pytest process's start (time.monotonic(), shared by every process)
+
+
+def trace(event: str) -> None:
+    """One line of the pool's timeline: seconds since the pytest process started, pid, event.
+    CLOCK_MONOTONIC is one clock for every process on the machine, so the server's, the
+    probe's and the workers' lines interleave with the pytest process's."""
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    t0 = os.environ.get(TRACE_T0_ENV)
+    if t0 is None:
+        os.environ[TRACE_T0_ENV] = t0 = repr(time.monotonic())
+    try:
+        with open(path, "a") as f:
+            f.write(f"{time.monotonic() - float(t0):8.3f} {os.getpid()} {event}\n")
+    except (OSError, ValueError):
+        pass
+
+
 class Timeout(Exception):
     pass
 
@@ -470,6 +491,7 @@ class Pool:
         """Ask for one more worker; returns its token."""
         self._token += 1
         token = self._token
+        trace(f"ask t{token}")
         env = {}
         if self.config.device_ordinal is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_device(self.config.device_ordinal)
@@ -497,13 +519,15 @@ class Pool:
             raise PoolError(f"harness: a GPU gate worker could not start: {hello['error']}")
         return worker
 
-    def warm_up(self) -> None:
-        """Start the spares now, so the first GPU gate finds a context ready."""
-        self._fill()
+    def warm_up(self, count: int | None = None) -> None:
+        """Start the spares now (`count` of them, at most the pool's number), so the first GPU
+        gate finds a context ready."""
+        self._fill(count)
 
-    def _fill(self) -> None:
+    def _fill(self, count: int | None = None) -> None:
         cap = self.config.max_starting
-        while len(self.spares) + len(self._pending) < self.config.spares and (cap is None or len(self._pending) < cap):
+        target = self.config.spares if count is None else min(count, self.config.spares)
+        while len(self.spares) + len(self._pending) < target and (cap is None or len(self._pending) < cap):
             self._ask()
 
     def _spare(self) -> Worker:
@@ -689,10 +713,12 @@ def server_configured() -> None:
         try:
             _server_channel.close()
             ch = connect(_connect_path)
+            trace("probe: forked")
             try:
                 probe = _probe_dict()
             except BaseException as exc:  # never let the child run on into pytest
                 probe = {"count": 0, "error": f"the device probe raised {type(exc).__name__}: {exc}"}
+            trace("probe: answered")
             ch.send({"role": "probe", "token": None, "pid": os.getpid(), "probe": probe})
             ch.close()
         except BaseException:
@@ -710,6 +736,7 @@ def serve(session) -> None:
     # (which the fork shares until they are written).
     gc.collect()
     gc.freeze()
+    trace(f"server: collected {len(session.items)} items, serving")
     ch = _server_channel
     while True:
         try:
@@ -721,6 +748,7 @@ def serve(session) -> None:
         if msg.get("op") == "spawn":
             sys.stdout.flush()
             sys.stderr.flush()
+            trace(f"server: fork t{msg.get('token')}")
             pid = os.fork()
             if pid == 0:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -748,6 +776,7 @@ def _become_worker(session, token: int) -> None:
         except BaseException as exc:
             hello["error"] = f"{type(exc).__name__}: {exc}"
         hello["start_s"] = round(time.monotonic() - began, 4)  # its context and CuPy's warm-up
+        trace(f"worker t{token}: ready in {hello['start_s']} s {hello.get('start_phases')}")
         # Connect only once ready: a connection the pool accepts always has its hello waiting.
         ch = connect(_connect_path)
         ch.send(hello)
@@ -1124,8 +1153,11 @@ def _serve_main(argv: list[str]) -> int:
     _connect_path = path
     _server_channel = connect(path)
     _server_channel.send({"role": "server", "token": None, "pid": os.getpid()})
+    trace("server: started")
     _warm_imports()
     import pytest
+
+    trace("server: imported")
 
     if not args:
         try:
@@ -1135,6 +1167,7 @@ def _serve_main(argv: list[str]) -> int:
         if msg.get("op") != "collect":
             return 0
         args = msg["args"]
+        trace("server: told what to collect")
     # `serve` (in the plugin's run loop) returns on quit; the exit status means nothing here.
     pytest.main(args + ["--harness-serve"])
     return 0

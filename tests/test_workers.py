@@ -419,3 +419,31 @@ def test_the_harness_processes_start_without_a_second_copy_of_the_workers_module
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "RuntimeWarning" not in out.stderr and json.loads(out.stdout).keys() >= {"count"}, (out.stdout, out.stderr)
+
+
+def test_the_pool_makes_one_worker_per_trap_gate_and_one_spare_and_the_main_worker_first(suite, tmp_path, monkeypatch):
+    """The driver makes contexts one at a time: the main worker is asked for beside the probe,
+    the trap gates' spares once the probe answered, and once every trap gate has started no
+    new worker is made (on the H200, eight more contexts made while the traps were handled
+    held the traps up for 7-8 s). The timeline is the pool's own trace (HARNESS_POOL_TRACE),
+    every process's lines on one clock."""
+    body = ["import pytest", "from conftest import fire_trap"]
+    for i in range(3):
+        body += ["@pytest.mark.gpu", "@pytest.mark.anchor", f"def test_g{i}():", "    pass"]
+    for i in range(3):
+        body += ["@pytest.mark.gpu", "@pytest.mark.trap", f"def test_t{i}():", "    fire_trap()"]
+    suite.makepyfile(test_s="\n".join(body) + "\n")
+    trace = tmp_path / "trace.txt"
+    monkeypatch.setenv("HARNESS_POOL_TRACE", str(trace))
+    monkeypatch.delenv("HARNESS_POOL_T0", raising=False)
+    result = suite.runpytest_subprocess("--require-gpu", "-p", "no:randomly")
+    result.assert_outcomes(passed=6)
+    events = [line.split(None, 2) for line in trace.read_text().splitlines()]
+    asked = [i for i, (_, _, what) in enumerate(events) if what.startswith("ask t")]
+    forks = [what for _, _, what in events if what.startswith("server: fork")]
+    probe = next(i for i, (_, _, what) in enumerate(events) if what == "probe answered")
+    assert len(asked) == len(forks) == 1 + 3 + 1, trace.read_text()  # the main worker, a spare a trap gate, one kept
+    assert asked[0] < probe < asked[1], trace.read_text()
+    # every process wrote to the one timeline: the server, the probe and the workers
+    whats = {what.split(":")[0] for _, _, what in events}
+    assert {"server", "probe", "worker t1"} <= whats, sorted(whats)
