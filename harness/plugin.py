@@ -461,7 +461,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     return True
 
 
-TRAPS_AHEAD = 8  # trap gates running ahead on spares, beside the main worker's gates
+# Trap gates running ahead on spares, beside the main worker's gates: the suite's 18 all start
+# at the beginning (a trap gate started later, once one in flight is reached at the run's end,
+# waits for a fresh context and its trap, one after another).
+TRAPS_AHEAD = 24
 
 
 def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:
@@ -494,6 +497,7 @@ def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:
     # trap and loads the main worker's modules one at a time: those contexts took 6-9 s each,
     # and the traps took 7-8 s to surface instead of 2.4 s.)
     st.pool.config.spares = 1 + min(TRAPS_AHEAD - len(st.inflight), len(st.trap_queue))
+    st.pool.warm_up()  # past TRAPS_AHEAD: a spare as each trap gate in flight is reached
 
 
 def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline: float, source: str,

@@ -447,3 +447,22 @@ def test_the_pool_makes_one_worker_per_trap_gate_and_one_spare_and_the_main_work
     # every process wrote to the one timeline: the server, the probe and the workers
     whats = {what.split(":")[0] for _, _, what in events}
     assert {"server", "probe", "worker t1"} <= whats, sorted(whats)
+
+
+def test_trap_gates_past_the_number_started_ahead_get_their_spares_as_the_first_are_reached(suite, tmp_path,
+                                                                                             monkeypatch):
+    body = ["import os, pytest", "from conftest import fire_trap",
+            "import harness.plugin", "harness.plugin.TRAPS_AHEAD = 2",
+            "@pytest.mark.gpu", "@pytest.mark.anchor", "def test_g():", "    pass"]
+    for i in range(5):
+        body += ["@pytest.mark.gpu", "@pytest.mark.trap", f"def test_t{i}():",
+                 "    open('pids', 'a').write(f'{os.getpid()}\\n')", "    fire_trap()"]
+    suite.makepyfile(test_s="\n".join(body) + "\n")
+    trace = tmp_path / "trace.txt"
+    monkeypatch.setenv("HARNESS_POOL_TRACE", str(trace))
+    monkeypatch.delenv("HARNESS_POOL_T0", raising=False)
+    result = suite.runpytest_subprocess("--require-gpu", "-p", "no:randomly")
+    result.assert_outcomes(passed=6)
+    assert len(set((suite.path / "pids").read_text().split())) == 5  # each trap gate in its own worker
+    forks = [line for line in trace.read_text().splitlines() if "server: fork" in line]
+    assert len(forks) <= 1 + 5 + 1, trace.read_text()
