@@ -99,6 +99,21 @@ class CompiledModule:
     backend_reason: str = "auto"
     set_aside: tuple = ()  # harness.deviceview.SetAside: what the device view left out
     compiler: str = ""  # "nvrtc 13.2" or "nvcc 13.0.88"
+    trap_shadow: bool = False  # compiled with TRAP_SHADOW_PREAMBLE: `__trap()` counts instead of trapping
+
+
+# The trap shadow: the source compiled with `__trap()` made a count into a module global
+# (TRAP_SHADOW_SYMBOL) after which the thread goes on. A mutation campaign runs a trap gate so
+# in the mutant's warm worker (harness.mutate.warm): a guard that fires leaves the context
+# usable, where a real trap costs a fresh process and a context, and the driver handles traps
+# and makes contexts one at a time. Up to a shadowed guard's first count, the run is the real
+# run; so the count says the real kernel would have trapped there (or faulted earlier), and no
+# count with a clean return says the real run returns as clean. Only the campaign uses it;
+# the gate run's trap gates always trap for real.
+TRAP_SHADOW_SYMBOL = "harness_trap_shadow_hits"
+TRAP_SHADOW_PREAMBLE = (f"__device__ unsigned int {TRAP_SHADOW_SYMBOL};\n"
+                        f"#define __trap() ((void)atomicAdd(&{TRAP_SHADOW_SYMBOL}, 1u))\n"
+                        "#line 1\n")
 
 
 # ---------------------------------------------------------------- toolchain facts
@@ -538,6 +553,7 @@ def compile_file(
     settings: ModuleSettings | None = None,
     cache_dir: str | os.PathLike | None = None,
     use_cache: bool = True,
+    trap_shadow: bool = False,
 ) -> CompiledModule:
     """Compile one `.cu` to a cubin. `source` is absolute or relative to the kernel root.
 
@@ -545,7 +561,8 @@ def compile_file(
     (`harness.modsettings`), or `settings` when given (the controls pass the real tree's);
     `name_expressions`, `defines` and `fmad` may repeat what the launcher declares, or give
     what it leaves undeclared. The file is compiled through its device-only view
-    (`harness.deviceview`) by NVRTC, or by nvcc by the rule in `_backend`."""
+    (`harness.deviceview`) by NVRTC, or by nvcc by the rule in `_backend`. `trap_shadow`:
+    with TRAP_SHADOW_PREAMBLE before it (a mutation campaign's trap gates)."""
     run_settings = _settings.current()
     root = Path(kernel_root).resolve() if kernel_root is not None else run_settings.kernel_root
     if not root.is_dir():
@@ -591,6 +608,8 @@ def compile_file(
                 raise CompileError(path, str(exc), provisional, what="could not derive the device view of") from None
             _views[memo] = view
     compiled_text = view.text if view is not None else text_source
+    if trap_shadow:
+        compiled_text = TRAP_SHADOW_PREAMBLE + compiled_text
     closure_headers = []
     for rel, _ in closure:
         p = root / rel if not rel.startswith("@") else None
@@ -623,6 +642,7 @@ def compile_file(
         "shims": _tc.shims_version() if backend == "nvrtc" else None,
         "device_view": (__import__("harness.deviceview").deviceview.VERSION if view is not None else None),
         "set_aside": [str(s) for s in set_aside], "include_hashes": user_hash,
+        **({"trap_shadow": TRAP_SHADOW_PREAMBLE} if trap_shadow else {}),  # every other key as it was
     })
     cache = Path(cache_dir) if cache_dir is not None else run_settings.cache_dir
     cubin_path, meta_path = _cache_paths(cache, key)
@@ -635,7 +655,7 @@ def compile_file(
             cubin=cubin, symbol_mapping=mapping, resources=parse_resources(log, mapping), log=log,
             cache_hit=hit, seconds=time.perf_counter() - start, nvrtc_version=nvrtc_version(),
             cubin_path=cubin_path if use_cache else None, backend=backend, backend_reason=backend_why,
-            set_aside=tuple(set_aside), compiler=compiler_version,
+            set_aside=tuple(set_aside), compiler=compiler_version, trap_shadow=trap_shadow,
         )
 
     if use_cache:

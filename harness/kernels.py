@@ -26,6 +26,20 @@ class Module:
         self._module.load(compiled.cubin)
         self._functions: dict[str, object] = {}
 
+    def trap_shadow_hits(self) -> int | None:
+        """How often a `__trap()` of a trap-shadow module counted (None: not one)."""
+        if not self.compiled.trap_shadow:
+            return None
+        import cupy
+
+        from harness.compile import TRAP_SHADOW_SYMBOL
+
+        raw = self._module.get_global_var(TRAP_SHADOW_SYMBOL)  # its address (cuModuleGetGlobal)
+        raw = raw[0] if isinstance(raw, tuple) else raw
+        address = int(getattr(raw, "ptr", raw))
+        memory = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(address, 4, self), 0)
+        return int(cupy.ndarray((1,), dtype=cupy.uint32, memptr=memory).get()[0])
+
     def symbol(self, name: str) -> str:
         """The mangled symbol for a name expression, or `name` itself (extern "C")."""
         return self.compiled.symbol_mapping.get(name, name)
@@ -96,6 +110,22 @@ def load(compiled: CompiledModule) -> Module:
     return mod
 
 
+_trap_shadow = False  # module() compiles with the trap shadow (harness.compile.TRAP_SHADOW_PREAMBLE)
+
+
+def set_trap_shadow(on: bool) -> None:
+    """From now on `module()` loads the trap-shadow build of each module (a mutation
+    campaign's trap gate in a warm worker), or the real one again."""
+    global _trap_shadow
+    _trap_shadow = bool(on)
+
+
+def trap_shadow_hits() -> int:
+    """The guards counted by every trap-shadow module loaded now; raises when the context
+    cannot say (a sticky error)."""
+    return sum(m.trap_shadow_hits() or 0 for m in list(_loaded.values()))
+
+
 def forget_loaded() -> None:
     """Drop every loaded module (CuPy unloads each once unreferenced): a warm worker that
     served one mutant serves the next without its cubins."""
@@ -112,7 +142,8 @@ def module(
     """Compile (or hit the cache for) `<kernel_root>/<relpath>` and load it into CuPy, with
     the compile settings its launcher declares (`harness.modsettings`). The arguments may
     repeat the declaration or fill in what it leaves out, never contradict it."""
-    compiled = compile_file(relpath, name_expressions=tuple(name_expressions), defines=defines, fmad=fmad)
+    compiled = compile_file(relpath, name_expressions=tuple(name_expressions), defines=defines, fmad=fmad,
+                            trap_shadow=_trap_shadow)
     coverage.note_module(relpath)  # which gates load which module: gate selection for mutation campaigns
     _used[compiled.source.name if compiled.source.parent == kernel_root() else str(relpath)] = compiled.options
     return load(compiled)

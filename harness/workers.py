@@ -195,14 +195,15 @@ class Worker:
         return result
 
     def run_set(self, kernel_root: str, gates: list[str], deadline: float, stop_on_kill: bool,
-                reuse: bool = False, gate_deadlines: dict | None = None):
+                reuse: bool = False, gate_deadlines: dict | None = None, trap_shadow=()):
         """A mutant's gates in this worker: (outcomes, timed_out, died, last_launch). With
         `reuse`, a worker that reset itself cleanly stays alive for the next mutant
         (`self.alive`); otherwise, or when it could not, it is gone. `gate_deadlines`
         ({nodeid: seconds}) also bounds each gate on its own: a gate that hangs is found in
-        its own time, not the whole set's."""
+        its own time, not the whole set's. The trap gates in `trap_shadow` run in the trap
+        shadow (`_in_trap_shadow`), in this worker."""
         self._send({"op": "run_set", "kernel_root": kernel_root, "gates": gates, "stop_on_kill": stop_on_kill,
-                    "reuse": reuse, "announce": bool(gate_deadlines)})
+                    "reuse": reuse, "announce": bool(gate_deadlines), "trap_shadow": list(trap_shadow)})
         msg, timed_out, died, last = self._receive("done_set", deadline, gate_deadlines)
         self.set_seconds = time.monotonic() - self._started
         self.set_phases = {k: float((msg or {}).get(k) or 0.0) for k in ("protocol_s", "reset_s")}
@@ -1013,9 +1014,11 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
             break
 
 
-def _outcome(item, reports: list) -> dict:
+def _outcome(item, reports: list, shadow_hits: int | None = None) -> dict:
     """One gate's outcome from its phase reports, judged as the plugin judges it (a trap
-    gate passes when its body died by a device fault)."""
+    gate passes when its body died by a device fault). A trap gate run in the trap shadow
+    (harness.compile.TRAP_SHADOW_PREAMBLE) also passes when its guards counted
+    (`shadow_hits` > 0): the real kernel would have trapped at the first of them."""
     props = {}
     outcome, route, line, message = "passed", None, None, None
     for rep in reports:
@@ -1028,24 +1031,29 @@ def _outcome(item, reports: list) -> dict:
             line = dict(rep.user_properties).get("first_failure_line")
             message = getattr(rep, "harness_failure_message", None) or str(rep.longrepr)[:4000]
     if item.get_closest_marker("trap") is not None and outcome in ("passed", "failed"):
-        if outcome == "passed":
+        if shadow_hits:
+            outcome, route, line, message = "passed", None, None, None
+        elif outcome == "passed":
             outcome, route = "failed", "assertion"
             line = "the device guard did not fire: the gate's body returned normally"
         elif route == "trap":
             outcome, route, line = "passed", None, None
     return {"nodeid": item.nodeid, "outcome": outcome, "route": route, "first_failure_line": line,
             "failure_message": message, "poisoned": props.get("poisoned_context") == "true",
-            "duration": round(sum(getattr(rep, "duration", 0.0) or 0.0 for rep in reports), 4)}
+            "duration": round(sum(getattr(rep, "duration", 0.0) or 0.0 for rep in reports), 4),
+            "shadow_hits": shadow_hits}
 
 
 def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) -> dict:
     """A mutant's gates in this fresh worker, against its sandboxed kernel root: in order,
     stopping at the first kill by assertion unless told to run them all, and at a gate that
-    poisoned the context (the rest go to another fresh worker)."""
+    poisoned the context (the rest go to another fresh worker). The trap gates named in
+    `trap_shadow` run in the trap shadow, here, their guards counted instead of trapping."""
     from harness import _settings
 
     _settings.configure(kernel_root=msg["kernel_root"])
     gates = list(msg["gates"])
+    shadowed = set(msg.get("trap_shadow") or ())
     outcomes = []
     protocol = 0.0  # seconds inside pytest's run-test protocol (the gates' reports time less of it)
     for i, nodeid in enumerate(gates):
@@ -1066,13 +1074,36 @@ def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) ->
         except BaseException:
             pass
         began = time.monotonic()
-        session.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt)
+        hits = None
+        if nodeid in shadowed:
+            hits = _in_trap_shadow(lambda: session.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt))
+        else:
+            session.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt)
         protocol += time.monotonic() - began
-        out = _outcome(item, sink.reports)
+        out = _outcome(item, sink.reports, shadow_hits=hits)
         outcomes.append(out)
         if out["poisoned"] or (msg.get("stop_on_kill") and out["outcome"] == "failed" and out["route"] == "assertion"):
             break
     return {"op": "done_set", "outcomes": outcomes, "protocol_s": round(protocol, 4)}
+
+
+def _in_trap_shadow(run) -> int | None:
+    """Run `run()` with every module loaded afresh in its trap-shadow build; the guards they
+    counted, or None when the context cannot say (the gate left a sticky error: a guard
+    counted before it, or a fault the real run has too; either way a trap gate's pass)."""
+    from harness import kernels
+
+    kernels.forget_loaded()  # no module loaded before (the real build) serves the gate
+    kernels.set_trap_shadow(True)
+    try:
+        run()
+        try:
+            return kernels.trap_shadow_hits()
+        except Exception:  # noqa: BLE001 - a sticky error: the counters cannot be read
+            return None
+    finally:
+        kernels.set_trap_shadow(False)
+        kernels.forget_loaded()  # and no shadow module serves a later gate
 
 
 def reset_for_next_mutant(session) -> str | None:

@@ -30,6 +30,20 @@ def _probe():
 
 device.probe = _probe
 device.context_is_poisoned = lambda: False
+
+# The trap shadow without a GPU: a fake module's guard counts here when the shadow is on.
+import harness.kernels as kernels
+SHADOW_HITS = [0]
+kernels.trap_shadow_hits = lambda: SHADOW_HITS[0]
+_forget = kernels.forget_loaded
+
+
+def _forget_and_clear():
+    SHADOW_HITS[0] = 0  # a module loaded afresh starts its count at zero
+    _forget()
+
+
+kernels.forget_loaded = _forget_and_clear
 """
 
 GATES = """
@@ -62,6 +76,17 @@ def test_adds_one(kernel_root):
 def test_guard_fires(kernel_root):
     if "guard" in text(kernel_root):
         raise CUDARuntimeError("cudaErrorLaunchFailure: unspecified launch failure")
+
+@pytest.mark.gpu
+@pytest.mark.trap
+def test_guard_counts_in_the_shadow(kernel_root):
+    import conftest
+    from harness import kernels
+    if "guard" in text(kernel_root):
+        if kernels._trap_shadow:
+            conftest.SHADOW_HITS[0] += 1  # what the shadow build's __trap() does: count, go on
+        else:
+            raise CUDARuntimeError("cudaErrorLaunchFailure: unspecified launch failure")
 
 @pytest.mark.gpu
 @pytest.mark.anchor
@@ -606,3 +631,35 @@ def test_a_naive_run_cut_by_its_deadline_is_counted_apart_not_as_a_disagreement(
     assert len(result["naive_timeouts_only"]) == 1 and not result["disagreements"], result
     assert result["compared"] == result["agreed"] == result["campaign"]["reached_gpu"] - 1
     assert "Not compared: 1 naive run(s) cut by the naive deadline (600 s)" in (out / "b.md").read_text()
+
+
+SHADOW_GATE = "gates/test_k.py::test_guard_counts_in_the_shadow"
+
+
+def test_the_trap_shadows_wiring_check_keeps_the_trap_gates_whose_guards_counted(suite):
+    root, ex = suite
+    ex.trap_gates = frozenset({SHADOW_GATE, GATE_IDS[1]})
+    why_not = ex.check_trap_shadow(root / "kernels")
+    assert ex.shadow_gates == {SHADOW_GATE}
+    # the other trap gate trapped for real in the shadow (no count): it keeps a fresh worker each
+    assert set(why_not) == {GATE_IDS[1]} and "0 guard(s) counted" in why_not[GATE_IDS[1]], why_not
+
+
+def test_a_shadowed_trap_gate_passes_in_the_mutants_own_worker_and_fails_when_its_guard_is_gone(suite):
+    root, ex = suite
+    ex.trap_gates = frozenset({SHADOW_GATE, GATE_IDS[1]})
+    ex.check_trap_shadow(root / "kernels")
+    ex.replaced.clear()  # the check's own: the unshadowable trap gate trapped for real
+    box = _mutant(root, "same", KERNEL)
+    runs = ex.run(box, [GATE_IDS[0], SHADOW_GATE, GATE_IDS[2]], 60)
+    assert [o.outcome for o in runs.outcomes] == ["passed"] * 3, runs
+    assert not ex.replaced, ex.replaced  # no trap: the worker is kept for the next mutant
+    assert ex.times["shadowed"] == 1 and "1 trap gate(s) run in the trap shadow" in ex.timing()
+    gone = ex.run(_mutant(root, "noguard", KERNEL.replace("// guard", "// none")), [SHADOW_GATE], 60)
+    o = gone.outcomes[0]
+    assert (o.outcome, o.route) == ("failed", "assertion"), o
+    assert "did not fire" in o.first_failure_line
+    # the same gate unshadowed (the re-check's way) traps for real and ends its worker
+    ex.shadow_gates = frozenset()
+    real = ex.run(_mutant(root, "real", KERNEL), [SHADOW_GATE], 60)
+    assert real.outcomes[0].outcome == "passed" and ex.replaced == {"a gate left the CUDA context unusable": 1}

@@ -77,6 +77,7 @@ class MutateConfig:
     gates: tuple[str, ...] = ("gates",)  # what the baseline runs, relative to rootdir
     require_gpu: bool = True  # False only in the harness's own tests and --static
     trap_gates: str = "all"  # "reached": skip trap gates whose kernels cannot run the mutated function
+    trap_shadow: bool = True  # trap gates that pass the wiring check run in the trap shadow, in warm workers
 
     def path(self, p) -> Path:
         p = Path(p)
@@ -130,6 +131,8 @@ class MutationCampaign:
     gpu_seconds: float = 0.0
     resumed: int = 0
     recheck: "Recheck | None" = None  # verdict integrity: re-runs in fresh processes
+    # the trap shadow's wiring check: {trap gate: None when it runs in the shadow, else why not}
+    trap_shadow: dict | None = None
 
     @property
     def mode(self) -> str:
@@ -284,6 +287,8 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
     executors = [make_executor(device) for device in slot_devices(jobs)]
     for ex in executors:
         arm(ex, config, coverage)
+    if config.trap_shadow:
+        campaign.trap_shadow = wire_trap_shadow(executors, root)
     free = list(range(jobs))
     running: dict = {}
     ended = False
@@ -458,6 +463,34 @@ def arm(executor, config: MutateConfig, coverage: Coverage | None) -> None:
         executor.names_faults = coverage.fault_naming_gates()
     if hasattr(executor, "trap_gates"):
         executor.trap_gates = frozenset(g for g in coverage.gates if coverage.place(g)[0])
+
+
+def wire_trap_shadow(executors: list, root: Path) -> dict | None:
+    """Run the trap shadow's wiring check once per warm executor (each GPU's) and keep, on
+    each, the trap gates that passed it; {trap gate: None (shadowed) or why not}, or None
+    when no executor can (the fresh-process one, or no trap gate)."""
+    verdicts: dict = {}
+    seen: set[int] = set()
+    for ex in executors:
+        if id(ex) in seen or not hasattr(ex, "check_trap_shadow") or not getattr(ex, "trap_gates", None):
+            continue
+        seen.add(id(ex))
+        why_not = ex.check_trap_shadow(root)
+        for gate in ex.trap_gates:
+            verdicts[gate] = verdicts.get(gate) or why_not.get(gate)
+    return verdicts or None
+
+
+def trap_shadow_line(verdicts: dict | None) -> str | None:
+    """One line on the trap shadow's wiring check, for the terminal: how many trap gates run
+    in it, and why each other one does not."""
+    if not verdicts:
+        return None
+    shadowed = sum(1 for why in verdicts.values() if why is None)
+    line = (f"trap shadow: {shadowed} of {len(verdicts)} trap gates counted their guards on the original kernels and "
+            "ran in each mutant's own worker (the re-check runs them for real)")
+    out = [f"{gate} ({why})" for gate, why in sorted(verdicts.items()) if why is not None]
+    return line + (f"; each in a fresh worker: {'; '.join(out)}" if out else "")
 
 
 def gate_deadlines(config: MutateConfig, coverage: Coverage) -> dict[str, float] | None:

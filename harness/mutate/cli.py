@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="all (default): every selected trap gate runs; reached: skip a trap gate whose kernels "
                         "(gates.json's kernels_launched) cannot run the function the mutant changed, by the "
                         "sources' call graph (each trap gate costs a fresh worker)")
+    p.add_argument("--no-trap-shadow", action="store_true",
+                   help="run every trap gate for real, each in a fresh worker (by default a trap gate that passes the "
+                        "wiring check runs in the trap shadow, its guards counted instead of trapping, in the "
+                        "mutant's own warm worker; the re-check always runs them for real)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: write mutation.json, mutation.html and the table again from DIR/mutants.jsonl "
                         "(a campaign cut short before its report, or copied back from a device)")
@@ -129,6 +133,7 @@ def config_from(args):
         all_gates=args.all_gates, static=args.static, seed=seed, max_per_file=max_per_file, resume=args.resume,
         arch=args.arch, cache_dir=Path(cache_dir) if cache_dir else None, gates=tuple(args.gates or ("gates",)),
         require_gpu=not args.no_require_gpu, trap_gates=args.trap_gates,
+        trap_shadow=not args.no_trap_shadow,
     )
 
 
@@ -422,6 +427,11 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
                   "by its cubin alone", markup=False)
     for line in worker_lines:
         out.print(line, markup=False)
+    from harness.mutate.campaign import trap_shadow_line
+
+    shadow = trap_shadow_line(getattr(campaign, "trap_shadow", None))
+    if shadow:
+        out.print(shadow, markup=False)
     for key, ex in (executors or {}).items():
         if isinstance(key, tuple) and key[0] == "recheck":
             out.print(f"re-check workers: {ex.summary()}", markup=False)

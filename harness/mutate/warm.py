@@ -83,6 +83,10 @@ class WarmExecutor:
     # a fault they are not moved first, and past MAX_FAULTS they do not run (a fault there is
     # what they expect, not a kill)
     trap_gates: frozenset = frozenset()
+    # trap gates that run in the trap shadow (harness.compile.TRAP_SHADOW_PREAMBLE) in the
+    # mutant's own warm worker instead of a fresh one each: those whose guards the shadow
+    # counted on the original kernels (`check_trap_shadow`, the campaign's wiring check)
+    shadow_gates: frozenset = frozenset()
     # run_mutant hands this executor all of a mutant's gates in one call, in order: it stops
     # at the first kill itself, and counts faults across the direct gates, the siblings and
     # the trap gates alike (a cap per batch let a faulting mutant fault four times in each)
@@ -170,9 +174,45 @@ class WarmExecutor:
         with self._lock:
             self.replaced[worker.ended_because or "it ended"] += 1
 
+    def check_trap_shadow(self, kernel_root: Path, deadline: float = 300.0) -> dict[str, str]:
+        """The trap shadow's wiring check: every trap gate run in the trap shadow against the
+        original kernels, in one warm worker. A gate whose guards the shadow counted, and that
+        passed so, runs in the shadow for every mutant (`shadow_gates`); each other one says
+        why not, and runs in a fresh worker of its own as before. Returns {gate: why not}."""
+        gates = sorted(self.trap_gates)
+        why_not: dict[str, str] = {}
+        passed: set[str] = set()
+        while gates:
+            worker = self._take()
+            got, timed_out, died, _ = worker.run_set(str(kernel_root), gates, deadline, False, reuse=True,
+                                                     trap_shadow=gates)
+            self._give_back(worker)
+            for o in got:
+                if o["outcome"] == "passed" and o.get("shadow_hits"):
+                    passed.add(o["nodeid"])
+                elif o["outcome"] == "not run":
+                    why_not[o["nodeid"]] = o.get("first_failure_line") or "not run"
+                else:
+                    why_not[o["nodeid"]] = (f"{o['outcome']} in the shadow with "
+                                            f"{o.get('shadow_hits')} guard(s) counted"
+                                            + (f": {o['first_failure_line']}" if o.get("first_failure_line") else ""))
+            done = {o["nodeid"] for o in got}
+            if timed_out or died:
+                why_not.update({g: f"the wiring check's worker {'ran past its deadline' if timed_out else died}"
+                                for g in gates if g not in done})
+                break
+            if not done:
+                why_not.update({g: "the wiring check's worker ran none of them" for g in gates})
+                break
+            gates = [g for g in gates if g not in done]  # after a gate that poisoned its worker
+        self.shadow_gates = frozenset(passed)
+        return why_not
+
     def _count_set(self, worker, got: list, cut: bool) -> None:
         kind = "cut" if cut else "poisoned" if any(o.get("poisoned") for o in got) else "clean"
         with self._lock:
+            self.times["shadowed"] += sum(1 for o in got if o["nodeid"] in self.shadow_gates
+                                          and o.get("outcome") != "not run")
             t = self.times
             t[f"{kind}_sets"] += 1
             t[f"{kind}_gates"] += len(got)
@@ -205,6 +245,8 @@ class WarmExecutor:
         exits = self._exits.summary() if self._exits is not None else ""
         if exits:
             parts.append(exits)
+        if t["shadowed"]:
+            parts.append(f"{t['shadowed']} trap gate(s) run in the trap shadow, in the mutant's own worker")
         if t["mutants"]:
             # what sets a campaign's rate on the H200: each fresh worker is a context the driver
             # makes, and usually a trap or fault it handled, one at a time per GPU
@@ -245,7 +287,8 @@ class WarmExecutor:
                 break
             waited += time.monotonic() - asked
             got, timed_out, died, last = worker.run_set(str(mutant_sandbox), remaining, left, self.stop_on_kill,
-                                                        reuse=self.reuse, gate_deadlines=self.gate_deadlines)
+                                                        reuse=self.reuse, gate_deadlines=self.gate_deadlines,
+                                                        trap_shadow=[g for g in remaining if g in self.shadow_gates])
             self._count_set(worker, got, timed_out or bool(died))
             self._give_back(worker)
             if timed_out or died:
