@@ -77,6 +77,8 @@ def main(argv: list[str]) -> int:
                         help="a checkout of the code before the change (its own gates/ and harness/)")
     parser.add_argument("--jobs", type=int, default=8, metavar="N",
                         help="xdist workers for the parallel figure (0: no parallel figure)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run the old gate ids on this tree N times (the figure is their median)")
     parser.add_argument("--out", default="docs/observed", metavar="DIR")
     parser.add_argument("--name", default="bench-gates", help="file name stem for the JSON and Markdown")
     args = parser.parse_args(argv)
@@ -85,15 +87,19 @@ def main(argv: list[str]) -> int:
     if not (before / "gates").is_dir():
         print(f"error: --before {before} has no gates/ folder: pass a checkout of the old tree", file=sys.stderr)
         return 2
+    if args.repeat < 1:
+        print(f"error: --repeat {args.repeat}: pass 1 or more", file=sys.stderr)
+        return 2
     if args.jobs < 0:
         print(f"error: --jobs {args.jobs}: pass 1 or more, or 0 for no parallel figure", file=sys.stderr)
         return 2
     cache = Path(os.environ.get("HARNESS_CACHE_DIR") or tempfile.mkdtemp(prefix="harness-bench-cache-"))
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
     def env_for(tree: Path) -> dict:
-        # the tree first, then whatever the caller put on the path (carried wheels, say)
+        # the tree first, then whatever the caller put on the path (carried wheels, say); both
+        # trees keep their bytecode from the warm-up on, as a user's repeated runs do
         path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
-        return dict(os.environ, HARNESS_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=path)
+        return dict(os.environ, HARNESS_CACHE_DIR=str(cache), PYTHONPATH=path)
 
     env_before, env_after = env_for(before), env_for(after)
     old_ids = _collect_ids(before, env_before)
@@ -108,27 +114,33 @@ def main(argv: list[str]) -> int:
     step("warm-up before", before, env_before, ["gates"])
     step("warm-up after", after, env_after, ["gates"])
     step("before serial", before, env_before, ["gates"])
-    step("after serial (old gates)", after, env_after, old_ids)
+    for i in range(args.repeat):
+        step("after serial (old gates)" + (f" #{i + 1}" if args.repeat > 1 else ""), after, env_after, old_ids)
     step("after serial (all gates)", after, env_after, ["gates"])
     if args.jobs:
         step(f"before -n {args.jobs}", before, env_before, ["gates", "-n", str(args.jobs)])
         step(f"after -n {args.jobs}", after, env_after, ["gates", "-n", str(args.jobs)])
-    b, a, full = rows["before serial"], rows["after serial (old gates)"], rows["after serial (all gates)"]
+    b, full = rows["before serial"], rows["after serial (all gates)"]
+    olds = [r for k, r in rows.items() if k.startswith("after serial (old gates)")]
+    old_s = statistics.median(r["pytest_s"] or 0 for r in olds)
+    a = {"gates": olds[0]["gates"], "pytest_s": round(old_s, 2)}
     result = {"device": _device_name(), "old_gate_ids": len(old_ids), "runs": rows,
+              "after_old_gates_median_s": a["pytest_s"], "repeat": args.repeat,
               "added_gates": full["gates"] - a["gates"],
               "added_gates_pytest_s": round((full["pytest_s"] or 0) - (a["pytest_s"] or 0), 2)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Gate-run benchmark ({result['device']})", "", "`python -m harness bench gates --before DIR "
-          f"--jobs {args.jobs}`, one run, warm compile cache (and host-reference cache, where the tree has "
+          f"--jobs {args.jobs} --repeat {args.repeat}`, one run, warm compile cache (and host-reference cache, where the tree has "
           "one: the warm-up runs fill both).", "",
           "| run | pytest s | wall s | gates | isolated gates | isolated mean s | isolated max s |",
           "| --- | --- | --- | --- | --- | --- | --- |"]
     for key, r in rows.items():
         md.append(f"| {key} | {r['pytest_s']} | {r['wall_s']} | {r['gates']} | {r['isolated_gates']} | "
                   f"{r['isolated_mean_s']} | {r['isolated_max_s']} |")
-    md += ["", f"Old suite ({len(old_ids)} gate ids): {b['pytest_s']} s before, {a['pytest_s']} s after. "
+    md += ["", f"Old suite ({len(old_ids)} gate ids): {b['pytest_s']} s before, {a['pytest_s']} s after"
+           + (f" (the median of {args.repeat} runs)" if args.repeat > 1 else "") + ". "
            f"Gates added since: {result['added_gates']}, costing {result['added_gates_pytest_s']} s serial."]
     (out / f"{args.name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

@@ -12,3 +12,9 @@ def test_a_negative_job_count_is_refused_and_zero_is_the_serial_only_run(tmp_pat
     (tmp_path / "gates").mkdir()
     assert main(["gates", "--before", str(tmp_path), "--jobs", "-1"]) == 2
     assert "or 0 for no parallel figure" in capsys.readouterr().err
+
+
+def test_a_repeat_below_one_is_refused(tmp_path, capsys):
+    (tmp_path / "gates").mkdir()
+    assert main(["gates", "--before", str(tmp_path), "--repeat", "0"]) == 2
+    assert "--repeat 0: pass 1 or more" in capsys.readouterr().err
