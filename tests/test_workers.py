@@ -421,6 +421,16 @@ def test_the_harness_processes_start_without_a_second_copy_of_the_workers_module
     assert "RuntimeWarning" not in out.stderr and json.loads(out.stdout).keys() >= {"count"}, (out.stdout, out.stderr)
 
 
+def _traced_run(suite, body: list[str], tmp_path, monkeypatch, passed: int):
+    """Run `body` (test_s.py's lines) with the pool's trace on; the trace file."""
+    suite.makepyfile(test_s="\n".join(body) + "\n")
+    trace = tmp_path / "trace.txt"
+    monkeypatch.setenv("HARNESS_POOL_TRACE", str(trace))
+    monkeypatch.delenv("HARNESS_POOL_T0", raising=False)
+    suite.runpytest_subprocess("--require-gpu", "-p", "no:randomly").assert_outcomes(passed=passed)
+    return trace
+
+
 def test_the_pool_makes_one_worker_per_trap_gate_and_one_spare_and_the_main_worker_first(suite, tmp_path, monkeypatch):
     """The driver makes contexts one at a time: the main worker is asked for beside the probe,
     the trap gates' spares once the probe answered, and once every trap gate has started no
@@ -432,12 +442,7 @@ def test_the_pool_makes_one_worker_per_trap_gate_and_one_spare_and_the_main_work
         body += ["@pytest.mark.gpu", "@pytest.mark.anchor", f"def test_g{i}():", "    pass"]
     for i in range(3):
         body += ["@pytest.mark.gpu", "@pytest.mark.trap", f"def test_t{i}():", "    fire_trap()"]
-    suite.makepyfile(test_s="\n".join(body) + "\n")
-    trace = tmp_path / "trace.txt"
-    monkeypatch.setenv("HARNESS_POOL_TRACE", str(trace))
-    monkeypatch.delenv("HARNESS_POOL_T0", raising=False)
-    result = suite.runpytest_subprocess("--require-gpu", "-p", "no:randomly")
-    result.assert_outcomes(passed=6)
+    trace = _traced_run(suite, body, tmp_path, monkeypatch, passed=6)
     events = [line.split(None, 2) for line in trace.read_text().splitlines()]
     asked = [i for i, (_, _, what) in enumerate(events) if what.startswith("ask t")]
     forks = [what for _, _, what in events if what.startswith("server: fork")]
@@ -457,12 +462,7 @@ def test_trap_gates_past_the_number_started_ahead_get_their_spares_as_the_first_
     for i in range(5):
         body += ["@pytest.mark.gpu", "@pytest.mark.trap", f"def test_t{i}():",
                  "    open('pids', 'a').write(f'{os.getpid()}\\n')", "    fire_trap()"]
-    suite.makepyfile(test_s="\n".join(body) + "\n")
-    trace = tmp_path / "trace.txt"
-    monkeypatch.setenv("HARNESS_POOL_TRACE", str(trace))
-    monkeypatch.delenv("HARNESS_POOL_T0", raising=False)
-    result = suite.runpytest_subprocess("--require-gpu", "-p", "no:randomly")
-    result.assert_outcomes(passed=6)
+    trace = _traced_run(suite, body, tmp_path, monkeypatch, passed=6)
     assert len(set((suite.path / "pids").read_text().split())) == 5  # each trap gate in its own worker
     forks = [line for line in trace.read_text().splitlines() if "server: fork" in line]
     assert len(forks) <= 1 + 5 + 1, trace.read_text()
