@@ -8,6 +8,8 @@ kernel's runtime sizes bound to trial values.
 
 - `read_kernel_file(kernel_root, file)`: a file's constants and syntax tree;
   `TEMPLATE_ARGS`: the launchers' template instantiations.
+- `analysed(kernel_root, file, names, check, *args)`: a check of some of a file's functions,
+  run on the text they can reach (`reachable_text`) and kept for that text.
 - `defined(tree, file, name)`, `name_of(fn)`, `callee(call)`, `block_size(fn, consts)`: a
   function, a call's plain name and a kernel's `__launch_bounds__`.
 - `initialisers(fn)`: the body's `T name = value` declarations, in order.
@@ -27,8 +29,11 @@ kernel's runtime sizes bound to trial values.
 
 from __future__ import annotations
 
+import re
+
 from gates._warp_structure import (Constants, Unevaluable, _function_name, _walk, evaluate, loop_values,
                                    loop_variable, parse, text_of)
+from harness.caching import host_cache
 
 THREAD, BLOCK = "threadIdx.x", "blockDim.x"
 WARP = 32
@@ -57,6 +62,76 @@ def read_kernel_file(kernel_root, file: str):
 
     text = read_source(kernel_root / file)
     return Constants(text, include), parse(text)
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PREPROC_LINE = re.compile(r"^\s*#.*$", re.MULTILINE)
+
+
+def reachable_text(text: str, names) -> str:
+    """`text` with the body of every function none of `names` can reach emptied (its newlines
+    kept, so every line keeps its number, and nothing else: a mutant of such a body that
+    keeps its lines leaves this text as it was). A function reaches what its body
+    names (any identifier: a call, a template argument, a macro's use), and every function
+    a preprocessor line names is reached: an analysis of `names` that reads only their
+    bodies, the bodies they reach and what lies outside every function (constants, macros)
+    gives the same answer on this text, and an unchanged text says that answer is unchanged."""
+    tree = parse(text)
+    bodies: dict[str, list] = {}
+    for n in _walk(tree.root_node):
+        if n.type == "function_definition" and n.child_by_field_name("body") is not None:
+            body = n.child_by_field_name("body")
+            said = {text_of(x) for x in _walk(body) if x.type in ("identifier", "field_identifier", "type_identifier",
+                                                                   "namespace_identifier")}
+            bodies.setdefault(name_of(n), []).append((body, said))
+    todo = list(names) + [w for line in _PREPROC_LINE.findall(text) for w in _WORD.findall(line) if w in bodies]
+    reached: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        for _, said in bodies.get(name, ()):
+            todo.extend(w for w in said if w in bodies and w not in reached)
+    data = text.encode()
+    cut = sorted((body.start_byte, body.end_byte) for name, defs in bodies.items() if name not in reached
+                 for body, _ in defs)
+    out, at = [], 0
+    for start, end in cut:
+        out += [data[at:start], b"{", b"\n" * data.count(b"\n", start, end), b"}"]
+        at = end
+    return b"".join(out + [data[at:]]).decode(errors="replace")
+
+
+def analysed(kernel_root, file: str, names, check, *args):
+    """`check(consts, tree, file, *args)` of `file` under the active kernel root, computed on
+    the text its functions `names` can reach (`reachable_text`) and its quoted includes, and
+    kept for that text: a mutant of another function of the file finds it again. (A
+    structural gate runs first for every mutant of its file; on the H200 those of
+    `moe_decode.cu` cost each of its mutants 2.6 s, more than half a campaign's slot time.)
+    `check` must be a pure function of what it is given; it may fail the gate."""
+    from harness.source import read_source
+
+    text = read_source(kernel_root / file)
+    includes, todo = {}, _INCLUDE.findall(text)
+    while todo:
+        name = todo.pop()
+        path = kernel_root / name
+        if name not in includes and path.is_file():
+            includes[name] = read_source(path)
+            todo += _INCLUDE.findall(includes[name])
+    # an include is read for its constants alone (Constants reads no function body): its
+    # functions' bodies are emptied, so a mutant of one leaves every answer here as it was
+    headers = tuple(sorted((name, reachable_text(t, ())) for name, t in includes.items()))
+    return _analysis(check, file, reachable_text(text, tuple(names)), headers, args)
+
+
+@host_cache
+def _analysis(check, file: str, text: str, includes: tuple, args: tuple):
+    """Kept from mutant to mutant by a campaign's warm worker: a pure function of its arguments."""
+    found = dict(includes)
+    return check(Constants(text, found.get), parse(text), file, *args)
 
 
 def defined(tree, file: str, name: str):

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import pytest
 
-from gates._thread_roles import (TEMPLATE_ARGS, WARP, block_size, callee, defined, first_lanes, functions,
-                                 initialisers, partition_problem, read_kernel_file, strided_loops, thread_env,
-                                 warp_values)
+from gates._thread_roles import (TEMPLATE_ARGS, WARP, analysed, block_size, callee, defined, first_lanes,
+                                 functions, initialisers, partition_problem, read_kernel_file, strided_loops,
+                                 thread_env, warp_values)
 from gates._warp_structure import Unevaluable, _walk, line_of, loop_variable, text_of
 
 pytestmark = pytest.mark.structural
@@ -71,31 +71,38 @@ def _called(fn, tree) -> list:
     return [f for name, f in functions(tree).items() if name in names and f is not fn]
 
 
+def _strided(consts, tree, file: str, name: str) -> tuple[int, tuple]:
+    """(loops checked, problems) of kernel `name`'s strided loops and its callees'."""
+    caps = {size: consts.value(bound) for size, bound in CAPS.get(file, {}).items()}
+    fn = defined(tree, file, name)
+    targs = TEMPLATE_ARGS.get((file, name), {})
+    block = block_size(fn, consts, targs)
+    if block is None:
+        return 0, (f"{file} line {line_of(fn)} ({name}): no `__launch_bounds__(N)`; this gate runs a block "
+                   "of N threads",)
+    problems, checked = [], 0
+    for f in [fn, *_called(fn, tree)]:
+        inits = initialisers(f)
+        for loop in strided_loops(f, inits):
+            if loop_variable(loop)[0] in DATA_BOUND_LOOPS.get((file, name), ()):
+                continue
+            checked += 1
+            try:
+                problem = partition_problem(f, loop, inits, consts, block, caps=caps, extra=targs)
+            except Unevaluable as exc:
+                problem = f"`{' '.join(text_of(loop).split(')')[0].split())})`: {exc}"
+            if problem:
+                problems.append(f"{file} line {line_of(loop)} ({name}): {problem}")
+    return checked, tuple(problems)
+
+
 @pytest.mark.parametrize("file", sorted(KERNELS))
 def test_strided_loops_take_every_index_once(kernel_root, file):
-    consts, tree = read_kernel_file(kernel_root, file)
-    caps = {size: consts.value(bound) for size, bound in CAPS.get(file, {}).items()}
     problems, checked = [], 0
     for name in KERNELS[file]:
-        fn = defined(tree, file, name)
-        targs = TEMPLATE_ARGS.get((file, name), {})
-        block = block_size(fn, consts, targs)
-        if block is None:
-            problems.append(f"{file} line {line_of(fn)} ({name}): no `__launch_bounds__(N)`; this gate runs a block "
-                            "of N threads")
-            continue
-        for f in [fn, *_called(fn, tree)]:
-            inits = initialisers(f)
-            for loop in strided_loops(f, inits):
-                if loop_variable(loop)[0] in DATA_BOUND_LOOPS.get((file, name), ()):
-                    continue
-                checked += 1
-                try:
-                    problem = partition_problem(f, loop, inits, consts, block, caps=caps, extra=targs)
-                except Unevaluable as exc:
-                    problem = f"`{' '.join(text_of(loop).split(')')[0].split())})`: {exc}"
-                if problem:
-                    problems.append(f"{file} line {line_of(loop)} ({name}): {problem}")
+        n, found = analysed(kernel_root, file, (name,), _strided, name)
+        checked += n
+        problems += found
     assert checked, f"{file}: no strided loop found; this gate reads loops from a thread's own index"
     assert not problems, "\n".join(sorted(set(problems)) + [
         "  start each thread at its own index and step by the team's size (the block, or 32 for lanes)"])
@@ -172,17 +179,17 @@ PARAMETER_EXTENTS = {("moe_decode.cu", "moe_block_sum"): {"red": "MOE_THREADS / 
 BLOCK_INDEX = {"blockIdx.x": 1, "blockIdx.y": 1, "blockIdx.z": 1, "gridDim.x": 4, "gridDim.y": 4, "gridDim.z": 4}
 
 
-@pytest.mark.parametrize("file,name", sorted(ONE_WRITER), ids=[f"{f}:{k}" for f, k in sorted(ONE_WRITER)])
-def test_each_address_has_one_writer_a_step(kernel_root, file, name):
+def _one_writer(consts, tree, file: str, name: str) -> tuple[int | None, int, tuple]:
+    """(block, stores placed, problems) of function `name`'s stores (ONE_WRITER)."""
     from gates._thread_roles import memory_stores, shared_extents, shared_writers
     from gates._warp_structure import _expression, evaluate
 
-    consts, tree = read_kernel_file(kernel_root, file)
     fn = defined(tree, file, name)
     spelled, scope, bind = ONE_WRITER[(file, name)]
     targs = TEMPLATE_ARGS.get((file, name), {})
     block = block_size(fn, consts, targs) if spelled is None else evaluate(_expression(spelled), targs, consts)
-    assert block, f"{file} ({name}): no `__launch_bounds__(N)`; this gate runs a block of N threads"
+    if not block:
+        return block, 0, ()
     extents = {**shared_extents(fn, consts, targs),
                **{p: (evaluate(_expression(n), targs, consts),)
                   for p, n in PARAMETER_EXTENTS.get((file, name), {}).items()}}
@@ -197,8 +204,15 @@ def test_each_address_has_one_writer_a_step(kernel_root, file, name):
         checked += 1
         if problem:
             problems.append(f"{file} line {line_of(store)} ({name}): {problem}")
+    return block, checked, tuple(problems)
+
+
+@pytest.mark.parametrize("file,name", sorted(ONE_WRITER), ids=[f"{f}:{k}" for f, k in sorted(ONE_WRITER)])
+def test_each_address_has_one_writer_a_step(kernel_root, file, name):
+    block, checked, problems = analysed(kernel_root, file, (name,), _one_writer, name)
+    assert block, f"{file} ({name}): no `__launch_bounds__(N)`; this gate runs a block of N threads"
     assert checked, f"{file} ({name}): no store whose address this gate can place; it reads `a[i] = v` stores"
-    assert not problems, "\n".join(problems + [
+    assert not problems, "\n".join(list(problems) + [
         "  one thread stores each element: guard the store by the one lane or thread that holds the value "
         "(several threads storing one address in one instruction is a race the hardware happens to order)"])
 
@@ -211,19 +225,28 @@ LANE_KERNELS = [("fp8_gemv.cu", "fp8_gemv"), ("lm_head.cu", "lm_head_partial"), 
                 ("paged_attention.cu", "paged_decode"), ("paged_attention.cu", "paged_prefill")]
 
 
-@pytest.mark.parametrize("file,name", LANE_KERNELS, ids=[f"{f}:{k}" for f, k in LANE_KERNELS])
-def test_lane_is_the_hardware_lane(kernel_root, file, name):
-    consts, tree = read_kernel_file(kernel_root, file)
+def _lanes(consts, tree, file: str, name: str) -> tuple[bool, int | None, tuple]:
+    """(has a `lane` local, block, (thread, its lane) for each thread whose lane is not its own)."""
     fn = defined(tree, file, name)
-    assert "lane" in dict(initialisers(fn)), f"{file} ({name}): no `lane` local; this gate reads `lane = ...`"
+    if "lane" not in dict(initialisers(fn)):
+        return False, None, ()
     targs = TEMPLATE_ARGS.get((file, name), {})
     block = block_size(fn, consts, targs)
-    assert block, f"{file} ({name}): no `__launch_bounds__(N)`; this gate runs a block of N threads"
+    if not block:
+        return True, block, ()
     wrong = []
     for tid in range(block):
         env = thread_env(fn, initialisers(fn), consts, tid, block, extra={**targs, **BLOCK_INDEX})
         if env.get("lane") != tid % WARP:
             wrong.append((tid, env.get("lane", "unevaluable")))
+    return True, block, tuple(wrong)
+
+
+@pytest.mark.parametrize("file,name", LANE_KERNELS, ids=[f"{f}:{k}" for f, k in LANE_KERNELS])
+def test_lane_is_the_hardware_lane(kernel_root, file, name):
+    has_lane, block, wrong = analysed(kernel_root, file, (name,), _lanes, name)
+    assert has_lane, f"{file} ({name}): no `lane` local; this gate reads `lane = ...`"
+    assert block, f"{file} ({name}): no `__launch_bounds__(N)`; this gate runs a block of N threads"
     assert not wrong, (f"{file} ({name}): `lane` is not the thread's hardware lane for threads "
                        f"{', '.join(f'{t} (lane {v})' for t, v in wrong[:6])}{' ...' if len(wrong) > 6 else ''}\n"
                        "  lane = threadIdx.x & 31 (the lane the shuffles and the hardware number)")
