@@ -728,9 +728,35 @@ def server_configured() -> None:
             os._exit(code)
 
 
+SERVER_WARM_ENV = "HARNESS_SERVER_WARM"  # "structural": the server runs the structural gates once before serving
+
+
+def _warm_structural(session) -> int:
+    """Run each structural gate once, here, on the unmutated kernel root, before any worker is
+    forked: what they keep in host caches (`gates._thread_roles.analysed`: each function's
+    answer, kept for the text it reads) every worker then has from its first mutant on, and a
+    mutant of one function finds every other function's answer. Only gates that launch
+    nothing and use no fixture but the kernel root's (no CUDA may start in a process that
+    forks). Their reports go nowhere; returns how many ran."""
+    items = [it for it in session.items if it.get_closest_marker("structural")
+             and set(getattr(it, "fixturenames", ())) <= {"kernel_root", "request"}]
+    for i, item in enumerate(items):
+        try:
+            session.config.hook.pytest_runtest_protocol(item=item, nextitem=items[i + 1] if i + 1 < len(items) else None)
+        except BaseException:  # noqa: BLE001 - a warm-up: a gate that fails here fails in the workers too
+            pass
+    try:
+        session._setupstate.teardown_exact(None)
+    except BaseException:  # noqa: BLE001
+        pass
+    return len(items)
+
+
 def serve(session) -> None:
     """The server's run loop: fork a worker for each spawn request until quit or EOF."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked workers reap themselves
+    if os.environ.get(SERVER_WARM_ENV) == "structural":
+        trace(f"server: warmed {_warm_structural(session)} structural gates")
     # Everything collected so far (the gate modules, their host data, pytest's session) lives
     # as long as every worker: out of the collector's sight, so a worker's own collections
     # (one per mutant, in reset_for_next_mutant) never walk it, and never write to its pages

@@ -42,9 +42,13 @@ MAX_FAULTS = 4
 # default for a process with one context): two dozen workers time-sharing one GPU spent their
 # waits spinning, and on the 32-core H200 machine the load stood at 45 while slots waited a
 # minute for a fresh worker to start (docs/observed/mutation-campaign-h200.md, section 6).
+# And the server runs the structural gates once before forking (`workers._warm_structural`):
+# each worker inherits their answers for the unmutated functions, so a mutant pays only for
+# the functions that reach the one it changed (on the H200 a sample's 20 MoE mutants, each in
+# a worker of its own, found the structural memo cold every time and gained nothing from it).
 WORKER_ENV = {**{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                         "NUMEXPR_NUM_THREADS")},
-              workers.GPU_WAIT_ENV: "block"}
+              workers.GPU_WAIT_ENV: "block", workers.SERVER_WARM_ENV: "structural"}
 
 
 def server_args(rootdir: Path, gates: Sequence[str], kernel_root: Path, cache_dir: Path, arch: str | None) -> list[str]:
