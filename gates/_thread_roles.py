@@ -29,6 +29,7 @@ kernel's runtime sizes bound to trial values.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from gates._warp_structure import (Constants, Unevaluable, _function_name, _walk, evaluate, loop_values,
@@ -69,6 +70,21 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PREPROC_LINE = re.compile(r"^\s*#.*$", re.MULTILINE)
 
 
+@functools.lru_cache(maxsize=8)
+def _reach_index(text: str) -> tuple[dict, tuple]:
+    """({function name: ((body start, body end, names its body says), ...)}, the function names
+    a preprocessor line says) of `text`: parsed once for all the gates that read one text."""
+    bodies: dict[str, list] = {}
+    for n in _walk(parse(text).root_node):
+        if n.type == "function_definition" and n.child_by_field_name("body") is not None:
+            body = n.child_by_field_name("body")
+            said = frozenset(text_of(x) for x in _walk(body) if x.type in ("identifier", "field_identifier",
+                                                                           "type_identifier", "namespace_identifier"))
+            bodies.setdefault(name_of(n), []).append((body.start_byte, body.end_byte, said))
+    seeds = tuple(w for line in _PREPROC_LINE.findall(text) for w in _WORD.findall(line) if w in bodies)
+    return bodies, seeds
+
+
 def reachable_text(text: str, names) -> str:
     """`text` with the body of every function none of `names` can reach emptied (its newlines
     kept, so every line keeps its number, and nothing else: a mutant of such a body that
@@ -77,26 +93,18 @@ def reachable_text(text: str, names) -> str:
     a preprocessor line names is reached: an analysis of `names` that reads only their
     bodies, the bodies they reach and what lies outside every function (constants, macros)
     gives the same answer on this text, and an unchanged text says that answer is unchanged."""
-    tree = parse(text)
-    bodies: dict[str, list] = {}
-    for n in _walk(tree.root_node):
-        if n.type == "function_definition" and n.child_by_field_name("body") is not None:
-            body = n.child_by_field_name("body")
-            said = {text_of(x) for x in _walk(body) if x.type in ("identifier", "field_identifier", "type_identifier",
-                                                                   "namespace_identifier")}
-            bodies.setdefault(name_of(n), []).append((body, said))
-    todo = list(names) + [w for line in _PREPROC_LINE.findall(text) for w in _WORD.findall(line) if w in bodies]
+    bodies, seeds = _reach_index(text)
+    todo = list(names) + list(seeds)
     reached: set[str] = set()
     while todo:
         name = todo.pop()
         if name in reached:
             continue
         reached.add(name)
-        for _, said in bodies.get(name, ()):
+        for _, _, said in bodies.get(name, ()):
             todo.extend(w for w in said if w in bodies and w not in reached)
     data = text.encode()
-    cut = sorted((body.start_byte, body.end_byte) for name, defs in bodies.items() if name not in reached
-                 for body, _ in defs)
+    cut = sorted((start, end) for name, defs in bodies.items() if name not in reached for start, end, _ in defs)
     out, at = [], 0
     for start, end in cut:
         out += [data[at:start], b"{", b"\n" * data.count(b"\n", start, end), b"}"]
