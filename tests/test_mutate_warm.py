@@ -121,17 +121,23 @@ GUARDED_KERNEL = ("// guard\n__global__ void k(float* y, const float* x, int n) 
                   "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = x[i] + 1;  // x + 1\n}\n")
 
 
-@pytest.fixture
-def suite(tmp_path, monkeypatch):
+def make_suite(tmp_path, monkeypatch, gates: str, kernel: str, spares: int = 2) -> tuple[Path, WarmExecutor]:
+    """A fake suite (gates/test_k.py, kernels/k.cu, the fake device's conftest) and a warm
+    executor over it; the caller closes the executor."""
     root = tmp_path / "suite"
     (root / "kernels").mkdir(parents=True)
     (root / "gates").mkdir()
     (root / "pytest.ini").write_text("[pytest]\nkernel_root = kernels\n")
     (root / "conftest.py").write_text(CONFTEST)
-    (root / "gates" / "test_k.py").write_text(textwrap.dedent(GATES))
-    (root / "kernels" / "k.cu").write_text(KERNEL)
+    (root / "gates" / "test_k.py").write_text(textwrap.dedent(gates))
+    (root / "kernels" / "k.cu").write_text(kernel)
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
-    ex = WarmExecutor(root, ("gates",), root / "kernels", tmp_path / "cache", spares=2)
+    return root, WarmExecutor(root, ("gates",), root / "kernels", tmp_path / "cache", spares=spares)
+
+
+@pytest.fixture
+def suite(tmp_path, monkeypatch):
+    root, ex = make_suite(tmp_path, monkeypatch, GATES, KERNEL)
     yield root, ex
     ex.close()
 

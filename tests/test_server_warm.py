@@ -2,13 +2,9 @@
 (`harness.workers._warm_structural`): what they keep in host caches every worker inherits,
 so a mutant that leaves a gate's input as it was costs that gate nothing (no GPU needed)."""
 
-import textwrap
-from pathlib import Path
-
 import pytest
 
-from harness.mutate.warm import WarmExecutor
-from tests.test_mutate_warm import CONFTEST
+from tests.test_mutate_warm import _mutant, make_suite
 
 GATES = """
 import os
@@ -33,30 +29,15 @@ KERNEL = "__global__ void k(float* y, const float* x) { *y = *x + 1; }  // a com
 
 @pytest.fixture
 def suite(tmp_path, monkeypatch):
-    root = tmp_path / "suite"
-    (root / "kernels").mkdir(parents=True)
-    (root / "gates").mkdir()
-    (root / "pytest.ini").write_text("[pytest]\nkernel_root = kernels\n")
-    (root / "conftest.py").write_text(CONFTEST)
-    (root / "gates" / "test_s.py").write_text(textwrap.dedent(GATES))
-    (root / "kernels" / "k.cu").write_text(KERNEL)
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
     monkeypatch.setenv("WARM_LOG", str(tmp_path / "computed"))
-    ex = WarmExecutor(root, ("gates",), root / "kernels", tmp_path / "cache", spares=1)
+    root, ex = make_suite(tmp_path, monkeypatch, GATES, KERNEL, spares=1)
     yield root, ex, tmp_path / "computed"
     ex.close()
 
 
-def _mutant(root: Path, name: str, text: str) -> Path:
-    box = root.parent / name / "kernels"
-    box.mkdir(parents=True)
-    (box / "k.cu").write_text(text)
-    return box
-
-
 def test_the_servers_warm_up_serves_every_worker_and_a_changed_input_is_computed_anew(suite):
     root, ex, log = suite
-    gate = "gates/test_s.py::test_one_addition"
+    gate = "gates/test_k.py::test_one_addition"
     same = ex.run(_mutant(root, "comment", KERNEL.replace("a comment", "another comment")), [gate], 60)
     assert [o.outcome for o in same.outcomes] == ["passed"], same
     # computed once, in the server, before any fork: the worker found it
