@@ -65,7 +65,6 @@ def read_kernel_file(kernel_root, file: str):
     return Constants(text, include), parse(text)
 
 
-_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PREPROC_LINE = re.compile(r"^\s*#.*$", re.MULTILINE)
 
@@ -119,19 +118,16 @@ def analysed(kernel_root, file: str, names, check, *args):
     structural gate runs first for every mutant of its file; on the H200 those of
     `moe_decode.cu` cost each of its mutants 2.6 s, more than half a campaign's slot time.)
     `check` must be a pure function of what it is given; it may fail the gate."""
+    from harness.compile import source_closure
     from harness.source import read_source
 
     text = read_source(kernel_root / file)
-    includes, todo = {}, _INCLUDE.findall(text)
-    while todo:
-        name = todo.pop()
-        path = kernel_root / name
-        if name not in includes and path.is_file():
-            includes[name] = read_source(path)
-            todo += _INCLUDE.findall(includes[name])
-    # an include is read for its constants alone (Constants reads no function body): its
-    # functions' bodies are emptied, so a mutant of one leaves every answer here as it was
-    headers = tuple(sorted((name, reachable_text(t, ())) for name, t in includes.items()))
+    # the headers it includes, as the compile path finds them (the kernel root's ones, by the
+    # root-relative path Constants asks for), each read for its constants alone (Constants
+    # reads no function body): their bodies emptied, a mutant of one leaves every answer as it was
+    headers = tuple((rel, reachable_text(read_source(kernel_root / rel), ()))
+                    for rel, _ in source_closure(kernel_root / file, kernel_root)
+                    if rel != file and not rel.startswith("@"))
     return _analysis(check, file, reachable_text(text, tuple(names)), headers, args)
 
 
