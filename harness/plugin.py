@@ -481,9 +481,7 @@ def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:
     if current in st.trap_queue:
         st.trap_queue.remove(current)
     while st.trap_queue and len(st.inflight) < TRAPS_AHEAD:
-        # What the pool refills to when this trap gate takes its spare: a spare for each trap
-        # gate still to start after it, and one for the main worker's replacement.
-        st.pool.config.spares = max(1, min(TRAPS_AHEAD - len(st.inflight), len(st.trap_queue)))
+        st.pool.config.spares = _spares_wanted(st, starting=1)  # what the pool refills to as this one takes its spare
         worker = st.pool.ready_spare()
         if worker is None:
             break
@@ -491,13 +489,18 @@ def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:
         _trace(f"  start ahead {nxt.nodeid} on {worker.name}")
         worker.start(nxt.nodeid, None)
         st.inflight[nxt.nodeid] = worker
-    # Spares for the trap gates still to start, and one for the main worker's replacement: no
-    # more. (Refilled to the run's first count, the pool made eight contexts on the H200 while
-    # the seven first-wave traps were being handled, and the driver makes a context, handles a
-    # trap and loads the main worker's modules one at a time: those contexts took 6-9 s each,
-    # and the traps took 7-8 s to surface instead of 2.4 s.)
-    st.pool.config.spares = 1 + min(TRAPS_AHEAD - len(st.inflight), len(st.trap_queue))
+    st.pool.config.spares = _spares_wanted(st)
     st.pool.warm_up()  # past TRAPS_AHEAD: a spare as each trap gate in flight is reached
+
+
+def _spares_wanted(st: HarnessState, starting: int = 0) -> int:
+    """The spares the pool keeps once `starting` more trap gates have taken theirs: one for
+    each trap gate that can still start ahead, and one for the main worker's replacement; no
+    more. (Refilled to the run's first count, the pool made eight contexts on the H200 while
+    the seven first-wave traps were being handled, and the driver makes a context, handles a
+    trap and loads the main worker's modules one at a time: those contexts took 6-9 s each,
+    and the traps took 7-8 s to surface instead of 2.4 s.)"""
+    return 1 + max(0, min(TRAPS_AHEAD - len(st.inflight), len(st.trap_queue)) - starting)
 
 
 def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline: float, source: str,
