@@ -211,8 +211,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if st.serving and workers.is_server():
         workers.server_configured()
     elif not st.serving and not st.is_controller and st.sanitizer_cmd is None and device._driver_present():
-        # Where a GPU may be, the server imports CuPy while this process collects.
-        st.pool = _new_pool(config)
+        # Where a GPU may be, the server imports CuPy while this process collects. Forked from
+        # here, before any collection: it has this process's imports and conftests already.
+        st.pool = _new_pool(config, fork=True)
 
 
 def _include_dirs(config: pytest.Config) -> tuple:
@@ -274,7 +275,7 @@ def _server_args(config: pytest.Config, files: list[str]) -> list[str]:
     return args
 
 
-def _new_pool(config: pytest.Config) -> workers.Pool:
+def _new_pool(config: pytest.Config, fork: bool = False) -> workers.Pool:
     st = _state(config)
     prefix = config.workerinput.get("workerid", "") + "-" if st.is_worker else ""
     pool_config = workers.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
@@ -283,7 +284,7 @@ def _new_pool(config: pytest.Config) -> workers.Pool:
     pool = workers.Pool(pool_config)
     pool_config.sanitizer_log_dir = pool.tmp
     if st.sanitizer_cmd is None:
-        pool.start_server()
+        pool.start_server(fork=fork)
     return pool
 
 
@@ -618,6 +619,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         exc = call.excinfo.value
         props = [("route", classify_route(exc).value), ("first_failure_line", first_line(exc))]
         if _is_gpu(item) and workers.is_worker():
+            _trace(f"  {call.when} failed: {type(exc).__name__}")
             # Only a CUDA error can poison the context; then ask the device whether it did.
             if device.is_cuda_error(exc) and (device.is_sticky_error(exc) or device.context_is_poisoned()):
                 props.append(("poisoned_context", "true"))
@@ -710,6 +712,11 @@ def _facts(config: pytest.Config, records: list[GateRecord]) -> RunFacts:
                     sanitizer=st.sanitize)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not _state(session.config).serving:
+        _trace("session start")  # where pytest's own "passed in N s" starts counting
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
     st = _state(config)
@@ -748,7 +755,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     from harness.summary import render_summary
 
+    _trace("terminal summary")
     render_summary(terminalreporter, list(st.records.values()), st)
+    _trace("terminal summary written")
 
 
 # ------------------------------------------------------------------ fixtures

@@ -55,6 +55,14 @@ def arch_problem(arch: str | None, source: str) -> str | None:
     return None
 
 
+def server_start_problem(value: str | None) -> str | None:
+    """HARNESS_SERVER_START: unset, `fork` or `spawn`."""
+    if value is None or value.strip().lower() in ("", "fork", "spawn"):
+        return None
+    return (f"HARNESS_SERVER_START={value!r} is not fork or spawn: unset it (the gate run forks its server "
+            "where that is safe) or set spawn to start the server as a fresh interpreter")
+
+
 def check_configuration(config) -> None:
     """The plugin's options and the environment, checked once before collection: raises
     pytest.UsageError (one line, `harness: ...`) on the first problem."""
@@ -75,6 +83,7 @@ def check_configuration(config) -> None:
                                        "ini harness_cache_dir", "the compiled cubins"))
     elif os.environ.get(_settings.CACHE_ENV):
         problems.append(folder_problem(os.environ[_settings.CACHE_ENV], _settings.CACHE_ENV, "the compiled cubins"))
+    problems.append(server_start_problem(os.environ.get("HARNESS_SERVER_START")))
     if getattr(opt, "harness_serve", False):
         pass  # a pool server or worker: the pytest process that started it checked the kernel root
     elif getattr(opt, "kernel_root", None):

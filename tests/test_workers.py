@@ -466,3 +466,91 @@ def test_trap_gates_past_the_number_started_ahead_get_their_spares_as_the_first_
     assert len(set((suite.path / "pids").read_text().split())) == 5  # each trap gate in its own worker
     forks = [line for line in trace.read_text().splitlines() if "server: fork" in line]
     assert len(forks) <= 1 + 5 + 1, trace.read_text()
+
+
+# ------------------------------------------------------------------ the forked server
+
+# A driver "present" from the conftest on: the pool then starts at configure, where the
+# gate run forks its server from the pytest process (HARNESS_SERVER_START).
+DRIVER_PRESENT = "\ndevice._driver_present = lambda: True\n"
+SERVER_BODY = ["import os, pytest", "from conftest import fire_trap",
+               "@pytest.mark.gpu", "@pytest.mark.anchor", "def test_a():", "    pass",
+               "@pytest.mark.gpu", "@pytest.mark.anchor", "def test_b():", "    assert os.environ.get('NOPE') == 'x'",
+               "@pytest.mark.gpu", "@pytest.mark.trap", "def test_t():", "    fire_trap()",
+               "@pytest.mark.gpu", "@pytest.mark.trap", "def test_u():", "    pass",
+               "@pytest.mark.refusal", "def test_r():", "    pass"]
+
+
+def _server_run(suite, tmp_path, monkeypatch, mode: str | None, conftest_extra: str = "") -> tuple[dict, str]:
+    # No plugin autoload: the harness is loaded only by the conftest, as from a checkout with
+    # nothing installed (LOAD_PLUGIN's idiom, which loads it only when not yet imported).
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    suite.makeconftest(FAKE_DEVICE_CONFTEST + DRIVER_PRESENT + conftest_extra)
+    suite.makepyfile(test_s="\n".join(SERVER_BODY) + "\n")
+    trace = tmp_path / f"trace-{mode}.txt"
+    trace.unlink(missing_ok=True)
+    monkeypatch.setenv("HARNESS_POOL_TRACE", str(trace))
+    monkeypatch.delenv("HARNESS_POOL_T0", raising=False)
+    if mode is None:
+        monkeypatch.delenv("HARNESS_SERVER_START", raising=False)
+    else:
+        monkeypatch.setenv("HARNESS_SERVER_START", mode)
+    result = suite.runpytest_subprocess("--require-gpu", "-p", "no:randomly", "--harness-report=rep")
+    result.assert_outcomes(passed=3, failed=2)
+    verdicts = {k: (g["outcome"], g.get("route"), g.get("first_failure_line")) for k, g in _gates(suite).items()}
+    return verdicts, trace.read_text()
+
+
+def test_the_gate_runs_server_is_a_fork_of_the_pytest_process_and_every_verdict_is_a_spawned_ones(
+        suite, tmp_path, monkeypatch):
+    """Forked at configure, the server has the pytest process's imports and conftests; it
+    still runs a pytest session of its own, so each gate (passed, failed by assertion, a trap
+    that fired, a trap that did not, a CPU gate) has the verdict it has under a spawned one."""
+    forked, trace = _server_run(suite, tmp_path, monkeypatch, None)
+    starts = [line.split(None, 2) for line in trace.splitlines() if "server start:" in line]
+    assert len(starts) == 1 and starts[0][2].startswith("server start: fork"), trace
+    pytest_pid = starts[0][1]
+    server_pids = {pid for _, pid, what in (line.split(None, 2) for line in trace.splitlines())
+                   if what.startswith("server: started")}
+    assert len(server_pids) == 1 and server_pids != {pytest_pid}, trace
+    spawned, trace = _server_run(suite, tmp_path, monkeypatch, "spawn")
+    assert "server start: spawn (HARNESS_SERVER_START=spawn)" in trace, trace
+    assert forked == spawned
+    assert forked["test_b"][:2] == ("failed", "assertion") and forked["test_u"][:2] == ("failed", "assertion")
+    assert forked["test_t"][0] == forked["test_a"][0] == forked["test_r"][0] == "passed"
+
+
+def test_a_pytest_process_running_another_thread_spawns_its_server(suite, tmp_path, monkeypatch):
+    # forking a process with other threads copies only the caller: a lock one of them held
+    # stays held forever in the child; so the server is spawned, with the same verdicts
+    thread = "\nimport threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+    verdicts, trace = _server_run(suite, tmp_path, monkeypatch, None, conftest_extra=thread)
+    assert "server start: spawn (this process runs 2 threads)" in trace, trace
+    assert verdicts["test_t"][0] == "passed" and verdicts["test_b"][:2] == ("failed", "assertion")
+
+
+def test_a_process_holding_an_nvidia_device_file_never_forks_its_server(monkeypatch):
+    from harness import workers
+
+    monkeypatch.delenv("HARNESS_SERVER_START", raising=False)
+    monkeypatch.setattr(workers.threading, "active_count", lambda: 1)  # (xdist's own threads run here)
+    fds = {"0": "/dev/null", "1": "pipe:[7]"}
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p: list(fds) if p == "/proc/self/fd" else real_listdir(p))
+    monkeypatch.setattr(os, "readlink", lambda p: fds[p.rsplit("/", 1)[1]])
+    assert workers.server_start_mode() == ("fork", "this process has no other thread and no CUDA context")
+    fds["3"] = "/dev/nvidiactl"
+    assert workers.server_start_mode() == ("spawn", "this process has initialised CUDA (an NVIDIA device file "
+                                                    "is open)")
+    monkeypatch.setenv("HARNESS_SERVER_START", "spawn")
+    assert workers.server_start_mode() == ("spawn", "HARNESS_SERVER_START=spawn")
+
+
+@pytest.mark.parametrize("value", ["forkserver", "1"])
+def test_a_bad_server_start_mode_is_one_clear_usage_error(suite, monkeypatch, value):
+    monkeypatch.setenv("HARNESS_SERVER_START", value)
+    suite.makepyfile(test_x="def test_x():\n    pass\n")
+    result = suite.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert f"HARNESS_SERVER_START='{value}' is not fork or spawn" in err and "Traceback" not in err
