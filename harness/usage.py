@@ -56,11 +56,14 @@ def arch_problem(arch: str | None, source: str) -> str | None:
 
 
 def server_start_problem(value: str | None) -> str | None:
-    """HARNESS_SERVER_START: unset, `fork` or `spawn`."""
-    if value is None or value.strip().lower() in ("", "fork", "spawn"):
+    """HARNESS_SERVER_START (`harness.workers.SERVER_START_ENV`): unset, or one of
+    `harness.workers.SERVER_START_MODES`."""
+    from harness.workers import SERVER_START_ENV, SERVER_START_MODES
+
+    if value is None or value.strip().lower() in ("", *SERVER_START_MODES):
         return None
-    return (f"HARNESS_SERVER_START={value!r} is not fork or spawn: unset it (the gate run forks its server "
-            "where that is safe) or set spawn to start the server as a fresh interpreter")
+    return (f"{SERVER_START_ENV}={value!r} is not {' or '.join(SERVER_START_MODES)}: unset it (the gate run forks "
+            "its server where that is safe) or set spawn to start the server as a fresh interpreter")
 
 
 def check_configuration(config) -> None:
@@ -69,6 +72,7 @@ def check_configuration(config) -> None:
     import pytest
 
     from harness import _settings
+    from harness.workers import SERVER_START_ENV
 
     opt = config.option
     problems = []
@@ -83,7 +87,7 @@ def check_configuration(config) -> None:
                                        "ini harness_cache_dir", "the compiled cubins"))
     elif os.environ.get(_settings.CACHE_ENV):
         problems.append(folder_problem(os.environ[_settings.CACHE_ENV], _settings.CACHE_ENV, "the compiled cubins"))
-    problems.append(server_start_problem(os.environ.get("HARNESS_SERVER_START")))
+    problems.append(server_start_problem(os.environ.get(SERVER_START_ENV)))
     if getattr(opt, "harness_serve", False):
         pass  # a pool server or worker: the pytest process that started it checked the kernel root
     elif getattr(opt, "kernel_root", None):
