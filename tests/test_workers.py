@@ -554,3 +554,28 @@ def test_a_bad_server_start_mode_is_one_clear_usage_error(suite, monkeypatch, va
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
     assert f"HARNESS_SERVER_START='{value}' is not fork or spawn" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_the_pools_temp_folder_goes_with_the_run(suite, monkeypatch, tmp_path, start):
+    # A gate run's pool works in a folder of its own under the temp dir (its socket, the
+    # server's log, sanitizer logs). It used to keep the folder and the server's log after
+    # the run: a campaign of fresh pytests left one a mutant in /tmp.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("HARNESS_SERVER_START", start)
+    suite.makepyfile(test_t="""
+        import pytest
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_green():
+            pass
+        @pytest.mark.gpu
+        @pytest.mark.link
+        def test_red():
+            assert 1 == 2, "its own assertion"
+    """)
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-deadline", "20")
+    result.assert_outcomes(passed=1, failed=1)
+    assert sorted(p.name for p in tmp.glob("harness-pool-*")) == [], "the pool's folder outlived the run"
