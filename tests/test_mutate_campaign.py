@@ -213,12 +213,63 @@ def test_recheck_counts_agreement(suite):
 
     seen = []
     differ = recheck(campaign, Flaky(), sample=1, on_result=lambda first, second: seen.append((first, second)))
-    # each re-run is handed over as it ends (a re-check cut short keeps what it measured)
-    assert [f.mutant.id for f, _ in seen] == differ.checked and all(s.verdict is Verdict.TIMEOUT for _, s in seen)
+    # each re-run is handed over as it ends (a re-check cut short keeps what it measured);
+    # one that timed out where the campaign had a verdict ran once more, and is handed over again
+    n = len(differ.checked)
+    assert [f.mutant.id for f, _ in seen] == differ.checked * 2 and all(s.verdict is Verdict.TIMEOUT for _, s in seen)
     assert differ.agreed == 0 and set(differ.disagreements) == set(differ.checked)
-    assert differ.line() == f"0 of {len(differ.checked)} re-run verdicts agreed"
+    assert differ.retried == differ.checked and differ.agreed_on_retry == 0
+    assert differ.line() == (f"0 of {n} re-run verdicts agreed ({n} re-run(s) hit the deadline where the campaign "
+                             f"had a verdict and ran once more, at most 4 at once: 0 agreed then)")
     # each disagreement says what the second run saw, not only its verdict
     assert all(second == "timeout" and "deadline" in why for _, second, why in differ.disagreements.values())
+
+
+def test_a_recheck_timeout_under_load_runs_once_more_with_fewer_at_once(suite):
+    # On the H200, a dozen re-runs at once that each trap for real made some run past their
+    # deadline (the driver's lock): those, and only those, run again, at most RETRY_JOBS at once.
+    import threading
+
+    from harness.mutate.campaign import RECHECKED, RETRY_JOBS, recheck
+    from harness.mutate.operators import OPERATORS
+
+    campaign = run_campaign(config(suite, paths=("sum.cu",), operators=tuple(OPERATORS)),
+                            executor_factory=lambda *a: FakeExecutor())
+    calm = next(r.mutant.id for r in campaign.ordered() if r.verdict in RECHECKED)  # every one is re-run below
+
+    class LoadedOnce(FakeExecutor):
+        runs: dict = {}
+        live = most = 0
+        lock = threading.Lock()
+
+        def run(self, sandbox, gates, deadline):
+            import time
+
+            mutant_id = Path(sandbox).parent.name.split("-")[2]
+            with self.lock:
+                n = self.runs[mutant_id] = self.runs.get(mutant_id, 0) + 1
+                if n > 1:
+                    LoadedOnce.live += 1
+                    LoadedOnce.most = max(LoadedOnce.most, LoadedOnce.live)
+            try:
+                if n == 1 and mutant_id != calm:
+                    return GateRuns((), timed_out=True)  # the first run of all but one: load
+                time.sleep(0.05 if n > 1 else 0)
+                return super().run(sandbox, gates, deadline)
+            finally:
+                with self.lock:
+                    if n > 1:
+                        LoadedOnce.live -= 1
+
+    executors = [LoadedOnce() for _ in range(RETRY_JOBS + 4)]
+    got = recheck(campaign, executors, sample=len(campaign.results))
+    loaded = [i for i in got.checked if i != calm]
+    assert len(loaded) > RETRY_JOBS
+    assert got.retried == loaded and got.agreed_on_retry == len(loaded)
+    assert got.agreed == len(got.checked) and not got.disagreements
+    assert LoadedOnce.runs == {**{i: 2 for i in loaded}, calm: 1}, "only the timeouts run again, once"
+    assert 1 < LoadedOnce.most <= RETRY_JOBS
+    assert f"{len(loaded)} re-run(s) hit the deadline where the campaign had a verdict and ran once more" in got.line()
 
 
 def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite):

@@ -342,7 +342,9 @@ def _fresh_worker_slots(config, cache, campaign, executors: dict) -> list:
 
 def _recheck_log(path: Path):
     """A re-check callback appending one JSON line a re-run mutant to `path` (started empty):
-    id, both verdicts, whether they agree and the second run's reason."""
+    id, both verdicts, whether they agree and the second run's reason. A re-run that hit the
+    deadline where the campaign had a verdict runs once more (campaign.RETRY_JOBS): its id
+    has a second line, the one that counts."""
     import json
     import threading
 
