@@ -159,6 +159,17 @@ def test_resume_runs_only_what_is_missing(suite):
     assert len(read_results(results)) == len(done.mutants)
 
 
+def test_a_survivor_names_the_selected_gates_that_never_judged_it():
+    # a survivor is only as good as the gates that ran: one whose selected gates were in part
+    # skipped or absent from the report says so, with the first of them
+    whole = judge([GateRuns((GateOutcome("g::a", "passed"), GateOutcome("g::b", "passed")))])
+    assert whole.verdict is Verdict.SURVIVED and whole.reason == "2 gate(s) stayed green"
+    part = judge([GateRuns((GateOutcome("g::a", "passed"), GateOutcome("g::b", "skipped"),
+                            GateOutcome("g::c", "not run")))])
+    assert part.verdict is Verdict.SURVIVED
+    assert part.reason == "1 gate(s) stayed green; 2 selected gate(s) neither passed nor failed (first: g::b, skipped)"
+
+
 def test_judge_rules():
     a = GateOutcome("g::a", "failed", "assertion", "boom")
     t = GateOutcome("g::t", "failed", "trap", "fault")

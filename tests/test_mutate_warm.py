@@ -669,3 +669,61 @@ def test_a_shadowed_trap_gate_passes_in_the_mutants_own_worker_and_fails_when_it
     ex.shadow_gates = frozenset()
     real = ex.run(_mutant(root, "real", KERNEL), [SHADOW_GATE], 60)
     assert real.outcomes[0].outcome == "passed" and ex.replaced == {"a gate left the CUDA context unusable": 1}
+
+
+def test_a_mutation_bench_with_naive_seconds_cuts_its_naive_half_and_bounds_the_speedup(suite, tmp_path, monkeypatch):
+    # --naive-seconds ends the naive half as a device command's timeout would (SIGINT), and the
+    # speed-up is taken against the most the naive way could have managed: the runs it
+    # finished and every one still under way counted as done
+    import json
+    import time
+
+    from harness.mutate import execute
+    from harness.mutate.bench import main
+
+    root, _ = suite
+    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
+    real = execute.FreshProcessExecutor.run
+    calls = []
+
+    def slow_after_one(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            time.sleep(12)  # the cut comes first (then this thread ends; a real run's pytest is killed)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(execute.FreshProcessExecutor, "run", slow_after_one)
+    out = tmp_path / "out"
+    main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--naive-seconds", "4", "--rootdir", str(root),
+          "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
+          "--cache-dir", str(tmp_path / "cache")])
+    result = json.loads((out / "b.json").read_text())
+    n = result["naive"]
+    # cut: without the timer, every run would have finished (12 s each) and none would be cut
+    assert n["cut_short"] and n["reached_gpu"] == 1 and n["in_flight_at_most"] == 1, n
+    assert 3 < n["gpu_stage_s"] < 40 and n["mutants_per_minute_at_most"] == round(60 * 2 / n["gpu_stage_s"], 1), n
+    assert result["speedup"] == round(result["campaign"]["mutants_per_minute"] / n["mutants_per_minute_at_most"], 1)
+    md = (out / "b.md").read_text()
+    assert "Speed-up: at least" in md and "at most 1 more under way" in md, md
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "nan", "inf", "soon"])
+def test_a_bad_naive_seconds_is_refused_with_the_fix(bad, capsys):
+    from harness.mutate.bench import main
+
+    assert main(["--naive-seconds", bad]) == 2
+    err = capsys.readouterr().err
+    assert "--naive-seconds" in err and "e.g. --naive-seconds 300" in err and err.count("\n") == 1, err
+
+
+def test_the_bench_compares_kills_of_another_kind_as_agreement_one_way_only():
+    # the campaign stops at the first kill (here a fault), the naive way runs every gate (and
+    # one asserted): the same kill. Killed warm but only trapped naive is a disagreement.
+    from harness.mutate.bench import compare
+
+    warm = {"a": "killed-by-trap", "b": "killed", "c": "survived", "d": "killed", "e": "equivalent", "f": "killed"}
+    naive = {"a": "killed", "b": "killed-by-trap", "c": "survived", "d": "timeout", "e": "equivalent", "f": "survived"}
+    both, cut, kind_only, disagree = compare(warm, naive)
+    assert set(both) == {"a", "b", "c", "f"} and cut == {"d": ("killed", "timeout")}
+    assert kind_only == {"a": ("killed-by-trap", "killed")}
+    assert disagree == {"b": ("killed", "killed-by-trap"), "f": ("killed", "survived")}

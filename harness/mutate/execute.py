@@ -135,7 +135,12 @@ def _judge(runs: list[GateRuns], outcomes: list, seconds: float, memory_safety: 
     if not_passed and len(not_passed) == len(outcomes):
         return Judgement(Verdict.SURVIVED, f"no selected gate passed or failed ({not_passed[0].outcome}): "
                          "run with --require-gpu on a device", (), ran, seconds)
-    return Judgement(Verdict.SURVIVED, f"{len(ran)} gate(s) stayed green", (), ran, seconds)
+    passed = sum(1 for o in outcomes if o.outcome == "passed")
+    if not_passed:  # a survivor some of whose selected gates never judged it: say which
+        first = not_passed[0]
+        return Judgement(Verdict.SURVIVED, f"{passed} gate(s) stayed green; {len(not_passed)} selected gate(s) "
+                         f"neither passed nor failed (first: {first.nodeid}, {first.outcome})", (), ran, seconds)
+    return Judgement(Verdict.SURVIVED, f"{passed} gate(s) stayed green", (), ran, seconds)
 
 
 def run_mutant(executor: Executor, sandbox: Path, batches: list[tuple[str, ...]], deadline: float,
