@@ -727,3 +727,107 @@ def test_the_bench_compares_kills_of_another_kind_as_agreement_one_way_only():
     assert set(both) == {"a", "b", "c", "f"} and cut == {"d": ("killed", "timeout")}
     assert kind_only == {"a": ("killed-by-trap", "killed")}
     assert disagree == {"b": ("killed", "killed-by-trap"), "f": ("killed", "survived")}
+
+
+def test_the_campaigns_workers_start_while_its_baseline_runs(suite, tmp_path, monkeypatch):
+    # the server's collection, the probe and the spares used to start after the baseline,
+    # before the first mutant: the warm factory now starts them beside it
+    import os
+    import time
+
+    from harness.mutate import campaign as campaign_mod
+    from harness.mutate.cli import _executor_factory, build_parser, config_from
+
+    root, _ = suite
+    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
+    args = build_parser().parse_args(["--rootdir", str(root), "--no-require-gpu", "--seed", "1", "--max-per-file", "2",
+                                      "--gpu-jobs", "1", "--deadline", "30", "--jobs", "2",
+                                      "--cache-dir", str(tmp_path / "cache"), "--report", str(tmp_path / "report")])
+    config = config_from(args)
+    factory, made = _executor_factory(config, "warm")
+    real = campaign_mod.run_baseline
+    seen = {}
+
+    def baseline_that_watches(*a, **k):
+        got = real(*a, **k)
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not all(ex._pool is not None for ex in made.values()):
+            time.sleep(0.05)
+        seen["started during the baseline"] = bool(made) and all(ex._pool is not None for ex in made.values())
+        return got
+
+    monkeypatch.setattr(campaign_mod, "run_baseline", baseline_that_watches)
+    # the baseline's recorder is set for its own process only: a server started meanwhile
+    # from this process's environment must not record into the baseline's coverage
+    from harness.controls import child
+    from harness.mutate.recorder import ENV
+
+    real_run_gates = child.run_gates
+    envs = []
+
+    def run_gates(*a, **k):
+        envs.append((os.environ.get("PYTEST_PLUGINS"), os.environ.get(ENV), k.get("env")))
+        return real_run_gates(*a, **k)
+
+    monkeypatch.setattr(child, "run_gates", run_gates)
+    monkeypatch.delenv("PYTEST_PLUGINS", raising=False)
+    try:
+        result = campaign_mod.run_campaign(config, executor_factory=factory)
+    finally:
+        for ex in made.values():
+            ex.close()
+    assert seen == {"started during the baseline": True}
+    (plugins, folder, env), = envs
+    assert (plugins, folder) == (None, None) and env["PYTEST_PLUGINS"] == "harness.mutate.recorder" and env[ENV]
+    assert len(made) == 1 and result.baseline.ok
+    assert all(r.verdict.value != "pending" for r in result.results.values()) and result.results
+
+
+def test_workers_started_ahead_and_closed_at_once_leave_nothing_running(suite, tmp_path):
+    # an interrupt during the baseline closes the executors while their start is under way:
+    # the start ends what it made, and no server or worker outlives the campaign
+    import time
+
+    from harness.mutate.cli import _executor_factory, build_parser, config_from
+
+    root, _ = suite
+    args = build_parser().parse_args(["--rootdir", str(root), "--no-require-gpu", "--gpu-jobs", "2",
+                                      "--cache-dir", str(tmp_path / "cache")])
+    factory, made = _executor_factory(config_from(args), "warm")
+    before = _descendants()  # e.g. multiprocessing's resource tracker, kept by an earlier test's screen
+    thread = factory.prestart(tmp_path / "cache", None, [None, None])
+    time.sleep(0.3)  # the server is starting
+    for ex in made.values():
+        ex.close()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert all(ex._pool is None for ex in made.values())
+    time.sleep(0.5)
+    mine = sorted(_descendants() - before)
+    names = {p: open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
+             for p in mine}
+    assert mine == [], f"processes of the started-ahead executor outlived its close: {names}"
+
+
+def _descendants() -> set[str]:
+    import os
+
+    return {p for p in os.listdir("/proc") if p.isdigit() and _parent_chain_has(int(p), os.getpid())}
+
+
+def _parent_chain_has(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is `pid`'s parent, grandparent, ... (a zombie counts as gone)."""
+    seen = 0
+    while pid > 1 and seen < 64:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] == "Z":
+            return False
+        pid, seen = int(fields[1]), seen + 1
+        if pid == ancestor:
+            return True
+    return False

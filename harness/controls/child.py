@@ -151,8 +151,11 @@ def run_gates(
     require_gpu: bool = True,
     arch: str | None = None,
     device: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> GateRun:
-    """Run pytest over `targets` (node ids or files relative to `rootdir`) in a fresh process."""
+    """Run pytest over `targets` (node ids or files relative to `rootdir`) in a fresh process;
+    `env`: variables set for that process alone (this process's environment is not touched:
+    other threads start processes of their own meanwhile)."""
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     gates_json = report_dir / "gates.json"
@@ -170,7 +173,7 @@ def run_gates(
         proc = subprocess.Popen(
             cmd,
             cwd=rootdir,
-            env=child_environment(cache_dir, device),
+            env={**child_environment(cache_dir, device), **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -153,23 +152,14 @@ def prepare(config: MutateConfig) -> tuple[list[Mutant], list[str]]:
     return generate(root, files, config.operators, since=since, seed=config.seed, max_per_file=config.max_per_file)
 
 
-@contextmanager
-def _recording(folder: Path):
-    """PYTEST_PLUGINS and the coverage folder set for the baseline's processes."""
+def _recording(folder: Path) -> dict[str, str]:
+    """The baseline's environment: PYTEST_PLUGINS with the recorder, and its coverage folder.
+    Given to the baseline's process alone, never set here: the gate stage's workers start in
+    another thread meanwhile, and a server that inherited them would record into the folder."""
     from harness.mutate.recorder import ENV
 
-    saved = {k: os.environ.get(k) for k in ("PYTEST_PLUGINS", ENV)}
-    plugins = [p for p in (saved["PYTEST_PLUGINS"] or "").split(",") if p]
-    os.environ["PYTEST_PLUGINS"] = ",".join([*plugins, "harness.mutate.recorder"])
-    os.environ[ENV] = str(folder)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    plugins = [p for p in (os.environ.get("PYTEST_PLUGINS") or "").split(",") if p]
+    return {"PYTEST_PLUGINS": ",".join([*plugins, "harness.mutate.recorder"]), ENV: str(folder)}
 
 
 def run_baseline(config: MutateConfig, cache_dir: Path) -> tuple[Baseline, Coverage | None]:
@@ -180,11 +170,10 @@ def run_baseline(config: MutateConfig, cache_dir: Path) -> tuple[Baseline, Cover
     report = config.path(config.report_dir) / "runs" / "baseline"
     folder = report / "coverage"
     shutil.rmtree(folder, ignore_errors=True)
-    with _recording(folder):
-        deadline = (config.deadline or AUTO_CAP) * BASELINE_DEADLINE_FACTOR
-        run = run_gates(list(config.gates), kernel_root=config.path(config.kernel_root), rootdir=config.rootdir,
-                        report_dir=report, deadline=deadline, cache_dir=cache_dir,
-                        require_gpu=config.require_gpu and not config.static, arch=config.arch)
+    deadline = (config.deadline or AUTO_CAP) * BASELINE_DEADLINE_FACTOR
+    run = run_gates(list(config.gates), kernel_root=config.path(config.kernel_root), rootdir=config.rootdir,
+                    report_dir=report, deadline=deadline, cache_dir=cache_dir,
+                    require_gpu=config.require_gpu and not config.static, arch=config.arch, env=_recording(folder))
     data = run.report or {}
     note = run.note()
     if note is None and not run.records:
@@ -230,7 +219,16 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
         listener.finished(r)
 
     listener.phase(f"baseline: {', '.join(config.gates)}" + (" (no GPU)" if config.static else ""))
+    # The gate stage's workers start while the baseline runs (an executor factory that can:
+    # the warm one): their server collecting the gates, the probe and the spares' contexts
+    # take seconds that a campaign otherwise spends before its first mutant.
+    prestart = getattr(executor_factory, "prestart", None)
+    early = None
+    if prestart is not None and not config.static and any(m.id not in results for m in mutants):
+        early = prestart(cache_dir, config.arch, slot_devices(max(1, config.gpu_jobs)))
     baseline, coverage = run_baseline(config, cache_dir)
+    if early is not None:
+        early.join()  # its failure, if any, is the first slot's to raise again (the executor starts then)
     campaign.baseline, campaign.coverage = baseline, coverage
     if not baseline.ok:
         campaign.seconds = time.perf_counter() - start

@@ -156,6 +156,30 @@ def _executor_factory(config, kind: str):
             made[device] = _warm_executor(config, cache, arch, device)
         return made[device]
 
+    def prestart(cache, arch, devices):
+        """Make each GPU's warm executor now and start it in a thread (returned, started), so
+        its server, probe and spares come up while the baseline runs. The executors are in
+        `made` at once: closing them (an interrupt, a red baseline) ends a start under way.
+        A start that fails here is tried again, and its error raised, by the first slot."""
+        import threading
+
+        for device in dict.fromkeys(devices):
+            made.setdefault(device, _warm_executor(config, cache, arch, device))
+        todo = [made[d] for d in dict.fromkeys(devices)]
+
+        def run():
+            for ex in todo:
+                try:
+                    ex.start_ahead()
+                except Exception:  # noqa: BLE001 - the first slot starts it again and says why
+                    pass
+
+        thread = threading.Thread(target=run, name="prestart", daemon=True)
+        thread.start()
+        return thread
+
+    if kind != "fresh":
+        factory.prestart = prestart
     return factory, made
 
 

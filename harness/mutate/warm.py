@@ -110,10 +110,18 @@ class WarmExecutor:
     times: Counter = field(default_factory=Counter, repr=False)
     _exits: workers.Exits | None = field(default=None, repr=False)  # the pool's killed workers (kept past close)
 
+    def start_ahead(self) -> None:
+        """`start` from another thread (while the campaign's baseline runs), under the pool's
+        lock: a `close` meanwhile waits for it and then ends what it started."""
+        with self._pool_lock:
+            self.start()
+
     def start(self) -> None:
         """Start the server and the spares; raises workers.PoolError with the reason."""
         if self._pool is not None:
             return
+        if self._closed:
+            raise workers.PoolError("the campaign's workers were closed (interrupted)")
         config = workers.PoolConfig(rootdir=self.rootdir, invocation_dir=self.rootdir, pytest_args=[],
                                     device_ordinal=self.device_ordinal, spares=self.spares, env=WORKER_ENV,
                                     max_exiting=workers.MAX_EXITING, max_starting=workers.MAX_STARTING)
@@ -124,6 +132,9 @@ class WarmExecutor:
         if probe.get("error") or not probe.get("count"):
             pool.close()
             raise workers.PoolError(f"no usable CUDA device for the campaign: {probe.get('error')}")
+        if self._closed:  # closed while it started (an interrupt during the baseline): nothing may outlive it
+            pool.close()
+            raise workers.PoolError("the campaign's workers were closed (interrupted)")
         pool.warm_up()
         self._pool = pool
         self._exits = pool.exits
