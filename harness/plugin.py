@@ -281,7 +281,10 @@ def _new_pool(config: pytest.Config, fork: bool = False) -> workers.Pool:
     pool_config = workers.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
                                      pytest_args=[], sanitizer=st.sanitizer_cmd, sanitizer_tool=st.sanitize,
                                      name_prefix=prefix)
-    pool = workers.Pool(pool_config)
+    try:
+        pool = workers.Pool(pool_config)
+    except workers.PoolError as exc:  # a temp dir too deep for the pool's socket: the fix is the user's
+        raise pytest.UsageError(str(exc)) from None
     pool_config.sanitizer_log_dir = pool.tmp
     if st.sanitizer_cmd is None:
         pool.start_server(fork=fork)

@@ -386,12 +386,29 @@ class PoolConfig:
     max_starting: int | None = None
 
 
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 on Linux, the last a NUL)
+
+
+def _socket_folder() -> Path:
+    """The pool's own folder, under the temp dir, or /tmp when the temp dir's path is too long
+    for a Unix socket inside it (a deep TMPDIR, as pytest's own tmp_path under xdist can be)."""
+    folder = Path(tempfile.mkdtemp(prefix="harness-pool-"))
+    if len(os.fsencode(folder / "pool.sock")) <= SOCKET_PATH_MAX:
+        return folder
+    folder.rmdir()
+    short = Path(tempfile.mkdtemp(prefix="harness-pool-", dir="/tmp")) if os.path.isdir("/tmp") else None
+    if short is None or len(os.fsencode(short / "pool.sock")) > SOCKET_PATH_MAX:
+        raise PoolError(f"harness: the temp dir {tempfile.gettempdir()} is too deep for the GPU gate pool's socket "
+                        f"(at most {SOCKET_PATH_MAX} bytes for its path): set TMPDIR to a shorter folder")
+    return short
+
+
 class Pool:
     """Owns the listening socket, the server (fork mode), the spares and the main worker."""
 
     def __init__(self, config: PoolConfig):
         self.config = config
-        self.tmp = Path(tempfile.mkdtemp(prefix="harness-pool-"))
+        self.tmp = _socket_folder()
         self.path = str(self.tmp / "pool.sock")
         self.log = self.tmp / "server.log"
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

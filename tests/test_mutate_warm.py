@@ -285,7 +285,8 @@ def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(su
                         printed)
     assert timing, printed
     fresh, start, sets, gates, wall, protocol = (float(x) for x in timing.groups())
-    assert fresh >= 1 and start >= 0 and sets >= 1 and gates >= sets and 0 < protocol <= wall, timing.group(0)
+    # (pytest's protocol around one fake gate can be under 5 ms: printed as 0.00)
+    assert fresh >= 1 and start >= 0 and sets >= 1 and gates >= sets and 0 <= protocol <= wall, timing.group(0)
     # one line a re-run mutant, written as each ends
     rows = [json.loads(line) for line in (tmp_path / "report" / "recheck.jsonl").read_text().splitlines()]
     agreed = _re.search(r"verdict integrity: (\d+) of (\d+) re-run verdicts agreed", printed)

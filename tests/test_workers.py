@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -561,8 +562,10 @@ def test_the_pools_temp_folder_goes_with_the_run(suite, monkeypatch, tmp_path, s
     # A gate run's pool works in a folder of its own under the temp dir (its socket, the
     # server's log, sanitizer logs). It used to keep the folder and the server's log after
     # the run: a campaign of fresh pytests left one a mutant in /tmp.
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="hpt-", dir="/tmp"))  # short: the pool's socket lives under it
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setenv("HARNESS_SERVER_START", start)
     suite.makepyfile(test_t="""
@@ -576,6 +579,27 @@ def test_the_pools_temp_folder_goes_with_the_run(suite, monkeypatch, tmp_path, s
         def test_red():
             assert 1 == 2, "its own assertion"
     """)
+    try:
+        result = suite.runpytest_subprocess("--require-gpu", "--harness-deadline", "20")
+        result.assert_outcomes(passed=1, failed=1)
+        assert sorted(p.name for p in tmp.glob("harness-pool-*")) == [], "the pool's folder outlived the run"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_temp_dir_too_deep_for_the_pools_socket_is_not_the_runs_end(suite, monkeypatch, tmp_path):
+    # a Unix socket's path holds at most 107 bytes: under a deep TMPDIR (pytest's own tmp_path
+    # under xdist is one) the pool used to end the run with "OSError: AF_UNIX path too long"
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    suite.makepyfile(test_t="""
+        import pytest
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_green():
+            pass
+    """)
     result = suite.runpytest_subprocess("--require-gpu", "--harness-deadline", "20")
-    result.assert_outcomes(passed=1, failed=1)
-    assert sorted(p.name for p in tmp.glob("harness-pool-*")) == [], "the pool's folder outlived the run"
+    result.assert_outcomes(passed=1)
+    assert list(deep.glob("harness-pool-*")) == []
