@@ -194,11 +194,21 @@ def test_the_reports_hold_each_control_ready_to_paste(campaign, tmp_path):
     assert "| multiply_to_add | survived | **no** |" in md
 
 
-def test_a_hung_run_is_killed_at_the_deadline_and_recorded_as_timeout(tmp_path, child_env):
+def test_a_hung_run_is_killed_at_the_deadline_and_recorded_as_timeout(tmp_path, child_env, monkeypatch):
     suite = copy_suite(tmp_path)
     before = tree_hash(suite / "kernels")
+    # a temp dir of this test's own (short: the child's pool keeps its socket there): a child
+    # killed at its deadline cannot clean up what its pool made in it; its runner does
+    private = Path(tempfile.mkdtemp(prefix="hct-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     start = time.perf_counter()
-    result = run_campaign(config(suite, names=("hangs",), deadline=8.0))
+    try:
+        result = run_campaign(config(suite, names=("hangs",), deadline=8.0))
+        left = sorted(p.name for p in private.iterdir())
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    assert left == [], "a temp folder of the killed child outlived it"
     (r,) = result.controls
     assert (r.verdict, r.matches) == (Verdict.TIMEOUT, False)
     assert r.note.startswith("killed at the deadline")

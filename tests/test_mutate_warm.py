@@ -248,12 +248,23 @@ def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verd
 
     from harness.mutate.bench import main
 
+    import shutil
+    import tempfile
+
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
     out = tmp_path / "out"
-    status = main(["--out", str(out), "--name", "b", "--naive-jobs", "2", "--rootdir", str(root), "--seed", "1",
-                   "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
-                   "--cache-dir", str(tmp_path / "cache")])
+    private = Path(tempfile.mkdtemp(prefix="hbt-", dir="/tmp"))  # the bench's own folders, and its children's
+    saved, tempfile.tempdir = tempfile.tempdir, str(private)
+    try:
+        status = main(["--out", str(out), "--name", "b", "--naive-jobs", "2", "--rootdir", str(root), "--seed", "1",
+                       "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
+                       "--cache-dir", str(tmp_path / "cache")])
+        left = sorted(p.name for p in private.iterdir())
+    finally:
+        tempfile.tempdir = saved
+        shutil.rmtree(private, ignore_errors=True)
+    assert left == [], f"the bench's temp folders outlived it: {left}"
     result = json.loads((out / "b.json").read_text())
     assert status == 0, result
     assert result["campaign"]["reached_gpu"] == result["naive"]["reached_gpu"] > 0

@@ -603,3 +603,39 @@ def test_a_temp_dir_too_deep_for_the_pools_socket_is_not_the_runs_end(suite, mon
     result = suite.runpytest_subprocess("--require-gpu", "--harness-deadline", "20")
     result.assert_outcomes(passed=1)
     assert list(deep.glob("harness-pool-*")) == []
+
+
+def test_a_gate_run_killed_at_its_deadline_leaves_no_temp_folder(suite, monkeypatch):
+    # a campaign's child pytest killed at its deadline cannot remove its pool's folder (on the
+    # H200 a benchmark's 16 naive pytests, cut at once, left 15 in /tmp): the runner gives
+    # each child a temp dir of its own and removes it once the child is gone
+    import shutil
+    import tempfile
+
+    from harness.controls.child import run_gates
+
+    (suite.path / "k.cu").write_text("__global__ void k() {}\n")
+    # a GPU gate (so the run has a pool), then a host test that hangs in the pytest process
+    # itself, where no gate watchdog reaches: only the runner's deadline ends the run
+    suite.makepyfile(test_h="""
+        import pytest
+        from conftest import block_forever_in_c
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_a_green():
+            pass
+        @pytest.mark.structural
+        def test_b_hangs():
+            block_forever_in_c()
+    """)
+    private = Path(tempfile.mkdtemp(prefix="hrt-", dir="/tmp"))  # short: a pool's socket lives under it
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    try:
+        run = run_gates(["test_h.py"], kernel_root=suite.path, rootdir=suite.path, report_dir=suite.path / "rep",
+                        deadline=6, cache_dir=suite.path / "cache", require_gpu=True)
+        left = sorted(p.name for p in private.iterdir())
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    assert run.timed_out
+    assert left == [], f"the killed child's temp folders outlived it: {left}"

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -167,13 +169,17 @@ def run_gates(
     )
     start = time.perf_counter()
     timed_out = False
+    # The child's own temp dir, removed once it ended: a pytest killed at its deadline or by an
+    # interrupt cannot remove what its pool made there (on the H200, a benchmark's 16 naive
+    # pytests cut at once left their 15 pool folders in /tmp).
+    child_tmp = tempfile.mkdtemp(prefix="harness-child-")
     with open(log, "wb") as out:
         out.write(("$ " + " ".join(cmd) + "\n").encode())
         out.flush()
         proc = subprocess.Popen(
             cmd,
             cwd=rootdir,
-            env={**child_environment(cache_dir, device), **(env or {})},
+            env={**child_environment(cache_dir, device), "TMPDIR": child_tmp, **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -198,6 +204,7 @@ def run_gates(
                 _live.discard(proc)
             # Anything the child started in its group dies with it.
             _kill_group(proc)
+            shutil.rmtree(child_tmp, ignore_errors=True)
     seconds = time.perf_counter() - start
     report = None
     records: dict[str, GateRecord] = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import replace
@@ -178,81 +179,87 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-mutate-"))
-    out = Path(mine.out)
-    out.mkdir(parents=True, exist_ok=True)
-    warm_config = replace(config, report_dir=tmp / "campaign", resume=False)
-    factory, executors = _executor_factory(warm_config, "warm")
+    kept = False  # the two halves' reports, runs and the naive cache go with the run (kept: a red baseline's)
     try:
-        warm = run_campaign(warm_config, listener=_Clock("campaign"), executor_factory=factory)
-    finally:
-        for ex in executors.values():
-            ex.close()
-    worker_lines = [ex.summary() for ex in executors.values()]
-    time_lines = [ex.timing() for ex in executors.values() if hasattr(ex, "timing")]  # where the slots' time went
-    if warm.baseline is None or not warm.baseline.ok:
-        print(f"error: the baseline is red; see {warm.baseline.log if warm.baseline else tmp}", file=sys.stderr)
-        return 3
-    w = _summary(warm)
-    print(f"[campaign] {w['reached_gpu']} mutants reached the GPU in {w['gpu_stage_s']} s: "
-          f"{w['mutants_per_minute']} a minute", flush=True)
-    result = {"command": "python -m harness bench mutate " + " ".join(argv), "campaign": w, "naive": None,
-              "naive_jobs": naive_jobs, "gpu_jobs": config.gpu_jobs, "campaign_workers": worker_lines,
-              "campaign_worker_time": time_lines}
-    (out / f"{mine.name}.json").write_text(json.dumps(result, indent=2) + "\n")  # kept if the naive half is cut
-    cold = tmp / "naive-cache"
-    _precompile_originals(config.path(config.kernel_root), cold, warm.arch)
-    # The naive half screens through the campaign's cache (the screen is not what is timed);
-    # its pytests compile each mutant cold, from a cache that holds only the originals.
-    naive_config = replace(config, report_dir=tmp / "naive", resume=False, all_gates=True, gpu_jobs=naive_jobs,
-                           deadline=config.deadline or NAIVE_DEADLINE)
-    clock = _Clock("naive", limit=naive_seconds)
-    try:
-        naive = run_campaign(naive_config, listener=clock, executor_factory=lambda report, cache, arch, device=None:
-                             FreshProcessExecutor(config.rootdir, report, cold, arch=arch,
-                                                  require_gpu=config.require_gpu, device=device))
-        clock.cancel()
-        n, naive_results = _summary(naive), naive.results
-    except KeyboardInterrupt:  # the rate over the mutants it finished, and their verdicts
-        from harness.mutate.campaign import RESULTS_FILE
-        from harness.mutate.verdicts import read_results
+        out = Path(mine.out)
+        out.mkdir(parents=True, exist_ok=True)
+        warm_config = replace(config, report_dir=tmp / "campaign", resume=False)
+        factory, executors = _executor_factory(warm_config, "warm")
+        try:
+            warm = run_campaign(warm_config, listener=_Clock("campaign"), executor_factory=factory)
+        finally:
+            for ex in executors.values():
+                ex.close()
+        worker_lines = [ex.summary() for ex in executors.values()]
+        time_lines = [ex.timing() for ex in executors.values() if hasattr(ex, "timing")]  # where the slots' time went
+        if warm.baseline is None or not warm.baseline.ok:
+            print(f"error: the baseline is red; see {warm.baseline.log if warm.baseline else tmp}", file=sys.stderr)
+            kept = True  # its logs are what the error names
+            return 3
+        w = _summary(warm)
+        print(f"[campaign] {w['reached_gpu']} mutants reached the GPU in {w['gpu_stage_s']} s: "
+              f"{w['mutants_per_minute']} a minute", flush=True)
+        result = {"command": "python -m harness bench mutate " + " ".join(argv), "campaign": w, "naive": None,
+                  "naive_jobs": naive_jobs, "gpu_jobs": config.gpu_jobs, "campaign_workers": worker_lines,
+                  "campaign_worker_time": time_lines}
+        (out / f"{mine.name}.json").write_text(json.dumps(result, indent=2) + "\n")  # kept if the naive half is cut
+        cold = tmp / "naive-cache"
+        _precompile_originals(config.path(config.kernel_root), cold, warm.arch)
+        # The naive half screens through the campaign's cache (the screen is not what is timed);
+        # its pytests compile each mutant cold, from a cache that holds only the originals.
+        naive_config = replace(config, report_dir=tmp / "naive", resume=False, all_gates=True, gpu_jobs=naive_jobs,
+                               deadline=config.deadline or NAIVE_DEADLINE)
+        clock = _Clock("naive", limit=naive_seconds)
+        try:
+            naive = run_campaign(naive_config, listener=clock, executor_factory=lambda report, cache, arch, device=None:
+                                 FreshProcessExecutor(config.rootdir, report, cold, arch=arch,
+                                                      require_gpu=config.require_gpu, device=device))
+            clock.cancel()
+            n, naive_results = _summary(naive), naive.results
+        except KeyboardInterrupt:  # the rate over the mutants it finished, and their verdicts
+            from harness.mutate.campaign import RESULTS_FILE
+            from harness.mutate.verdicts import read_results
 
-        clock.cancel()
-        results_path = tmp / "naive" / RESULTS_FILE
-        n = _partial("naive", clock, results_path, len(warm.results), naive_jobs)
-        naive_results = read_results(results_path)
-    both, naive_cut, kind_only, disagree = compare({k: r.verdict.value for k, r in warm.results.items()},
-                                                   {k: r.verdict.value for k, r in naive_results.items()})
-    naive_rate = n.get("mutants_per_minute_at_most") or n["mutants_per_minute"]
-    ratio = round(w["mutants_per_minute"] / naive_rate, 1) if w["mutants_per_minute"] and naive_rate else None
-    result.update({"naive": n, "speedup": ratio, "compared": len(both), "agreed": len(both) - len(disagree),
-                   "disagreements": disagree, "first_kill_by_trap_naive_by_assertion": kind_only,
-                   "naive_timeouts_only": naive_cut})
-    (out / f"{mine.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    md = ["# Mutation campaign against the naive way", "", f"`{result['command']}`, one run.", "",
-          "| way | mutants | reached the GPU | screened out on the CPU | gate stage s | mutants a minute | "
-          "whole run s |",
-          "| --- | --- | --- | --- | --- | --- | --- |"]
-    cut = " (cut short: the mutants it finished)" if n.get("cut_short") else ""
-    for label, s in (("campaign (warm)", w), (f"naive ({naive_jobs} at once){cut}", n)):
-        md.append(f"| {label} | {s['mutants']} | {s['reached_gpu']} | {s['screened_out_on_cpu']} | "
-                  f"{s['gpu_stage_s']} | {s['mutants_per_minute']} | {s.get('whole_s', '-')} |")
-    at_most = (f" The naive half was cut after {n['gpu_stage_s']} s of its gate stage with at most "
-               f"{n['in_flight_at_most']} more under way: counted as done, the naive way managed at most "
-               f"{n['mutants_per_minute_at_most']} a minute, and the speed-up is taken against that."
-               if n.get("cut_short") else "")
-    md += ["", f"Speed-up: {'at least ' if n.get('cut_short') else ''}{ratio}x.{at_most} "
-           f"Verdicts compared: {len(both)}, agreed: {len(both) - len(disagree)}"
-           + (f"; disagreements: {disagree}" if disagree else "."), "",
-           *([f"Of those that agreed, {len(kind_only)} killed by a trap or fault first in the campaign (which "
-              f"stops at the first kill) and by an assertion among all the gates the naive way ran: "
-              f"{sorted(kind_only)}.", ""] if kind_only else []),
-           *([f"Not compared: {len(naive_cut)} naive run(s) cut by the naive deadline "
-              f"({naive_config.deadline:g} s) where the warm verdict was final: {sorted(naive_cut)}.", ""]
-             if naive_cut else []),
-           "Rates are over the gate stage: from the first mutant's screen to the last verdict. The whole run "
-           "adds generating the mutants and the baseline (the campaign starts its workers during its baseline).",
-           "", *(f"Campaign workers: {line}." for line in worker_lines),
-           *(f"Campaign worker time: {line}." for line in time_lines), ""]
-    (out / f"{mine.name}.md").write_text("\n".join(md))
-    print("\n".join(md))
-    return 0 if not disagree else 1
+            clock.cancel()
+            results_path = tmp / "naive" / RESULTS_FILE
+            n = _partial("naive", clock, results_path, len(warm.results), naive_jobs)
+            naive_results = read_results(results_path)
+        both, naive_cut, kind_only, disagree = compare({k: r.verdict.value for k, r in warm.results.items()},
+                                                       {k: r.verdict.value for k, r in naive_results.items()})
+        naive_rate = n.get("mutants_per_minute_at_most") or n["mutants_per_minute"]
+        ratio = round(w["mutants_per_minute"] / naive_rate, 1) if w["mutants_per_minute"] and naive_rate else None
+        result.update({"naive": n, "speedup": ratio, "compared": len(both), "agreed": len(both) - len(disagree),
+                       "disagreements": disagree, "first_kill_by_trap_naive_by_assertion": kind_only,
+                       "naive_timeouts_only": naive_cut})
+        (out / f"{mine.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        md = ["# Mutation campaign against the naive way", "", f"`{result['command']}`, one run.", "",
+              "| way | mutants | reached the GPU | screened out on the CPU | gate stage s | mutants a minute | "
+              "whole run s |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+        cut = " (cut short: the mutants it finished)" if n.get("cut_short") else ""
+        for label, s in (("campaign (warm)", w), (f"naive ({naive_jobs} at once){cut}", n)):
+            md.append(f"| {label} | {s['mutants']} | {s['reached_gpu']} | {s['screened_out_on_cpu']} | "
+                      f"{s['gpu_stage_s']} | {s['mutants_per_minute']} | {s.get('whole_s', '-')} |")
+        at_most = (f" The naive half was cut after {n['gpu_stage_s']} s of its gate stage with at most "
+                   f"{n['in_flight_at_most']} more under way: counted as done, the naive way managed at most "
+                   f"{n['mutants_per_minute_at_most']} a minute, and the speed-up is taken against that."
+                   if n.get("cut_short") else "")
+        md += ["", f"Speed-up: {'at least ' if n.get('cut_short') else ''}{ratio}x.{at_most} "
+               f"Verdicts compared: {len(both)}, agreed: {len(both) - len(disagree)}"
+               + (f"; disagreements: {disagree}" if disagree else "."), "",
+               *([f"Of those that agreed, {len(kind_only)} killed by a trap or fault first in the campaign (which "
+                  f"stops at the first kill) and by an assertion among all the gates the naive way ran: "
+                  f"{sorted(kind_only)}.", ""] if kind_only else []),
+               *([f"Not compared: {len(naive_cut)} naive run(s) cut by the naive deadline "
+                  f"({naive_config.deadline:g} s) where the warm verdict was final: {sorted(naive_cut)}.", ""]
+                 if naive_cut else []),
+               "Rates are over the gate stage: from the first mutant's screen to the last verdict. The whole run "
+               "adds generating the mutants and the baseline (the campaign starts its workers during its baseline).",
+               "", *(f"Campaign workers: {line}." for line in worker_lines),
+               *(f"Campaign worker time: {line}." for line in time_lines), ""]
+        (out / f"{mine.name}.md").write_text("\n".join(md))
+        print("\n".join(md))
+        return 0 if not disagree else 1
+    finally:
+        if not kept:
+            shutil.rmtree(tmp, ignore_errors=True)
