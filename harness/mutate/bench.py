@@ -64,23 +64,6 @@ def compare(warm: dict[str, str], naive: dict[str, str]) -> tuple[dict, dict, di
     return both, naive_cut, kind_only, disagree
 
 
-def _seconds(text: str | None) -> float | None:
-    """--naive-seconds: a positive number of seconds, or None."""
-    import math
-
-    from harness.mutate.cli import UsageError
-
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"--naive-seconds {text!r} is not a number; pass e.g. --naive-seconds 300") from None
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"--naive-seconds {text}: pass a positive number of seconds, e.g. --naive-seconds 300")
-    return value
-
-
 def _summary(campaign) -> dict:
     summary = _counts(campaign.ordered(), campaign.gpu_seconds, campaign.screen_seconds, len(campaign.results))
     summary["whole_s"] = round(campaign.seconds, 2)  # generating, the baseline, the screen and the gates
@@ -156,7 +139,7 @@ def _partial(label: str, clock: _Clock, results_path: Path, mutants: int, jobs: 
 
 def main(argv: list[str]) -> int:
     from harness.mutate.campaign import run_campaign
-    from harness.mutate.cli import UsageError, _executor_factory, build_parser, config_from
+    from harness.mutate.cli import UsageError, _executor_factory, build_parser, config_from, positive_seconds
     from harness.mutate.execute import FreshProcessExecutor
 
     bench = argparse.ArgumentParser(prog="python -m harness bench mutate", add_help=False)
@@ -174,7 +157,8 @@ def main(argv: list[str]) -> int:
         naive_jobs = int(mine.naive_jobs) if mine.naive_jobs else (os.cpu_count() or 1)
         if naive_jobs < 1:
             raise UsageError(f"--naive-jobs {naive_jobs}: pass 1 or more")
-        naive_seconds = _seconds(mine.naive_seconds)
+        naive_seconds = (positive_seconds(mine.naive_seconds, "--naive-seconds", "300")
+                         if mine.naive_seconds is not None else None)
     except (UsageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

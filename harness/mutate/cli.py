@@ -98,18 +98,22 @@ def _positive_int(text: str, option: str, example: str) -> int:
     return value
 
 
-def _deadline(text: str) -> float | None:
-    """None: derived per mutant from the baseline (auto)."""
-    if text == "auto":
-        return None
+def positive_seconds(text: str, option: str, example: str, also: str = "") -> float:
+    """A positive, finite number of seconds given as `option`; `also` names what else the
+    option takes (its message)."""
     try:
         value = float(text)
     except ValueError:
-        raise UsageError(f"--deadline {text!r} is not a number of seconds or auto; pass e.g. --deadline 120") from None
+        raise UsageError(f"{option} {text!r} is not a number of seconds{also}; pass e.g. {option} {example}") from None
     if math.isnan(value) or math.isinf(value) or value <= 0:
-        raise UsageError(f"--deadline must be a positive, finite number of seconds (got {text}); "
-                         "pass e.g. --deadline 120")
+        raise UsageError(f"{option} must be a positive, finite number of seconds (got {text}); "
+                         f"pass e.g. {option} {example}")
     return value
+
+
+def _deadline(text: str) -> float | None:
+    """None: derived per mutant from the baseline (auto)."""
+    return None if text == "auto" else positive_seconds(text, "--deadline", "120", " or auto")
 
 
 def config_from(args):
@@ -163,9 +167,7 @@ def _executor_factory(config, kind: str):
         A start that fails here is tried again, and its error raised, by the first slot."""
         import threading
 
-        for device in dict.fromkeys(devices):
-            made.setdefault(device, _warm_executor(config, cache, arch, device))
-        todo = [made[d] for d in dict.fromkeys(devices)]
+        todo = [factory(None, cache, arch, device) for device in dict.fromkeys(devices)]
 
         def run():
             for ex in todo:

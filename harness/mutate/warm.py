@@ -35,6 +35,7 @@ MAX_SERVED = 200  # mutants one worker serves before it retires
 # left could only turn killed-by-trap into killed. On the H200 such mutants ran about 40
 # gates and 24 s each, a third of a sample campaign's slot time.
 MAX_FAULTS = 4
+CLOSED = "the campaign's workers were closed (interrupted)"  # why a closed executor makes no worker
 # Many workers share the host's cores: each keeps to one BLAS/OpenMP thread. (numpy's
 # OpenBLAS starts a thread per core in every process and spins them after each call: a
 # dozen workers on 16 cores kept the load near 20 with the GPU almost idle.)
@@ -121,7 +122,7 @@ class WarmExecutor:
         if self._pool is not None:
             return
         if self._closed:
-            raise workers.PoolError("the campaign's workers were closed (interrupted)")
+            raise workers.PoolError(CLOSED)
         config = workers.PoolConfig(rootdir=self.rootdir, invocation_dir=self.rootdir, pytest_args=[],
                                     device_ordinal=self.device_ordinal, spares=self.spares, env=WORKER_ENV,
                                     max_exiting=workers.MAX_EXITING, max_starting=workers.MAX_STARTING)
@@ -134,7 +135,7 @@ class WarmExecutor:
             raise workers.PoolError(f"no usable CUDA device for the campaign: {probe.get('error')}")
         if self._closed:  # closed while it started (an interrupt during the baseline): nothing may outlive it
             pool.close()
-            raise workers.PoolError("the campaign's workers were closed (interrupted)")
+            raise workers.PoolError(CLOSED)
         pool.warm_up()
         self._pool = pool
         self._exits = pool.exits
@@ -143,7 +144,7 @@ class WarmExecutor:
         """A reset worker that served earlier mutants, or None."""
         with self._lock:
             if self._closed:
-                raise workers.PoolError("the campaign's workers were closed (interrupted)")
+                raise workers.PoolError(CLOSED)
             while self._idle:
                 worker = self._idle.pop()
                 if worker.alive:
