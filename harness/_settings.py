@@ -21,6 +21,7 @@ DEFAULT_KERNEL_ROOT = "kernels_cu"
 KERNEL_ROOT_ENV = "HARNESS_KERNEL_ROOT"
 ARCH_ENV = "HARNESS_ARCH"
 CACHE_ENV = "HARNESS_CACHE_DIR"
+TRACE_ENV = "HARNESS_POOL_TRACE"  # a file: the gate pool's timeline, every process's events, for measuring it
 DEFAULT_ARCH_WITHOUT_DEVICE = "sm_90"
 
 
@@ -177,32 +178,98 @@ def include_dirs(options=(), ini_lines: str | list | None = None, rootdir: Path 
     return tuple(out)
 
 
+DEFAULT_CONTROLS_DIR = "controls"
+GATES_INI = "harness_gates"
+DEFAULT_GATES = "gates"
+
+
+@dataclass(frozen=True)
+class Project:
+    """A project's settings as every entry point reads them, with where each came from."""
+
+    rootdir: Path
+    settings: Settings
+    kernel_root_source: str  # "--kernel-root", "HARNESS_KERNEL_ROOT", "ini kernel_root" or "the default"
+    cache_source: str
+    controls_dir: Path
+    gate_paths: tuple[Path, ...]  # ini harness_gates, absolute; empty when the ini names none
+
+    @property
+    def kernel_root_explicit(self) -> bool:
+        return self.kernel_root_source != "the default"
+
+
+def _ini_reader(rootdir: Path):
+    table = _ini_table(rootdir) or {}
+
+    def read(key: str):
+        value = table.get(key)
+        if value is None:
+            return None
+        return [str(v) for v in value] if isinstance(value, (list, tuple)) else str(value)
+    return read
+
+
+def _as_lines(value) -> list[str]:
+    if not value:
+        return []
+    if isinstance(value, str):
+        value = value.splitlines()
+    return [str(v).strip() for v in value if str(v).strip()]
+
+
+def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), controls_dir=None,
+            rootdir: str | os.PathLike | None = None, ini=None) -> Project:
+    """The settings of the project at `rootdir` (default: found from the working folder up,
+    as pytest finds it), in one order for every setting:
+
+        the command-line option, else the environment variable, else the ini key, else the default.
+
+    - kernel root: --kernel-root, HARNESS_KERNEL_ROOT, ini `kernel_root`, `kernels_cu`;
+    - cubin cache: --harness-cache-dir / --cache-dir, HARNESS_CACHE_DIR, ini `harness_cache_dir`,
+      $XDG_CACHE_HOME/harness/cubin (~/.cache/harness/cubin);
+    - arch: --arch, HARNESS_ARCH, the device's, sm_90;
+    - controls folder: --controls-dir, ini `controls_dir`, `controls`;
+    - include directories: --include-dir, then ini `harness_include_dirs`.
+
+    Options and environment variables are relative to the working folder, ini keys to the
+    rootdir. `ini(key)` reads the project's ini (pytest's getini inside a run; the files
+    pytest would read otherwise); an empty value counts as unset."""
+    root = Path(rootdir).resolve() if rootdir is not None else find_rootdir()
+    read = ini or _ini_reader(root)
+    ini_root = read("kernel_root")
+    if kernel_root:
+        kr, kr_source = Path(kernel_root).resolve(), "--kernel-root"
+    elif os.environ.get(KERNEL_ROOT_ENV):
+        kr, kr_source = Path(os.environ[KERNEL_ROOT_ENV]).resolve(), KERNEL_ROOT_ENV
+    elif ini_root:
+        kr, kr_source = (root / ini_root).resolve(), "ini kernel_root"
+    else:
+        kr, kr_source = (root / DEFAULT_KERNEL_ROOT).resolve(), "the default"
+    ini_cache = read("harness_cache_dir")
+    if cache_dir:
+        cache, cache_source = Path(cache_dir).resolve(), "the option"
+    elif os.environ.get(CACHE_ENV):
+        cache, cache_source = Path(os.environ[CACHE_ENV]).resolve(), CACHE_ENV
+    elif ini_cache:
+        cache, cache_source = (root / ini_cache).resolve(), "ini harness_cache_dir"
+    else:
+        cache, cache_source = _default_cache_dir(), "the default"
+    ini_controls = read("controls_dir")
+    controls = (Path(controls_dir).resolve() if controls_dir
+                else (root / (ini_controls or DEFAULT_CONTROLS_DIR)).resolve())
+    gates = tuple((root / g).resolve() for g in _as_lines(read(GATES_INI)))
+    explicit = arch or None
+    settings = Settings(kernel_root=kr, arch=explicit or os.environ.get(ARCH_ENV) or None, cache_dir=cache,
+                        arch_source="--arch" if explicit else ARCH_ENV,
+                        include_dirs=include_dirs(include_dir, _as_lines(read(INCLUDE_DIRS_INI)), root))
+    return Project(rootdir=root, settings=settings, kernel_root_source=kr_source, cache_source=cache_source,
+                   controls_dir=controls, gate_paths=gates)
+
+
 def project_settings(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(),
                      rootdir: str | os.PathLike | None = None) -> tuple[Path, Settings]:
-    """(rootdir, settings) for a command, by the rules a pytest run uses:
-
-    - kernel root: the option, else HARNESS_KERNEL_ROOT, else ini `kernel_root` (relative to
-      the rootdir), else `kernels_cu` in the rootdir;
-    - cache: the option, else ini `harness_cache_dir` (relative to the rootdir), else
-      HARNESS_CACHE_DIR, else $XDG_CACHE_HOME/harness/cubin (~/.cache/harness/cubin);
-    - arch: the option, else HARNESS_ARCH, else the device's, else sm_90.
-
-    Options and environment variables are relative to the working folder."""
-    root = Path(rootdir).resolve() if rootdir is not None else find_rootdir()
-    if kernel_root:
-        kr = Path(kernel_root).resolve()
-    elif os.environ.get(KERNEL_ROOT_ENV):
-        kr = Path(os.environ[KERNEL_ROOT_ENV]).resolve()
-    else:
-        kr = (root / (ini_value(root, "kernel_root") or DEFAULT_KERNEL_ROOT)).resolve()
-    ini_cache = ini_value(root, "harness_cache_dir")
-    if cache_dir:
-        cache = Path(cache_dir).resolve()
-    elif ini_cache:
-        cache = (root / ini_cache).resolve()
-    else:
-        cache = _default_cache_dir()
-    explicit = arch or None
-    return root, Settings(kernel_root=kr, arch=explicit or os.environ.get(ARCH_ENV) or None, cache_dir=cache,
-                          arch_source="--arch" if explicit else ARCH_ENV,
-                          include_dirs=include_dirs(include_dir, ini_lines(root, INCLUDE_DIRS_INI), root))
+    """(rootdir, settings) for a command: `resolve`'s, without the sources."""
+    project = resolve(kernel_root=kernel_root, cache_dir=cache_dir, arch=arch, include_dir=include_dir,
+                      rootdir=rootdir)
+    return project.rootdir, project.settings

@@ -7,14 +7,12 @@ file and line of NVRTC's first error. Its report carries each kernel's registers
 bytes and shared memory as user properties (JUnit `<properties>`) and as a report section
 (`pytest -rA` prints it).
 
-Collected two ways:
-- `pytest_collect_file`: a `.cu` under the kernel root in a folder pytest visits
+Collected two ways, by the plugin's hooks once a project has opted in:
+- `collect_file`: a `.cu` under the kernel root in a folder pytest visits
   (`pytest kernels_cu`, `pytest kernels_cu/x.cu`, or testpaths naming the kernel root);
-- `pytest_make_collect_report` on the session: when pytest runs with no path arguments
+- `add_unreached` on the session's collect report: when pytest runs with no path arguments
   (testpaths, or the rootdir), every `.cu` under the kernel root that the arguments did not
   reach is added, whatever testpaths says.
-
-The plugin imports both hooks; this module holds the items.
 """
 
 from __future__ import annotations
@@ -97,28 +95,28 @@ def mod_set_aside(mod) -> str:
     return "; ".join(str(s) for s in mod.set_aside) if mod.set_aside else "nothing"
 
 
-def pytest_collect_file(file_path: Path, parent):
+def collect_file(file_path: Path, parent):
+    """A `.cu` under the kernel root that pytest's collection reaches, as a CuFile."""
     if file_path.suffix == ".cu" and _under(file_path, _kernel_root()):
         return CuFile.from_parent(parent, path=file_path)
     return None
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_make_collect_report(collector):
-    rep = yield
+def add_unreached(collector, rep) -> None:
+    """With no path arguments (testpaths, or the rootdir): every `.cu` under the kernel root
+    that pytest's own collection does not reach joins the session's collection."""
     if not isinstance(collector, pytest.Session) or not rep.passed:
-        return rep
+        return
     config = collector.config
     if config.args_source == pytest.Config.ArgsSource.ARGS or getattr(config.option, "harness_serve", False):
-        return rep  # paths named on the command line (or a harness child run): only what they reach
+        return  # paths named on the command line (or a harness child run): only what they reach
     root = _kernel_root()
     if not root.is_dir():
-        return rep
+        return
     reached = [Path(p).resolve() for p in getattr(collector, "_initialpaths", ())]
     for source in sorted(p for p in root.rglob("*.cu") if p.is_file()):
         if any(_under(source, r) for r in reached):
-            continue  # pytest's own collection reaches it through pytest_collect_file
+            continue  # pytest's own collection reaches it through collect_file
         if not source.resolve().is_relative_to(config.rootpath):
             continue  # node ids are relative to the rootdir; a kernel root outside it is compiled by the command
         rep.result.append(CuFile.from_parent(collector, path=source))
-    return rep

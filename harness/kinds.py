@@ -1,10 +1,14 @@
-"""The gate vocabulary, enforced at collection: every gate carries exactly one kind marker
-(`anchor`, `link`, `refusal`, `trap`, `structural`; `compile` items carry theirs), as
-`--strict-markers` enforces known markers. A gate with none or with two is a usage error
-naming each offender and the fix.
+"""Which items are gates, and the gate vocabulary enforced on them at collection.
 
-Exempt: the harness's own tests, under the rootdir's `tests/` folder (they test the
-harness, not a kernel). The terminal summary calls them "harness tests".
+A gate is an item the harness owns: a `.cu` compile item, an item under one of the ini
+`harness_gates` paths, an item that carries a harness marker (`gpu`, a kind, `deadline`,
+`memory_safety`, `names_faults`), or one that uses a harness fixture (`kernel_root`,
+`gpu_device`). Every other item is an ordinary test: the harness neither checks nor
+records it, and pytest runs it as it would without the plugin.
+
+Every gate carries exactly one kind marker (`anchor`, `link`, `refusal`, `trap`,
+`structural`; `compile` items carry theirs), as `--strict-markers` enforces known markers.
+A gate with none or with two is a usage error naming each offender and the fix.
 """
 
 from __future__ import annotations
@@ -13,27 +17,36 @@ from pathlib import Path
 
 from harness.report import KINDS
 
-OWN_TESTS = "tests"  # the rootdir folder holding the harness's own tests
+from harness._settings import GATES_INI  # noqa: E402  (ini: the folders or files whose every test is a gate)
+HARNESS_MARKERS = (*KINDS, "gpu", "deadline", "memory_safety", "names_faults")
+HARNESS_FIXTURES = ("kernel_root", "gpu_device")
 
 
 def kinds_of(item) -> list[str]:
     return [k for k in KINDS if item.get_closest_marker(k) is not None]
 
 
-def is_own_test(item, rootpath: Path) -> bool:
+def _under_any(path: Path, folders: tuple[Path, ...]) -> bool:
     try:
-        rel = Path(item.path).resolve().relative_to(Path(rootpath).resolve())
-    except (ValueError, OSError):
+        resolved = Path(path).resolve()
+    except OSError:
         return False
-    return bool(rel.parts) and rel.parts[0] == OWN_TESTS
+    return any(resolved == f or resolved.is_relative_to(f) for f in folders)
 
 
-def kind_problems(items, rootpath: Path) -> list[str]:
+def is_gate(item, gate_paths: tuple[Path, ...] = ()) -> bool:
+    """Whether the harness owns `item` (module docstring)."""
+    if any(item.get_closest_marker(m) is not None for m in HARNESS_MARKERS):
+        return True
+    if any(f in getattr(item, "fixturenames", ()) for f in HARNESS_FIXTURES):
+        return True
+    return bool(gate_paths) and _under_any(item.path, gate_paths)
+
+
+def kind_problems(gates) -> list[str]:
     """One line per gate whose kind markers are not exactly one."""
     problems = []
-    for item in items:
-        if is_own_test(item, rootpath):
-            continue
+    for item in gates:
         kinds = kinds_of(item)
         if len(kinds) == 1:
             continue
@@ -46,11 +59,11 @@ def kind_problems(items, rootpath: Path) -> list[str]:
     return problems
 
 
-def check_kinds(items, config) -> None:
+def check_kinds(gates) -> None:
     """Raise pytest.UsageError listing every gate with no kind or two."""
     import pytest
 
-    problems = kind_problems(items, config.rootpath)
+    problems = kind_problems(gates)
     if problems:
         shown = problems[:20]
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""

@@ -1,5 +1,11 @@
 """The pytest plugin: options, markers, the require-gpu policy, trap and sticky-error
-isolation, failure routes, reports and the terminal summary. In lifecycle order."""
+isolation, failure routes, reports and the terminal summary. In lifecycle order.
+
+Installed, the plugin loads in every pytest run of the environment, so it stays inert until
+a project opts in (`opt_in_reason`): a harness ini key, a harness command-line option (or
+HARNESS_REQUIRE_GPU / HARNESS_KERNEL_ROOT), or a collected item that is a gate
+(`harness.kinds.is_gate`). Inert, it imports nothing heavy, checks nothing and writes
+nothing. Active, it owns the gates only; every other test runs as plain pytest runs it."""
 
 from __future__ import annotations
 
@@ -13,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import _settings, coverage, device, usage, workers
-from harness.cufiles import pytest_collect_file, pytest_make_collect_report  # noqa: F401  (.cu: compile gates)
-from harness.kinds import check_kinds
+from harness import _settings, coverage, device, usage
+from harness import cufiles
+from harness.kinds import GATES_INI, check_kinds, is_gate
 from harness.records import GateRecord
 from harness.report import (MESSAGE_LIMIT, KINDS, RunFacts, classify_route, failure_message, first_line,
                             write_reports)
@@ -81,8 +87,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "that launched the kernel red by route sanitizer (trap gates are skipped)")
     group.addoption("--harness-serve", action="store_true", default=False, help=argparse.SUPPRESS)
     group.addoption("--harness-child-timeout", default=None, help=argparse.SUPPRESS)  # removed: says what replaced it
-    parser.addini("kernel_root", "folder holding the .cu files, relative to the rootdir", default="kernels_cu")
-    parser.addini("controls_dir", "folder of negative-control TOML files, relative to the rootdir", default="controls")
+    # Defaults are empty so that "set in the project's ini" can be told from "not set": a set
+    # key opts the project in. An empty kernel_root means kernels_cu, an empty controls_dir controls.
+    parser.addini("kernel_root", "folder holding the .cu files, relative to the rootdir (default kernels_cu)",
+                  default="")
+    parser.addini("controls_dir", "folder of negative-control TOML files, relative to the rootdir "
+                                  "(default controls)", default="")
+    parser.addini(GATES_INI, "folders or files, relative to the rootdir, whose every test is a gate (checked "
+                             "for one kind marker); tests elsewhere are gates only by a harness marker or fixture",
+                  type="linelist", default=[])
     parser.addini("harness_cache_dir", "compiled cubin cache folder", default="")
     group.addoption("--include-dir", action="append", default=[], metavar="DIR",
                     help="an extra include directory for every module (repeatable; before ini harness_include_dirs)")
@@ -100,6 +113,9 @@ state_key = pytest.StashKey["HarnessState"]()
 class HarnessState:
     def __init__(self, config: pytest.Config):
         opt = config.option
+        self.active = False  # opted in (opt_in_reason, or a gate among the collected items)
+        self.opted_in_by: str | None = None
+        self.gate_paths: tuple[Path, ...] = ()
         self.require_gpu = bool(opt.require_gpu) or os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0")
         self.serving = bool(opt.harness_serve)  # a pool server or an exec'd worker: runs no gate loop
         self.is_worker = hasattr(config, "workerinput")  # an xdist worker
@@ -108,8 +124,9 @@ class HarnessState:
         self.report_dir = Path(opt.harness_report) if opt.harness_report else None
         self.sanitize: str | None = opt.sanitize
         self.sanitizer_cmd: list[str] | None = None
-        self.deadline, self.deadline_source = _resolve_deadline(config, self.sanitize)
+        self.deadline, self.deadline_source = DEFAULT_DEADLINE, "the default"
         self.records: dict[str, GateRecord] = {}
+        self.others: dict[str, str] = {}  # ordinary tests (not gates): nodeid -> outcome, for the summary's count
         self.poisoned_by: str | None = None
         self.kernel_root: Path = Path()
         self.arch: str | None = None
@@ -138,22 +155,51 @@ def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[floa
     return DEFAULT_DEADLINE, "the default"
 
 
-_trace = workers.trace  # the pool's timeline (HARNESS_POOL_TRACE): this process's events and its children's
-if os.environ.get(workers.TRACE_ENV):
-    workers.trace("plugin imported")  # the first line fixes the time base its children share
+def _trace(event: str) -> None:
+    """One line of the pool's timeline (HARNESS_POOL_TRACE): this process's events and its children's."""
+    if os.environ.get(_settings.TRACE_ENV):  # read here so an inert run never imports the pool
+        from harness import workers
+
+        workers.trace(event)
+
+
+_trace("plugin imported")  # the first line fixes the time base its children share
 
 
 def _state(config: pytest.Config) -> HarnessState:
     return config.stash[state_key]
 
 
-def _resolve_kernel_root(config: pytest.Config) -> Path:
-    if config.option.kernel_root:
-        return Path(config.option.kernel_root).resolve()
-    env = os.environ.get("HARNESS_KERNEL_ROOT")
-    if env:
-        return Path(env).resolve()
-    return (config.rootpath / config.getini("kernel_root")).resolve()
+# What opts a project in: a harness option on the command line, its environment equivalent,
+# or a harness key in the project's ini. A collected gate opts a run in too (collection).
+OPT_IN_OPTIONS = {"require_gpu": "--require-gpu", "kernel_root": "--kernel-root", "arch": "--arch",
+                  "harness_report": "--harness-report", "harness_cache_dir": "--harness-cache-dir",
+                  "harness_deadline": "--harness-deadline", "sanitize": "--sanitize", "include_dir": "--include-dir",
+                  "no_fail_fast": "--no-fail-fast", "harness_serve": "--harness-serve"}
+OPT_IN_ENV = (REQUIRE_GPU_ENV, _settings.KERNEL_ROOT_ENV)
+OPT_IN_INI = ("kernel_root", GATES_INI, "controls_dir", "harness_cache_dir", _settings.INCLUDE_DIRS_INI,
+              "harness_deadline")
+
+
+def opt_in_reason(config: pytest.Config) -> str | None:
+    """What makes this run a harness run before collection, or None (inert until a gate is collected)."""
+    for attr, flag in OPT_IN_OPTIONS.items():
+        if getattr(config.option, attr, None):
+            return flag
+    for var in OPT_IN_ENV:
+        if os.environ.get(var, "") not in ("", "0"):
+            return var
+    for key in OPT_IN_INI:
+        if config.getini(key):
+            return f"ini {key}"
+    return None
+
+
+def _ini(config: pytest.Config):
+    def read(key: str):
+        value = config.getini(key)
+        return value or None
+    return read
 
 
 # ------------------------------------------------------------------ configure
@@ -168,6 +214,21 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "per-gate deadline; pass --harness-deadline S (or the ini key harness_deadline)")
     st = HarnessState(config)
     config.stash[state_key] = st
+    reason = opt_in_reason(config)
+    if reason is not None:
+        _activate(config, reason, before_collection=True)
+    elif st.is_controller:
+        config.pluginmanager.register(_GateWatcher(config), "harness-gate-watcher")
+
+
+def _activate(config: pytest.Config, reason: str, before_collection: bool) -> None:
+    """Make this a harness run: check the settings, hand them to the launchers, record the
+    gates' verdicts; where a GPU may be and collection is still ahead, fork the pool's server."""
+    from harness import workers
+
+    st = _state(config)
+    st.active, st.opted_in_by = True, reason
+    st.deadline, st.deadline_source = _resolve_deadline(config, st.sanitize)
     if config.option.no_fail_fast:
         config.option.maxfail = 0
     if st.serving:
@@ -176,14 +237,22 @@ def pytest_configure(config: pytest.Config) -> None:
         st.report_dir = None
     else:
         usage.check_configuration(config)  # bad options and environment: one line, before any work
-    st.kernel_root = _resolve_kernel_root(config)
-    explicit_root = bool(config.option.kernel_root or os.environ.get("HARNESS_KERNEL_ROOT"))
-    if explicit_root and not st.kernel_root.is_dir():
-        raise pytest.UsageError(
-            f"harness: kernel root {st.kernel_root} does not exist or is not a folder: "
-            "pass --kernel-root DIR (or the ini key kernel_root) naming the folder that holds your .cu files"
-        )
-    cache = config.option.harness_cache_dir or config.getini("harness_cache_dir") or None
+    from harness.toolchain import IncludeDirError
+
+    try:
+        project = _settings.resolve(kernel_root=config.option.kernel_root, cache_dir=config.option.harness_cache_dir,
+                                    arch=config.option.arch, include_dir=config.option.include_dir,
+                                    rootdir=config.rootpath, ini=_ini(config))
+    except IncludeDirError as exc:
+        raise pytest.UsageError(f"harness: {exc}") from None
+    st.kernel_root, st.gate_paths = project.settings.kernel_root, project.gate_paths
+    if project.kernel_root_explicit and not st.serving:
+        # Named on the command line or in the environment, a folder with no .cu is a slip; named
+        # in the ini, it need only exist (a project may configure its tree before its first kernel).
+        problem = usage.kernel_root_problem(st.kernel_root, project.kernel_root_source,
+                                            needs_cu=not project.kernel_root_source.startswith("ini "))
+        if problem:
+            raise pytest.UsageError(f"harness: {problem}")
     if config.option.arch:
         from harness.compile import ArchError, check_arch
 
@@ -192,8 +261,8 @@ def pytest_configure(config: pytest.Config) -> None:
         except ArchError as exc:
             raise pytest.UsageError(f"harness: {exc}") from None
     st.arch = config.option.arch
-    _settings.configure(kernel_root=st.kernel_root, arch=config.option.arch,
-                        cache_dir=Path(cache).resolve() if cache else None, include_dirs=_include_dirs(config))
+    _settings.configure(kernel_root=st.kernel_root, arch=config.option.arch, cache_dir=project.settings.cache_dir,
+                        include_dirs=project.settings.include_dirs)
     if st.sanitize and not st.serving:
         from harness import sanitizer
 
@@ -210,20 +279,11 @@ def pytest_configure(config: pytest.Config) -> None:
     _trace("configured")
     if st.serving and workers.is_server():
         workers.server_configured()
-    elif not st.serving and not st.is_controller and st.sanitizer_cmd is None and device._driver_present():
+    elif (before_collection and not st.serving and not st.is_controller and st.sanitizer_cmd is None
+          and device._driver_present()):
         # Where a GPU may be, the server imports CuPy while this process collects. Forked from
         # here, before any collection: it has this process's imports and conftests already.
         st.pool = _new_pool(config, fork=True)
-
-
-def _include_dirs(config: pytest.Config) -> tuple:
-    from harness.toolchain import IncludeDirError
-
-    try:
-        return _settings.include_dirs(config.option.include_dir, config.getini(_settings.INCLUDE_DIRS_INI),
-                                      config.rootpath)
-    except IncludeDirError as exc:
-        raise pytest.UsageError(f"harness: {exc}") from None
 
 
 def _refuse_without_device(st: HarnessState, probe: dict) -> None:
@@ -239,6 +299,11 @@ def _refuse_without_device(st: HarnessState, probe: dict) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     st = config.stash.get(state_key, None)
+    if st is not None and not st.active:
+        if config.pluginmanager.has_plugin("harness-gate-watcher"):
+            config.pluginmanager.unregister(name="harness-gate-watcher")
+        del config.stash[state_key]
+        return
     if st is not None and st.pool is not None:
         st.pool.close()
         st.pool = None
@@ -249,6 +314,25 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if state_key in config.stash:
         del config.stash[state_key]
     _settings.reset()
+
+
+# ------------------------------------------------------------------ collecting .cu files (compile gates)
+
+
+def pytest_collect_file(file_path: Path, parent):
+    st = parent.config.stash.get(state_key, None)
+    if st is None or not st.active or file_path.suffix != ".cu":
+        return None
+    return cufiles.collect_file(file_path, parent)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    rep = yield
+    st = collector.config.stash.get(state_key, None)
+    if st is not None and st.active:
+        cufiles.add_unreached(collector, rep)
+    return rep
 
 
 # ------------------------------------------------------------------ the pool and the require-gpu policy
@@ -276,6 +360,8 @@ def _server_args(config: pytest.Config, files: list[str]) -> list[str]:
 
 
 def _new_pool(config: pytest.Config, fork: bool = False) -> workers.Pool:
+    from harness import workers
+
     st = _state(config)
     prefix = config.workerinput.get("workerid", "") + "-" if st.is_worker else ""
     pool_config = workers.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
@@ -293,6 +379,8 @@ def _new_pool(config: pytest.Config, fork: bool = False) -> workers.Pool:
 
 def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give the pool (started at configure where a driver exists) the files to collect."""
+    from harness import workers
+
     st = _state(config)
     files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
     if st.pool is None:
@@ -336,7 +424,7 @@ def pytest_collection_modifyitems_trap_gates_last(session: pytest.Session, confi
     under xdist (a worker there is not told its gates ahead) or a sanitizer (no trap gate
     runs there)."""
     st = _state(config)
-    if st.serving or st.is_worker or st.is_controller or st.sanitize or st.pool is None:
+    if not st.active or st.serving or st.is_worker or st.is_controller or st.sanitize or st.pool is None:
         return
     traps = [it for it in items if it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
     if traps:
@@ -345,11 +433,21 @@ def pytest_collection_modifyitems_trap_gates_last(session: pytest.Session, confi
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    check_kinds(items, config)  # one kind marker per gate, as --strict-markers for names
     st = _state(config)
+    gates = [it for it in items if is_gate(it, st.gate_paths)]
+    if not st.active:
+        if not gates:
+            return  # no harness option, ini key or gate: this run is plain pytest's
+        _activate(config, f"{gates[0].nodeid} is a gate (a harness marker or fixture)", before_collection=False)
+        gates = [it for it in items if is_gate(it, st.gate_paths)]
+    check_kinds(gates)  # one kind marker per gate, as --strict-markers for names
+    for it in gates:
+        it.stash[gate_key] = True
     if st.serving:
         return
-    gpu_items = [it for it in items if _is_gpu(it)]
+    from harness import workers
+
+    gpu_items = [it for it in gates if _is_gpu(it)]
     st.gpu_selected = len(gpu_items)
     if not gpu_items and not st.require_gpu:
         if st.pool is not None:
@@ -391,6 +489,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 # ------------------------------------------------------------------ running gates
 
 
+gate_key = pytest.StashKey[bool]()  # on each item the harness owns (harness.kinds.is_gate)
+
+
+def _is_gate(item: pytest.Item) -> bool:
+    return item.stash.get(gate_key, False)
+
+
 def _is_gpu(item: pytest.Item) -> bool:
     return bool(item.get_closest_marker("gpu") or item.get_closest_marker("trap"))
 
@@ -417,8 +522,11 @@ def _deadline(item: pytest.Item) -> tuple[float, str]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session):
     """In a pool's server: fork workers on request. In an exec'd worker: run gates on request."""
-    if not _state(session.config).serving:
+    st = _state(session.config)
+    if not st.active or not st.serving:
         return None
+    from harness import workers
+
     if workers.is_server():
         workers.serve(session)
     else:
@@ -430,8 +538,11 @@ def pytest_runtestloop(session: pytest.Session):
 def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     """GPU gates run in the pool's workers under the watchdog: trap gates each in a fresh one."""
     st = _state(item.config)
-    if st.serving or st.pool is None or not _is_gpu(item) or item.get_closest_marker("skip"):
+    if not st.active or st.serving or st.pool is None or not _is_gate(item) or not _is_gpu(item) \
+            or item.get_closest_marker("skip"):
         return None
+    from harness import workers
+
     trap = item.get_closest_marker("trap") is not None
     deadline, source = _deadline(item)
     reached = time.monotonic()
@@ -509,6 +620,8 @@ def _spares_wanted(st: HarnessState, starting: int = 0) -> int:
 
 def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline: float, source: str,
              worker: workers.Worker) -> list:
+    from harness import workers
+
     st = _state(item.config)
     facts = [("worker", worker.name)]
     if result.phases:
@@ -597,11 +710,15 @@ def _properties(item: pytest.Item) -> list[tuple[str, str]]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    coverage.begin(item.nodeid)
+    if _is_gate(item):
+        coverage.begin(item.nodeid)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    if not _is_gate(item):  # an ordinary test: its reports are pytest's own
+        yield
+        return
     if call.when == "setup":
         # On the item, so every phase's report (and JUnit's <properties>) carries them.
         item.user_properties.extend(_properties(item))
@@ -621,6 +738,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if rep.failed and call.excinfo is not None:
         exc = call.excinfo.value
         props = [("route", classify_route(exc).value), ("first_failure_line", first_line(exc))]
+        from harness import workers
+
         if _is_gpu(item) and workers.is_worker():
             _trace(f"  {call.when} failed: {type(exc).__name__}")
             # Only a CUDA error can poison the context; then ask the device whether it did.
@@ -640,6 +759,19 @@ def _props(report) -> dict:
     return {k: v for k, v in getattr(report, "user_properties", [])}
 
 
+def _fold_other(others: dict[str, str], report) -> None:
+    """An ordinary test's outcome from its phase reports, as pytest's own summary counts it."""
+    now = others.get(report.nodeid)
+    if report.failed:
+        if now not in ("failed", "error"):
+            others[report.nodeid] = "failed" if report.when == "call" else "error"
+    elif report.skipped:
+        if now is None:
+            others[report.nodeid] = "skipped"
+    elif report.when == "call" and now is None:
+        others[report.nodeid] = "passed"
+
+
 class _Recorder:
     """Folds setup/call/teardown reports (local, from the pool's workers, or from xdist
     workers) into one GateRecord per gate."""
@@ -650,6 +782,9 @@ class _Recorder:
     def pytest_runtest_logreport(self, report) -> None:
         st = self.st
         props = _props(report)
+        if "kind" not in props:  # an ordinary test: counted apart, never a gate record
+            _fold_other(st.others, report)
+            return
         rec = st.records.get(report.nodeid)
         if rec is None:
             rec = st.records[report.nodeid] = GateRecord(
@@ -689,6 +824,23 @@ class _Recorder:
 recorder_key = pytest.StashKey[_Recorder]()
 
 
+class _GateWatcher:
+    """xdist's controller collects nothing, so it learns that gates exist from the first
+    report its workers send for one (they carry a `kind` property)."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report) -> None:
+        st = self.config.stash.get(state_key, None)
+        if st is None or st.active or "kind" not in _props(report):
+            return
+        self.config.pluginmanager.unregister(self)
+        _activate(self.config, f"{report.nodeid} is a gate (a harness marker or fixture)", before_collection=False)
+        self.config.stash[recorder_key].pytest_runtest_logreport(report)
+
+
 # ------------------------------------------------------------------ finishing
 
 
@@ -716,13 +868,16 @@ def _facts(config: pytest.Config, records: list[GateRecord]) -> RunFacts:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if not _state(session.config).serving:
+    st = _state(session.config)
+    if st.active and not st.serving:
         _trace("session start")  # where pytest's own "passed in N s" starts counting
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
     st = _state(config)
+    if not st.active:
+        return
     _trace("session finish")
     for worker in st.inflight.values():
         worker.kill()
@@ -754,7 +909,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     st = _state(config)
-    if st.serving or st.is_worker:
+    if not st.active or st.serving or st.is_worker:
         return
     from harness.summary import render_summary
 

@@ -34,8 +34,22 @@ def banner_lines(records: list[GateRecord], require_gpu: bool, no_gpu_executed: 
     return lines
 
 
+def others_line(others: dict[str, str]) -> str | None:
+    """The ordinary tests (not gates) of the run, counted apart: the harness ran them as
+    plain pytest does and checked nothing of theirs."""
+    if not others:
+        return None
+    counts = [f"{sum(1 for o in others.values() if o == k)} {k}" for k in OUTCOMES
+              if any(o == k for o in others.values())]
+    return f"{len(others)} other test(s), not gates (run as plain pytest runs them): {', '.join(counts)}"
+
+
 def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
+    others = others_line(getattr(st, "others", {}))
     if not records:
+        if others:
+            terminalreporter.write_sep("=", "harness")
+            terminalreporter.write_line(f"no gates ran; {others}")
         return
     from rich.table import Table
 
@@ -52,8 +66,10 @@ def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
         for o in OUTCOMES:
             n = sum(1 for r in rows if r.outcome == o)
             cells.append(f"[{STYLE[o]}]{n}[/]" if n else "0")
-        table.add_row(kind or "harness tests", *cells)
+        table.add_row(kind or "other", *cells)
     console.print(table)
+    if others:
+        console.print(others)
     red = [r for r in records if r.outcome in ("failed", "error")]
     if red:
         t = Table(title="red gates", title_justify="left")

@@ -31,14 +31,20 @@ def folder_problem(path: str | os.PathLike, option: str, holds: str) -> str | No
             f"for {holds} (it is created when missing)")
 
 
-def kernel_root_problem(root: str | os.PathLike, option: str) -> str | None:
-    """An explicitly named kernel root must be a folder holding at least one .cu file."""
+def kernel_root_problem(root: str | os.PathLike, option: str, needs_cu: bool = True) -> str | None:
+    """An explicitly named kernel root (by `option`: an option, a variable or "ini kernel_root")
+    must be a folder, holding at least one .cu file unless `needs_cu` is false."""
     root = Path(root)
-    how = f"pass {option} DIR" if option.startswith("-") else f"set {option}"
-    fix = f"{how} (or the ini key kernel_root) naming the folder that holds your .cu files"
+    if option.startswith("-"):
+        fix = f"pass {option} DIR (or the ini key kernel_root) naming the folder that holds your .cu files"
+    elif option.startswith("ini "):
+        fix = ("set the ini key kernel_root (relative to the rootdir) to the folder that holds your .cu files, "
+               "or pass --kernel-root DIR")
+    else:
+        fix = f"set {option} (or the ini key kernel_root) to the folder that holds your .cu files"
     if not root.is_dir():
         return f"kernel root {root} does not exist or is not a folder: {fix}"
-    if not any(p.is_file() for p in root.rglob("*.cu")):
+    if needs_cu and not any(p.is_file() for p in root.rglob("*.cu")):
         return f"kernel root {root} holds no .cu file: {fix}"
     return None
 
@@ -68,7 +74,8 @@ def server_start_problem(value: str | None) -> str | None:
 
 def check_configuration(config) -> None:
     """The plugin's options and the environment, checked once before collection: raises
-    pytest.UsageError (one line, `harness: ...`) on the first problem."""
+    pytest.UsageError (one line, `harness: ...`) on the first problem. The kernel root is
+    checked where it is resolved (the plugin's activation)."""
     import pytest
 
     from harness import _settings
@@ -80,20 +87,15 @@ def check_configuration(config) -> None:
         problems.append(arch_problem(os.environ.get(_settings.ARCH_ENV), _settings.ARCH_ENV))
     if getattr(opt, "harness_report", None):
         problems.append(folder_problem(opt.harness_report, "--harness-report", "gates.json and summary.md"))
+    # the cache: the option, else the variable, else the ini key (harness._settings.resolve's order)
     if getattr(opt, "harness_cache_dir", None):
         problems.append(folder_problem(opt.harness_cache_dir, "--harness-cache-dir", "the compiled cubins"))
+    elif os.environ.get(_settings.CACHE_ENV):
+        problems.append(folder_problem(os.environ[_settings.CACHE_ENV], _settings.CACHE_ENV, "the compiled cubins"))
     elif config.getini("harness_cache_dir"):
         problems.append(folder_problem(config.rootpath / config.getini("harness_cache_dir"),
                                        "ini harness_cache_dir", "the compiled cubins"))
-    elif os.environ.get(_settings.CACHE_ENV):
-        problems.append(folder_problem(os.environ[_settings.CACHE_ENV], _settings.CACHE_ENV, "the compiled cubins"))
     problems.append(server_start_problem(os.environ.get(SERVER_START_ENV)))
-    if getattr(opt, "harness_serve", False):
-        pass  # a pool server or worker: the pytest process that started it checked the kernel root
-    elif getattr(opt, "kernel_root", None):
-        problems.append(kernel_root_problem(opt.kernel_root, "--kernel-root"))
-    elif os.environ.get(_settings.KERNEL_ROOT_ENV):
-        problems.append(kernel_root_problem(os.environ[_settings.KERNEL_ROOT_ENV], _settings.KERNEL_ROOT_ENV))
     for problem in problems:
         if problem:
             raise pytest.UsageError(f"harness: {problem}")

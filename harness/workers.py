@@ -64,7 +64,7 @@ MAX_STARTING = 4
 SERVE_MODULE = "harness._serve"  # python -m SERVE_MODULE {serve|worker|probe}: workers.entry
 
 
-TRACE_ENV = "HARNESS_POOL_TRACE"  # a file: the pool's timeline, every process's events, for measuring it
+from harness._settings import TRACE_ENV  # noqa: E402  (the pool's timeline file)
 TRACE_T0_ENV = "HARNESS_POOL_T0"  # the pytest process's start (time.monotonic(), shared by every process)
 
 

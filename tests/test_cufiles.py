@@ -1,6 +1,7 @@
 """`python -m pytest` compiles every kernel: each `.cu` under the kernel root is a gate of
 kind `compile`, whatever testpaths says; the gate vocabulary (one kind marker per gate) is
-enforced; the terminal table names the harness's own tests. No GPU needed (NVRTC only)."""
+enforced on gates (not on ordinary tests); the terminal summary counts the two apart. No GPU
+needed (NVRTC only)."""
 
 import json
 import xml.etree.ElementTree as ET
@@ -85,6 +86,7 @@ def test_compile_gates_honour_k_deselection(project):
 
 
 def test_a_gate_with_no_kind_or_two_kinds_is_a_usage_error_naming_each(project):
+    project.makeini("[pytest]\nkernel_root = kernels\ntestpaths = tests\nharness_gates = gates\n")
     gates = project.mkdir("gates")
     (gates / "test_g.py").write_text(
         "import pytest\n\n"
@@ -101,8 +103,19 @@ def test_a_gate_with_no_kind_or_two_kinds_is_a_usage_error_naming_each(project):
     assert "Traceback" not in err
 
 
-def test_the_table_calls_own_tests_harness_tests_and_hides_kinds_with_no_gates(project):
+def test_a_test_outside_the_gate_paths_with_no_harness_marker_or_fixture_is_an_ordinary_test(project):
+    project.makeini("[pytest]\nkernel_root = kernels\ntestpaths = tests\nharness_gates = gates\n")
+    (project.path / "tests" / "test_uses_kernel_root.py").write_text(
+        "def test_reads_the_root(kernel_root):\n    assert kernel_root.name == 'kernels'\n")
+    result = project.runpytest_subprocess("tests")
+    assert result.ret == 4  # the harness fixture makes it a gate, and a gate needs its kind
+    assert "tests/test_uses_kernel_root.py::test_reads_the_root: has no kind" in result.stderr.str()
+    assert "test_harness_itself" not in result.stderr.str()
+
+
+def test_the_table_counts_gates_by_kind_and_ordinary_tests_apart(project):
     result = project.runpytest_subprocess()
     rows = [line.split("│")[1].strip() for line in result.stdout.lines if line.startswith("│")]
-    assert rows == ["compile", "harness tests"], result.stdout.str()
+    assert rows == ["compile"], result.stdout.str()
+    result.stdout.fnmatch_lines(["1 other test(s), not gates (run as plain pytest runs them): 1 passed"])
     assert "(no kind)" not in result.stdout.str()
