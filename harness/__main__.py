@@ -1,4 +1,4 @@
-"""`python -m harness compile ...` and `python -m harness controls ...`."""
+"""`python -m harness COMMAND`: compile, controls, mutate and bench (`usage()` lists them)."""
 
 from __future__ import annotations
 
@@ -134,18 +134,37 @@ def _mutate_main(argv: list[str]) -> int:
     return main(argv)
 
 
-COMMANDS = {"compile": _compile_main, "controls": _controls_main, "bench": _bench_main, "mutate": _mutate_main}
+COMMANDS = {"compile": _compile_main, "controls": _controls_main, "mutate": _mutate_main, "bench": _bench_main}
+SUMMARIES = {
+    "compile": "compile every .cu under the kernel root with NVRTC; print registers, spills and shared memory",
+    "controls": "run the negative controls: perturb a sandbox copy, prove each named gate goes red by its assertion",
+    "mutate": "mutate the device code, screen equivalent mutants on the CPU, report what the gates miss",
+    "bench": "benchmarks: `bench gates` (the GPU gate run against an older tree), `bench mutate` (the campaign "
+             "against the naive way)",
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: python -m harness COMMAND [options]", "",
+             "The harness's commands. Each reads the settings a pytest run reads (the project found from the "
+             "working folder up, its ini keys, and HARNESS_KERNEL_ROOT, HARNESS_CACHE_DIR, HARNESS_ARCH).", "",
+             "commands:"]
+    lines += [f"  {name:<{width}}  {SUMMARIES[name]}" for name in COMMANDS]
+    lines += ["", "python -m harness COMMAND --help describes a command's options."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        known = ", ".join(COMMANDS)
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"unknown command {argv[0]!r}: use one of {known}", file=sys.stderr)
-        print(f"usage: python -m harness {{{known}}} [options]  (python -m harness COMMAND --help)",
-              file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        if argv:
+            print(f"error: unknown command {argv[0]!r}: use one of {', '.join(COMMANDS)}", file=sys.stderr)
+        print(usage(), file=sys.stderr)
+        return 2
     return COMMANDS[argv[0]](argv[1:])
 
 

@@ -1,4 +1,5 @@
-"""`python -m harness bench gates`: the gate run's speed, the old way against this one, in one run.
+"""`python -m harness bench`: the benchmarks' entry (`bench_usage`), and `bench gates`: the gate run's
+speed, the old way against this one, in one run.
 
 Both trees run the same gates on the same machine with the same warm compile cache (and,
 for the tree that has one, its warm disk cache of host references, `harness.host_cache`):
@@ -65,25 +66,68 @@ def _collect_ids(tree: Path, env: dict) -> list[str]:
     return [line.strip() for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")]
 
 
+BENCHES = {
+    "gates": "time the GPU gate run against an older tree (--before DIR), in one run",
+    "mutate": "the mutation campaign against the naive way (a fresh pytest per mutant) on the same mutants",
+    "startup": "pytest's start-up with and without the harness plugin: an unrelated project and this one",
+}
+
+
+def bench_usage() -> str:
+    lines = ["usage: python -m harness bench {gates,mutate,startup} [options]", "",
+             "Benchmarks that print their figures and write them as JSON and Markdown (default: "
+             "harness-report/bench in the rootdir; --out DIR to record them elsewhere, e.g. docs/observed).", "",
+             "benchmarks:"]
+    lines += [f"  {name:<8} {text}" for name, text in BENCHES.items()]
+    lines += ["", "python -m harness bench NAME --help describes a benchmark's options."]
+    return "\n".join(lines)
+
+
+def default_out() -> Path:
+    from harness._settings import find_rootdir
+
+    return find_rootdir() / "harness-report" / "bench"
+
+
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "mutate":
+    if argv and argv[0] in ("-h", "--help"):
+        print(bench_usage())
+        return 0
+    if not argv or argv[0] not in BENCHES:
+        if argv:
+            print(f"error: unknown benchmark {argv[0]!r}: use one of {', '.join(BENCHES)}", file=sys.stderr)
+        print(bench_usage(), file=sys.stderr)
+        return 2
+    if argv[0] == "mutate":
         from harness.mutate.bench import main as bench_mutate
 
         return bench_mutate(argv[1:])
+    if argv[0] == "startup":
+        from harness.startup import main as bench_startup
+
+        return bench_startup(argv[1:])
+    return bench_gates(argv[1:])
+
+
+def bench_gates(argv: list[str]) -> int:
+    from harness._settings import find_rootdir
+
     parser = argparse.ArgumentParser(prog="python -m harness bench gates",
-                                     description="Time the GPU gate run, the old way against this one, in one run.")
-    parser.add_argument("what", choices=["gates", "mutate"])
+                                     description="Time the GPU gate run, the old way against this one, in one run: "
+                                                 "the --before tree's gates, then the same gate ids on this tree, "
+                                                 "then this tree's whole gates/ (pytest's own figures).")
     parser.add_argument("--before", required=True, metavar="DIR",
                         help="a checkout of the code before the change (its own gates/ and harness/)")
     parser.add_argument("--jobs", type=int, default=8, metavar="N",
                         help="xdist workers for the parallel figure (0: no parallel figure)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the old gate ids on this tree N times (the figure is their median)")
-    parser.add_argument("--out", default="docs/observed", metavar="DIR")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
     parser.add_argument("--name", default="bench-gates", help="file name stem for the JSON and Markdown")
     args = parser.parse_args(argv)
     before = Path(args.before).resolve()
-    after = Path.cwd().resolve()
+    after = find_rootdir()
     if not (before / "gates").is_dir():
         print(f"error: --before {before} has no gates/ folder: pass a checkout of the old tree", file=sys.stderr)
         return 2
@@ -128,7 +172,7 @@ def main(argv: list[str]) -> int:
               "after_old_gates_median_s": a["pytest_s"], "repeat": args.repeat,
               "added_gates": full["gates"] - a["gates"],
               "added_gates_pytest_s": round((full["pytest_s"] or 0) - (a["pytest_s"] or 0), 2)}
-    out = Path(args.out)
+    out = Path(args.out) if args.out else default_out()
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Gate-run benchmark ({result['device']})", "", "`python -m harness bench gates --before DIR "

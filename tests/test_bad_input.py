@@ -280,7 +280,7 @@ def test_commands_resolve_settings_by_the_rules_pytest_uses(tmp_path, monkeypatc
     monkeypatch.setenv(_settings.ARCH_ENV, "sm_80")
     _, s = _settings.project_settings()
     assert s.kernel_root == tmp_path / "env_k"  # the variable beats the ini key, as in the plugin
-    assert s.cache_dir == project / ".cubins"  # the ini key beats the variable, as in the plugin
+    assert s.cache_dir == tmp_path / "env_cache"  # for every setting: option, variable, ini key, default
     assert (s.arch, s.arch_source) == ("sm_80", "HARNESS_ARCH")
     _, s = _settings.project_settings(kernel_root="k2", cache_dir="c2", arch="sm_90")
     assert s.kernel_root == project / "src" / "k2" and s.cache_dir == project / "src" / "c2"

@@ -48,3 +48,27 @@ def test_the_quoted_outputs_are_recorded_or_produced_by_the_gate():
     assert structural and "but the launcher uses" in structural[0]
     source = (REPO / "gates" / "test_gemv_structure.py").read_text()
     assert "change {relpath} and its launcher together: the launcher's grid must match" in source
+
+
+def test_the_readme_cpu_control_example_runs_as_it_says(tmp_path):
+    """The README's control command, run as written (its report in a temp folder instead of the
+    repo): exit 0, the control proven by the structural gate that runs with no GPU, and the
+    quoted failure lines in the run's log where the README says they are."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    section = readme_section()
+    command = re.search(r"`(python -m harness controls [^`]*--no-require-gpu)`", section).group(1)
+    argv = shlex.split(command)
+    name = argv[4]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as on a machine with no GPU, also where there is one
+    run = subprocess.run([sys.executable, *argv[1:], "--report", str(tmp_path / "report")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(rf"{name}\s*│\s*proven\s*│\s*yes", run.stdout), run.stdout
+    log = (tmp_path / "report" / "runs" / name / "pytest.log").read_text()
+    quoted = [body for info, body in fenced(section) if info == "" and "AssertionError" in body][0]
+    for line in quoted.splitlines():
+        assert line.strip() in log, line

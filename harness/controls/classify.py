@@ -6,7 +6,7 @@ Pure functions over the child's gate records, so every rule is testable without 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.records import GateRecord
 from harness.controls.spec import Expect, Route
@@ -18,6 +18,7 @@ class Verdict(str, enum.Enum):
     SURVIVED = "survived"  # an expected gate stayed green
     INVALID = "invalid"  # the edits did not apply exactly once, or the result does not compile
     TIMEOUT = "timeout"  # the run hit the per-control deadline
+    SKIPPED = "skipped"  # with no device (--no-require-gpu): every expected gate needs one, so none was judged
 
     def __str__(self) -> str:
         return self.value
@@ -58,12 +59,27 @@ def check_gate(expect: Expect, record: GateRecord | None) -> GateCheck:
     return result(record.outcome, route, line, True, f"red by {route} as expected")
 
 
-def decide(checks: tuple[GateCheck, ...]) -> tuple[Verdict, bool]:
+NOT_JUDGED = "not judged here: the gate was skipped (no GPU; --no-require-gpu); run on a device to judge it"
+
+
+def judged_without_device(checks: tuple[GateCheck, ...]) -> tuple[GateCheck, ...]:
+    """A run with no device (--no-require-gpu) skips the GPU gates: such a check says it was
+    not judged instead of "caught nothing"; `decide` leaves it out."""
+    return tuple(replace(c, reason=NOT_JUDGED) if c.outcome == "skipped" else c for c in checks)
+
+
+def decide(checks: tuple[GateCheck, ...], device: bool = True) -> tuple[Verdict, bool]:
     """(verdict, whether it is what the control expects) for the checks of one run.
 
     A control that expects route = "trap" is met by a trap and is reported `guard-only`
-    while matching its expectation; every other met control is `proven`.
+    while matching its expectation; every other met control is `proven`. With no device
+    (`device` false), skipped gates are not judged: the control is decided by the expected
+    gates that ran, and is `skipped` when none did.
     """
+    if not device:
+        checks = tuple(c for c in checks if c.outcome != "skipped")
+        if not checks:
+            return Verdict.SKIPPED, False
     if any(c.outcome in ("passed", "skipped", "not run") for c in checks):
         return Verdict.SURVIVED, False
     if any(c.route == "compile" for c in checks):

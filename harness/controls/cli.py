@@ -37,11 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of the .cu files (default: HARNESS_KERNEL_ROOT, else ini kernel_root, else kernels_cu)")
     p.add_argument("--controls-dir", default=None, metavar="DIR",
                    help="folder of control .toml files (default: ini controls_dir, else controls in the rootdir)")
-    p.add_argument("--report", default="harness-report", metavar="DIR",
-                   help="where controls.json, controls.md and each run's log go (default: harness-report)")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="where controls.json, controls.md and each run's log go (default: harness-report in the "
+                        "rootdir)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
-                   help="cubin cache shared with the gate runs (default: ini harness_cache_dir, "
-                        "else HARNESS_CACHE_DIR, else the harness default)")
+                   help="cubin cache shared with the gate runs (default: HARNESS_CACHE_DIR, else ini "
+                        "harness_cache_dir, else ~/.cache/harness/cubin)")
     p.add_argument("--static", action="store_true",
                    help="validate, apply and compile every control; run no gate (no GPU needed)")
     p.add_argument("--deadline", type=float, default=300.0, metavar="SECONDS",
@@ -59,22 +60,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warm (default): each control's gates in a worker forked from a server that collected "
                         "them, context made ahead, reset between controls (the mutation campaign's executor); "
                         "fresh: a pytest per control")
-    p.add_argument("--no-require-gpu", action="store_true", help=argparse.SUPPRESS)  # the harness's own tests
+    p.add_argument("--no-require-gpu", action="store_true",
+                   help="for a machine with no GPU: run the gates that need none (structural, refusal, compile), "
+                        "skip the GPU gates, and judge each control by its expected gates that ran; a control "
+                        "whose expected gates all need a GPU is reported skipped"),
     return p
 
 
 def config_from(args: argparse.Namespace) -> CampaignConfig:
     """The campaign's settings, read as a pytest run reads them (`_settings.project_settings`):
     paths given on the command line are relative to the working folder, ini paths to the rootdir."""
-    rootdir, settings = _settings.project_settings(kernel_root=args.kernel_root, cache_dir=args.cache_dir,
-                                                   arch=args.arch, rootdir=args.rootdir)
-    controls_dir = (Path(args.controls_dir).resolve() if args.controls_dir
-                    else rootdir / (ini_value(rootdir, "controls_dir") or "controls"))
+    project = _settings.resolve(kernel_root=args.kernel_root, cache_dir=args.cache_dir, arch=args.arch,
+                                controls_dir=args.controls_dir, rootdir=args.rootdir)
+    rootdir, settings = project.rootdir, project.settings
     return CampaignConfig(
         rootdir=rootdir,
         kernel_root=settings.kernel_root,
-        controls_dir=controls_dir,
-        report_dir=Path(args.report).resolve(),
+        controls_dir=project.controls_dir,
+        report_dir=Path(args.report).resolve() if args.report else rootdir / "harness-report",
         names=tuple(args.names),
         arch=settings.arch,
         deadline=args.deadline,
@@ -205,10 +208,19 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"report: {escape(str(json_path))}")
         return ExitStatus.BASELINE_RED
     out.print(report.table(campaign))
-    differ = [r.name for r in campaign.controls if not r.matches]
-    n = len(campaign.controls)
+    judged = campaign.judged
+    differ = [r.name for r in judged if not r.matches]
+    n = len(judged)
     out.print(f"{n - len(differ)} of {n} controls as expected in {campaign.seconds:.1f} s "
               f"({campaign.mode}); report: {escape(str(md_path))}")
+    unjudged = len(campaign.controls) - n
+    if unjudged:
+        out.print(f"[yellow]{unjudged} control(s) skipped[/]: every gate they expect needs a GPU, and "
+                  "--no-require-gpu ran none; run them on a machine with a GPU")
+    not_judged = sum(1 for r in judged for c in r.checks if c.outcome == "skipped")
+    if not_judged and not config.require_gpu:
+        out.print(f"{not_judged} expected GPU gate(s) not judged (no GPU): those controls were decided by the "
+                  "gates that ran")
     if differ:
         out.print(f"[bold red]not as expected:[/] {escape(', '.join(differ))}")
         return ExitStatus.CONTROLS_DIFFER

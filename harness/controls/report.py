@@ -87,9 +87,13 @@ def _code(text: str) -> str:
 def campaign_markdown(campaign: CampaignResult) -> str:
     lines = [f"# Negative controls ({campaign.mode})", ""]
     n = len(campaign.controls)
-    met = sum(r.matches for r in campaign.controls)
-    lines.append(f"**{met} of {n} controls as expected** in {campaign.seconds:.1f} s; arch {campaign.arch or 'n/a'}; "
-                 f"kernel root `{campaign.kernel_root}`.")
+    judged = campaign.judged
+    met = sum(r.matches for r in judged)
+    lines.append(f"**{met} of {len(judged)} controls as expected** in {campaign.seconds:.1f} s; arch "
+                 f"{campaign.arch or 'n/a'}; kernel root `{campaign.kernel_root}`.")
+    if len(judged) < n:
+        lines.append(f"{n - len(judged)} control(s) skipped: every gate they expect needs a GPU, and this run had "
+                     "none (--no-require-gpu).")
     b = campaign.baseline
     if b is not None:
         state = "green" if b.ok else "**RED: no control was run**"

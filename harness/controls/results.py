@@ -51,7 +51,12 @@ class CampaignResult:
     seconds: float
 
     @property
+    def judged(self) -> tuple[ControlResult, ...]:
+        """The controls a verdict was reached for: all but those skipped for want of a device."""
+        return tuple(c for c in self.controls if c.verdict is None or c.verdict.value != "skipped")
+
+    @property
     def ok(self) -> bool:
         if self.baseline is not None and not self.baseline.ok:
             return False
-        return all(c.matches for c in self.controls)
+        return all(c.matches for c in self.judged)

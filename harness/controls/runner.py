@@ -23,7 +23,7 @@ from typing import Protocol
 from harness import _settings
 from harness.controls import child
 from harness.controls.child import GateRun, run_gates
-from harness.controls.classify import GateCheck, Verdict, check_gate, decide
+from harness.controls.classify import GateCheck, Verdict, check_gate, decide, judged_without_device
 from harness.controls.collect import collect_gates
 from harness.controls.compilecheck import compile_perturbed, declared_names
 from harness.controls.edits import EditError
@@ -49,7 +49,7 @@ class CampaignConfig:
     jobs: int = 1
     static: bool = False
     naive: bool = False
-    require_gpu: bool = True  # False only in the harness's own tests (no GPU there)
+    require_gpu: bool = True  # False: --no-require-gpu, GPU gates skipped and controls judged by the rest
     kill_row: str = "modules"  # run the expected gates' modules, or every module of the campaign
     cache_dir: Path | None = None  # default: HARNESS_CACHE_DIR or the harness' cache
     executor: str = "fresh"  # fresh: a pytest per control; warm: a fresh forked worker per control (the mutants' way)
@@ -277,7 +277,7 @@ def _run_control(
         remaining = max(1.0, config.deadline - (time.perf_counter() - start))
         if warm is not None:
             return _classify(control, _warm_run(warm, copy, targets, remaining), compiled,
-                             time.perf_counter() - start)
+                             time.perf_counter() - start, config.require_gpu)
         run = run_gates(
             list(targets),
             kernel_root=copy,
@@ -289,7 +289,7 @@ def _run_control(
             arch=arch,
             device=device,
         )
-    return _classify(control, run, compiled, time.perf_counter() - start)
+    return _classify(control, run, compiled, time.perf_counter() - start, config.require_gpu)
 
 
 @dataclass
@@ -331,7 +331,8 @@ def _warm_run(warm: WarmControls, copy: Path, targets: tuple[str, ...], deadline
                    time.perf_counter() - start, Path(runs.log or "."), report)
 
 
-def _classify(control: Control, run: GateRun, compiled: tuple[str, ...], seconds: float) -> ControlResult:
+def _classify(control: Control, run: GateRun, compiled: tuple[str, ...], seconds: float,
+              device: bool = True) -> ControlResult:
     if run.timed_out:
         checks = tuple(
             GateCheck(e.gate, e.route, e.message, "timeout", "timeout", None, False, "the run hit the deadline")
@@ -345,7 +346,9 @@ def _classify(control: Control, run: GateRun, compiled: tuple[str, ...], seconds
             died = f"the pytest process died (exit status {run.returncode}) before writing gates.json"
             records = {e.gate: GateRecord(e.gate, "error", "error", died, died) for e in control.expects}
         checks = tuple(check_gate(e, records.get(e.gate)) for e in control.expects)
-        verdict, matches = decide(checks)
+        if not device:
+            checks = judged_without_device(checks)
+        verdict, matches = decide(checks, device)
     return ControlResult(
         control.name, control.description, control.why, control.edits,
         verdict=verdict, matches=matches, checks=checks, kill_row=run.red,

@@ -47,16 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generate, compile and screen only, no GPU; write the report (CI)")
     p.add_argument("--seed", default="0", metavar="N", help="seed of the --max-per-file sample (default 0)")
     p.add_argument("--max-per-file", default=None, metavar="N", help="at most N mutants of each file (a sample)")
-    p.add_argument("--report", default="harness-report/mutation", metavar="DIR",
-                   help="where mutation.json, mutation.html and mutants.jsonl go (default: harness-report/mutation)")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="where mutation.json, mutation.html and mutants.jsonl go (default: harness-report/mutation "
+                        "in the rootdir)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted campaign from DIR/mutants.jsonl")
     p.add_argument("--kernel-root", default=None, metavar="DIR",
-                   help="folder of the .cu files (default: ini kernel_root, else kernels_cu)")
-    p.add_argument("--rootdir", default=".", metavar="DIR", help="where pytest runs (default: the current folder)")
+                   help="folder of the .cu files (default: HARNESS_KERNEL_ROOT, else ini kernel_root, else kernels_cu)")
+    p.add_argument("--rootdir", default=None, metavar="DIR",
+                   help="where pytest runs and gate node ids start (default: the project's rootdir, found as pytest "
+                        "finds it: the first folder from the working folder up with a pytest configuration)")
     p.add_argument("--gates", action="append", default=None, metavar="PATH",
-                   help="what the baseline runs, relative to --rootdir (repeatable; default: gates)")
+                   help="what the baseline runs, relative to the rootdir (repeatable; default: ini harness_gates, "
+                        "else gates)")
     p.add_argument("--arch", default=None, metavar="sm_XX", help="compile target (default: the baseline's)")
-    p.add_argument("--cache-dir", default=None, metavar="DIR", help="the cubin cache (default: HARNESS_CACHE_DIR)")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="the cubin cache (default: HARNESS_CACHE_DIR, else ini harness_cache_dir, else "
+                        "~/.cache/harness/cubin)")
     p.add_argument("--executor", choices=("warm", "fresh"), default="warm",
                    help="warm: workers forked from a server that collected the gates, each with its CUDA context "
                         "made ahead, serving mutant after mutant and reset between them (default); fresh: a new "
@@ -117,25 +123,26 @@ def _deadline(text: str) -> float | None:
 
 
 def config_from(args):
-    from harness.controls.cli import ini_value
     from harness.mutate.campaign import MutateConfig
     from harness.mutate.operators import parse_operators
 
-    rootdir = Path(args.rootdir).resolve()
+    project = _settings.resolve(kernel_root=args.kernel_root, cache_dir=args.cache_dir, rootdir=args.rootdir)
+    rootdir = project.rootdir
     jobs = _positive_int(args.jobs, "--jobs", "4") if args.jobs is not None else (os.cpu_count() or 1)
     try:
         seed = int(args.seed)
     except ValueError:
         raise UsageError(f"--seed {args.seed!r} is not a whole number; pass e.g. --seed 1") from None
     max_per_file = _positive_int(args.max_per_file, "--max-per-file", "12") if args.max_per_file is not None else None
-    kernel_root = args.kernel_root or ini_value(rootdir, "kernel_root") or _settings.DEFAULT_KERNEL_ROOT
-    cache_dir = args.cache_dir or ini_value(rootdir, "harness_cache_dir") or None
+    gates = tuple(args.gates or (p.relative_to(rootdir).as_posix() if p.is_relative_to(rootdir) else str(p)
+                                 for p in project.gate_paths) or (_settings.DEFAULT_GATES,))
+    report_dir = Path(args.report).resolve() if args.report else rootdir / "harness-report" / "mutation"
     return MutateConfig(
-        rootdir=rootdir, kernel_root=Path(kernel_root), report_dir=Path(args.report), paths=tuple(args.paths),
+        rootdir=rootdir, kernel_root=project.settings.kernel_root, report_dir=report_dir, paths=tuple(args.paths),
         operators=parse_operators(args.operators), since=args.since, jobs=jobs,
         gpu_jobs=_positive_int(args.gpu_jobs, "--gpu-jobs", "4"), deadline=_deadline(args.deadline),
         all_gates=args.all_gates, static=args.static, seed=seed, max_per_file=max_per_file, resume=args.resume,
-        arch=args.arch, cache_dir=Path(cache_dir) if cache_dir else None, gates=tuple(args.gates or ("gates",)),
+        arch=args.arch, cache_dir=project.settings.cache_dir, gates=gates,
         require_gpu=not args.no_require_gpu, trap_gates=args.trap_gates,
         trap_shadow=not args.no_trap_shadow,
     )
