@@ -179,6 +179,12 @@ def include_dirs(options=(), ini_lines: str | list | None = None, rootdir: Path 
 
 
 DEFAULT_CONTROLS_DIR = "controls"
+REPORT_DIR = "harness-report"  # every command's reports, in the rootdir unless an option names a folder
+
+
+def report_root(rootdir: str | os.PathLike | None = None) -> Path:
+    """`harness-report/` in the project's rootdir (found from the working folder up by default)."""
+    return (Path(rootdir).resolve() if rootdir is not None else find_rootdir()) / REPORT_DIR
 GATES_INI = "harness_gates"
 DEFAULT_GATES = "gates"
 

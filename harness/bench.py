@@ -84,9 +84,9 @@ def bench_usage() -> str:
 
 
 def default_out() -> Path:
-    from harness._settings import find_rootdir
+    from harness._settings import report_root
 
-    return find_rootdir() / "harness-report" / "bench"
+    return report_root() / "bench"
 
 
 def main(argv: list[str]) -> int:

@@ -67,8 +67,7 @@ def markdown(rows: dict, repeat: int, command: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from harness._settings import find_rootdir
-    from harness.bench import default_out
+    from harness._settings import find_rootdir, report_root
 
     parser = argparse.ArgumentParser(prog="python -m harness bench startup",
                                      description="pytest's start-up (--collect-only wall time) with and without "
@@ -92,7 +91,7 @@ def main(argv: list[str]) -> int:
         rows = measure({"unrelated (one plain test)": plain, f"this project ({project.name})": project},
                        args.repeat, env)
     command = f"python -m harness bench startup --repeat {args.repeat}"
-    out = Path(args.out) if args.out else default_out()
+    out = Path(args.out) if args.out else report_root() / "bench"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps({"command": command, "repeat": args.repeat, "projects": rows},
                                                      indent=2) + "\n")

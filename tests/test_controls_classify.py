@@ -3,7 +3,7 @@
 import pytest
 
 from harness.records import GateRecord
-from harness.controls.classify import Verdict, check_gate, decide
+from harness.controls.classify import GateCheck, Verdict, check_gate, decide
 from harness.controls.spec import Expect, Route
 
 GATE = "gates/test_x.py::test_claim"
@@ -81,5 +81,18 @@ def test_a_gate_timeout_inside_the_run_makes_the_control_timeout():
 
 
 def test_verdicts_are_strings_as_the_reports_spell_them():
-    assert [str(v) for v in Verdict] == ["proven", "guard-only", "survived", "invalid", "timeout"]
+    assert [str(v) for v in Verdict] == ["proven", "guard-only", "survived", "invalid", "timeout", "skipped"]
     assert Verdict("guard-only") is Verdict.GUARD_ONLY
+
+
+def test_with_no_device_a_control_is_decided_by_the_expected_gates_that_ran():
+    from harness.controls.classify import NOT_JUDGED, judged_without_device
+
+    ran = GateCheck("g::structural", Route.ASSERTION, None, "failed", "assertion", "x", True, "red by assertion")
+    gpu = GateCheck("g::anchor", Route.ASSERTION, None, "skipped", None, None, False, "skipped")
+    assert decide((ran, gpu)) == (Verdict.SURVIVED, False)  # on a device run, a skipped gate caught nothing
+    assert decide((ran, gpu), device=False) == (Verdict.PROVEN, True)
+    assert decide((gpu,), device=False) == (Verdict.SKIPPED, False)  # nothing judged: never "as expected"
+    green = GateCheck("g::structural", Route.ASSERTION, None, "passed", None, None, False, "passed")
+    assert decide((green, gpu), device=False) == (Verdict.SURVIVED, False)  # what ran must still go red
+    assert [c.reason for c in judged_without_device((ran, gpu))] == ["red by assertion", NOT_JUDGED]

@@ -77,7 +77,7 @@ def config_from(args: argparse.Namespace) -> CampaignConfig:
         rootdir=rootdir,
         kernel_root=settings.kernel_root,
         controls_dir=project.controls_dir,
-        report_dir=Path(args.report).resolve() if args.report else rootdir / "harness-report",
+        report_dir=Path(args.report).resolve() if args.report else _settings.report_root(rootdir),
         names=tuple(args.names),
         arch=settings.arch,
         deadline=args.deadline,

@@ -136,7 +136,7 @@ def config_from(args):
     max_per_file = _positive_int(args.max_per_file, "--max-per-file", "12") if args.max_per_file is not None else None
     gates = tuple(args.gates or (p.relative_to(rootdir).as_posix() if p.is_relative_to(rootdir) else str(p)
                                  for p in project.gate_paths) or (_settings.DEFAULT_GATES,))
-    report_dir = Path(args.report).resolve() if args.report else rootdir / "harness-report" / "mutation"
+    report_dir = Path(args.report).resolve() if args.report else _settings.report_root(rootdir) / "mutation"
     return MutateConfig(
         rootdir=rootdir, kernel_root=project.settings.kernel_root, report_dir=report_dir, paths=tuple(args.paths),
         operators=parse_operators(args.operators), since=args.since, jobs=jobs,
