@@ -686,41 +686,75 @@ def test_a_shadowed_trap_gate_passes_in_the_mutants_own_worker_and_fails_when_it
 def test_a_mutation_bench_with_naive_seconds_cuts_its_naive_half_and_bounds_the_speedup(suite, tmp_path, monkeypatch):
     # --naive-seconds ends the naive half as a device command's timeout would (SIGINT), and the
     # speed-up is taken against the most the naive way could have managed: the runs it
-    # finished and every one still under way counted as done
+    # finished and every one still under way counted as done. No wall time decides it: the
+    # bench arms its cut on a timer this test fires once the first naive run has finished and
+    # the second is under way, and the naive half's seconds are read on a clock this test moves.
+    import functools
     import json
-    import time
+    import threading
 
-    from harness.mutate import execute
-    from harness.mutate.bench import main
+    from harness.controls import child
+    from harness.mutate import bench, execute
 
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
-    real = execute.FreshProcessExecutor.run
-    calls = []
+    now = [1000.0]
+    timers = []
 
-    def slow_after_one(self, *args, **kwargs):
+    class Timer:
+        """What the bench arms at the naive gate stage's start, in place of threading.Timer."""
+
+        def __init__(self, seconds, fire):
+            self.seconds, self.fire, self.daemon, self.started, self.cancelled = seconds, fire, False, False, False
+            timers.append(self)
+
+        def start(self):
+            self.started = True
+
+        def cancel(self):
+            self.cancelled = True
+
+    interrupted = threading.Event()  # the campaign took its Ctrl-C path: every run under way is killed
+    real_kill_all = child.kill_all
+
+    def kill_all():
+        interrupted.set()
+        real_kill_all()
+
+    monkeypatch.setattr(child, "kill_all", kill_all)
+    real = execute.FreshProcessExecutor.run
+    calls, seen = [], {}
+
+    def the_second_run_is_cut(self, *args, **kwargs):
         calls.append(1)
-        if len(calls) > 1:
-            time.sleep(12)  # the cut comes first (then this thread ends; a real run's pytest is killed)
+        if len(calls) == 2:  # the first naive run finished (its verdict recorded); this one is under way
+            now[0] += 4.0  # the gate stage has run its 4 s, by the naive half's clock
+            (timer,) = timers
+            seen["armed"] = (timer.seconds, timer.started, timer.daemon)
+            timer.fire()  # the bench's own cut: SIGINT at the main thread
+            seen["interrupted"] = interrupted.wait(300)  # a bound against a hang, never reached when it works
+        # after the cut, a real run's pytest is killed as it starts (the campaign refuses new children)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(execute.FreshProcessExecutor, "run", slow_after_one)
+    monkeypatch.setattr(execute.FreshProcessExecutor, "run", the_second_run_is_cut)
     out = tmp_path / "out"
-    main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--naive-seconds", "4", "--rootdir", str(root),
-          "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
-          "--cache-dir", str(tmp_path / "cache")])
+    bench.main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--naive-seconds", "4", "--rootdir", str(root),
+                "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
+                "--cache-dir", str(tmp_path / "cache")],
+               naive_clock=functools.partial(bench._Clock, now=lambda: now[0], timer=Timer))
+    # the cut was armed at --naive-seconds when the gate stage began, and it interrupted the stage
+    assert seen == {"armed": (4.0, True, True), "interrupted": True}, seen
+    assert len(calls) == 2 and timers[0].cancelled, "no naive run started after the cut"
     result = json.loads((out / "b.json").read_text())
     n = result["naive"]
-    # cut: without the timer, every run would have finished (12 s each) and none would be cut
+    # cut: one run finished, the one under way counted as such
     assert n["cut_short"] and n["reached_gpu"] == 1 and n["in_flight_at_most"] == 1, n
-    # the finished run and the one under way over the cut's seconds (both figures rounded as
-    # recorded: the seconds to 0.01, the rate to 0.1)
-    seconds = n["gpu_stage_s"]
-    assert 3 < seconds < 40, n
-    assert abs(n["mutants_per_minute_at_most"] - 60 * 2 / seconds) <= 0.05 + 60 * 2 * 0.005 / (seconds - 0.005) ** 2, n
-    assert result["speedup"] == round(result["campaign"]["mutants_per_minute"] / n["mutants_per_minute_at_most"], 1)
+    # the rates over the cut's 4 s: the finished run alone, and with the one under way (the bound)
+    assert (n["gpu_stage_s"], n["mutants_per_minute"], n["mutants_per_minute_at_most"]) == (4.0, 15.0, 30.0), n
+    assert result["speedup"] == round(result["campaign"]["mutants_per_minute"] / 30.0, 1), result
     md = (out / "b.md").read_text()
-    assert "Speed-up: at least" in md and "at most 1 more under way" in md, md
+    assert "Speed-up: at least" in md and "cut after 4.0 s of its gate stage with at most 1 more under way" in md, md
+    assert "managed at most 30.0 a minute" in md, md
 
 
 @pytest.mark.parametrize("bad", ["0", "-5", "nan", "inf", "soon"])
