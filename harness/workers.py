@@ -285,10 +285,13 @@ class Worker:
 class Exits:
     """The pool's killed workers until their processes are gone (a forked worker is reaped
     by the kernel: its /proc entry goes when its exit, context teardown included, is done),
-    and what waiting for them cost. Thread-safe."""
+    and what waiting for them cost. Thread-safe. `clock` and `sleep` (the hold's look-again
+    pause) are the wall clock's by default; a test passes its own, so no wall time decides it."""
 
-    def __init__(self, limit: int | None = MAX_EXITING, hold_s: float = EXIT_HOLD_S):
+    def __init__(self, limit: int | None = MAX_EXITING, hold_s: float = EXIT_HOLD_S,
+                 clock=time.monotonic, sleep=time.sleep):
         self.limit, self.hold_s = limit, hold_s
+        self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._killed: dict[int, float] = {}  # pid -> when it was killed
         self.exited = 0  # killed workers seen gone
@@ -300,12 +303,12 @@ class Exits:
     def killed(self, pid: int) -> None:
         self.exiting()  # (each look times the exits seen gone since the last one)
         with self._lock:
-            self._killed[pid] = time.monotonic()
+            self._killed[pid] = self._clock()
 
     def exiting(self) -> int:
         """How many killed workers are still exiting (one killed longer ago than the hold is
         no longer counted: a process stuck in the driver must not stop the pool for good)."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             for pid, when in list(self._killed.items()):
                 gone = not _still_running(pid)
@@ -322,12 +325,12 @@ class Exits:
         most `hold_s`. With no limit, never."""
         if self.limit is None or self.exiting() < self.limit:
             return
-        began = time.monotonic()
-        while self.exiting() >= self.limit and time.monotonic() - began < self.hold_s:
-            time.sleep(0.02)
+        began = self._clock()
+        while self.exiting() >= self.limit and self._clock() - began < self.hold_s:
+            self._sleep(0.02)
         with self._lock:
             self.holds += 1
-            self.held_s += time.monotonic() - began
+            self.held_s += self._clock() - began
 
     def summary(self) -> str:
         """One clause for a campaign's `worker time:` line."""

@@ -1,30 +1,65 @@
-"""The pool holds a fork back while killed workers are still exiting (harness.workers.Exits)."""
+"""The pool holds a fork back while killed workers are still exiting (harness.workers.Exits),
+on a clock the tests move."""
 
+import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from harness import workers
 
 
-def _sleeper(seconds: float) -> subprocess.Popen:
+def _sleeper(seconds: float = 600) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
 
 
+def _exited_unreaped(pid: int) -> None:
+    """Until `pid` (a child) has exited, leaving it a zombie: nobody reaps it yet."""
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+
+
+class Clock:
+    """The hold's clock: it moves only by the hold's own pauses; `on_sleep(n)` runs at the
+    n-th pause (the test's events: a process exits)."""
+
+    def __init__(self):
+        self.t = 1000.0
+        self.sleeps = 0
+        self.on_sleep = lambda n: None
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        self.t += seconds
+        self.on_sleep(self.sleeps)
+
+
+def _exits(clock: Clock, **kw) -> workers.Exits:
+    return workers.Exits(clock=clock.now, sleep=clock.sleep, **kw)
+
+
 def test_a_fork_waits_while_the_limit_of_killed_workers_are_still_exiting():
-    exits = workers.Exits(limit=1, hold_s=20.0)
-    p = _sleeper(0.8)  # stands for a killed worker whose exit (its context's teardown) is slow
+    clock = Clock()
+    exits = _exits(clock, limit=1, hold_s=20.0)
+    p = _sleeper()  # stands for a killed worker whose exit (its context's teardown) is slow
     try:
         exits.killed(p.pid)
         assert exits.exiting() == 1
-        began = time.monotonic()
+
+        def exits_at_the_tenth_look(n):
+            if n == 10:
+                p.kill()
+                _exited_unreaped(p.pid)
+
+        clock.on_sleep = exits_at_the_tenth_look
         exits.hold()
-        waited = time.monotonic() - began
-        assert 0.3 < waited < 10, waited
+        # held until it was gone, not a look longer: ten pauses of 0.02 s on the hold's clock
+        assert clock.sleeps == 10 and exits.held_s == pytest.approx(0.2) and exits.holds == 1
         # gone once it exited, although nobody reaped it yet: a zombie counts as gone
-        assert exits.exiting() == 0 and exits.exited == 1 and exits.holds == 1
+        assert exits.exiting() == 0 and exits.exited == 1 and exits.exit_s == pytest.approx(0.2)
         assert "1 killed worker(s) were seen gone" in exits.summary() and "1 fork(s) held back" in exits.summary()
     finally:
         p.kill()
@@ -32,26 +67,28 @@ def test_a_fork_waits_while_the_limit_of_killed_workers_are_still_exiting():
 
 
 def test_below_the_limit_a_fork_is_not_held():
-    exits = workers.Exits(limit=2, hold_s=20.0)
-    p = _sleeper(30)
+    clock = Clock()
+    exits = _exits(clock, limit=2, hold_s=20.0)
+    p = _sleeper()
     try:
         exits.killed(p.pid)
-        began = time.monotonic()
         exits.hold()
-        assert time.monotonic() - began < 0.5 and exits.holds == 0 and exits.summary() == ""
+        assert clock.sleeps == 0 and exits.holds == 0 and exits.summary() == ""
     finally:
         p.kill()
         p.wait()
 
 
 def test_a_process_stuck_in_its_exit_holds_a_fork_back_no_longer_than_the_cap():
-    exits = workers.Exits(limit=1, hold_s=0.5)
-    p = _sleeper(30)  # never exits in time: the pool must not stop for good
+    clock = Clock()
+    exits = _exits(clock, limit=1, hold_s=0.5)
+    p = _sleeper()  # never exits in time: the pool must not stop for good
     try:
         exits.killed(p.pid)
-        began = time.monotonic()
         exits.hold()
-        assert 0.4 < time.monotonic() - began < 5
+        # the cap, give or take the last pause (0.02 s), on the hold's clock
+        assert exits.holds == 1 and 0.5 - 1e-9 <= exits.held_s <= 0.52 + 1e-9, exits.held_s
+        clock.t += 0.02  # past the cap whichever pause ended the hold
         assert exits.exiting() == 0, "dropped once past the cap"
         assert exits.exited == 0, "not counted as an exit it never made"
     finally:
@@ -60,7 +97,7 @@ def test_a_process_stuck_in_its_exit_holds_a_fork_back_no_longer_than_the_cap():
 
 
 def test_a_killed_worker_is_recorded_by_its_pools_exits():
-    p = _sleeper(30)
+    p = _sleeper()
     try:
         w = workers.Worker.__new__(workers.Worker)
         w.alive, w.pid, w.pgid = True, p.pid, None
@@ -68,7 +105,7 @@ def test_a_killed_worker_is_recorded_by_its_pools_exits():
         w.channel.sock = __import__("socket").socket()
         w.exits = workers.Exits(limit=5)
         w.kill()
-        p.wait(10)
+        p.wait()  # SIGKILLed: reaped at once
         assert w.exits.exited == 0 and w.exits._killed, "the kill is recorded"
         assert w.exits.exiting() == 0 and w.exits.exited == 1
     finally:
@@ -78,13 +115,13 @@ def test_a_killed_worker_is_recorded_by_its_pools_exits():
 
 
 def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, monkeypatch):
-    exits = workers.Exits(limit=None)
-    p = _sleeper(30)
+    clock = Clock()
+    exits = _exits(clock, limit=None)
+    p = _sleeper()
     try:
         exits.killed(p.pid)
-        began = time.monotonic()
         exits.hold()
-        assert time.monotonic() - began < 0.5 and exits.holds == 0
+        assert clock.sleeps == 0 and exits.holds == 0
     finally:
         p.kill()
         p.wait()
