@@ -1,13 +1,19 @@
 """The pool holds a fork back while killed workers are still exiting (harness.workers.Exits),
-on a clock the tests move."""
+on a clock the tests move; and the pools made here leave nothing in the temp folder."""
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from harness import workers
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _sleeper(seconds: float = 600) -> subprocess.Popen:
@@ -147,8 +153,10 @@ def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, 
     assert workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[]).max_starting is None
 
 
+@contextlib.contextmanager
 def _counting_pool(tmp_path, spares, max_starting):
-    """A pool whose server only counts spawn requests (no process starts)."""
+    """A pool whose server only counts spawn requests (no process starts); closed after, so
+    its folder goes (it was left in the temp folder, one a pool)."""
     pool = workers.Pool(workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[], spares=spares,
                                            max_starting=max_starting))
     asked = []
@@ -157,19 +165,52 @@ def _counting_pool(tmp_path, spares, max_starting):
         def send(self, msg):
             asked.append(msg["token"])
 
+        def close(self):
+            pass
+
     pool.server_channel = Server()
-    return pool, asked
+    try:
+        yield pool, asked
+    finally:
+        pool.close()
+
+
+class Spare:
+    """A spare that said hello (no process behind it)."""
+
+    def kill(self):
+        pass
 
 
 def test_a_campaigns_pool_starts_no_more_than_its_cap_of_workers_at_once(tmp_path):
-    pool, asked = _counting_pool(tmp_path, spares=14, max_starting=4)
-    pool.warm_up()
-    assert len(asked) == 4 and pool._pending == set(asked), "4 starting, not 14"
-    pool._pending.discard(asked[0])  # one said hello and became a spare
-    pool.spares.append(object())
-    pool._fill()
-    assert len(asked) == 5 and len(pool._pending) == 4, "one more starts in its place"
+    with _counting_pool(tmp_path, spares=14, max_starting=4) as (pool, asked):
+        pool.warm_up()
+        assert len(asked) == 4 and pool._pending == set(asked), "4 starting, not 14"
+        pool._pending.discard(asked[0])  # one said hello and became a spare
+        pool.spares.append(Spare())
+        pool._fill()
+        assert len(asked) == 5 and len(pool._pending) == 4, "one more starts in its place"
     # with no cap (a gate run) every spare starts at once
-    pool, asked = _counting_pool(tmp_path, spares=14, max_starting=None)
-    pool.warm_up()
-    assert len(asked) == 14
+    with _counting_pool(tmp_path, spares=14, max_starting=None) as (pool, asked):
+        pool.warm_up()
+        assert len(asked) == 14
+
+
+# ---------------------------------------------------------------- the pool's folder
+
+
+def test_this_files_scenarios_leave_nothing_in_the_temp_folder(tmp_path):
+    # every other test of this file in a pytest of its own, whose temp folder is a fresh one
+    # (pytest's own basetemp elsewhere): nothing of theirs may be left in it
+    private = Path(tempfile.mkdtemp(prefix="hwx-", dir="/tmp"))
+    try:
+        here = Path(__file__).relative_to(REPO).as_posix()
+        run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--color=no",
+                              f"--basetemp={tmp_path / 'basetemp'}", here,
+                              "--deselect", f"{here}::test_this_files_scenarios_leave_nothing_in_the_temp_folder"],
+                             cwd=REPO, env=dict(os.environ, TMPDIR=str(private)), capture_output=True, text=True)
+        left = sorted(p.name for p in private.iterdir())
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert left == [], f"left in the temp folder: {left}"
