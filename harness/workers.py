@@ -415,8 +415,13 @@ class Pool:
         self.path = str(self.tmp / "pool.sock")
         self.log = self.tmp / "server.log"
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
-        self.listener.listen(64)
+        try:
+            self.listener.bind(self.path)
+            self.listener.listen(64)
+        except BaseException:  # no pool: nothing of it stays in the temp dir
+            self.listener.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
         self.server: subprocess.Popen | ForkedServer | None = None
         self.server_channel: Channel | None = None
         self.probe: dict | None = None
@@ -613,30 +618,40 @@ class Pool:
     # ---------------------------------------------------------------- end
 
     def close(self) -> None:
-        if self.main is not None:
-            self.main.quit()
-        for w in self.spares:
-            w.kill()
-        for ch, hello in self._early.values():
-            ch.close()
-            if hello.get("pid"):
-                _kill_quietly(int(hello["pid"]))
-        if self.server_channel is not None:
-            self.server_channel.close()
-        # The server holds nothing worth a graceful exit (its pytest session ran no gate), and
-        # its forked workers share its process group: one signal ends them all, at once.
-        self.kill_processes()
-        for proc in ([self.server] if self.server is not None else []) + self._procs:
+        """End the pool: its main worker tears its fixtures down, every process it started is
+        killed, its folder (the socket, the server's log) goes. The kill and the folder come in
+        a `finally`: an interrupt while closing (a second Ctrl-C, or a SIGTERM taken as one,
+        during the main worker's teardown) must not leave the server running, in a session of
+        its own, beside a folder it then writes its traceback into."""
+        try:
+            if self.main is not None:
+                self.main.quit()
+            for w in self.spares:
+                w.kill()
+            for ch, hello in self._early.values():
+                ch.close()
+                if hello.get("pid"):
+                    _kill_quietly(int(hello["pid"]))
+            if self.server_channel is not None:
+                self.server_channel.close()
+        finally:
+            # The server holds nothing worth a graceful exit (its pytest session ran no gate), and
+            # its forked workers share its process group: one signal ends them all, at once.
+            self.kill_processes()
             try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        self.listener.close()
-        # The folder goes whole, the server's log with it: every process that wrote there was
-        # killed above, and nothing reads the log after the pool closed (a failure that needs
-        # its tail quotes it while the pool is open). A gate run used to leave the folder with
-        # its log behind, one a run: a campaign of fresh pytests left one a mutant in /tmp.
-        shutil.rmtree(self.tmp, ignore_errors=True)
+                for proc in ([self.server] if self.server is not None else []) + self._procs:
+                    try:
+                        proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        pass
+            finally:
+                self.listener.close()
+                # The folder goes whole, the server's log with it: every process that wrote there
+                # was killed above, and nothing reads the log after the pool closed (a failure that
+                # needs its tail quotes it while the pool is open). A gate run used to leave the
+                # folder with its log behind, one a run: a campaign of fresh pytests left one a
+                # mutant in /tmp.
+                shutil.rmtree(self.tmp, ignore_errors=True)
 
     def kill_processes(self) -> None:
         """SIGKILL the server's process group (its forked workers) and every exec'd worker, at

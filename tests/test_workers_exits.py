@@ -1,12 +1,15 @@
 """The pool holds a fork back while killed workers are still exiting (harness.workers.Exits),
-on a clock the tests move; and the pools made here leave nothing in the temp folder."""
+on a clock the tests move; and a pool leaves nothing in the temp folder, closed, interrupted
+while it closes, or never started."""
 
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -144,11 +147,14 @@ def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, 
         def start_server(self):
             raise workers.PoolError("stop here: the config is what this test reads")
 
+        def close(self):  # a failed start closes its pool
+            made["closed"] = True
+
     monkeypatch.setattr(workers, "Pool", Pool)
     ex = WarmExecutor(rootdir=tmp_path, gates=(), kernel_root=tmp_path, cache_dir=tmp_path)
     with pytest.raises(workers.PoolError, match="stop here"):
         ex.start()
-    assert made["config"].max_exiting == workers.MAX_EXITING
+    assert made["config"].max_exiting == workers.MAX_EXITING and made["closed"]
     assert made["config"].max_starting == workers.MAX_STARTING
     assert workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[]).max_starting is None
 
@@ -199,6 +205,21 @@ def test_a_campaigns_pool_starts_no_more_than_its_cap_of_workers_at_once(tmp_pat
 # ---------------------------------------------------------------- the pool's folder
 
 
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """A temp folder of this test's own (short: a pool keeps its socket there), empty at the
+    start. (After tmp_path: pytest's own basetemp is then made where it always is.)"""
+    folder = Path(tempfile.mkdtemp(prefix="hwx-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _config(tmp_path) -> workers.PoolConfig:
+    return workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[])
+
+
 def test_this_files_scenarios_leave_nothing_in_the_temp_folder(tmp_path):
     # every other test of this file in a pytest of its own, whose temp folder is a fresh one
     # (pytest's own basetemp elsewhere): nothing of theirs may be left in it
@@ -214,3 +235,65 @@ def test_this_files_scenarios_leave_nothing_in_the_temp_folder(tmp_path):
         shutil.rmtree(private, ignore_errors=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert left == [], f"left in the temp folder: {left}"
+
+
+def test_a_pool_that_cannot_listen_leaves_no_folder(private_tmp, tmp_path, monkeypatch):
+    import socket
+
+    class Unbindable(socket.socket):
+        def bind(self, address):
+            raise OSError("address in use")
+
+    monkeypatch.setattr(workers.socket, "socket", Unbindable)
+    with pytest.raises(OSError, match="address in use"):
+        workers.Pool(_config(tmp_path))
+    assert list(private_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_while_the_pool_closes_still_kills_its_server_and_removes_its_folder(
+        private_tmp, tmp_path, signum):
+    # the interrupt comes while the main worker tears its fixtures down (close waits up to
+    # 10 s for it): the server, in a session of its own, must not outlive the pool beside a
+    # folder holding its log
+    from harness.interrupt import sigterm_as_interrupt
+
+    pool = workers.Pool(_config(tmp_path))
+    # a stand-in server: a session of its own, writing into the pool's log, as the real one does
+    pool.server = pool._popen([sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(600)"])
+
+    class Main:
+        def quit(self):
+            os.kill(os.getpid(), signum)  # raises KeyboardInterrupt here, in this (the main) thread
+            time.sleep(600)
+
+    pool.main = Main()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
+            pool.close()
+        assert list(private_tmp.iterdir()) == [], "the pool's folder outlived an interrupted close"
+        assert pool.server.wait(timeout=120) == -signal.SIGKILL, "the server outlived an interrupted close"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        pool.kill_processes()
+        pool.server.wait()
+
+
+@pytest.mark.parametrize("failure", [workers.PoolError("no server said hello"), KeyboardInterrupt()],
+                         ids=["start-failed", "interrupted"])
+def test_a_warm_executor_whose_pool_fails_to_start_closes_it(private_tmp, tmp_path, monkeypatch, failure):
+    from harness.mutate.warm import WarmExecutor
+
+    started = []
+    monkeypatch.setattr(workers.Pool, "start_server", lambda self, fork=False: started.append(self.tmp))
+
+    def collect(self, args):
+        raise failure
+
+    monkeypatch.setattr(workers.Pool, "collect", collect)
+    ex = WarmExecutor(rootdir=tmp_path, gates=(), kernel_root=tmp_path, cache_dir=tmp_path)
+    with pytest.raises(type(failure)):
+        ex.start()
+    assert started and list(private_tmp.iterdir()) == [], "the pool of a failed start outlived it"
+    assert ex._pool is None
