@@ -51,6 +51,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _wait_until_gone(pid: int, what: str) -> None:
+    """Until `pid` is gone (an event, not a time: the bound only stops a hang)."""
+    for _ in range(6000):
+        if not _alive(pid):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{what} (pid {pid}) is still running")
+
+
 def test_a_gate_blocked_in_c_with_signals_masked_gets_timeout_and_the_rest_their_verdicts(suite):
     suite.makepyfile(test_w="""
         import os, pytest
@@ -73,12 +82,11 @@ def test_a_gate_blocked_in_c_with_signals_masked_gets_timeout_and_the_rest_their
         def test_d_red_after():
             assert 1 == 2, "d's own assertion"
     """)
-    start = time.monotonic()
+    # (the run ends at all only because the watchdog killed b's worker: nothing else ends a
+    # sleep in C with every signal masked; the records below say so, whatever the run's wall time)
     result = suite.runpytest_subprocess("--require-gpu", "--harness-deadline", "3", "--harness-report", "rep",
                                         "--junitxml", "junit.xml")
-    elapsed = time.monotonic() - start
     result.assert_outcomes(passed=2, failed=2)
-    assert elapsed < 60, elapsed
     gates = _gates(suite)
     b = gates["test_b_hangs"]
     assert (b["outcome"], b["route"]) == ("failed", "timeout")
@@ -93,8 +101,8 @@ def test_a_gate_blocked_in_c_with_signals_masked_gets_timeout_and_the_rest_their
     assert "1 GPU gate(s) ran past their deadline" in out
     pids = [int(p) for p in (suite.path / "pids").read_text().split()]
     assert len(set(pids)) == 2  # a and b shared a worker; c ran in its replacement
-    time.sleep(0.5)
-    assert not [p for p in pids if _alive(p)], "a worker outlived the run"
+    for pid in set(pids):  # each was SIGKILLed when the run closed its pool: gone, however loaded the machine
+        _wait_until_gone(pid, "a worker of the run")
 
 
 def test_the_watchdog_names_the_last_kernel_launched(suite):
