@@ -389,17 +389,18 @@ class PoolConfig:
     max_starting: int | None = None
 
 
+POOL_FOLDER_PREFIX = "harness-pool-"  # the pool's folder under the temp dir: its socket, the server's log
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 on Linux, the last a NUL)
 
 
 def _socket_folder() -> Path:
     """The pool's own folder, under the temp dir, or /tmp when the temp dir's path is too long
     for a Unix socket inside it (a deep TMPDIR, as pytest's own tmp_path under xdist can be)."""
-    folder = Path(tempfile.mkdtemp(prefix="harness-pool-"))
+    folder = Path(tempfile.mkdtemp(prefix=POOL_FOLDER_PREFIX))
     if len(os.fsencode(folder / "pool.sock")) <= SOCKET_PATH_MAX:
         return folder
     folder.rmdir()
-    short = Path(tempfile.mkdtemp(prefix="harness-pool-", dir="/tmp")) if os.path.isdir("/tmp") else None
+    short = Path(tempfile.mkdtemp(prefix=POOL_FOLDER_PREFIX, dir="/tmp")) if os.path.isdir("/tmp") else None
     if short is None or len(os.fsencode(short / "pool.sock")) > SOCKET_PATH_MAX:
         raise PoolError(f"harness: the temp dir {tempfile.gettempdir()} is too deep for the GPU gate pool's socket "
                         f"(at most {SOCKET_PATH_MAX} bytes for its path): set TMPDIR to a shorter folder")
@@ -954,6 +955,7 @@ def serve(session) -> None:
         try:
             msg = ch.recv()
         except ChannelClosed:
+            _owner_gone()
             return
         if msg.get("op") == "quit":
             return
@@ -967,6 +969,24 @@ def serve(session) -> None:
                 ch.close()
                 os.environ.update(msg.get("env") or {})
                 _become_worker(session, int(msg["token"]))  # never returns
+
+
+def _owner_gone() -> None:
+    """The server's channel closed: the pool's owner closed the pool, or died without closing
+    it (a plain pytest killed by SIGTERM or SIGKILL runs no `finally`, and this server and its
+    workers live in a session of their own, out of reach of a signal to the owner's group).
+    After a close the owner kills this process group and removes the pool's folder itself;
+    after a death nobody would. So the server does both, at once: the folder (the socket, this
+    server's log) goes first, then every worker it forked and the server itself, with one
+    signal. (A worker deep in a gate ran on for as long as the gate, then wrote its traceback,
+    its pool gone, into the log of a folder nobody would remove.)"""
+    folder = os.path.dirname(_connect_path or "")
+    if os.path.basename(folder).startswith(POOL_FOLDER_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.getpgrp() == os.getpid():  # the server leads a group of its own: never the owner's
+        os.killpg(os.getpid(), signal.SIGKILL)
 
 
 def _become_worker(session, token: int) -> None:
@@ -1412,6 +1432,7 @@ def _serve(path: str, args: list[str], plugin_args: tuple = ()) -> int:
         try:
             msg = _server_channel.recv()
         except ChannelClosed:
+            _owner_gone()
             return 0
         if msg.get("op") != "collect":
             return 0
