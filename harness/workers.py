@@ -285,10 +285,13 @@ class Worker:
 class Exits:
     """The pool's killed workers until their processes are gone (a forked worker is reaped
     by the kernel: its /proc entry goes when its exit, context teardown included, is done),
-    and what waiting for them cost. Thread-safe."""
+    and what waiting for them cost. Thread-safe. `clock` and `sleep` (the hold's look-again
+    pause) are the wall clock's by default; a test passes its own, so no wall time decides it."""
 
-    def __init__(self, limit: int | None = MAX_EXITING, hold_s: float = EXIT_HOLD_S):
+    def __init__(self, limit: int | None = MAX_EXITING, hold_s: float = EXIT_HOLD_S,
+                 clock=time.monotonic, sleep=time.sleep):
         self.limit, self.hold_s = limit, hold_s
+        self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._killed: dict[int, float] = {}  # pid -> when it was killed
         self.exited = 0  # killed workers seen gone
@@ -300,12 +303,12 @@ class Exits:
     def killed(self, pid: int) -> None:
         self.exiting()  # (each look times the exits seen gone since the last one)
         with self._lock:
-            self._killed[pid] = time.monotonic()
+            self._killed[pid] = self._clock()
 
     def exiting(self) -> int:
         """How many killed workers are still exiting (one killed longer ago than the hold is
         no longer counted: a process stuck in the driver must not stop the pool for good)."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             for pid, when in list(self._killed.items()):
                 gone = not _still_running(pid)
@@ -322,12 +325,12 @@ class Exits:
         most `hold_s`. With no limit, never."""
         if self.limit is None or self.exiting() < self.limit:
             return
-        began = time.monotonic()
-        while self.exiting() >= self.limit and time.monotonic() - began < self.hold_s:
-            time.sleep(0.02)
+        began = self._clock()
+        while self.exiting() >= self.limit and self._clock() - began < self.hold_s:
+            self._sleep(0.02)
         with self._lock:
             self.holds += 1
-            self.held_s += time.monotonic() - began
+            self.held_s += self._clock() - began
 
     def summary(self) -> str:
         """One clause for a campaign's `worker time:` line."""
@@ -386,17 +389,18 @@ class PoolConfig:
     max_starting: int | None = None
 
 
+POOL_FOLDER_PREFIX = "harness-pool-"  # the pool's folder under the temp dir: its socket, the server's log
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 on Linux, the last a NUL)
 
 
 def _socket_folder() -> Path:
     """The pool's own folder, under the temp dir, or /tmp when the temp dir's path is too long
     for a Unix socket inside it (a deep TMPDIR, as pytest's own tmp_path under xdist can be)."""
-    folder = Path(tempfile.mkdtemp(prefix="harness-pool-"))
+    folder = Path(tempfile.mkdtemp(prefix=POOL_FOLDER_PREFIX))
     if len(os.fsencode(folder / "pool.sock")) <= SOCKET_PATH_MAX:
         return folder
     folder.rmdir()
-    short = Path(tempfile.mkdtemp(prefix="harness-pool-", dir="/tmp")) if os.path.isdir("/tmp") else None
+    short = Path(tempfile.mkdtemp(prefix=POOL_FOLDER_PREFIX, dir="/tmp")) if os.path.isdir("/tmp") else None
     if short is None or len(os.fsencode(short / "pool.sock")) > SOCKET_PATH_MAX:
         raise PoolError(f"harness: the temp dir {tempfile.gettempdir()} is too deep for the GPU gate pool's socket "
                         f"(at most {SOCKET_PATH_MAX} bytes for its path): set TMPDIR to a shorter folder")
@@ -412,8 +416,13 @@ class Pool:
         self.path = str(self.tmp / "pool.sock")
         self.log = self.tmp / "server.log"
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
-        self.listener.listen(64)
+        try:
+            self.listener.bind(self.path)
+            self.listener.listen(64)
+        except BaseException:  # no pool: nothing of it stays in the temp dir
+            self.listener.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
         self.server: subprocess.Popen | ForkedServer | None = None
         self.server_channel: Channel | None = None
         self.probe: dict | None = None
@@ -610,30 +619,40 @@ class Pool:
     # ---------------------------------------------------------------- end
 
     def close(self) -> None:
-        if self.main is not None:
-            self.main.quit()
-        for w in self.spares:
-            w.kill()
-        for ch, hello in self._early.values():
-            ch.close()
-            if hello.get("pid"):
-                _kill_quietly(int(hello["pid"]))
-        if self.server_channel is not None:
-            self.server_channel.close()
-        # The server holds nothing worth a graceful exit (its pytest session ran no gate), and
-        # its forked workers share its process group: one signal ends them all, at once.
-        self.kill_processes()
-        for proc in ([self.server] if self.server is not None else []) + self._procs:
+        """End the pool: its main worker tears its fixtures down, every process it started is
+        killed, its folder (the socket, the server's log) goes. The kill and the folder come in
+        a `finally`: an interrupt while closing (a second Ctrl-C, or a SIGTERM taken as one,
+        during the main worker's teardown) must not leave the server running, in a session of
+        its own, beside a folder it then writes its traceback into."""
+        try:
+            if self.main is not None:
+                self.main.quit()
+            for w in self.spares:
+                w.kill()
+            for ch, hello in self._early.values():
+                ch.close()
+                if hello.get("pid"):
+                    _kill_quietly(int(hello["pid"]))
+            if self.server_channel is not None:
+                self.server_channel.close()
+        finally:
+            # The server holds nothing worth a graceful exit (its pytest session ran no gate), and
+            # its forked workers share its process group: one signal ends them all, at once.
+            self.kill_processes()
             try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        self.listener.close()
-        # The folder goes whole, the server's log with it: every process that wrote there was
-        # killed above, and nothing reads the log after the pool closed (a failure that needs
-        # its tail quotes it while the pool is open). A gate run used to leave the folder with
-        # its log behind, one a run: a campaign of fresh pytests left one a mutant in /tmp.
-        shutil.rmtree(self.tmp, ignore_errors=True)
+                for proc in ([self.server] if self.server is not None else []) + self._procs:
+                    try:
+                        proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        pass
+            finally:
+                self.listener.close()
+                # The folder goes whole, the server's log with it: every process that wrote there
+                # was killed above, and nothing reads the log after the pool closed (a failure that
+                # needs its tail quotes it while the pool is open). A gate run used to leave the
+                # folder with its log behind, one a run: a campaign of fresh pytests left one a
+                # mutant in /tmp.
+                shutil.rmtree(self.tmp, ignore_errors=True)
 
     def kill_processes(self) -> None:
         """SIGKILL the server's process group (its forked workers) and every exec'd worker, at
@@ -936,6 +955,7 @@ def serve(session) -> None:
         try:
             msg = ch.recv()
         except ChannelClosed:
+            _owner_gone()
             return
         if msg.get("op") == "quit":
             return
@@ -949,6 +969,24 @@ def serve(session) -> None:
                 ch.close()
                 os.environ.update(msg.get("env") or {})
                 _become_worker(session, int(msg["token"]))  # never returns
+
+
+def _owner_gone() -> None:
+    """The server's channel closed: the pool's owner closed the pool, or died without closing
+    it (a plain pytest killed by SIGTERM or SIGKILL runs no `finally`, and this server and its
+    workers live in a session of their own, out of reach of a signal to the owner's group).
+    After a close the owner kills this process group and removes the pool's folder itself;
+    after a death nobody would. So the server does both, at once: the folder (the socket, this
+    server's log) goes first, then every worker it forked and the server itself, with one
+    signal. (A worker deep in a gate ran on for as long as the gate, then wrote its traceback,
+    its pool gone, into the log of a folder nobody would remove.)"""
+    folder = os.path.dirname(_connect_path or "")
+    if os.path.basename(folder).startswith(POOL_FOLDER_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.getpgrp() == os.getpid():  # the server leads a group of its own: never the owner's
+        os.killpg(os.getpid(), signal.SIGKILL)
 
 
 def _become_worker(session, token: int) -> None:
@@ -1394,6 +1432,7 @@ def _serve(path: str, args: list[str], plugin_args: tuple = ()) -> int:
         try:
             msg = _server_channel.recv()
         except ChannelClosed:
+            _owner_gone()
             return 0
         if msg.get("op") != "collect":
             return 0

@@ -250,22 +250,26 @@ def test_a_recheck_timeout_under_load_runs_once_more_with_fewer_at_once(suite):
 
     class LoadedOnce(FakeExecutor):
         runs: dict = {}
-        live = most = 0
+        live = most = second_runs = 0
         lock = threading.Lock()
+        # the first RETRY_JOBS second runs end only once all of them run: they must run at once
+        # (the bound only stops a hang; it breaks the barrier, and the re-check raises)
+        together = threading.Barrier(RETRY_JOBS, timeout=120)
 
         def run(self, sandbox, gates, deadline):
-            import time
-
             mutant_id = Path(sandbox).parent.name.split("-")[2]
             with self.lock:
                 n = self.runs[mutant_id] = self.runs.get(mutant_id, 0) + 1
                 if n > 1:
                     LoadedOnce.live += 1
                     LoadedOnce.most = max(LoadedOnce.most, LoadedOnce.live)
+                    LoadedOnce.second_runs += 1
+                    wait = LoadedOnce.second_runs <= RETRY_JOBS
             try:
                 if n == 1 and mutant_id != calm:
                     return GateRuns((), timed_out=True)  # the first run of all but one: load
-                time.sleep(0.05 if n > 1 else 0)
+                if n > 1 and wait:
+                    LoadedOnce.together.wait()
                 return super().run(sandbox, gates, deadline)
             finally:
                 with self.lock:
@@ -279,14 +283,20 @@ def test_a_recheck_timeout_under_load_runs_once_more_with_fewer_at_once(suite):
     assert got.retried == loaded and got.agreed_on_retry == len(loaded)
     assert got.agreed == len(got.checked) and not got.disagreements
     assert LoadedOnce.runs == {**{i: 2 for i in loaded}, calm: 1}, "only the timeouts run again, once"
-    assert 1 < LoadedOnce.most <= RETRY_JOBS
+    assert LoadedOnce.most == RETRY_JOBS  # RETRY_JOBS at once (the barrier), never more
     assert f"{len(loaded)} re-run(s) hit the deadline where the campaign had a verdict and ran once more" in got.line()
 
 
-def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite):
+def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite, monkeypatch):
+    import types
+
+    from harness.mutate import execute
     from harness.mutate.campaign import mutant_deadline
     from harness.mutate.execute import FRESH_START_SECONDS
 
+    # run_mutant's clock stands still: what each batch is given is the deadline itself, exactly
+    # (on the wall clock, the time between its batches came off it, by however slow the machine)
+    monkeypatch.setattr(execute, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
     seen = []
 
     class Fresh(FakeExecutor):
@@ -298,7 +308,7 @@ def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite):
 
     cfg = config(suite, paths=("sum.cu",), operators=("arithmetic",), deadline=7.0)
     run_campaign(cfg, executor_factory=lambda *a: Fresh())
-    assert seen and all(7.0 + FRESH_START_SECONDS - 1 < d <= 7.0 + FRESH_START_SECONDS for d in seen), seen
+    assert seen and all(d == 7.0 + FRESH_START_SECONDS for d in seen), seen
     assert mutant_deadline(cfg, None, None) == 7.0
 
 
@@ -314,22 +324,20 @@ def test_several_mutants_run_at_once_with_the_same_verdicts(suite):
     import threading
 
     class Slow(FakeExecutor):
-        live = 0
-        most = 0
+        calls = 0
         lock = threading.Lock()
+        # the first two runs (two mutants': the first one's next batch waits for its first)
+        # end only once both run: they must run at once (the bound only stops a hang; it
+        # breaks the barrier, and the campaign raises)
+        first_two = threading.Barrier(2, timeout=120)
 
         def run(self, sandbox, gates, deadline):
-            import time
-
             with Slow.lock:
-                Slow.live += 1
-                Slow.most = max(Slow.most, Slow.live)
-            time.sleep(0.05)
-            try:
-                return super().run(sandbox, gates, deadline)
-            finally:
-                with Slow.lock:
-                    Slow.live -= 1
+                Slow.calls += 1
+                mine = Slow.calls
+            if mine <= 2:
+                Slow.first_two.wait()
+            return super().run(sandbox, gates, deadline)
 
     cfg = dict(paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
     one = run_campaign(config(suite, **cfg), executor_factory=lambda *a: FakeExecutor())
@@ -337,7 +345,7 @@ def test_several_mutants_run_at_once_with_the_same_verdicts(suite):
     two = run_campaign(config(suite, gpu_jobs=3, report_dir=suite / "report-3", **cfg),
                        executor_factory=lambda *a: made.append(Slow()) or made[-1])
     assert len(made) == 3, "one executor a slot"
-    assert Slow.most > 1, "mutants ran at once"
+    assert Slow.calls > 2 and not Slow.first_two.broken, "mutants ran at once"
     assert {k: r.verdict for k, r in by_text(two).items()} == {k: r.verdict for k, r in by_text(one).items()}
 
 
@@ -378,16 +386,25 @@ def test_a_cubin_identical_mutant_whose_source_readers_pass_is_equivalent_or_a_d
 
 
 def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
+    import threading
     import time
 
     from harness.mutate import screen
+    from harness.mutate.campaign import prepare
 
+    cfg = config(suite, jobs=1, paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
+    total = len(prepare(cfg)[0])
     real = screen.compile_mutant
     compiled_at = []
+    gate_ran = threading.Event()
 
     def slow_compile(m, ctx):  # jobs=1: the screen compiles in its own thread, in this process
         c = real(m, ctx)
-        time.sleep(0.05)
+        if len(compiled_at) == total - 1:
+            # the last compile ends only once a gate ran: at once if the gates run while the
+            # screen compiles; if they waited for the whole screen, only at this bound (against
+            # a hang), and the first gate run comes after it
+            gate_ran.wait(120)
         compiled_at.append(time.perf_counter())
         return c
 
@@ -398,10 +415,10 @@ def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
 
         def run(self, sandbox, gates, deadline):
             Timed.first = Timed.first or time.perf_counter()
+            gate_ran.set()
             return super().run(sandbox, gates, deadline)
 
-    campaign = run_campaign(config(suite, jobs=1, paths=("sum.cu",), operators=("arithmetic", "guard-dropped")),
-                            executor_factory=lambda *a: Timed())
+    campaign = run_campaign(cfg, executor_factory=lambda *a: Timed())
     assert campaign.baseline.ok and len(compiled_at) == len(campaign.mutants) > 2
     assert Timed.first is not None and Timed.first < compiled_at[-1], "the first gate run waited for the whole screen"
     assert len(campaign.results) == len(campaign.mutants)

@@ -164,7 +164,13 @@ def test_ctrl_c_or_a_kill_during_the_screen_leaves_nothing_behind(suite, signum)
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == ExitStatus.INTERRUPTED, "".join(lines)
     assert tree_hash(root) == before
-    time.sleep(0.5)
+    # every process of the run gone first (multiprocessing's resource tracker exits once its
+    # pipe closes; a screening worker once its interrupt is handled): then nothing of theirs
+    # can still be removing, or making, a sandbox. Waited for, not slept on; bounded against a hang.
+    deadline = time.time() + 120
+    while session_processes(proc.pid) and time.time() < deadline:
+        time.sleep(0.05)
+    assert session_processes(proc.pid) == [], "no process of the run outlives it"
     from harness.mutate.generate import generate, select_files
 
     ids = {m.id for m in generate(root, select_files(root, []), tuple(OPERATORS))[0]}
@@ -173,11 +179,6 @@ def test_ctrl_c_or_a_kill_during_the_screen_leaves_nothing_behind(suite, signum)
     left = [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*")
             if p.name.split("-")[2] in ids and p.name.split("-")[3] == str(proc.pid)]
     assert left == [], "no sandbox outlives the run"
-
-    deadline = time.time() + 10  # multiprocessing's resource tracker exits once its pipe closes
-    while session_processes(proc.pid) and time.time() < deadline:
-        time.sleep(0.2)
-    assert session_processes(proc.pid) == [], "no process of the run outlives it"
 
 
 def test_report_only_rewrites_the_reports_from_the_results_file_and_runs_nothing(suite, capsys):

@@ -410,15 +410,13 @@ def test_clearing_project_caches_spares_host_caches_and_the_harness_itself(tmp_p
 
 
 def test_a_gate_that_hangs_is_found_in_its_own_deadline_not_the_whole_sets(suite):
-    import time
-
     root, ex = suite
     ex.gate_deadlines = {GATE_IDS[0]: 30.0, GATE_IDS[2]: 2.0}
     box = _mutant(root, "spin2", KERNEL + "// SPIN\n")
-    start = time.monotonic()
     runs = ex.run(box, [GATE_IDS[0], GATE_IDS[2]], 60)
-    took = time.monotonic() - start
-    assert runs.timed_out and took < 20, took  # the set's deadline was 60 s; the hanging gate's, 2 s
+    # the set's deadline was 60 s of the run's own time (its waits for workers apart): cut
+    # before that, the run was cut by the hanging gate's own 2 s (however slow the machine)
+    assert runs.timed_out and runs.seconds - runs.waited < 60, runs
     assert runs.timeout_note == f"{GATE_IDS[2]} ran past its deadline"  # named, for the mutant's reason
     ok = ex.run(_mutant(root, "after2", KERNEL), GATE_IDS[:1], 60)  # a new worker for the next mutant
     assert ok.outcomes[0].outcome == "passed"
@@ -435,12 +433,15 @@ def test_closing_the_executor_ends_a_run_in_flight_at_once_and_no_new_pool_start
     got = {}
     t = threading.Thread(target=lambda: got.setdefault("runs", ex.run(box, GATE_IDS[2:], 120)))
     t.start()
-    time.sleep(3)  # the gate is blocked in C in its worker
-    start = time.monotonic()
+    while not (box.parent / "pids").exists():  # the gate wrote it, then blocks in C in its worker
+        assert t.is_alive(), got
+        time.sleep(0.05)
     ex.close()  # what an interrupted campaign does
-    t.join(30)
-    assert not t.is_alive() and time.monotonic() - start < 15
-    assert got["runs"].crashed or got["runs"].timed_out
+    t.join(300)  # (a bound against a hang only)
+    assert not t.is_alive()
+    runs = got["runs"]
+    # ended by the close: its 120 s deadline (the run's own time, its waits apart) had not come
+    assert (runs.crashed or runs.timed_out) and runs.seconds - runs.waited < 120, runs
     with pytest.raises(workers.PoolError, match="closed"):
         ex._take()
 
@@ -575,13 +576,18 @@ def test_a_slot_waiting_for_a_fresh_worker_does_not_hold_up_the_others(tmp_path)
     assert ex.gpu_wait == "block" and ex.summary().endswith("(each waited for the GPU by block)")
 
 
-def test_a_batchs_wait_for_workers_does_not_cut_the_next_batch():
+def test_a_batchs_wait_for_workers_does_not_cut_the_next_batch(monkeypatch):
     # run_mutant gives the siblings batch what is left of the deadline: the direct batch's
-    # wait for fresh workers (a warm executor's `waited`) is not the mutant's time
-    import time
+    # wait for fresh workers (a warm executor's `waited`) is not the mutant's time. Its clock
+    # is one this test moves (by the direct batch's 0.6 s, all of it waiting): exact figures.
+    import types
 
+    from harness.mutate import execute
     from harness.mutate.execute import GateOutcome, GateRuns, run_mutant
     from harness.mutate.verdicts import Verdict
+
+    now = [100.0]
+    monkeypatch.setattr(execute, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
 
     class Waiting:
         per_gate = False
@@ -589,13 +595,12 @@ def test_a_batchs_wait_for_workers_does_not_cut_the_next_batch():
 
         def run(self, sandbox, gates, deadline):
             self.calls.append((tuple(gates), deadline))
-            time.sleep(0.6)  # all of it waiting for a worker
-            return GateRuns(tuple(GateOutcome(g, "passed") for g in gates), seconds=0.6, waited=0.6)
+            now[0] += 0.5  # all of it waiting for a worker, longer than the whole deadline
+            return GateRuns(tuple(GateOutcome(g, "passed") for g in gates), seconds=0.5, waited=0.5)
 
     ex = Waiting()
-    j = run_mutant(ex, Path("."), [("g/direct",), ("g/sibling",)], 0.5, all_gates=False)
-    assert [c[0] for c in ex.calls] == [("g/direct",), ("g/sibling",)], "the siblings ran"
-    assert ex.calls[1][1] > 0.45, ex.calls
+    j = run_mutant(ex, Path("."), [("g/direct",), ("g/sibling",)], 0.25, all_gates=False)
+    assert ex.calls == [(("g/direct",), 0.25), (("g/sibling",), 0.25)], "the siblings ran, with the whole deadline"
     assert j.verdict is Verdict.SURVIVED, j.reason
 
 
@@ -686,41 +691,75 @@ def test_a_shadowed_trap_gate_passes_in_the_mutants_own_worker_and_fails_when_it
 def test_a_mutation_bench_with_naive_seconds_cuts_its_naive_half_and_bounds_the_speedup(suite, tmp_path, monkeypatch):
     # --naive-seconds ends the naive half as a device command's timeout would (SIGINT), and the
     # speed-up is taken against the most the naive way could have managed: the runs it
-    # finished and every one still under way counted as done
+    # finished and every one still under way counted as done. No wall time decides it: the
+    # bench arms its cut on a timer this test fires once the first naive run has finished and
+    # the second is under way, and the naive half's seconds are read on a clock this test moves.
+    import functools
     import json
-    import time
+    import threading
 
-    from harness.mutate import execute
-    from harness.mutate.bench import main
+    from harness.controls import child
+    from harness.mutate import bench, execute
 
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
-    real = execute.FreshProcessExecutor.run
-    calls = []
+    now = [1000.0]
+    timers = []
 
-    def slow_after_one(self, *args, **kwargs):
+    class Timer:
+        """What the bench arms at the naive gate stage's start, in place of threading.Timer."""
+
+        def __init__(self, seconds, fire):
+            self.seconds, self.fire, self.daemon, self.started, self.cancelled = seconds, fire, False, False, False
+            timers.append(self)
+
+        def start(self):
+            self.started = True
+
+        def cancel(self):
+            self.cancelled = True
+
+    interrupted = threading.Event()  # the campaign took its Ctrl-C path: every run under way is killed
+    real_kill_all = child.kill_all
+
+    def kill_all():
+        interrupted.set()
+        real_kill_all()
+
+    monkeypatch.setattr(child, "kill_all", kill_all)
+    real = execute.FreshProcessExecutor.run
+    calls, seen = [], {}
+
+    def the_second_run_is_cut(self, *args, **kwargs):
         calls.append(1)
-        if len(calls) > 1:
-            time.sleep(12)  # the cut comes first (then this thread ends; a real run's pytest is killed)
+        if len(calls) == 2:  # the first naive run finished (its verdict recorded); this one is under way
+            now[0] += 4.0  # the gate stage has run its 4 s, by the naive half's clock
+            (timer,) = timers
+            seen["armed"] = (timer.seconds, timer.started, timer.daemon)
+            timer.fire()  # the bench's own cut: SIGINT at the main thread
+            seen["interrupted"] = interrupted.wait(300)  # a bound against a hang, never reached when it works
+        # after the cut, a real run's pytest is killed as it starts (the campaign refuses new children)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(execute.FreshProcessExecutor, "run", slow_after_one)
+    monkeypatch.setattr(execute.FreshProcessExecutor, "run", the_second_run_is_cut)
     out = tmp_path / "out"
-    main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--naive-seconds", "4", "--rootdir", str(root),
-          "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
-          "--cache-dir", str(tmp_path / "cache")])
+    bench.main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--naive-seconds", "4", "--rootdir", str(root),
+                "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
+                "--cache-dir", str(tmp_path / "cache")],
+               naive_clock=functools.partial(bench._Clock, now=lambda: now[0], timer=Timer))
+    # the cut was armed at --naive-seconds when the gate stage began, and it interrupted the stage
+    assert seen == {"armed": (4.0, True, True), "interrupted": True}, seen
+    assert len(calls) == 2 and timers[0].cancelled, "no naive run started after the cut"
     result = json.loads((out / "b.json").read_text())
     n = result["naive"]
-    # cut: without the timer, every run would have finished (12 s each) and none would be cut
+    # cut: one run finished, the one under way counted as such
     assert n["cut_short"] and n["reached_gpu"] == 1 and n["in_flight_at_most"] == 1, n
-    # the finished run and the one under way over the cut's seconds (both figures rounded as
-    # recorded: the seconds to 0.01, the rate to 0.1)
-    seconds = n["gpu_stage_s"]
-    assert 3 < seconds < 40, n
-    assert abs(n["mutants_per_minute_at_most"] - 60 * 2 / seconds) <= 0.05 + 60 * 2 * 0.005 / (seconds - 0.005) ** 2, n
-    assert result["speedup"] == round(result["campaign"]["mutants_per_minute"] / n["mutants_per_minute_at_most"], 1)
+    # the rates over the cut's 4 s: the finished run alone, and with the one under way (the bound)
+    assert (n["gpu_stage_s"], n["mutants_per_minute"], n["mutants_per_minute_at_most"]) == (4.0, 15.0, 30.0), n
+    assert result["speedup"] == round(result["campaign"]["mutants_per_minute"] / 30.0, 1), result
     md = (out / "b.md").read_text()
-    assert "Speed-up: at least" in md and "at most 1 more under way" in md, md
+    assert "Speed-up: at least" in md and "cut after 4.0 s of its gate stage with at most 1 more under way" in md, md
+    assert "managed at most 30.0 a minute" in md, md
 
 
 @pytest.mark.parametrize("bad", ["0", "-5", "nan", "inf", "soon"])
@@ -815,10 +854,13 @@ def test_workers_started_ahead_and_closed_at_once_leave_nothing_running(suite, t
     time.sleep(0.3)  # the server is starting
     for ex in made.values():
         ex.close()
-    thread.join(timeout=60)
+    thread.join(timeout=300)  # (a bound against a hang only)
     assert not thread.is_alive()
     assert all(ex._pool is None for ex in made.values())
-    time.sleep(0.5)
+    for _ in range(6000):  # until the killed processes are gone (a zombie counts as gone); bounded against a hang
+        if not _descendants() - before:
+            break
+        time.sleep(0.02)
     mine = sorted(_descendants() - before)
     names = {p: open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
              for p in mine}

@@ -1,30 +1,74 @@
-"""The pool holds a fork back while killed workers are still exiting (harness.workers.Exits)."""
+"""The pool holds a fork back while killed workers are still exiting (harness.workers.Exits),
+on a clock the tests move; and a pool leaves nothing in the temp folder, closed, interrupted
+while it closes, or never started."""
 
+import contextlib
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from harness import workers
 
+REPO = Path(__file__).resolve().parents[1]
 
-def _sleeper(seconds: float) -> subprocess.Popen:
+
+def _sleeper(seconds: float = 600) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
 
 
+def _exited_unreaped(pid: int) -> None:
+    """Until `pid` (a child) has exited, leaving it a zombie: nobody reaps it yet."""
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+
+
+class Clock:
+    """The hold's clock: it moves only by the hold's own pauses; `on_sleep(n)` runs at the
+    n-th pause (the test's events: a process exits)."""
+
+    def __init__(self):
+        self.t = 1000.0
+        self.sleeps = 0
+        self.on_sleep = lambda n: None
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        self.t += seconds
+        self.on_sleep(self.sleeps)
+
+
+def _exits(clock: Clock, **kw) -> workers.Exits:
+    return workers.Exits(clock=clock.now, sleep=clock.sleep, **kw)
+
+
 def test_a_fork_waits_while_the_limit_of_killed_workers_are_still_exiting():
-    exits = workers.Exits(limit=1, hold_s=20.0)
-    p = _sleeper(0.8)  # stands for a killed worker whose exit (its context's teardown) is slow
+    clock = Clock()
+    exits = _exits(clock, limit=1, hold_s=20.0)
+    p = _sleeper()  # stands for a killed worker whose exit (its context's teardown) is slow
     try:
         exits.killed(p.pid)
         assert exits.exiting() == 1
-        began = time.monotonic()
+
+        def exits_at_the_tenth_look(n):
+            if n == 10:
+                p.kill()
+                _exited_unreaped(p.pid)
+
+        clock.on_sleep = exits_at_the_tenth_look
         exits.hold()
-        waited = time.monotonic() - began
-        assert 0.3 < waited < 10, waited
+        # held until it was gone, not a look longer: ten pauses of 0.02 s on the hold's clock
+        assert clock.sleeps == 10 and exits.held_s == pytest.approx(0.2) and exits.holds == 1
         # gone once it exited, although nobody reaped it yet: a zombie counts as gone
-        assert exits.exiting() == 0 and exits.exited == 1 and exits.holds == 1
+        assert exits.exiting() == 0 and exits.exited == 1 and exits.exit_s == pytest.approx(0.2)
         assert "1 killed worker(s) were seen gone" in exits.summary() and "1 fork(s) held back" in exits.summary()
     finally:
         p.kill()
@@ -32,26 +76,28 @@ def test_a_fork_waits_while_the_limit_of_killed_workers_are_still_exiting():
 
 
 def test_below_the_limit_a_fork_is_not_held():
-    exits = workers.Exits(limit=2, hold_s=20.0)
-    p = _sleeper(30)
+    clock = Clock()
+    exits = _exits(clock, limit=2, hold_s=20.0)
+    p = _sleeper()
     try:
         exits.killed(p.pid)
-        began = time.monotonic()
         exits.hold()
-        assert time.monotonic() - began < 0.5 and exits.holds == 0 and exits.summary() == ""
+        assert clock.sleeps == 0 and exits.holds == 0 and exits.summary() == ""
     finally:
         p.kill()
         p.wait()
 
 
 def test_a_process_stuck_in_its_exit_holds_a_fork_back_no_longer_than_the_cap():
-    exits = workers.Exits(limit=1, hold_s=0.5)
-    p = _sleeper(30)  # never exits in time: the pool must not stop for good
+    clock = Clock()
+    exits = _exits(clock, limit=1, hold_s=0.5)
+    p = _sleeper()  # never exits in time: the pool must not stop for good
     try:
         exits.killed(p.pid)
-        began = time.monotonic()
         exits.hold()
-        assert 0.4 < time.monotonic() - began < 5
+        # the cap, give or take the last pause (0.02 s), on the hold's clock
+        assert exits.holds == 1 and 0.5 - 1e-9 <= exits.held_s <= 0.52 + 1e-9, exits.held_s
+        clock.t += 0.02  # past the cap whichever pause ended the hold
         assert exits.exiting() == 0, "dropped once past the cap"
         assert exits.exited == 0, "not counted as an exit it never made"
     finally:
@@ -60,7 +106,7 @@ def test_a_process_stuck_in_its_exit_holds_a_fork_back_no_longer_than_the_cap():
 
 
 def test_a_killed_worker_is_recorded_by_its_pools_exits():
-    p = _sleeper(30)
+    p = _sleeper()
     try:
         w = workers.Worker.__new__(workers.Worker)
         w.alive, w.pid, w.pgid = True, p.pid, None
@@ -68,7 +114,7 @@ def test_a_killed_worker_is_recorded_by_its_pools_exits():
         w.channel.sock = __import__("socket").socket()
         w.exits = workers.Exits(limit=5)
         w.kill()
-        p.wait(10)
+        p.wait()  # SIGKILLed: reaped at once
         assert w.exits.exited == 0 and w.exits._killed, "the kill is recorded"
         assert w.exits.exiting() == 0 and w.exits.exited == 1
     finally:
@@ -78,13 +124,13 @@ def test_a_killed_worker_is_recorded_by_its_pools_exits():
 
 
 def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, monkeypatch):
-    exits = workers.Exits(limit=None)
-    p = _sleeper(30)
+    clock = Clock()
+    exits = _exits(clock, limit=None)
+    p = _sleeper()
     try:
         exits.killed(p.pid)
-        began = time.monotonic()
         exits.hold()
-        assert time.monotonic() - began < 0.5 and exits.holds == 0
+        assert clock.sleeps == 0 and exits.holds == 0
     finally:
         p.kill()
         p.wait()
@@ -101,17 +147,22 @@ def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, 
         def start_server(self):
             raise workers.PoolError("stop here: the config is what this test reads")
 
+        def close(self):  # a failed start closes its pool
+            made["closed"] = True
+
     monkeypatch.setattr(workers, "Pool", Pool)
     ex = WarmExecutor(rootdir=tmp_path, gates=(), kernel_root=tmp_path, cache_dir=tmp_path)
     with pytest.raises(workers.PoolError, match="stop here"):
         ex.start()
-    assert made["config"].max_exiting == workers.MAX_EXITING
+    assert made["config"].max_exiting == workers.MAX_EXITING and made["closed"]
     assert made["config"].max_starting == workers.MAX_STARTING
     assert workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[]).max_starting is None
 
 
+@contextlib.contextmanager
 def _counting_pool(tmp_path, spares, max_starting):
-    """A pool whose server only counts spawn requests (no process starts)."""
+    """A pool whose server only counts spawn requests (no process starts); closed after, so
+    its folder goes (it was left in the temp folder, one a pool)."""
     pool = workers.Pool(workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[], spares=spares,
                                            max_starting=max_starting))
     asked = []
@@ -120,19 +171,129 @@ def _counting_pool(tmp_path, spares, max_starting):
         def send(self, msg):
             asked.append(msg["token"])
 
+        def close(self):
+            pass
+
     pool.server_channel = Server()
-    return pool, asked
+    try:
+        yield pool, asked
+    finally:
+        pool.close()
+
+
+class Spare:
+    """A spare that said hello (no process behind it)."""
+
+    def kill(self):
+        pass
 
 
 def test_a_campaigns_pool_starts_no_more_than_its_cap_of_workers_at_once(tmp_path):
-    pool, asked = _counting_pool(tmp_path, spares=14, max_starting=4)
-    pool.warm_up()
-    assert len(asked) == 4 and pool._pending == set(asked), "4 starting, not 14"
-    pool._pending.discard(asked[0])  # one said hello and became a spare
-    pool.spares.append(object())
-    pool._fill()
-    assert len(asked) == 5 and len(pool._pending) == 4, "one more starts in its place"
+    with _counting_pool(tmp_path, spares=14, max_starting=4) as (pool, asked):
+        pool.warm_up()
+        assert len(asked) == 4 and pool._pending == set(asked), "4 starting, not 14"
+        pool._pending.discard(asked[0])  # one said hello and became a spare
+        pool.spares.append(Spare())
+        pool._fill()
+        assert len(asked) == 5 and len(pool._pending) == 4, "one more starts in its place"
     # with no cap (a gate run) every spare starts at once
-    pool, asked = _counting_pool(tmp_path, spares=14, max_starting=None)
-    pool.warm_up()
-    assert len(asked) == 14
+    with _counting_pool(tmp_path, spares=14, max_starting=None) as (pool, asked):
+        pool.warm_up()
+        assert len(asked) == 14
+
+
+# ---------------------------------------------------------------- the pool's folder
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """A temp folder of this test's own (short: a pool keeps its socket there), empty at the
+    start. (After tmp_path: pytest's own basetemp is then made where it always is.)"""
+    folder = Path(tempfile.mkdtemp(prefix="hwx-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _config(tmp_path) -> workers.PoolConfig:
+    return workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[])
+
+
+def test_this_files_scenarios_leave_nothing_in_the_temp_folder(tmp_path):
+    # every other test of this file in a pytest of its own, whose temp folder is a fresh one
+    # (pytest's own basetemp elsewhere): nothing of theirs may be left in it
+    private = Path(tempfile.mkdtemp(prefix="hwx-", dir="/tmp"))
+    try:
+        here = Path(__file__).relative_to(REPO).as_posix()
+        run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--color=no",
+                              f"--basetemp={tmp_path / 'basetemp'}", here,
+                              "--deselect", f"{here}::test_this_files_scenarios_leave_nothing_in_the_temp_folder"],
+                             cwd=REPO, env=dict(os.environ, TMPDIR=str(private)), capture_output=True, text=True)
+        left = sorted(p.name for p in private.iterdir())
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert left == [], f"left in the temp folder: {left}"
+
+
+def test_a_pool_that_cannot_listen_leaves_no_folder(private_tmp, tmp_path, monkeypatch):
+    import socket
+
+    class Unbindable(socket.socket):
+        def bind(self, address):
+            raise OSError("address in use")
+
+    monkeypatch.setattr(workers.socket, "socket", Unbindable)
+    with pytest.raises(OSError, match="address in use"):
+        workers.Pool(_config(tmp_path))
+    assert list(private_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_while_the_pool_closes_still_kills_its_server_and_removes_its_folder(
+        private_tmp, tmp_path, signum):
+    # the interrupt comes while the main worker tears its fixtures down (close waits up to
+    # 10 s for it): the server, in a session of its own, must not outlive the pool beside a
+    # folder holding its log
+    from harness.interrupt import sigterm_as_interrupt
+
+    pool = workers.Pool(_config(tmp_path))
+    # a stand-in server: a session of its own, writing into the pool's log, as the real one does
+    pool.server = pool._popen([sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(600)"])
+
+    class Main:
+        def quit(self):
+            os.kill(os.getpid(), signum)  # raises KeyboardInterrupt here, in this (the main) thread
+            time.sleep(600)
+
+    pool.main = Main()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
+            pool.close()
+        assert list(private_tmp.iterdir()) == [], "the pool's folder outlived an interrupted close"
+        assert pool.server.wait(timeout=120) == -signal.SIGKILL, "the server outlived an interrupted close"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        pool.kill_processes()
+        pool.server.wait()
+
+
+@pytest.mark.parametrize("failure", [workers.PoolError("no server said hello"), KeyboardInterrupt()],
+                         ids=["start-failed", "interrupted"])
+def test_a_warm_executor_whose_pool_fails_to_start_closes_it(private_tmp, tmp_path, monkeypatch, failure):
+    from harness.mutate.warm import WarmExecutor
+
+    started = []
+    monkeypatch.setattr(workers.Pool, "start_server", lambda self, fork=False: started.append(self.tmp))
+
+    def collect(self, args):
+        raise failure
+
+    monkeypatch.setattr(workers.Pool, "collect", collect)
+    ex = WarmExecutor(rootdir=tmp_path, gates=(), kernel_root=tmp_path, cache_dir=tmp_path)
+    with pytest.raises(type(failure)):
+        ex.start()
+    assert started and list(private_tmp.iterdir()) == [], "the pool of a failed start outlived it"
+    assert ex._pool is None

@@ -19,8 +19,11 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -81,27 +84,37 @@ def _counts(results, seconds: float, screen_seconds: float, mutants: int) -> dic
 
 class _Clock:
     """A campaign listener that notes when its gate stage began and prints its stages and
-    every tenth of its mutants (the benchmark's progress, for a run that may be cut)."""
+    every tenth of its mutants (the benchmark's progress, for a run that may be cut).
 
-    def __init__(self, label: str, limit: float | None = None):
+    With a `limit` (--naive-seconds), the gate stage is cut `limit` seconds after it began:
+    `timer(limit, self.cut)` is armed then, a threading.Timer by default. `now` is the clock
+    the stage's seconds are read on, the wall clock by default. Both are seams: a test arms a
+    timer that fires when it says and reads a clock it moves, so no wall time decides it."""
+
+    def __init__(self, label: str, limit: float | None = None, now=time.perf_counter, timer=threading.Timer):
         self.label, self.gates_from, self.total, self.done = label, None, None, 0
         self.limit, self.timer = limit, None
+        self.now, self._timer = now, timer
 
     def phase(self, text, total=None):
-        import time
-
         if "running the gates" in text:
-            self.gates_from = time.perf_counter()
+            self.gates_from = self.now()
             if self.limit is not None:  # --naive-seconds: the cut a device command's timeout would make
-                import signal
-                import threading
-
-                main = threading.main_thread().ident  # SIGINT at the main thread, as `timeout -s INT` would
-                self.timer = threading.Timer(self.limit, signal.pthread_kill, (main, signal.SIGINT))
+                self.timer = self._timer(self.limit, self.cut)
                 self.timer.daemon = True
                 self.timer.start()
         self.total, self.done = total, 0
         print(f"[{self.label}] {text}", flush=True)
+
+    @staticmethod
+    def cut() -> None:
+        """End the gate stage now: SIGINT at the main thread, as `timeout -s INT` would send it
+        (the campaign's Ctrl-C path kills the runs under way)."""
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    def seconds(self) -> float:
+        """How long the gate stage has run (0 before it began)."""
+        return self.now() - self.gates_from if self.gates_from is not None else 0.0
 
     def cancel(self) -> None:
         if self.timer is not None:
@@ -121,11 +134,9 @@ def _partial(label: str, clock: _Clock, results_path: Path, mutants: int, jobs: 
     its gate stage ran until the cut. Up to `jobs` more were under way at the cut: counting
     them as done gives the most this way could have managed (`mutants_per_minute_at_most`),
     the rate a speed-up is taken against, so a cut can only understate the speed-up."""
-    import time
-
     from harness.mutate.verdicts import read_results
 
-    seconds = time.perf_counter() - clock.gates_from if clock.gates_from else 0.0
+    seconds = clock.seconds()
     results = read_results(results_path)
     summary = _counts(list(results.values()), seconds, 0.0, mutants)
     summary["cut_short"] = True
@@ -137,7 +148,9 @@ def _partial(label: str, clock: _Clock, results_path: Path, mutants: int, jobs: 
     return summary
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], *, naive_clock=_Clock) -> int:
+    """`naive_clock(label, limit=...)` makes the naive half's listener (a test passes one on
+    a clock it moves, with a timer it fires); the CLI's is `_Clock`."""
     from harness.mutate.campaign import run_campaign
     from harness.mutate.cli import UsageError, _executor_factory, build_parser, config_from, positive_seconds
     from harness.mutate.execute import FreshProcessExecutor
@@ -193,7 +206,7 @@ def main(argv: list[str]) -> int:
         # its pytests compile each mutant cold, from a cache that holds only the originals.
         naive_config = replace(config, report_dir=tmp / "naive", resume=False, all_gates=True, gpu_jobs=naive_jobs,
                                deadline=config.deadline or NAIVE_DEADLINE)
-        clock = _Clock("naive", limit=naive_seconds)
+        clock = naive_clock("naive", limit=naive_seconds)
         try:
             naive = run_campaign(naive_config, listener=clock, executor_factory=lambda report, cache, arch, device=None:
                                  FreshProcessExecutor(config.rootdir, report, cold, arch=arch,

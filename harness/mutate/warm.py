@@ -127,16 +127,20 @@ class WarmExecutor:
                                     device_ordinal=self.device_ordinal, spares=self.spares, env=WORKER_ENV,
                                     max_exiting=workers.MAX_EXITING, max_starting=workers.MAX_STARTING)
         pool = workers.Pool(config)
-        pool.start_server()
-        pool.collect(server_args(self.rootdir, self.gates, self.kernel_root, self.cache_dir, self.arch))
-        probe = pool.wait_probe()
-        if probe.get("error") or not probe.get("count"):
+        try:
+            pool.start_server()
+            pool.collect(server_args(self.rootdir, self.gates, self.kernel_root, self.cache_dir, self.arch))
+            probe = pool.wait_probe()
+            if probe.get("error") or not probe.get("count"):
+                raise workers.PoolError(f"no usable CUDA device for the campaign: {probe.get('error')}")
+            if self._closed:  # closed while it started (an interrupt during the baseline): nothing may outlive it
+                raise workers.PoolError(CLOSED)
+            pool.warm_up()
+        except BaseException:
+            # a start that failed (the server never said hello, the probe never came) or was
+            # interrupted: the server it started and its folder go with it
             pool.close()
-            raise workers.PoolError(f"no usable CUDA device for the campaign: {probe.get('error')}")
-        if self._closed:  # closed while it started (an interrupt during the baseline): nothing may outlive it
-            pool.close()
-            raise workers.PoolError(CLOSED)
-        pool.warm_up()
+            raise
         self._pool = pool
         self._exits = pool.exits
 
