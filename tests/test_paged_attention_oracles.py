@@ -1,6 +1,5 @@
 """Host-only tests of the paged-attention oracles, builders and launcher plans (no GPU)."""
 
-import time
 
 import numpy as np
 import pytest
@@ -84,16 +83,11 @@ def test_permuted_pool_maps_live_pages_to_their_data_and_dead_pages_to_the_nan_p
     assert list(np.flatnonzero(live)) == [5, 6, 7, 8]
 
 
-def test_reference_of_the_largest_prefill_takes_seconds():
+def test_reference_of_the_largest_prefill_is_whole_and_finite():
+    # (its cost, about a second on two cores, is the row blocks'; a test does not time it)
     case = ora.random_case(nh=16, nkv=8, hd=256, window=1024, ctx=1500, rows=1500, seed=11)
-    start = time.perf_counter()
     out = ora.reference(case)
-    elapsed = time.perf_counter() - start
     assert out.shape == (1500, 16, 256) and np.all(np.isfinite(out))
-    # Measured 1.2 s on this project's 2-core development machine before the row blocks (0.4 s
-    # of one core's CPU time after, 1.0 s before); 60 s leaves room for a loaded CI runner while
-    # still failing a reference that fell back to Python loops (hours).
-    assert elapsed < 60, f"float64 prefill reference took {elapsed:.1f} s"
 
 
 def _dense_reference(case: ora.Case) -> np.ndarray:
