@@ -81,3 +81,13 @@ def test_an_ini_kernel_root_that_is_not_a_folder_is_one_clear_error(pytester, mo
     assert "harness: kernel root " in err and "nowhere does not exist or is not a folder: set the ini key " \
                                               "kernel_root" in err, err
     assert "FileNotFoundError" not in err + result.stdout.str() and "Traceback" not in err
+
+
+def test_bench_mutate_help_is_its_own_and_names_the_benchmarks_options():
+    run = harness("bench", "mutate", "--help")
+    assert run.returncode == 0 and run.stdout.startswith("usage: python -m harness bench mutate")
+    for option in ("--out", "--name", "--naive-jobs", "--naive-seconds", "--seed", "--gpu-jobs"):
+        assert option in run.stdout, option
+    bad = harness("bench", "mutate", "--naive-jobs", "abc")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "error: --naive-jobs 'abc' is not a whole number; pass e.g. --naive-jobs 16"

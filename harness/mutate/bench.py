@@ -152,24 +152,33 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
     """`naive_clock(label, limit=...)` makes the naive half's listener (a test passes one on
     a clock it moves, with a timer it fires); the CLI's is `_Clock`."""
     from harness.mutate.campaign import run_campaign
-    from harness.mutate.cli import UsageError, _executor_factory, build_parser, config_from, positive_seconds
+    from harness._settings import report_root
+    from harness.mutate.cli import (UsageError, _executor_factory, _positive_int, build_parser, config_from,
+                                    positive_seconds)
     from harness.mutate.execute import FreshProcessExecutor
 
-    bench = argparse.ArgumentParser(prog="python -m harness bench mutate", add_help=False)
-    bench.add_argument("--out", default="docs/observed")
-    bench.add_argument("--name", default="bench-mutate")
-    bench.add_argument("--naive-jobs", default=None)
-    bench.add_argument("--naive-seconds", default=None)
-    mine, rest = bench.parse_known_args(argv)
-    args = build_parser().parse_args(rest)
+    parser = build_parser(prog="python -m harness bench mutate",
+                          description="The mutation campaign against the naive way (a fresh pytest per mutant, "
+                                      "every selected gate, a cold compile cache) on the same mutants, in one run: "
+                                      "both halves' rates and whether their verdicts agree. Takes the campaign's "
+                                      "options, and these:")
+    bench = parser.add_argument_group("the benchmark")
+    bench.add_argument("--out", default=None, metavar="DIR",
+                       help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
+    bench.add_argument("--name", default="bench-mutate", help="file name stem for the JSON and Markdown")
+    bench.add_argument("--naive-jobs", default=None, metavar="N",
+                       help="naive pytests at once (default: every core)")
+    bench.add_argument("--naive-seconds", default=None, metavar="S",
+                       help="cut the naive half's gate stage after S seconds, as a device's time limit would; its "
+                            "rate is then taken against the most it could have managed")
+    args = mine = parser.parse_args(argv)
     if args.static:
         print("error: the benchmark runs the gates: drop --static", file=sys.stderr)
         return 2
     try:
         config = config_from(args)
-        naive_jobs = int(mine.naive_jobs) if mine.naive_jobs else (os.cpu_count() or 1)
-        if naive_jobs < 1:
-            raise UsageError(f"--naive-jobs {naive_jobs}: pass 1 or more")
+        naive_jobs = (_positive_int(mine.naive_jobs, "--naive-jobs", "16") if mine.naive_jobs is not None
+                      else (os.cpu_count() or 1))
         naive_seconds = (positive_seconds(mine.naive_seconds, "--naive-seconds", "300")
                          if mine.naive_seconds is not None else None)
     except (UsageError, ValueError) as exc:
@@ -178,7 +187,7 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-mutate-"))
     kept = False  # the two halves' reports, runs and the naive cache go with the run (kept: a red baseline's)
     try:
-        out = Path(mine.out)
+        out = Path(mine.out) if mine.out else report_root() / "bench"
         out.mkdir(parents=True, exist_ok=True)
         warm_config = replace(config, report_dir=tmp / "campaign", resume=False)
         factory, executors = _executor_factory(warm_config, "warm")

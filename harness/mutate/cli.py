@@ -23,13 +23,15 @@ class ExitStatus(enum.IntEnum):
     INTERRUPTED = 130
 
 
-def build_parser() -> argparse.ArgumentParser:
+DESCRIPTION = ("Mutate the device code of the kernels, screen the mutants on the CPU (compile, identical cubins), "
+               "then run the gates that load each module and report which mutants survive.")
+
+
+def build_parser(prog: str = "python -m harness mutate", description: str = DESCRIPTION) -> argparse.ArgumentParser:
+    """The campaign's options (`bench mutate` builds on them under its own name)."""
     from harness.mutate.operators import OPERATORS
 
-    p = argparse.ArgumentParser(
-        prog="python -m harness mutate",
-        description="Mutate the device code of the kernels, screen the mutants on the CPU (compile, identical "
-                    "cubins), then run the gates that load each module and report which mutants survive.")
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("paths", nargs="*", metavar="PATH",
                    help=".cu/.cuh files or folders under the kernel root (default: all of it)")
     p.add_argument("--operators", default=None, metavar="LIST",
