@@ -373,7 +373,11 @@ def _new_pool(config: pytest.Config, fork: bool = False) -> workers.Pool:
         raise pytest.UsageError(str(exc)) from None
     pool_config.sanitizer_log_dir = pool.tmp
     if st.sanitizer_cmd is None:
-        pool.start_server(fork=fork)
+        try:
+            pool.start_server(fork=fork)
+        except BaseException:
+            pool.close()  # its folder and any process it started go with it
+            raise
     return pool
 
 
