@@ -453,7 +453,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
     gpu_items = [it for it in gates if _is_gpu(it)]
     st.gpu_selected = len(gpu_items)
-    if not gpu_items and not st.require_gpu:
+    if (not gpu_items and not st.require_gpu) or config.option.collectonly:  # nothing to run on a device
         if st.pool is not None:
             st.pool.close()
             st.pool = None
@@ -903,7 +903,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
                 r.device = None
         write_reports(st.report_dir, records, facts)
         _trace("reports written")
-    if st.require_gpu and exitstatus not in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.USAGE_ERROR):
+    if st.require_gpu and not config.option.collectonly and exitstatus not in (pytest.ExitCode.INTERRUPTED,
+                                                                               pytest.ExitCode.USAGE_ERROR):
         executed = sum(1 for r in records if r.gpu and r.outcome in ("passed", "failed"))
         if executed == 0:
             st.no_gpu_executed = True

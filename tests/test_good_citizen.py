@@ -120,3 +120,14 @@ def test_opting_out_with_p_no_harness_plugin_works_where_a_conftest_names_the_pl
     result = user.runpytest_subprocess("-p", "no:harness.plugin", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     assert "gates by kind" not in result.stdout.str()
+
+
+def test_collect_only_starts_no_pool_and_probes_no_device(user, monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("HARNESS_POOL_TRACE", str(tmp_path / "trace"))
+    user.makeini("[pytest]\nharness_gates = .\n")
+    user.makepyfile(test_g="import pytest\n\n@pytest.mark.gpu\n@pytest.mark.anchor\ndef test_on_device():\n    pass\n")
+    result = user.runpytest_subprocess(*PLUGIN, "--collect-only", "-q", "--require-gpu")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    trace = (tmp_path / "trace").read_text()
+    assert "configured" in trace and "probe" not in trace and "server" not in trace, trace
