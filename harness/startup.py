@@ -3,11 +3,11 @@
 Installed, the plugin loads in every pytest run of the environment. This benchmark times
 `pytest --collect-only -q` (the process's whole wall time: interpreter, plugins, collection)
 with the plugin (`-p harness.plugin`, as the entry point loads it) and without it
-(`-p no:harness.plugin`), alternating the two so drift in the machine's load falls on both
-alike, over two projects:
-
-- an unrelated project: a temporary folder with one plain test and no harness setting;
-- this project (the rootdir found from the working folder up), its default test selection.
+(`-p no:harness.plugin`), interleaved so drift in the machine's load falls on all alike,
+over an unrelated project (a temporary folder with one plain test and no harness setting)
+and this project (the rootdir found from the working folder up). With `--before DIR`, an
+older checkout's plugin runs over the same unrelated project, and its own project is
+timed with and without it: the old way against this one, in one run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MODES = {"with the plugin": ["-p", "harness.plugin"], "without (-p no:harness.plugin)": ["-p", "no:harness.plugin"]}
+WITH, WITHOUT = ["-p", "harness.plugin"], ["-p", "no:harness.plugin"]
 
 
 def _time(cwd: Path, extra: list[str], env: dict) -> tuple[float, int, str]:
@@ -34,36 +34,44 @@ def _time(cwd: Path, extra: list[str], env: dict) -> tuple[float, int, str]:
     return seconds, proc.returncode, last[0]
 
 
-def measure(projects: dict[str, Path], repeat: int, env: dict, report=print) -> dict:
-    """{project: {mode: {"seconds": [...], "median_s", "min_s", "exit", "last_line"}}}, alternating modes."""
-    rows: dict = {name: {mode: {"seconds": []} for mode in MODES} for name in projects}
+def measure(cases: dict[str, tuple[Path, list[str], dict]], repeat: int, report=print) -> dict:
+    """{case: {"seconds": [...], "median_s", "min_s", "exit", "last_line"}}: each case is (folder,
+    pytest arguments, environment); every round runs each case once, in an order that turns
+    round by round so drift in the machine's load falls on all alike."""
+    rows: dict = {name: {"seconds": []} for name in cases}
+    names = list(cases)
     for i in range(repeat):
-        for name, path in projects.items():
-            order = list(MODES.items()) if i % 2 == 0 else list(reversed(MODES.items()))
-            for mode, extra in order:
-                seconds, code, last = _time(path, extra, env)
-                row = rows[name][mode]
-                row["seconds"].append(round(seconds, 3))
-                row["exit"], row["last_line"] = code, last
-                report(f"{name:28s} {mode:32s} #{i + 1}: {seconds:.2f} s  [{last}]")
-    for by_mode in rows.values():
-        for row in by_mode.values():
-            row["median_s"] = round(statistics.median(row["seconds"]), 3)
-            row["min_s"] = min(row["seconds"])
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            cwd, extra, env = cases[name]
+            seconds, code, last = _time(cwd, extra, env)
+            row = rows[name]
+            row["seconds"].append(round(seconds, 3))
+            row["exit"], row["last_line"] = code, last
+            report(f"{name:60s} #{i + 1}: {seconds:.2f} s  [{last}]")
+    for row in rows.values():
+        row["median_s"] = round(statistics.median(row["seconds"]), 3)
+        row["min_s"] = min(row["seconds"])
     return rows
 
 
-def markdown(rows: dict, repeat: int, command: str) -> str:
-    lines = ["# Plugin start-up cost", "", f"`{command}`: `pytest --collect-only -q` wall time, {repeat} runs of "
-             "each, the two modes alternating.", "",
-             "| project | with the plugin, median s | without, median s | difference s | with, min s | "
-             "without, min s |", "| --- | --- | --- | --- | --- | --- |"]
-    with_, without = MODES
-    for name, by_mode in rows.items():
-        a, b = by_mode[with_], by_mode[without]
-        lines.append(f"| {name} | {a['median_s']:.2f} | {b['median_s']:.2f} | {a['median_s'] - b['median_s']:+.2f} | "
-                     f"{a['min_s']:.2f} | {b['min_s']:.2f} |")
+def _commit(tree: Path) -> str:
+    proc = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return proc.stdout.strip() or "not a git checkout"
+
+
+def markdown(rows: dict, repeat: int, command: str, facts: str) -> str:
+    lines = ["# Plugin start-up cost", "", f"`{command}`: `pytest --collect-only -q` wall time (interpreter, plugins, "
+             f"collection), {repeat} runs of each, interleaved. {facts}", "",
+             "| run | median s | min s | max s | pytest's last line (exit status) |", "| --- | --- | --- | --- | --- |"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['median_s']:.2f} | {row['min_s']:.2f} | {max(row['seconds']):.2f} | "
+                     f"{row['last_line']} ({row['exit']}) |")
     return "\n".join(lines) + "\n"
+
+
+def _env(tree: Path) -> dict:
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path)
 
 
 def main(argv: list[str]) -> int:
@@ -71,8 +79,12 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m harness bench startup",
                                      description="pytest's start-up (--collect-only wall time) with and without "
-                                                 "the harness plugin, over an unrelated project and this one.")
-    parser.add_argument("--repeat", type=int, default=5, metavar="N", help="runs of each mode (default 5)")
+                                                 "the harness plugin, over an unrelated project and this one; with "
+                                                 "--before, the older tree's plugin too.")
+    parser.add_argument("--repeat", type=int, default=5, metavar="N", help="runs of each (default 5)")
+    parser.add_argument("--before", default=None, metavar="DIR",
+                        help="a checkout of an older harness: its plugin over the same unrelated project, and its "
+                             "own project with and without it")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
     parser.add_argument("--name", default="bench-startup", help="file name stem for the JSON and Markdown")
@@ -80,26 +92,40 @@ def main(argv: list[str]) -> int:
     if args.repeat < 1:
         print(f"error: --repeat {args.repeat}: pass 1 or more", file=sys.stderr)
         return 2
+    before = Path(args.before).resolve() if args.before else None
+    if before is not None and not (before / "harness" / "plugin.py").is_file():
+        print(f"error: --before {before} holds no harness/plugin.py: pass a checkout of the older tree",
+              file=sys.stderr)
+        return 2
     project = find_rootdir()
-    package_parent = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join(p for p in (str(package_parent), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=path)
+    here = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="harness-bench-startup-") as tmp:
         plain = Path(tmp) / "plain"
         plain.mkdir()
         (plain / "test_plain.py").write_text("def test_add():\n    assert 1 + 1 == 2\n")
-        rows = measure({"unrelated (one plain test)": plain, f"this project ({project.name})": project},
-                       args.repeat, env)
-    command = f"python -m harness bench startup --repeat {args.repeat}"
+        cases = {"unrelated project, this plugin": (plain, WITH, _env(here))}
+        if before is not None:
+            cases["unrelated project, the --before tree's plugin"] = (plain, WITH, _env(before))
+        cases["unrelated project, no plugin (-p no:harness.plugin)"] = (plain, WITHOUT, _env(here))
+        cases[f"this project ({project.name}), this plugin"] = (project, WITH, _env(here))
+        cases[f"this project ({project.name}), no plugin"] = (project, WITHOUT, _env(here))
+        if before is not None:
+            cases[f"the --before tree's project ({before.name}), its plugin"] = (before, WITH, _env(before))
+            cases[f"the --before tree's project ({before.name}), no plugin"] = (before, WITHOUT, _env(before))
+        rows = measure(cases, args.repeat)
+    command = f"python -m harness bench startup --repeat {args.repeat}" + (" --before DIR" if before else "")
     out = Path(args.out) if args.out else report_root() / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({"command": command, "repeat": args.repeat, "projects": rows},
+    (out / f"{args.name}.json").write_text(json.dumps({"command": command, "repeat": args.repeat,
+                                                      "before": str(before) if before else None, "runs": rows},
                                                      indent=2) + "\n")
-    md = markdown(rows, args.repeat, command)
+    facts = (f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, this tree at {_commit(here)}"
+             + (f", the --before tree at {_commit(before)}" if before else "") + ".")
+    md = markdown(rows, args.repeat, command, facts)
     (out / f"{args.name}.md").write_text(md)
     print(md)
-    failed = [f"{name}, {mode}" for name, by_mode in rows.items() for mode, row in by_mode.items() if row["exit"]]
-    if failed:
+    failed = [name for name, row in rows.items() if row["exit"] and "--before" not in name]
+    if failed:  # the older tree's runs may fail (that can be what is measured); this tree's may not
         print(f"error: pytest --collect-only failed for: {'; '.join(failed)}", file=sys.stderr)
         return 1
     return 0
