@@ -156,16 +156,9 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print(usage())
-        return 0
-    if not argv or argv[0] not in COMMANDS:
-        if argv:
-            print(f"error: unknown command {argv[0]!r}: use one of {', '.join(COMMANDS)}", file=sys.stderr)
-        print(usage(), file=sys.stderr)
-        return 2
-    return COMMANDS[argv[0]](argv[1:])
+    from harness.commands import dispatch
+
+    return dispatch(list(sys.argv[1:] if argv is None else argv), COMMANDS, usage(), "command")
 
 
 if __name__ == "__main__":

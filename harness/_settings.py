@@ -243,24 +243,18 @@ def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), cont
     pytest would read otherwise); an empty value counts as unset."""
     root = Path(rootdir).resolve() if rootdir is not None else find_rootdir()
     read = ini or _ini_reader(root)
-    ini_root = read("kernel_root")
-    if kernel_root:
-        kr, kr_source = Path(kernel_root).resolve(), "--kernel-root"
-    elif os.environ.get(KERNEL_ROOT_ENV):
-        kr, kr_source = Path(os.environ[KERNEL_ROOT_ENV]).resolve(), KERNEL_ROOT_ENV
-    elif ini_root:
-        kr, kr_source = (root / ini_root).resolve(), "ini kernel_root"
-    else:
-        kr, kr_source = (root / DEFAULT_KERNEL_ROOT).resolve(), "the default"
-    ini_cache = read("harness_cache_dir")
-    if cache_dir:
-        cache, cache_source = Path(cache_dir).resolve(), "the option"
-    elif os.environ.get(CACHE_ENV):
-        cache, cache_source = Path(os.environ[CACHE_ENV]).resolve(), CACHE_ENV
-    elif ini_cache:
-        cache, cache_source = (root / ini_cache).resolve(), "ini harness_cache_dir"
-    else:
-        cache, cache_source = _default_cache_dir(), "the default"
+
+    def first(option, option_name: str, env: str, key: str, default: Path) -> tuple[Path, str]:
+        """(path, where it came from): the option, else the variable, else the ini key, else the default."""
+        for value, source, base in ((option, option_name, None), (os.environ.get(env), env, None),
+                                    (read(key), f"ini {key}", root)):
+            if value:
+                return (Path(base, value) if base is not None else Path(value)).resolve(), source
+        return default, "the default"
+
+    kr, kr_source = first(kernel_root, "--kernel-root", KERNEL_ROOT_ENV, "kernel_root",
+                          (root / DEFAULT_KERNEL_ROOT).resolve())
+    cache, cache_source = first(cache_dir, "the option", CACHE_ENV, "harness_cache_dir", _default_cache_dir())
     ini_controls = read("controls_dir")
     controls = (Path(controls_dir).resolve() if controls_dir
                 else (root / (ini_controls or DEFAULT_CONTROLS_DIR)).resolve())

@@ -89,24 +89,23 @@ def default_out() -> Path:
     return report_root() / "bench"
 
 
+def _bench_mutate(argv: list[str]) -> int:
+    from harness.mutate.bench import main
+
+    return main(argv)
+
+
+def _bench_startup(argv: list[str]) -> int:
+    from harness.startup import main
+
+    return main(argv)
+
+
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        print(bench_usage())
-        return 0
-    if not argv or argv[0] not in BENCHES:
-        if argv:
-            print(f"error: unknown benchmark {argv[0]!r}: use one of {', '.join(BENCHES)}", file=sys.stderr)
-        print(bench_usage(), file=sys.stderr)
-        return 2
-    if argv[0] == "mutate":
-        from harness.mutate.bench import main as bench_mutate
+    from harness.commands import dispatch
 
-        return bench_mutate(argv[1:])
-    if argv[0] == "startup":
-        from harness.startup import main as bench_startup
-
-        return bench_startup(argv[1:])
-    return bench_gates(argv[1:])
+    return dispatch(argv, {"gates": bench_gates, "mutate": _bench_mutate, "startup": _bench_startup},
+                    bench_usage(), "benchmark")
 
 
 def bench_gates(argv: list[str]) -> int:
