@@ -216,6 +216,9 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
         naive_config = replace(config, report_dir=tmp / "naive", resume=False, all_gates=True, gpu_jobs=naive_jobs,
                                deadline=config.deadline or NAIVE_DEADLINE)
         clock = naive_clock("naive", limit=naive_seconds)
+        # The cut is a SIGINT at this thread: make sure it raises, also in a process that started
+        # with SIGINT ignored (a background job of a non-interactive shell, nohup).
+        int_handler = signal.signal(signal.SIGINT, signal.default_int_handler) if naive_seconds else None
         try:
             naive = run_campaign(naive_config, listener=clock, executor_factory=lambda report, cache, arch, device=None:
                                  FreshProcessExecutor(config.rootdir, report, cold, arch=arch,
@@ -230,6 +233,9 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
             results_path = tmp / "naive" / RESULTS_FILE
             n = _partial("naive", clock, results_path, len(warm.results), naive_jobs)
             naive_results = read_results(results_path)
+        finally:
+            if int_handler is not None:
+                signal.signal(signal.SIGINT, int_handler)
         both, naive_cut, kind_only, disagree = compare({k: r.verdict.value for k, r in warm.results.items()},
                                                        {k: r.verdict.value for k, r in naive_results.items()})
         naive_rate = n.get("mutants_per_minute_at_most") or n["mutants_per_minute"]
