@@ -21,6 +21,8 @@ DEFAULT_KERNEL_ROOT = "kernels_cu"
 KERNEL_ROOT_ENV = "HARNESS_KERNEL_ROOT"
 ARCH_ENV = "HARNESS_ARCH"
 CACHE_ENV = "HARNESS_CACHE_DIR"
+SERVER_START_ENV = "HARNESS_SERVER_START"  # fork (the default where safe) or spawn: how a gate run starts its server
+SERVER_START_MODES = ("fork", "spawn")
 TRACE_ENV = "HARNESS_POOL_TRACE"  # a file: the gate pool's timeline, every process's events, for measuring it
 DEFAULT_ARCH_WITHOUT_DEVICE = "sm_90"
 

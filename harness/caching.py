@@ -1,7 +1,7 @@
 """`host_cache`: a cache of pure host data, kept by a warm campaign worker and on disk.
 
 A mutation campaign's warm worker serves one mutant after another. Between them it clears
-every functools cache of the project's own modules (`harness.workers.reset_for_next_mutant`),
+every functools cache of the project's own modules (`harness.pool.worker.reset_for_next_mutant`),
 because a cache may hold what a mutated kernel computed or a device buffer a stray store
 hit. A cache whose values are computed on the host alone (random inputs, a float64
 reference), never by a kernel and never on the device, is the same for every mutant:

@@ -3,6 +3,7 @@ one GPU per xdist worker. Nothing here imports CuPy until it is asked a question
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -218,3 +219,37 @@ def context_is_poisoned() -> bool:
         return int(a.get()[0]) != 1
     except Exception:
         return True
+
+
+# ------------------------------------------------------------------ which GPU, from CUDA_VISIBLE_DEVICES
+
+
+def visible_device(ordinal: int) -> str:
+    """CUDA_VISIBLE_DEVICES for the ordinal-th device this process can see."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        entries = [v.strip() for v in visible.split(",") if v.strip()]
+        if entries:
+            return entries[ordinal % len(entries)]
+    return str(ordinal)
+
+
+def device_count_hint() -> int | None:
+    """How many GPUs this process will see, without initialising CUDA: CUDA_VISIBLE_DEVICES
+    when set, else the driver's /proc entries; None when neither says. Only a hint (MIG
+    slices, say, are not counted): an xdist worker on a one-GPU machine starts its spare
+    beside the device probe on it."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [v.strip() for v in visible.split(",") if v.strip()]
+        return len(entries) or None
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus")) or None
+    except OSError:
+        return None
+
+
+def ordinal_for_xdist_worker(workerid: str, count: int) -> int:
+    """The GPU an xdist worker (gw0, gw1, ...) uses among `count`: round robin."""
+    index = int(workerid[2:]) if workerid[2:].isdigit() else 0
+    return index % max(count, 1)

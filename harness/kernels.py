@@ -8,11 +8,27 @@ from pathlib import Path
 from harness import _settings, coverage
 from harness.compile import CompiledModule, compile_file
 from harness.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, allow_dynamic_shared
-from harness.workers import note_launch
 
 
 class KernelNotFound(LookupError):
     pass
+
+
+# Each launch through a Module's kernels is told to these, before it happens: the pool's worker
+# (which kernel ran last, for a gate that hangs; how many, for the sanitizer's attribution).
+_launch_listeners: list = []
+
+
+def add_launch_listener(listener) -> None:
+    """Call `listener(name)` before every kernel launch made through harness.kernels."""
+    if listener not in _launch_listeners:
+        _launch_listeners.append(listener)
+
+
+def note_launch(name: str) -> None:
+    """Tell the launch listeners that kernel `name` is about to run."""
+    for listener in _launch_listeners:
+        listener(name)
 
 
 class Module:

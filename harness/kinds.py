@@ -17,7 +17,6 @@ from pathlib import Path
 
 from harness.report import KINDS
 
-from harness._settings import GATES_INI  # noqa: E402  (ini: the folders or files whose every test is a gate)
 HARNESS_MARKERS = (*KINDS, "gpu", "deadline", "memory_safety", "names_faults")
 HARNESS_FIXTURES = ("kernel_root", "gpu_device")
 

@@ -16,15 +16,19 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from harness import _settings, coverage, device, usage
-from harness import cufiles
-from harness.kinds import GATES_INI, check_kinds, is_gate
+from harness import _settings, coverage, cufiles, device, usage
+from harness._settings import GATES_INI
+from harness.kinds import check_kinds, is_gate
 from harness.records import GateRecord
 from harness.report import (MESSAGE_LIMIT, KINDS, RunFacts, classify_route, failure_message, first_line,
                             write_reports)
+
+if TYPE_CHECKING:
+    from harness.pool import controller
 
 MARKERS = {
     "gpu": "the gate needs a CUDA device; skipped without one unless --require-gpu, which fails instead",
@@ -132,13 +136,13 @@ class HarnessState:
         self.arch: str | None = None
         self.gpu_selected = 0
         self.no_gpu_executed = False
-        self.pool: workers.Pool | None = None
+        self.pool: controller.Pool | None = None
         self.pool_error: str | None = None
         self.probe: dict | None = None
         self.launches = 0
         self.sanitizer_findings = 0
         self.trap_queue: list | None = None  # trap gates not yet started, in run order
-        self.inflight: dict[str, workers.Worker] = {}  # trap gates started ahead on spares
+        self.inflight: dict[str, controller.Worker] = {}  # trap gates started ahead on spares
 
 
 def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[float, str]:
@@ -158,9 +162,9 @@ def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[floa
 def _trace(event: str) -> None:
     """One line of the pool's timeline (HARNESS_POOL_TRACE): this process's events and its children's."""
     if os.environ.get(_settings.TRACE_ENV):  # read here so an inert run never imports the pool
-        from harness import workers
+        from harness.pool import channel
 
-        workers.trace(event)
+        channel.trace(event)
 
 
 _trace("plugin imported")  # the first line fixes the time base its children share
@@ -224,7 +228,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _activate(config: pytest.Config, reason: str, before_collection: bool) -> None:
     """Make this a harness run: check the settings, hand them to the launchers, record the
     gates' verdicts; where a GPU may be and collection is still ahead, fork the pool's server."""
-    from harness import workers
+    from harness.pool import channel, controller, server
 
     st = _state(config)
     st.active, st.opted_in_by = True, reason
@@ -272,13 +276,13 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
             raise pytest.UsageError(f"harness: {exc}") from None
     if st.is_controller and (st.require_gpu or st.sanitize):
         # xdist's controller runs no gate: ask a throwaway process, so no CUDA context lives here.
-        _refuse_without_device(st, workers.probe_in_subprocess(config.invocation_params.dir))
+        _refuse_without_device(st, controller.probe_in_subprocess(config.invocation_params.dir))
     recorder = _Recorder(st)
     config.stash[recorder_key] = recorder
     config.pluginmanager.register(recorder, "harness-recorder")
     _trace("configured")
-    if st.serving and workers.is_server():
-        workers.server_configured()
+    if st.serving and channel.is_server():
+        server.server_configured()
     elif (before_collection and not st.serving and not st.is_controller and st.sanitizer_cmd is None
           and device._driver_present()):
         # Where a GPU may be, the server imports CuPy while this process collects. Forked from
@@ -359,17 +363,17 @@ def _server_args(config: pytest.Config, files: list[str]) -> list[str]:
     return args
 
 
-def _new_pool(config: pytest.Config, fork: bool = False) -> workers.Pool:
-    from harness import workers
+def _new_pool(config: pytest.Config, fork: bool = False) -> controller.Pool:
+    from harness.pool import controller
 
     st = _state(config)
     prefix = config.workerinput.get("workerid", "") + "-" if st.is_worker else ""
-    pool_config = workers.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
+    pool_config = controller.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
                                      pytest_args=[], sanitizer=st.sanitizer_cmd, sanitizer_tool=st.sanitize,
                                      name_prefix=prefix)
     try:
-        pool = workers.Pool(pool_config)
-    except workers.PoolError as exc:  # a temp dir too deep for the pool's socket: the fix is the user's
+        pool = controller.Pool(pool_config)
+    except controller.PoolError as exc:  # a temp dir too deep for the pool's socket: the fix is the user's
         raise pytest.UsageError(str(exc)) from None
     pool_config.sanitizer_log_dir = pool.tmp
     if st.sanitizer_cmd is None:
@@ -383,7 +387,6 @@ def _new_pool(config: pytest.Config, fork: bool = False) -> workers.Pool:
 
 def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give the pool (started at configure where a driver exists) the files to collect."""
-    from harness import workers
 
     st = _state(config)
     files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
@@ -406,7 +409,7 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
         # probe says which GPU is this worker's (a wrong early guess would start a spare on a
         # GPU that is not there).
         st.pool.config.spares = 1
-        early = workers.device_count_hint() == 1
+        early = device.device_count_hint() == 1
     if st.sanitizer_cmd is None:
         st.pool.collect(args)
         if early:
@@ -449,7 +452,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         it.stash[gate_key] = True
     if st.serving:
         return
-    from harness import workers
+    from harness.pool import controller
 
     gpu_items = [it for it in gates if _is_gpu(it)]
     st.gpu_selected = len(gpu_items)
@@ -462,7 +465,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     _start_pool(config, gpu_items or items)
     try:
         st.probe = st.pool.wait_probe()
-    except workers.PoolError as exc:
+    except controller.PoolError as exc:
         st.probe = {"count": 0, "error": str(exc)}
     _trace("probe answered")
     device.adopt_probe(device.DeviceProbe(count=st.probe.get("count", 0), name=st.probe.get("name"),
@@ -479,7 +482,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     count = st.probe.get("count", 1)
     if st.is_worker:
         # The probe's count is the truth: it corrects the hint for the spares started from now.
-        st.pool.config.device_ordinal = (workers.ordinal_for_xdist_worker(
+        st.pool.config.device_ordinal = (device.ordinal_for_xdist_worker(
             config.workerinput.get("workerid", "gw0"), count) if count > 1 else None)
     st.pool.warm_up()
     if st.sanitize:
@@ -529,12 +532,12 @@ def pytest_runtestloop(session: pytest.Session):
     st = _state(session.config)
     if not st.active or not st.serving:
         return None
-    from harness import workers
+    from harness.pool import channel, worker as pool_worker, server
 
-    if workers.is_server():
-        workers.serve(session)
+    if channel.is_server():
+        server.serve(session)
     else:
-        workers.exec_worker_loop(session)
+        pool_worker.exec_worker_loop(session)
     return True
 
 
@@ -545,7 +548,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     if not st.active or st.serving or st.pool is None or not _is_gate(item) or not _is_gpu(item) \
             or item.get_closest_marker("skip"):
         return None
-    from harness import workers
+    from harness.pool import controller
 
     trap = item.get_closest_marker("trap") is not None
     deadline, source = _deadline(item)
@@ -557,7 +560,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
         ahead = st.inflight.pop(item.nodeid, None)
         worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
         _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
-    except workers.PoolError as exc:
+    except controller.PoolError as exc:
         reports = _synthetic(item, "failed", str(exc), [("route", "error"),
                                                         ("first_failure_line", str(exc).splitlines()[0])])
     else:
@@ -622,10 +625,8 @@ def _spares_wanted(st: HarnessState, starting: int = 0) -> int:
     return 1 + max(0, min(TRAPS_AHEAD - len(st.inflight), len(st.trap_queue)) - starting)
 
 
-def _reports(item: pytest.Item, result: workers.RunResult, trap: bool, deadline: float, source: str,
-             worker: workers.Worker) -> list:
-    from harness import workers
-
+def _reports(item: pytest.Item, result: controller.RunResult, trap: bool, deadline: float, source: str,
+             worker: controller.Worker) -> list:
     st = _state(item.config)
     facts = [("worker", worker.name)]
     if result.phases:
@@ -742,9 +743,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if rep.failed and call.excinfo is not None:
         exc = call.excinfo.value
         props = [("route", classify_route(exc).value), ("first_failure_line", first_line(exc))]
-        from harness import workers
+        from harness.pool import channel
 
-        if _is_gpu(item) and workers.is_worker():
+        if _is_gpu(item) and channel.is_worker():
             _trace(f"  {call.when} failed: {type(exc).__name__}")
             # Only a CUDA error can poison the context; then ask the device whether it did.
             if device.is_cuda_error(exc) and (device.is_sticky_error(exc) or device.context_is_poisoned()):

@@ -62,9 +62,9 @@ def arch_problem(arch: str | None, source: str) -> str | None:
 
 
 def server_start_problem(value: str | None) -> str | None:
-    """HARNESS_SERVER_START (`harness.workers.SERVER_START_ENV`): unset, or one of
-    `harness.workers.SERVER_START_MODES`."""
-    from harness.workers import SERVER_START_ENV, SERVER_START_MODES
+    """HARNESS_SERVER_START (`harness._settings.SERVER_START_ENV`): unset, or one of
+    `harness._settings.SERVER_START_MODES`."""
+    from harness._settings import SERVER_START_ENV, SERVER_START_MODES
 
     if value is None or value.strip().lower() in ("", *SERVER_START_MODES):
         return None
@@ -79,7 +79,7 @@ def check_configuration(config) -> None:
     import pytest
 
     from harness import _settings
-    from harness.workers import SERVER_START_ENV
+    from harness._settings import SERVER_START_ENV
 
     opt = config.option
     problems = []

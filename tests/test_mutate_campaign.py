@@ -429,7 +429,7 @@ def test_a_lost_device_stops_the_campaign_and_takes_back_its_recent_faults(suite
     campaign stops, the faults and timeouts just before are taken back for --resume, and
     kills by assertion stay."""
     from harness.mutate.campaign import DeviceLostError
-    from harness.workers import DeviceLost
+    from harness.pool.controller import DeviceLost
 
     class DiesOnTheThirdMutant(FakeExecutor):
         boxes: list = []

@@ -391,7 +391,7 @@ def test_clearing_project_caches_spares_host_caches_and_the_harness_itself(tmp_p
     import types
 
     from harness import host_cache
-    from harness.workers import clear_project_caches
+    from harness.pool.worker import clear_project_caches
 
     mod = types.ModuleType("gates_fake_caches")
     mod.__file__ = str(tmp_path / "gates" / "fake.py")
@@ -426,7 +426,7 @@ def test_closing_the_executor_ends_a_run_in_flight_at_once_and_no_new_pool_start
     import threading
     import time
 
-    from harness import workers
+    from harness.pool import controller
 
     root, ex = suite
     box = _mutant(root, "spin3", KERNEL + "// SPIN\n")
@@ -442,7 +442,7 @@ def test_closing_the_executor_ends_a_run_in_flight_at_once_and_no_new_pool_start
     runs = got["runs"]
     # ended by the close: its 120 s deadline (the run's own time, its waits apart) had not come
     assert (runs.crashed or runs.timed_out) and runs.seconds - runs.waited < 120, runs
-    with pytest.raises(workers.PoolError, match="closed"):
+    with pytest.raises(controller.PoolError, match="closed"):
         ex._take()
 
 
@@ -451,7 +451,8 @@ def test_reset_refuses_a_worker_whose_device_buffers_outlive_the_mutant(monkeypa
     import sys
     import types
 
-    from harness import device, workers
+    from harness import device
+    from harness.pool import worker as pool_worker
 
     held = {"bytes": 0}
     pool = types.SimpleNamespace(used_bytes=lambda: held["bytes"],
@@ -460,7 +461,7 @@ def test_reset_refuses_a_worker_whose_device_buffers_outlive_the_mutant(monkeypa
     monkeypatch.setattr(device, "context_is_poisoned", lambda: False)
     session = types.SimpleNamespace(_setupstate=types.SimpleNamespace(teardown_exact=lambda item: None),
                                     config=types.SimpleNamespace(rootpath=tmp_path))
-    assert workers.reset_for_next_mutant(session) is None
+    assert pool_worker.reset_for_next_mutant(session) is None
     # a failed gate's traceback (kept by pytest for a debugger) holds its buffers: let go
 
     class Buffer:
@@ -480,14 +481,14 @@ def test_reset_refuses_a_worker_whose_device_buffers_outlive_the_mutant(monkeypa
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
         sys.last_exc = exc  # (Python 3.12 keeps this one too)
     assert held["bytes"] == 512
-    assert workers.reset_for_next_mutant(session) is None and held["bytes"] == 0
+    assert pool_worker.reset_for_next_mutant(session) is None and held["bytes"] == 0
     held["bytes"] = 4096
-    why = workers.reset_for_next_mutant(session)
+    why = pool_worker.reset_for_next_mutant(session)
     assert why is not None and "4096 bytes" in why and "still held" in why
 
 
 def test_a_worker_that_cannot_start_mid_campaign_is_a_lost_device_not_a_verdict(suite, tmp_path, monkeypatch):
-    from harness.workers import DeviceLost
+    from harness.pool.controller import DeviceLost
 
     flag = tmp_path / "dead"
     monkeypatch.setenv("FAKE_GPU_DEAD_FLAG", str(flag))

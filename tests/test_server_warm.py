@@ -1,5 +1,5 @@
 """The campaign's server runs the structural gates once before it forks a worker
-(`harness.workers._warm_structural`): what they keep in host caches every worker inherits,
+(`harness.server._warm_structural`): what they keep in host caches every worker inherits,
 so a mutant that leaves a gate's input as it was costs that gate nothing (no GPU needed)."""
 
 import pytest

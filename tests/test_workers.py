@@ -108,7 +108,7 @@ def test_a_gate_blocked_in_c_with_signals_masked_gets_timeout_and_the_rest_their
 def test_the_watchdog_names_the_last_kernel_launched(suite):
     suite.makepyfile(test_k="""
         import pytest
-        from harness.workers import note_launch
+        from harness.kernels import note_launch
         from conftest import block_forever_in_c
         @pytest.mark.gpu
         @pytest.mark.anchor
@@ -328,14 +328,14 @@ def test_the_removed_child_timeout_option_is_one_clear_usage_error(suite):
 
 
 def test_the_device_count_hint_reads_cuda_visible_devices_without_cuda(monkeypatch):
-    from harness import workers
+    from harness import device
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
-    assert workers.device_count_hint() == 2
+    assert device.device_count_hint() == 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert workers.device_count_hint() is None  # no device visible: the probe will say so
-    assert [workers.ordinal_for_xdist_worker(w, 2) for w in ("gw0", "gw1", "gw2", "gw3")] == [0, 1, 0, 1]
-    assert workers.ordinal_for_xdist_worker("gw5", 1) == 0
+    assert device.device_count_hint() is None  # no device visible: the probe will say so
+    assert [device.ordinal_for_xdist_worker(w, 2) for w in ("gw0", "gw1", "gw2", "gw3")] == [0, 1, 0, 1]
+    assert device.ordinal_for_xdist_worker("gw5", 1) == 0
 
 
 class _FakeDriver:
@@ -383,48 +383,49 @@ def fake_driver(monkeypatch):
 def test_a_worker_sleeps_while_the_gpu_works_when_asked_before_its_context_exists(fake_driver, monkeypatch):
     import types
 
-    from harness import workers
+    from harness.pool import worker as pool_worker
 
-    assert workers.set_gpu_wait("block") is None
+    assert pool_worker.set_gpu_wait("block") is None
     assert fake_driver == [("cuInit", 0), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxSetFlags", "dev0", 0x04)]
-    assert workers.gpu_wait_mode() == "block"
-    assert "is not one of auto, spin, yield, block" in workers.set_gpu_wait("nap")
-    assert workers.set_gpu_wait(None) is None and workers.set_gpu_wait("") is None
+    assert pool_worker.gpu_wait_mode() == "block"
+    assert "is not one of auto, spin, yield, block" in pool_worker.set_gpu_wait("nap")
+    assert pool_worker.set_gpu_wait(None) is None and pool_worker.set_gpu_wait("") is None
     # _prepare_device sets the mode before CuPy makes the context
     fake_driver.clear()
     calls = fake_driver
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(free=lambda p: calls.append(("cudaFree", p))))
     monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setenv(workers.GPU_WAIT_ENV, "block")
-    workers._prepare_device()
+    monkeypatch.setenv(pool_worker.GPU_WAIT_ENV, "block")
+    pool_worker._prepare_device()
     assert calls[:4] == [("cuInit", 0), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxSetFlags", "dev0", 0x04),
                          ("cudaFree", 0)], calls
 
 
 def test_the_campaigns_workers_are_told_to_sleep_while_the_gpu_works():
-    from harness import workers
+    from harness.pool import worker as pool_worker
     from harness.mutate.warm import WORKER_ENV
 
-    assert WORKER_ENV[workers.GPU_WAIT_ENV] == "block"
+    assert WORKER_ENV[pool_worker.GPU_WAIT_ENV] == "block"
     assert WORKER_ENV["OPENBLAS_NUM_THREADS"] == "1"
 
 
 def test_without_a_driver_the_wait_mode_is_left_alone_quietly(monkeypatch):
-    from harness import device, workers
+    from harness import device
+    from harness.pool import worker as pool_worker
 
     monkeypatch.setattr(device, "_driver_present", lambda: False)
-    assert workers.set_gpu_wait("block") is None
+    assert pool_worker.set_gpu_wait("block") is None
 
 
 def test_the_harness_processes_start_without_a_second_copy_of_the_workers_module():
-    # `python -m harness.workers` ran a second copy of a module the package had imported, and
+    # `python -m harness.workers` (the pool, as it was one module) ran a second copy of a module the package had imported, and
     # every worker log began with runpy's RuntimeWarning about it (pasted into failure notes)
     import subprocess
 
-    from harness import workers
+    from harness.pool import channel
 
-    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", workers.SERVE_MODULE, "probe"],
+    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", channel.SERVE_MODULE, "probe"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "RuntimeWarning" not in out.stderr and json.loads(out.stdout).keys() >= {"count"}, (out.stdout, out.stderr)
@@ -539,20 +540,20 @@ def test_a_pytest_process_running_another_thread_spawns_its_server(suite, tmp_pa
 
 
 def test_a_process_holding_an_nvidia_device_file_never_forks_its_server(monkeypatch):
-    from harness import workers
+    from harness.pool import fork
 
     monkeypatch.delenv("HARNESS_SERVER_START", raising=False)
-    monkeypatch.setattr(workers.threading, "active_count", lambda: 1)  # (xdist's own threads run here)
+    monkeypatch.setattr(fork.threading, "active_count", lambda: 1)  # (xdist's own threads run here)
     fds = {"0": "/dev/null", "1": "pipe:[7]"}
     real_listdir = os.listdir
     monkeypatch.setattr(os, "listdir", lambda p: list(fds) if p == "/proc/self/fd" else real_listdir(p))
     monkeypatch.setattr(os, "readlink", lambda p: fds[p.rsplit("/", 1)[1]])
-    assert workers.server_start_mode() == ("fork", "this process has no other thread and no CUDA context")
+    assert fork.server_start_mode() == ("fork", "this process has no other thread and no CUDA context")
     fds["3"] = "/dev/nvidiactl"
-    assert workers.server_start_mode() == ("spawn", "this process has initialised CUDA (an NVIDIA device file "
+    assert fork.server_start_mode() == ("spawn", "this process has initialised CUDA (an NVIDIA device file "
                                                     "is open)")
     monkeypatch.setenv("HARNESS_SERVER_START", "spawn")
-    assert workers.server_start_mode() == ("spawn", "HARNESS_SERVER_START=spawn")
+    assert fork.server_start_mode() == ("spawn", "HARNESS_SERVER_START=spawn")
 
 
 @pytest.mark.parametrize("value", ["forkserver", "1"])

@@ -1,4 +1,4 @@
-"""The pool holds a fork back while killed workers are still exiting (harness.workers.Exits),
+"""The pool holds a fork back while killed workers are still exiting (harness.pool_exits.Exits),
 on a clock the tests move; and a pool leaves nothing in the temp folder, closed, interrupted
 while it closes, or never started."""
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import workers
+from harness.pool import channel, controller
+from harness.pool import exits as pool_exits
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,8 +47,8 @@ class Clock:
         self.on_sleep(self.sleeps)
 
 
-def _exits(clock: Clock, **kw) -> workers.Exits:
-    return workers.Exits(clock=clock.now, sleep=clock.sleep, **kw)
+def _exits(clock: Clock, **kw) -> pool_exits.Exits:
+    return pool_exits.Exits(clock=clock.now, sleep=clock.sleep, **kw)
 
 
 def test_a_fork_waits_while_the_limit_of_killed_workers_are_still_exiting():
@@ -108,11 +109,11 @@ def test_a_process_stuck_in_its_exit_holds_a_fork_back_no_longer_than_the_cap():
 def test_a_killed_worker_is_recorded_by_its_pools_exits():
     p = _sleeper()
     try:
-        w = workers.Worker.__new__(workers.Worker)
+        w = controller.Worker.__new__(controller.Worker)
         w.alive, w.pid, w.pgid = True, p.pid, None
-        w.channel = workers.Channel.__new__(workers.Channel)
+        w.channel = channel.Channel.__new__(channel.Channel)
         w.channel.sock = __import__("socket").socket()
-        w.exits = workers.Exits(limit=5)
+        w.exits = pool_exits.Exits(limit=5)
         w.kill()
         p.wait()  # SIGKILLed: reaped at once
         assert w.exits.exited == 0 and w.exits._killed, "the kill is recorded"
@@ -135,7 +136,7 @@ def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, 
         p.kill()
         p.wait()
     # the gate run's pool (the plugin's default config) never holds a fork back; a campaign's does
-    assert workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[]).max_exiting is None
+    assert controller.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[]).max_exiting is None
     from harness.mutate.warm import WarmExecutor
 
     made = {}
@@ -145,25 +146,25 @@ def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, 
             made["config"] = config
 
         def start_server(self):
-            raise workers.PoolError("stop here: the config is what this test reads")
+            raise controller.PoolError("stop here: the config is what this test reads")
 
         def close(self):  # a failed start closes its pool
             made["closed"] = True
 
-    monkeypatch.setattr(workers, "Pool", Pool)
+    monkeypatch.setattr(controller, "Pool", Pool)
     ex = WarmExecutor(rootdir=tmp_path, gates=(), kernel_root=tmp_path, cache_dir=tmp_path)
-    with pytest.raises(workers.PoolError, match="stop here"):
+    with pytest.raises(controller.PoolError, match="stop here"):
         ex.start()
-    assert made["config"].max_exiting == workers.MAX_EXITING and made["closed"]
-    assert made["config"].max_starting == workers.MAX_STARTING
-    assert workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[]).max_starting is None
+    assert made["config"].max_exiting == pool_exits.MAX_EXITING and made["closed"]
+    assert made["config"].max_starting == controller.MAX_STARTING
+    assert controller.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[]).max_starting is None
 
 
 @contextlib.contextmanager
 def _counting_pool(tmp_path, spares, max_starting):
     """A pool whose server only counts spawn requests (no process starts); closed after, so
     its folder goes (it was left in the temp folder, one a pool)."""
-    pool = workers.Pool(workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[], spares=spares,
+    pool = controller.Pool(controller.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[], spares=spares,
                                            max_starting=max_starting))
     asked = []
 
@@ -216,8 +217,8 @@ def private_tmp(tmp_path, monkeypatch):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _config(tmp_path) -> workers.PoolConfig:
-    return workers.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[])
+def _config(tmp_path) -> controller.PoolConfig:
+    return controller.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[])
 
 
 def test_this_files_scenarios_leave_nothing_in_the_temp_folder(tmp_path):
@@ -244,9 +245,9 @@ def test_a_pool_that_cannot_listen_leaves_no_folder(private_tmp, tmp_path, monke
         def bind(self, address):
             raise OSError("address in use")
 
-    monkeypatch.setattr(workers.socket, "socket", Unbindable)
+    monkeypatch.setattr(controller.socket, "socket", Unbindable)
     with pytest.raises(OSError, match="address in use"):
-        workers.Pool(_config(tmp_path))
+        controller.Pool(_config(tmp_path))
     assert list(private_tmp.iterdir()) == []
 
 
@@ -258,7 +259,7 @@ def test_an_interrupt_while_the_pool_closes_still_kills_its_server_and_removes_i
     # folder holding its log
     from harness.interrupt import sigterm_as_interrupt
 
-    pool = workers.Pool(_config(tmp_path))
+    pool = controller.Pool(_config(tmp_path))
     # a stand-in server: a session of its own, writing into the pool's log, as the real one does
     pool.server = pool._popen([sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(600)"])
 
@@ -280,18 +281,18 @@ def test_an_interrupt_while_the_pool_closes_still_kills_its_server_and_removes_i
         pool.server.wait()
 
 
-@pytest.mark.parametrize("failure", [workers.PoolError("no server said hello"), KeyboardInterrupt()],
+@pytest.mark.parametrize("failure", [controller.PoolError("no server said hello"), KeyboardInterrupt()],
                          ids=["start-failed", "interrupted"])
 def test_a_warm_executor_whose_pool_fails_to_start_closes_it(private_tmp, tmp_path, monkeypatch, failure):
     from harness.mutate.warm import WarmExecutor
 
     started = []
-    monkeypatch.setattr(workers.Pool, "start_server", lambda self, fork=False: started.append(self.tmp))
+    monkeypatch.setattr(controller.Pool, "start_server", lambda self, fork=False: started.append(self.tmp))
 
     def collect(self, args):
         raise failure
 
-    monkeypatch.setattr(workers.Pool, "collect", collect)
+    monkeypatch.setattr(controller.Pool, "collect", collect)
     ex = WarmExecutor(rootdir=tmp_path, gates=(), kernel_root=tmp_path, cache_dir=tmp_path)
     with pytest.raises(type(failure)):
         ex.start()

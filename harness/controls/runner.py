@@ -297,7 +297,7 @@ class WarmControls:
     """The controls on the mutation campaign's warm executor: each control's gates (its
     modules' whole kill row) in a worker forked from a server that collected them, context
     made ahead; a worker serves control after control, reset between them as between
-    mutants (harness.workers.reset_for_next_mutant), and is replaced when a gate poisons it."""
+    mutants (harness.pool.worker.reset_for_next_mutant), and is replaced when a gate poisons it."""
 
     executor: object  # harness.mutate.warm.WarmExecutor
     gates: dict  # module -> its node ids, in collection order

@@ -15,7 +15,6 @@ compared one by one.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
-from harness import _settings, workers
+from harness import _settings
+from harness.pool import controller
 from harness.mutate.execute import Executor, FreshProcessExecutor, run_mutant
 from harness.mutate.generate import Mutant, changed_lines, generate, select_files
 from harness.mutate.select import Coverage
@@ -320,7 +321,7 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
                     free.append(running.pop(future))
                     try:
                         result = future.result()
-                    except workers.DeviceLost as exc:
+                    except controller.DeviceLost as exc:
                         _take_back_after_loss(campaign, results_path, finished_at)
                         raise DeviceLostError(
                             f"the device stopped answering after {len(campaign.results)} mutants ({exc}); the "

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from harness import _settings, workers
+from harness import _settings
+from harness.pool import controller, exits, worker as pool_worker, server
 from harness.mutate.execute import GateOutcome, GateRuns
 
 MAX_SERVED = 200  # mutants one worker serves before it retires
@@ -43,13 +44,13 @@ CLOSED = "the campaign's workers were closed (interrupted)"  # why a closed exec
 # default for a process with one context): two dozen workers time-sharing one GPU spent their
 # waits spinning, and on the 32-core H200 machine the load stood at 45 while slots waited a
 # minute for a fresh worker to start (docs/observed/mutation-campaign-h200.md, section 6).
-# And the server runs the structural gates once before forking (`workers._warm_structural`):
+# And the server runs the structural gates once before forking (`server._warm_structural`):
 # each worker inherits their answers for the unmutated functions, so a mutant pays only for
 # the functions that reach the one it changed (on the H200 a sample's 20 MoE mutants, each in
 # a worker of its own, found the structural memo cold every time and gained nothing from it).
 WORKER_ENV = {**{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                         "NUMEXPR_NUM_THREADS")},
-              workers.GPU_WAIT_ENV: "block", workers.SERVER_WARM_ENV: "structural"}
+              pool_worker.GPU_WAIT_ENV: "block", server.SERVER_WARM_ENV: "structural"}
 
 
 def server_args(rootdir: Path, gates: Sequence[str], kernel_root: Path, cache_dir: Path, arch: str | None) -> list[str]:
@@ -96,7 +97,7 @@ class WarmExecutor:
     # at the first kill itself, and counts faults across the direct gates, the siblings and
     # the trap gates alike (a cap per batch let a faulting mutant fault four times in each)
     one_call: bool = True
-    _pool: workers.Pool | None = field(default=None, repr=False)
+    _pool: controller.Pool | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # _idle, replaced, _closed
     # the pool (its start, a fresh worker): a slot waiting for a spare holds only this, so the
     # other slots still take and give back reset workers meanwhile (with one lock for both,
@@ -109,7 +110,7 @@ class WarmExecutor:
     # where the slots' time went, summed over the campaign (timing()): fresh workers taken and
     # what they cost, and each run_set's wall time against what its worker spent in the gates
     times: Counter = field(default_factory=Counter, repr=False)
-    _exits: workers.Exits | None = field(default=None, repr=False)  # the pool's killed workers (kept past close)
+    _exits: exits.Exits | None = field(default=None, repr=False)  # the pool's killed workers (kept past close)
 
     def start_ahead(self) -> None:
         """`start` from another thread (while the campaign's baseline runs), under the pool's
@@ -118,23 +119,23 @@ class WarmExecutor:
             self.start()
 
     def start(self) -> None:
-        """Start the server and the spares; raises workers.PoolError with the reason."""
+        """Start the server and the spares; raises controller.PoolError with the reason."""
         if self._pool is not None:
             return
         if self._closed:
-            raise workers.PoolError(CLOSED)
-        config = workers.PoolConfig(rootdir=self.rootdir, invocation_dir=self.rootdir, pytest_args=[],
+            raise controller.PoolError(CLOSED)
+        config = controller.PoolConfig(rootdir=self.rootdir, invocation_dir=self.rootdir, pytest_args=[],
                                     device_ordinal=self.device_ordinal, spares=self.spares, env=WORKER_ENV,
-                                    max_exiting=workers.MAX_EXITING, max_starting=workers.MAX_STARTING)
-        pool = workers.Pool(config)
+                                    max_exiting=exits.MAX_EXITING, max_starting=controller.MAX_STARTING)
+        pool = controller.Pool(config)
         try:
             pool.start_server()
             pool.collect(server_args(self.rootdir, self.gates, self.kernel_root, self.cache_dir, self.arch))
             probe = pool.wait_probe()
             if probe.get("error") or not probe.get("count"):
-                raise workers.PoolError(f"no usable CUDA device for the campaign: {probe.get('error')}")
+                raise controller.PoolError(f"no usable CUDA device for the campaign: {probe.get('error')}")
             if self._closed:  # closed while it started (an interrupt during the baseline): nothing may outlive it
-                raise workers.PoolError(CLOSED)
+                raise controller.PoolError(CLOSED)
             pool.warm_up()
         except BaseException:
             # a start that failed (the server never said hello, the probe never came) or was
@@ -144,18 +145,18 @@ class WarmExecutor:
         self._pool = pool
         self._exits = pool.exits
 
-    def _reused(self) -> workers.Worker | None:
+    def _reused(self) -> controller.Worker | None:
         """A reset worker that served earlier mutants, or None."""
         with self._lock:
             if self._closed:
-                raise workers.PoolError(CLOSED)
+                raise controller.PoolError(CLOSED)
             while self._idle:
                 worker = self._idle.pop()
                 if worker.alive:
                     return worker
         return None
 
-    def _take(self) -> workers.Worker:
+    def _take(self) -> controller.Worker:
         """A reset worker that served earlier mutants, else a fresh one."""
         worker = self._reused()
         if worker is not None:
@@ -176,12 +177,12 @@ class WarmExecutor:
                         self.times[f"fresh_phase_{phase}"] += float(seconds)
                     self.times["fresh_wait_s"] += time.monotonic() - asked
                 return worker
-            except workers.PoolError as exc:
+            except controller.PoolError as exc:
                 # A worker that cannot start (or no device at all) says nothing about the
                 # mutant: the GPU is gone or unusable. Never a verdict.
-                raise workers.DeviceLost(str(exc)) from None
+                raise controller.DeviceLost(str(exc)) from None
 
-    def _give_back(self, worker: workers.Worker) -> None:
+    def _give_back(self, worker: controller.Worker) -> None:
         if worker.alive and worker.served >= MAX_SERVED:
             worker.quit()  # up to 10 s for its goodbye: never under a lock
             worker.ended_because = f"retired after {MAX_SERVED} mutants"
@@ -302,7 +303,7 @@ class WarmExecutor:
             asked = time.monotonic()
             try:
                 worker = self._take()
-            except workers.PoolError as exc:
+            except controller.PoolError as exc:
                 crashed = str(exc)
                 break
             waited += time.monotonic() - asked

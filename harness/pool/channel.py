@@ -1,0 +1,111 @@
+"""The wire between the pytest process, the server and the workers: length-prefixed JSON
+frames over the pool's Unix socket; the pool's timeline; and which end this process is."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import struct
+import time
+
+from harness._settings import TRACE_ENV
+
+TRACE_T0_ENV = "HARNESS_POOL_T0"  # the pytest process's start (time.monotonic(), shared by every process)
+SERVE_MODULE = "harness._serve"  # python -m SERVE_MODULE {serve|worker|probe}
+POOL_FOLDER_PREFIX = "harness-pool-"  # the pool's folder under the temp dir: its socket, the server's log
+
+
+def trace(event: str) -> None:
+    """One line of the pool's timeline: seconds since the pytest process started, pid, event.
+    CLOCK_MONOTONIC is one clock for every process on the machine, so the server's, the
+    probe's and the workers' lines interleave with the pytest process's."""
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    t0 = os.environ.get(TRACE_T0_ENV)
+    if t0 is None:
+        os.environ[TRACE_T0_ENV] = t0 = repr(time.monotonic())
+    try:
+        with open(path, "a") as f:
+            f.write(f"{time.monotonic() - float(t0):8.3f} {os.getpid()} {event}\n")
+    except (OSError, ValueError):
+        pass
+
+
+class Timeout(Exception):
+    pass
+
+
+class ChannelClosed(EOFError):
+    pass
+
+
+class Channel:
+    """Length-prefixed JSON frames over a stream socket; `recv` takes a timeout."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buf = bytearray()
+
+    def send(self, obj) -> None:
+        data = json.dumps(obj).encode()
+        self.sock.sendall(struct.pack("!I", len(data)) + data)
+
+    def recv(self, timeout: float | None = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if len(self._buf) >= 4:
+                (n,) = struct.unpack("!I", self._buf[:4])
+                if len(self._buf) >= 4 + n:
+                    data = bytes(self._buf[4:4 + n])
+                    del self._buf[:4 + n]
+                    return json.loads(data)
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                raise Timeout()
+            ready, _, _ = select.select([self.sock], [], [], wait)
+            if not ready:
+                raise Timeout()
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except OSError as exc:
+                raise ChannelClosed(str(exc)) from None
+            if not chunk:
+                raise ChannelClosed("the other end closed the connection")
+            self._buf += chunk
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def connect(path: str) -> Channel:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    return Channel(s)
+
+
+
+class Role:
+    """This process's end of the pool: set in the server (its channel to the pool) and in a
+    worker (its channel and token); the pytest process sets neither."""
+
+    connect_path: str | None = None  # the pool's socket
+    server: Channel | None = None  # the server's channel (in the server process)
+    worker: Channel | None = None  # a worker's channel
+    token: int | None = None  # a worker's token
+
+
+ROLE = Role()
+
+
+def is_server() -> bool:
+    return ROLE.server is not None and ROLE.worker is None
+
+
+def is_worker() -> bool:
+    return ROLE.token is not None

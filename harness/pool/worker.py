@@ -1,0 +1,482 @@
+"""A worker process: its own CUDA context on its own device, then gates (one at a time, or a
+mutant's set) sent by the pytest process, pytest's own reports sent back; between mutants it
+resets itself to as good as fresh."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+from harness.pool.channel import ROLE, Channel, ChannelClosed, connect, trace
+
+POOL_RESERVE_MB = 512  # device memory each worker puts in CuPy's pool before its first gate
+
+_last_launch: str | None = None
+launches = 0  # kernel launches made through harness.kernels in this worker
+
+
+def _on_launch(name: str) -> None:
+    """harness.kernels' launch listener in a worker: counts launches (the sanitizer's
+    attribution) and tells the watchdog the kernel, so a gate that hangs names it."""
+    global _last_launch, launches
+    launches += 1
+    if ROLE.worker is not None and name != _last_launch:
+        _last_launch = name
+        trace(f"  launch {name}")
+        try:
+            ROLE.worker.send({"op": "launch", "name": name})
+        except OSError:
+            pass
+
+
+def _listen_to_launches() -> None:
+    from harness import kernels
+
+    kernels.add_launch_listener(_on_launch)
+
+
+def probe_dict() -> dict:
+    from harness import device
+
+    p = device.probe()
+    return {"count": p.count, "name": p.name, "arch": p.arch, "error": p.error,
+            "devices": [list(d) for d in device.list_devices()] if p.usable else []}
+
+
+def become_worker(session, token: int) -> None:
+    """This process (forked from the server, or exec'd) becomes worker `token`: its context
+    made, it says hello and serves until told to quit; it never returns."""
+    ROLE.server = None
+    code = 0
+    try:
+        ROLE.token = token
+        _listen_to_launches()
+        began = time.monotonic()
+        hello = {"role": "worker", "token": token, "pid": os.getpid(), "pgid": None}
+        if os.environ.get("HARNESS_SANITIZER_LOG"):
+            hello["pgid"] = os.getpgid(0)
+        try:
+            phases = _prepare_device()
+            hello["probe"] = probe_dict()
+            hello["device"] = _device_facts()
+            phases["probe"] = round(time.monotonic() - began - sum(phases.values()), 4)
+            hello["start_phases"] = phases
+        except BaseException as exc:
+            hello["error"] = f"{type(exc).__name__}: {exc}"
+        hello["start_s"] = round(time.monotonic() - began, 4)  # its context and CuPy's warm-up
+        trace(f"worker t{token}: ready in {hello['start_s']} s {hello.get('start_phases')}")
+        # Connect only once ready: a connection the pool accepts always has its hello waiting.
+        ch = connect(ROLE.connect_path)
+        ch.send(hello)
+        if "error" not in hello:
+            ROLE.worker = ch
+            _worker_loop(session, ch, hello["device"])
+    except BaseException:
+        code = 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+GPU_WAIT_ENV = "HARNESS_GPU_WAIT"
+# How a worker's thread waits for the GPU (the primary context's scheduling flag): the
+# driver's default (auto) spins on a core for a process with one context; `block` sleeps
+# until the GPU is done, for many workers sharing one GPU and the host's cores.
+GPU_WAIT_FLAGS = {"auto": 0x00, "spin": 0x01, "yield": 0x02, "block": 0x04}
+
+
+def set_gpu_wait(mode: str | None, ordinal: int = 0) -> str | None:
+    """Set how this process waits for device `ordinal` (GPU_WAIT_FLAGS), before its primary
+    context is made; None when set, else why not (no driver, an unknown mode: the driver's
+    default stays, which changes no verdict, only the CPU a wait burns)."""
+    if not mode:
+        return None
+    if mode not in GPU_WAIT_FLAGS:
+        return f"{GPU_WAIT_ENV}={mode!r} is not one of {', '.join(GPU_WAIT_FLAGS)}"
+    from harness.device import _driver_present
+
+    if not _driver_present():
+        return None  # no GPU here: nothing waits for one (the worker's probe says so)
+    try:
+        from cuda.bindings import driver
+
+        (err,) = driver.cuInit(0)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err, dev = driver.cuDeviceGet(ordinal)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            (err,) = driver.cuDevicePrimaryCtxSetFlags(dev, GPU_WAIT_FLAGS[mode])
+    except Exception as exc:  # noqa: BLE001 - no driver library, no cuda.bindings
+        return f"{type(exc).__name__}: {exc}"
+    return None if err == driver.CUresult.CUDA_SUCCESS else f"the driver answered {err}"
+
+
+def gpu_wait_mode(ordinal: int = 0) -> str | None:
+    """The scheduling flag of device `ordinal`'s primary context (a GPU_WAIT_FLAGS name), or
+    None when the driver cannot say."""
+    try:
+        from cuda.bindings import driver
+
+        err, dev = driver.cuDeviceGet(ordinal)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        err, flags, _active = driver.cuDevicePrimaryCtxGetState(dev)
+    except Exception:  # noqa: BLE001
+        return None
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return None
+    return {v: k for k, v in GPU_WAIT_FLAGS.items()}.get(int(flags) & 0x07)
+
+
+def _prepare_device() -> dict:
+    """Make the context now, so the first gate does not pay for it. Under a sanitizer,
+    switch CuPy's pools off: one pooled allocation would hide an out-of-bounds access.
+    First, how the worker waits for the GPU (HARNESS_GPU_WAIT), which must precede the
+    context. Returns the seconds each step took (the worker's hello carries them)."""
+    phases = {}
+    began = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal began
+        now = time.monotonic()
+        phases[name] = round(now - began, 4)
+        began = now
+
+    why_not = set_gpu_wait(os.environ.get(GPU_WAIT_ENV))
+    if why_not:
+        print(f"harness: the GPU wait mode was not set: {why_not}", file=sys.stderr)
+    try:
+        import cupy
+    except Exception:
+        return phases
+    lap("wait_mode")
+    if os.environ.get("HARNESS_SANITIZER_LOG"):
+        cupy.cuda.set_allocator(None)
+        cupy.cuda.set_pinned_memory_allocator(None)
+    try:
+        cupy.cuda.runtime.free(0)
+        lap("context")
+        # CuPy loads each of its own kernels on first use: load the common ones now.
+        a = cupy.zeros(256, dtype=cupy.float32)
+        a.fill(1.0)
+        b = cupy.arange(256, dtype=cupy.int32)
+        (a + b).sum()
+        cupy.asarray(a.get())
+        lap("cupy_kernels")
+        if not os.environ.get("HARNESS_SANITIZER_LOG"):
+            # One allocation now, handed back to CuPy's pool: later buffers are carved out of
+            # it instead of each new size costing a cudaMalloc (a gate that sweeps 16 split
+            # counts spent about 10 ms in each of its 16 scratch allocations on the H200).
+            del a, b
+            cupy.empty(POOL_RESERVE_MB << 20, dtype=cupy.uint8)  # freed at once: into the pool
+        cupy.cuda.runtime.deviceSynchronize()
+        lap("pool")
+    except Exception:
+        pass
+    return phases
+
+
+def _device_facts() -> dict:
+    from harness import device
+
+    p = device.probe()
+    if not p.usable:
+        return {}
+    facts = device.current_device_facts()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    entry = visible.split(",")[0].strip() if visible else ""
+    if entry.isdigit():
+        facts["ordinal"] = int(entry)
+    mode = gpu_wait_mode()
+    if mode:
+        facts["gpu_wait"] = mode  # how this worker's thread waits for the GPU (HARNESS_GPU_WAIT)
+    return facts
+
+
+class _Profile:
+    """HARNESS_WORKER_PROFILE=DIR: the worker profiles itself (cProfile) and writes
+    DIR/worker-PID.prof before it waits for each message (a worker may be killed at any
+    time after). For finding where a campaign's time goes; off by default."""
+
+    def __init__(self, folder: str | None):
+        self.path = None
+        self.prof = None
+        if folder:
+            import cProfile
+
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            self.path = Path(folder) / f"worker-{os.getpid()}.prof"
+            self.prof = cProfile.Profile()
+            self.prof.enable()
+
+    @classmethod
+    def from_environment(cls) -> "_Profile":
+        return cls(os.environ.get("HARNESS_WORKER_PROFILE"))
+
+    def dump(self) -> None:
+        if self.prof is not None:
+            self.prof.disable()
+            self.prof.dump_stats(str(self.path))
+            self.prof.enable()
+
+
+class _ReportSink:
+    def __init__(self):
+        self.reports: list = []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.reports.append(report)
+
+
+def _worker_loop(session, ch: Channel, facts: dict) -> None:
+    """Serve gates and mutants over `ch`; `facts` are the device facts this worker said hello
+    with (its gates' reports carry them)."""
+    config = session.config
+    items = {item.nodeid: item for item in session.items}
+    sink = _ReportSink()
+    config.pluginmanager.register(sink, "harness-worker-sink")
+    from harness import sanitizer
+
+    watch = sanitizer.LogWatch.from_environment()
+    props = []
+    if facts:
+        props += [("device", facts.get("name", "")), ("device_ordinal", str(facts.get("ordinal", ""))),
+                  ("device_uuid", facts.get("uuid", ""))]
+    profile = _Profile.from_environment()
+    while True:
+        try:
+            msg = ch.recv()
+        except ChannelClosed:
+            break
+        profile.dump()
+        if msg.get("op") == "quit":
+            session._setupstate.teardown_exact(None)
+            ch.send({"op": "bye"})
+            break
+        if msg.get("op") == "run_set":
+            reply = _run_set(session, items, sink, msg, props)
+            why_not = "not asked to serve another mutant"
+            if any(o["poisoned"] for o in reply["outcomes"]):
+                why_not = "a gate left the CUDA context unusable"
+            elif msg.get("reuse"):
+                began = time.monotonic()
+                why_not = reset_for_next_mutant(session)
+                reply["reset_s"] = round(time.monotonic() - began, 4)
+            reply["reusable"] = why_not is None
+            reply["why_not_reusable"] = why_not
+            ch.send(reply)
+            if why_not is None:
+                continue
+            break  # no cache, buffer or stray store of this mutant outlives it
+        if msg.get("op") != "run":
+            continue
+        item = items.get(msg["nodeid"])
+        if item is None:
+            ch.send({"op": "done", "reports": [], "missing": True})
+            continue
+        nextitem = items.get(msg.get("nextid") or "")
+        sink.reports.clear()
+        before = launches
+        try:
+            session._setupstate.teardown_exact(item)
+        except BaseException:
+            pass  # a finaliser of an earlier gate failed; that gate already has its verdict
+        trace(f"  run {item.nodeid}")
+        config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if watch is not None:
+            watch.attribute(sink.reports, launches - before)
+        out = []
+        poisoned = False
+        for rep in sink.reports:
+            rep.user_properties.extend(props)
+            if any(k == "poisoned_context" and v == "true" for k, v in rep.user_properties):
+                poisoned = True
+            out.append(config.hook.pytest_report_to_serializable(config=config, report=rep))
+        phases = {rep.when: round(rep.duration, 4) for rep in sink.reports}
+        ch.send({"op": "done", "reports": out, "poisoned": poisoned, "launches": launches - before,
+                 "phases": phases})
+        if poisoned:
+            break
+
+
+def _outcome(item, reports: list, shadow_hits: int | None = None) -> dict:
+    """One gate's outcome from its phase reports, judged as the plugin judges it (a trap
+    gate passes when its body died by a device fault). A trap gate run in the trap shadow
+    (harness.compile.TRAP_SHADOW_PREAMBLE) also passes when its guards counted
+    (`shadow_hits` > 0): the real kernel would have trapped at the first of them."""
+    props = {}
+    outcome, route, line, message = "passed", None, None, None
+    for rep in reports:
+        props.update((k, v) for k, v in rep.user_properties)
+        if rep.skipped and outcome == "passed":
+            outcome = "skipped"
+        elif rep.failed and outcome not in ("failed", "error"):
+            outcome = "failed" if rep.when == "call" else "error"
+            route = dict(rep.user_properties).get("route", "error")
+            line = dict(rep.user_properties).get("first_failure_line")
+            message = getattr(rep, "harness_failure_message", None) or str(rep.longrepr)[:4000]
+    if item.get_closest_marker("trap") is not None and outcome in ("passed", "failed"):
+        if shadow_hits:
+            outcome, route, line, message = "passed", None, None, None
+        elif outcome == "passed":
+            outcome, route = "failed", "assertion"
+            line = "the device guard did not fire: the gate's body returned normally"
+        elif route == "trap":
+            outcome, route, line = "passed", None, None
+    return {"nodeid": item.nodeid, "outcome": outcome, "route": route, "first_failure_line": line,
+            "failure_message": message, "poisoned": props.get("poisoned_context") == "true",
+            "duration": round(sum(getattr(rep, "duration", 0.0) or 0.0 for rep in reports), 4),
+            "shadow_hits": shadow_hits}
+
+
+def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) -> dict:
+    """A mutant's gates in this fresh worker, against its sandboxed kernel root: in order,
+    stopping at the first kill by assertion unless told to run them all, and at a gate that
+    poisoned the context (the rest go to another fresh worker). The trap gates named in
+    `trap_shadow` run in the trap shadow, here, their guards counted instead of trapping."""
+    from harness import _settings
+
+    _settings.configure(kernel_root=msg["kernel_root"])
+    gates = list(msg["gates"])
+    shadowed = set(msg.get("trap_shadow") or ())
+    outcomes = []
+    protocol = 0.0  # seconds inside pytest's run-test protocol (the gates' reports time less of it)
+    for i, nodeid in enumerate(gates):
+        item = items.get(nodeid)
+        if item is None:
+            outcomes.append({"nodeid": nodeid, "outcome": "not run", "route": None,
+                             "first_failure_line": "not collected by the campaign's workers", "poisoned": False})
+            continue
+        nxt = items.get(gates[i + 1]) if i + 1 < len(gates) else None
+        if msg.get("announce"):
+            try:
+                ROLE.worker.send({"op": "gate", "nodeid": nodeid})  # the executor's per-gate deadline
+            except (OSError, AttributeError):
+                pass
+        sink.reports.clear()
+        try:
+            session._setupstate.teardown_exact(item)
+        except BaseException:
+            pass
+        began = time.monotonic()
+        hits = None
+        if nodeid in shadowed:
+            hits = _in_trap_shadow(lambda: session.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt))
+        else:
+            session.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt)
+        protocol += time.monotonic() - began
+        out = _outcome(item, sink.reports, shadow_hits=hits)
+        outcomes.append(out)
+        if out["poisoned"] or (msg.get("stop_on_kill") and out["outcome"] == "failed" and out["route"] == "assertion"):
+            break
+    return {"op": "done_set", "outcomes": outcomes, "protocol_s": round(protocol, 4)}
+
+
+def _in_trap_shadow(run) -> int | None:
+    """Run `run()` with every module loaded afresh in its trap-shadow build; the guards they
+    counted, or None when the context cannot say (the gate left a sticky error: a guard
+    counted before it, or a fault the real run has too; either way a trap gate's pass)."""
+    from harness import kernels
+
+    kernels.forget_loaded()  # no module loaded before (the real build) serves the gate
+    kernels.set_trap_shadow(True)
+    try:
+        run()
+        try:
+            return kernels.trap_shadow_hits()
+        except Exception:  # noqa: BLE001 - a sticky error: the counters cannot be read
+            return None
+    finally:
+        kernels.set_trap_shadow(False)
+        kernels.forget_loaded()  # and no shadow module serves a later gate
+
+
+def reset_for_next_mutant(session) -> str | None:
+    """Make this worker as good as fresh for the next mutant; None when it is, else why not.
+
+    Nothing a mutant computed may reach the next one: every fixture is torn down; every
+    functools cache of the project's own modules (gates, oracles, launchers) is cleared,
+    except those marked `harness.host_cache` (pure host data, no kernel involved); every
+    loaded module is dropped; every device buffer must be back in CuPy's pool, so none
+    outlives the mutant (a stray store of this mutant landed in memory that the next one
+    allocates and fills afresh). A context with a sticky error is not reused."""
+
+    from harness import device, kernels
+
+    try:
+        session._setupstate.teardown_exact(None)
+    except BaseException as exc:  # noqa: BLE001 - a finaliser of the mutant's gates failed
+        return f"a fixture's teardown raised {type(exc).__name__}: {exc}"
+    clear_project_caches(Path(session.config.rootpath))
+    kernels.forget_loaded()
+    # pytest keeps the last failure for a post-mortem debugger (sys.last_value and friends):
+    # its traceback's frames hold the failed gate's device buffers. A killed mutant always
+    # leaves one; it must not keep them past the mutant.
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    gc.collect()
+    if device.context_is_poisoned():
+        return "the CUDA context has a sticky error"
+    try:
+        import cupy
+
+        in_use = cupy.get_default_memory_pool().used_bytes()
+    except Exception:  # noqa: BLE001 - no CuPy or no driver (a fake device in the harness's own tests)
+        return None
+    # Every buffer must be back in CuPy's pool now. The pool's memory itself is kept, not
+    # handed back to the driver: giving it back and allocating it again cost the H200 about
+    # 0.5 s a mutant (cudaFree and cudaMalloc), and the next mutant overwrites every buffer it
+    # allocates (gates fill outputs with sentinels and copy inputs in) before reading it.
+    if in_use:
+        return f"{in_use} bytes of device memory are still held after the mutant's teardown"
+    return None
+
+
+def clear_project_caches(rootdir: Path) -> int:
+    """Clear every functools cache defined in a module under `rootdir` (not an installed
+    package, not the harness itself) unless marked `harness.host_cache`; returns how many
+    were cleared."""
+    root = str(rootdir.resolve())
+    cleared = 0
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if not f or not f.startswith(root) or "site-packages" in f:
+            continue
+        if name == "harness" or name.startswith("harness."):
+            continue  # the harness's own caches (toolchain, compile settings, parsers) hold no kernel output
+        for obj in list(vars(mod).values()):
+            # A module holds no cache of its own to clear here (its functions are visited as its
+            # own entry of sys.modules); and touching a lazily loaded one (importlib's
+            # LazyLoader, as CuPy loads cupyx) imports it: on the H200 that was cupyx, SciPy
+            # and 0.65 s of each fresh worker's first reset.
+            if isinstance(obj, types.ModuleType):
+                continue
+            if callable(getattr(obj, "cache_clear", None)) and hasattr(obj, "cache_info") \
+                    and not getattr(obj, "harness_host_cache", False):
+                obj.cache_clear()
+                cleared += 1
+    return cleared
+
+
+def worker_main(argv: list[str]) -> int:
+    """An exec'd worker (under a sanitizer): collect, then serve gates as a forked one does."""
+    ROLE.connect_path = argv[argv.index("--connect") + 1]
+    ROLE.token = int(argv[argv.index("--token") + 1])
+    args = argv[argv.index("--") + 1:]
+    import pytest
+
+    pytest.main(args + ["--harness-serve"])
+    return 0
+
+
+def exec_worker_loop(session) -> None:
+    """The run loop of an exec'd worker (called by the plugin)."""
+    become_worker(session, ROLE.token)
