@@ -2,7 +2,7 @@
 
 For the structural gates of thread roles (`gates/test_lm_head_structure.py`,
 `gates/test_thread_roles.py`): the source is parsed with the tree-sitter CUDA grammar the
-mutation campaign uses (`gates/_warp_structure.py`), and a kernel's index expressions are
+mutation campaign uses (`harness.cuda_syntax`), and a kernel's index expressions are
 evaluated for every thread of a block, with `threadIdx.x` and `blockDim.x` bound and the
 kernel's runtime sizes bound to trial values.
 
@@ -32,9 +32,9 @@ from __future__ import annotations
 import functools
 import re
 
-from gates._warp_structure import (Constants, Unevaluable, _function_name, _walk, evaluate, loop_values,
-                                   loop_variable, parse, text_of)
+from gates._warp_structure import Constants, Unevaluable, evaluate, loop_values, loop_variable, text_of
 from harness.caching import host_cache
+from harness.cuda_syntax import function_name, parse, walk
 
 THREAD, BLOCK = "threadIdx.x", "blockDim.x"
 WARP = 32
@@ -74,11 +74,11 @@ def _reach_index(text: str) -> tuple[dict, tuple]:
     """({function name: ((body start, body end, names its body says), ...)}, the function names
     a preprocessor line says) of `text`: parsed once for all the gates that read one text."""
     bodies: dict[str, list] = {}
-    for n in _walk(parse(text).root_node):
+    for n in walk(parse(text).root_node):
         if n.type == "function_definition" and n.child_by_field_name("body") is not None:
             body = n.child_by_field_name("body")
-            said = frozenset(text_of(x) for x in _walk(body) if x.type in ("identifier", "field_identifier",
-                                                                           "type_identifier", "namespace_identifier"))
+            said = frozenset(text_of(x) for x in walk(body) if x.type in ("identifier", "field_identifier",
+                                                                          "type_identifier", "namespace_identifier"))
             bodies.setdefault(name_of(n), []).append((body.start_byte, body.end_byte, said))
     seeds = tuple(w for line in _PREPROC_LINE.findall(text) for w in _WORD.findall(line) if w in bodies)
     return bodies, seeds
@@ -155,18 +155,18 @@ def callee(call) -> str:
 
 def name_of(fn) -> str:
     """A function definition's name ("?" when it has none the grammar shows)."""
-    return _function_name(fn)
+    return function_name(fn)
 
 
 def functions(tree) -> dict:
     """{name: function_definition node} of every function defined in the tree."""
-    return {name_of(n): n for n in _walk(tree.root_node) if n.type == "function_definition"}
+    return {name_of(n): n for n in walk(tree.root_node) if n.type == "function_definition"}
 
 
 def block_size(fn, consts: Constants, env: dict[str, int] | None = None) -> int | None:
     """The block size a kernel's `__launch_bounds__(N)` names (`env`: its template
     arguments), or None."""
-    for node in _walk(fn):
+    for node in walk(fn):
         if node.type == "compound_statement":
             break
         if node.type in ("call_expression", "attribute_specifier", "ms_declspec_modifier") and \
@@ -190,7 +190,7 @@ def block_size(fn, consts: Constants, env: dict[str, int] | None = None) -> int 
 def initialisers(fn) -> list[tuple[str, object]]:
     """(name, value node) of the body's `T name = value` declarations, in source order."""
     out = []
-    for node in _walk(fn.child_by_field_name("body")):
+    for node in walk(fn.child_by_field_name("body")):
         if node.type == "init_declarator" and node.child_by_field_name("declarator").type == "identifier":
             out.append((text_of(node.child_by_field_name("declarator")), node.child_by_field_name("value")))
     return out
@@ -276,7 +276,7 @@ def thread_dependent(inits) -> set[str]:
     while changed:
         changed = False
         for name, value in inits:
-            if name not in dep and {text_of(n) for n in _walk(value)
+            if name not in dep and {text_of(n) for n in walk(value)
                                     if n.type in ("identifier", "field_expression")} & dep:
                 dep.add(name)
                 changed = True
@@ -284,7 +284,7 @@ def thread_dependent(inits) -> set[str]:
 
 
 def _names(node) -> set[str]:
-    return {text_of(n) for n in _walk(node) if n.type in ("identifier", "field_expression")}
+    return {text_of(n) for n in walk(node) if n.type in ("identifier", "field_expression")}
 
 
 def needed(nodes, inits) -> set[str]:
@@ -303,10 +303,10 @@ def needed(nodes, inits) -> set[str]:
 def strided_loops(fn, inits):
     """`for` loops whose variable starts at a value that depends on the thread's index."""
     dep = thread_dependent(inits)
-    for node in _walk(fn.child_by_field_name("body")):
+    for node in walk(fn.child_by_field_name("body")):
         if node.type == "for_statement":
             found = loop_variable(node)
-            if found is not None and {text_of(n) for n in _walk(found[1])
+            if found is not None and {text_of(n) for n in walk(found[1])
                                       if n.type in ("identifier", "field_expression")} & dep:
                 yield node
 
@@ -357,7 +357,7 @@ def register_arrays(fn) -> set[str]:
     """The names of a function's local arrays that are not `__shared__` (they live in
     registers or local memory: each thread has its own, so they have no shared writers)."""
     out = set()
-    for node in _walk(fn.child_by_field_name("body")):
+    for node in walk(fn.child_by_field_name("body")):
         if node.type != "declaration" or "__shared__" in text_of(node).split("[")[0]:
             continue
         for decl in node.children_by_field_name("declarator"):
@@ -370,7 +370,7 @@ def register_arrays(fn) -> set[str]:
 def shared_scalars(fn) -> set[str]:
     """The `__shared__` variables of a function that are not arrays (`__shared__ int is_last;`)."""
     out = set()
-    for node in _walk(fn.child_by_field_name("body")):
+    for node in walk(fn.child_by_field_name("body")):
         if node.type == "declaration" and "__shared__" in text_of(node):
             for decl in node.children_by_field_name("declarator"):
                 if decl.type == "identifier":
@@ -382,7 +382,7 @@ def shared_extents(fn, consts: Constants, env: dict | None = None) -> dict[str, 
     """{name: its dimensions} of the `__shared__` arrays a function declares with sizes this
     can evaluate (`env`: template arguments); `extern` ones (sized at launch) left out."""
     out = {}
-    for node in _walk(fn.child_by_field_name("body")):
+    for node in walk(fn.child_by_field_name("body")):
         if node.type != "declaration" or "__shared__" not in text_of(node) or "extern" in text_of(node).split("[")[0]:
             continue
         for decl in node.children_by_field_name("declarator"):
@@ -404,7 +404,7 @@ def memory_stores(fn) -> list:
     pointer or a `__shared__` array (`a[i] = v`, `a[i][j] += v`, `*p = v`) or a `__shared__`
     scalar. A thread's own arrays and fields (`acc[t]`, `st.m`) are left out."""
     local, scalars, out = register_arrays(fn), shared_scalars(fn), []
-    for node in _walk(fn.child_by_field_name("body")):
+    for node in walk(fn.child_by_field_name("body")):
         if node.type != "assignment_expression":
             continue
         left = node.child_by_field_name("left")
@@ -493,7 +493,7 @@ def shared_writers(fn, store, consts: Constants, block: int, scope: int, extra: 
     # local pointers set from a value that differs between threads (`o = out + row * HD` with
     # a row read from memory): their stores are placed only where the pointer's value can be
     dep = thread_dependent(inits)
-    moving = {_declared_name(node) for node in _walk(fn.child_by_field_name("body"))
+    moving = {_declared_name(node) for node in walk(fn.child_by_field_name("body"))
               if node.type == "init_declarator" and node.child_by_field_name("declarator").type == "pointer_declarator"
               and _names(node.child_by_field_name("value")) & dep}
     stored = False

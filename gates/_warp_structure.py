@@ -1,8 +1,8 @@
 """Warp primitives read from the syntax tree, for gates/test_warp_structure.py.
 
 The source is parsed with the tree-sitter CUDA grammar exactly as the mutation generator
-parses it (`harness.mutate.generate.prepare` and `parser`), so the calls, loops and
-arguments this module sees are the ones a mutant changes.
+parses it (`harness.cuda_syntax.parse`), so the calls, loops and arguments this module sees
+are the ones a mutant changes.
 
 - `warp_calls(text)`: every call of a warp primitive (`__shfl_*_sync`, `__ballot_sync`,
   `__any_sync`, `__all_sync`, `__uni_sync`, `__match_*_sync`, `__reduce_*_sync`,
@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from harness.mutate.generate import parser, prepare
+from harness.cuda_syntax import function_name, parse, walk
 from harness.source import strip_comments_and_literals
 
 # The first argument of each is the member mask.
@@ -50,19 +50,6 @@ def text_of(node) -> str:
 
 def line_of(node) -> int:
     return node.start_point[0] + 1
-
-
-def parse(text: str):
-    return parser().parse(prepare(text.encode()))
-
-
-def _walk(node, skip: tuple[str, ...] = ()):
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        if n is node or n.type not in skip:
-            stack.extend(reversed(n.children))
 
 
 # ------------------------------------------------------------------ integer constants
@@ -95,8 +82,8 @@ class Constants:
 
     def _absorb(self, text: str) -> None:
         tree = parse(text)
-        for node in _walk(tree.root_node, skip=("function_definition", "template_declaration",
-                                                  "struct_specifier", "class_specifier")):
+        for node in walk(tree.root_node, skip=("function_definition", "template_declaration",
+                                                 "struct_specifier", "class_specifier")):
             if node.type == "preproc_def" and node.child_by_field_name("value") is not None:
                 name = text_of(node.child_by_field_name("name"))
                 self._defs.setdefault(name, []).append(text_of(node.child_by_field_name("value")))
@@ -152,7 +139,7 @@ def _expression(spelling: str):
     """The syntax node of an expression given as text (a macro's replacement)."""
     spelling = " ".join(strip_comments_and_literals(spelling.replace("\\\n", " ")).split())
     tree = parse(f"int __warp_gate_probe = ({spelling});")
-    for node in _walk(tree.root_node):
+    for node in walk(tree.root_node):
         if node.type == "init_declarator" and not tree.root_node.has_error:
             return node.child_by_field_name("value")
     raise Unevaluable(f"`{spelling}` is not an expression")
@@ -300,21 +287,13 @@ class WarpCall:
         return f"{self.name}({', '.join(text_of(a) for a in self.args)})"
 
 
-def _function_name(node) -> str:
-    decl = node.child_by_field_name("declarator")
-    while decl is not None and decl.type != "function_declarator":
-        decl = decl.child_by_field_name("declarator")
-    inner = decl.child_by_field_name("declarator") if decl is not None else None
-    return text_of(inner) if inner is not None else "?"
-
-
 def _context(node) -> tuple[str, list]:
     loops, child, parent = [], node, node.parent
     while parent is not None:
         if parent.type == "for_statement" and parent.child_by_field_name("body") == child:
             loops.append(parent)
         if parent.type == "function_definition":
-            return _function_name(parent), loops
+            return function_name(parent), loops
         child, parent = parent, parent.parent
     return "?", loops
 
@@ -324,7 +303,7 @@ def warp_calls(text: str) -> tuple[list[WarpCall], list[str]]:
     a primitive with no call in the tree)."""
     tree = parse(text)
     calls = []
-    for node in _walk(tree.root_node):
+    for node in walk(tree.root_node):
         if node.type != "call_expression":
             continue
         name = text_of(node.child_by_field_name("function"))
@@ -347,5 +326,5 @@ def warp_calls(text: str) -> tuple[list[WarpCall], list[str]]:
 
 
 def identifiers(node) -> set[str]:
-    return {text_of(n) for n in _walk(node) if n.type == "identifier"}
+    return {text_of(n) for n in walk(node) if n.type == "identifier"}
 

@@ -25,7 +25,8 @@ import pytest
 
 from gates._thread_roles import (TEMPLATE_ARGS, block_size, callee, defined, functions, memory_stores,
                                  read_kernel_file, shared_extents)
-from gates._warp_structure import Unevaluable, _walk, evaluate, line_of, text_of
+from gates._warp_structure import Unevaluable, evaluate, line_of, text_of
+from harness.cuda_syntax import walk
 
 pytestmark = pytest.mark.structural
 
@@ -50,13 +51,13 @@ def _is_call(stmt, name: str) -> bool:
 
 def _names_ticket(node, ticket: str) -> bool:
     return any(n.type == "call_expression" and text_of(n.child_by_field_name("function")).startswith("atomic")
-               and ticket in {text_of(i) for i in _walk(n.child_by_field_name("arguments")) if i.type == "identifier"}
-               for n in _walk(node))
+               and ticket in {text_of(i) for i in walk(n.child_by_field_name("arguments")) if i.type == "identifier"}
+               for n in walk(node))
 
 
 def _flag(stmt) -> str | None:
     """The `__shared__` flag a ticket statement sets (`is_last = atomicAdd(...) == ...`)."""
-    for n in _walk(stmt):
+    for n in walk(stmt):
         if n.type == "assignment_expression" and n.child_by_field_name("left").type == "identifier":
             return text_of(n.child_by_field_name("left"))
     return None
@@ -137,7 +138,7 @@ def test_a_block_reductions_scratch_has_one_slot_a_warp(kernel_root, file):
     problems, checked = [], 0
     for name, fn in functions(tree).items():
         block = block_size(fn, consts)
-        for call in (n for n in _walk(fn) if n.type == "call_expression"
+        for call in (n for n in walk(fn) if n.type == "call_expression"
                      and text_of(n.child_by_field_name("function")) in REDUCTIONS[file]):
             args = call.child_by_field_name("arguments").named_children
             scratch = text_of(args[1]) if len(args) > 1 else "?"
@@ -162,7 +163,7 @@ def _barrier_functions(tree) -> set[str]:
     """The functions of the file whose body holds a `__syncthreads()` (a call is a barrier)."""
     return {name for name, fn in functions(tree).items()
             if any(n.type == "call_expression" and text_of(n.child_by_field_name("function")) == "__syncthreads"
-                   for n in _walk(fn.child_by_field_name("body")))}
+                   for n in walk(fn.child_by_field_name("body")))}
 
 
 @pytest.mark.parametrize("file,name", PUBLISHED, ids=[f"{f}:{k}" for f, k in PUBLISHED])
@@ -176,9 +177,9 @@ def test_a_shared_arrays_stores_are_published_by_a_barrier(kernel_root, file, na
     fn = defined(tree, file, name)
     barriers = _barrier_functions(tree)
     shared = set(shared_extents(fn, consts, TEMPLATE_ARGS.get((file, name), {}))) | {
-        text_of(d) for n in _walk(fn.child_by_field_name("body"))
+        text_of(d) for n in walk(fn.child_by_field_name("body"))
         if n.type == "declaration" and text_of(n).startswith("extern __shared__")
-        for d in _walk(n) if d.type == "identifier" and d.parent.type == "array_declarator"}
+        for d in walk(n) if d.type == "identifier" and d.parent.type == "array_declarator"}
     body = [s for s in fn.child_by_field_name("body").named_children if s.type != "comment"]
     stores = memory_stores(fn)
 
@@ -196,7 +197,7 @@ def test_a_shared_arrays_stores_are_published_by_a_barrier(kernel_root, file, na
     targets = {w.child_by_field_name("left").start_byte for w in stores}
 
     def read(stmt, array: str) -> bool:
-        for n in _walk(stmt):
+        for n in walk(stmt):
             if n.type == "identifier" and text_of(n) == array:
                 top = n
                 while top.parent is not None and top.parent.type == "subscript_expression" and \
@@ -208,7 +209,7 @@ def test_a_shared_arrays_stores_are_published_by_a_barrier(kernel_root, file, na
 
     def barrier(stmt) -> bool:
         return _is_call(stmt, "__syncthreads") or any(
-            n.type == "call_expression" and callee(n) in barriers for n in _walk(stmt))
+            n.type == "call_expression" and callee(n) in barriers for n in walk(stmt))
 
     problems, checked = [], 0
     for i, stmt in enumerate(body):

@@ -1,7 +1,7 @@
 """Structural gates over lm_head.cu: thread roles and shared slots no value can show.
 
 They read the `.cu` of the ACTIVE kernel root (a control's or mutant's sandbox) through
-harness.source, parse it with the tree-sitter CUDA grammar (gates/_warp_structure.py) and
+harness.source, parse it with the tree-sitter CUDA grammar (harness.cuda_syntax) and
 evaluate the kernels' index expressions for every thread of a block. They need no GPU.
 
 Each claim is one the kernels rely on and a wrong one breaks without a wrong value on the
@@ -30,7 +30,8 @@ import pytest
 
 from gates._thread_roles import (WARP, defined, first_lanes, guards, initialisers, name_of, passes,
                                  read_kernel_file, thread_env, warp_values)
-from gates._warp_structure import Unevaluable, _walk, evaluate, line_of, loop_values, text_of
+from gates._warp_structure import Unevaluable, evaluate, line_of, loop_values, text_of
+from harness.cuda_syntax import walk
 from kernels_cu import lm_head
 
 pytestmark = pytest.mark.structural
@@ -45,7 +46,7 @@ WARP_UNIFORM = ("lm_head_partial",)
 def _shared_arrays(fn, consts) -> dict[str, tuple[int, int]]:
     """{name: (slots, line)} of the body's `__shared__ T name[N]` arrays."""
     out = {}
-    for node in _walk(fn.child_by_field_name("body")):
+    for node in walk(fn.child_by_field_name("body")):
         if node.type == "declaration" and any(c.type == "type_qualifier" and text_of(c) == "__shared__"
                                               for c in node.children):
             for decl in node.children_by_field_name("declarator"):
@@ -60,7 +61,7 @@ def _enclosing_loop(node, name):
     while parent is not None:
         if parent.type == "for_statement":
             init = parent.child_by_field_name("initializer")
-            if init is not None and name in {text_of(n) for n in _walk(init) if n.type == "identifier"}:
+            if init is not None and name in {text_of(n) for n in walk(init) if n.type == "identifier"}:
                 return parent
         parent = parent.parent
     return None
@@ -77,7 +78,7 @@ def test_lm_head_every_shared_slot_a_thread_indexes_lies_inside_its_array(kernel
     for name in KERNELS:
         fn = defined(tree, lm_head.SOURCE, name)
         arrays, inits = _shared_arrays(fn, consts), initialisers(fn)
-        for node in _walk(fn.child_by_field_name("body")):
+        for node in walk(fn.child_by_field_name("body")):
             if node.type != "subscript_expression":
                 continue
             array = text_of(node.child_by_field_name("argument"))

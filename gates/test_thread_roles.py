@@ -33,7 +33,8 @@ import pytest
 from gates._thread_roles import (TEMPLATE_ARGS, WARP, analysed, block_size, callee, defined, first_lanes,
                                  functions, initialisers, partition_problem, read_kernel_file, strided_loops,
                                  thread_env, warp_values)
-from gates._warp_structure import Unevaluable, _walk, line_of, loop_variable, text_of
+from gates._warp_structure import Unevaluable, line_of, loop_variable, text_of
+from harness.cuda_syntax import walk
 
 pytestmark = pytest.mark.structural
 
@@ -67,7 +68,7 @@ CAPS = {"moe_decode.cu": {"T": "MOE_MAX_T", "K": "MOE_MAX_K"}}
 
 def _called(fn, tree) -> list:
     """The functions of the file that `fn` calls by name (one level: the staging helpers)."""
-    names = {callee(n) for n in _walk(fn) if n.type == "call_expression"}
+    names = {callee(n) for n in walk(fn) if n.type == "call_expression"}
     return [f for name, f in functions(tree).items() if name in names and f is not fn]
 
 

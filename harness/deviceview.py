@@ -4,7 +4,7 @@ Real kernel files mix kernels with host code: a `main()`, cuBLAS calls, torch-ex
 entry points and the headers they need (`<torch/extension.h>`, `<cublas_v2.h>`). NVRTC
 compiles device code only, and neither it nor nvcc can open a header that is not
 installed. So the harness compiles a view of the file it derives from the syntax tree
-(tree-sitter with the CUDA grammar), never an edited copy the user keeps:
+(tree-sitter with the CUDA grammar, `harness.cuda_syntax`), never an edited copy the user keeps:
 
 - **set aside**: every function definition or declaration with no `__global__` /
   `__device__` (directly, or through a macro the file defines, e.g.
@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from harness import cuda_syntax
+
 VERSION = "1"  # part of the cache key: bump when the rules change
 
-DEVICE_FUNCTION_MARKERS = ("__global__", "__device__")
+DEVICE_FUNCTION_MARKERS = cuda_syntax.DEVICE_MARKERS  # ("__global__", "__device__")
 DEVICE_VARIABLE_MARKERS = ("__device__", "__constant__", "__shared__", "__managed__", "__global__")
 HOST_NAMESPACES = frozenset({"torch", "at", "c10", "pybind11", "py"})
 _HOST_PREFIXES = ("torch/", "ATen/", "c10/", "pybind11/", "nvtx3/", "cublas", "cusparse", "cufft", "cusolver",
@@ -72,11 +73,7 @@ class ViewUnavailable(DeviceViewError):
 
 
 def available() -> bool:
-    try:
-        _parser()
-    except ViewUnavailable:
-        return False
-    return True
+    return cuda_syntax.available()
 
 
 @dataclass(frozen=True)
@@ -110,15 +107,15 @@ _IDENT = re.compile(r"[A-Za-z_]\w*")
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(?![\w(])[ \t]*(.*)$", re.MULTILINE)
 
 
-@lru_cache(maxsize=None)
-def _parser():
+def _tree(src: bytes):
+    """The syntax tree of `src` as written (not `cuda_syntax.prepare`d: the view's rules were
+    set on that tree); ViewUnavailable when tree-sitter or its grammar is not installed."""
     try:
-        import tree_sitter_cuda
-        from tree_sitter import Language, Parser
+        parser = cuda_syntax.parser()
     except ImportError as exc:  # pragma: no cover - a dependency
         raise ViewUnavailable(f"the device view needs tree-sitter and tree-sitter-cuda ({exc}): "
                               "pip install tree-sitter tree-sitter-cuda (pyproject lists them)") from None
-    return Parser(Language(tree_sitter_cuda.language()))
+    return parser.parse(src)
 
 
 def _markers(texts: list[str]) -> tuple[set[str], set[str]]:
@@ -214,7 +211,7 @@ def device_view(text: str, where: str | Path, resolve: Callable[[str, bool], Pat
     where the include path finds a header (None: not found). `extra_texts`: the kernel-root
     headers it includes, read for macros that expand to `__device__` / `__global__`."""
     src = text.encode("utf-8")
-    tree = _parser().parse(src)
+    tree = _tree(src)
     fn_markers, var_markers = _markers([text, *extra_texts])
     items: list[_Item] = []
     includes = []

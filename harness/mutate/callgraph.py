@@ -17,27 +17,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from harness.mutate.generate import SOURCE_SUFFIXES, _function_name, parser, prepare
+from harness.cuda_syntax import function_name, is_kernel, parse, walk
+from harness.mutate.generate import SOURCE_SUFFIXES
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 def _names_in(node) -> set[str]:
-    out, stack = set(), [node]
-    while stack:
-        n = stack.pop()
-        if n.type in ("identifier", "field_identifier", "type_identifier"):
-            out.add(n.text.decode(errors="replace"))
-        stack.extend(n.children)
-    return out
-
-
-def _walk(tree):
-    stack = [tree.root_node]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(node.children)
+    return {n.text.decode(errors="replace") for n in walk(node)
+            if n.type in ("identifier", "field_identifier", "type_identifier")}
 
 
 def read_graph(kernel_root: Path) -> tuple[dict[str, set[str]], set[str]]:
@@ -45,15 +33,14 @@ def read_graph(kernel_root: Path) -> tuple[dict[str, set[str]], set[str]]:
     edges: dict[str, set[str]] = {}
     kernels: set[str] = set()
     for path in sorted(p for p in Path(kernel_root).rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()):
-        tree = parser().parse(prepare(path.read_bytes()))
-        for node in _walk(tree):
+        for node in walk(parse(path.read_bytes()).root_node):
             if node.type == "function_definition":
-                name = _function_name(node)
+                name = function_name(node)
                 body = node.child_by_field_name("body")
                 if name == "?" or body is None:
                     continue
                 edges.setdefault(name, set()).update(_names_in(body))
-                if any(c.type == "__global__" for c in node.children):
+                if is_kernel(node):
                     kernels.add(name)
             elif node.type in ("preproc_function_def", "preproc_def"):
                 name_node, value = node.child_by_field_name("name"), node.child_by_field_name("value")

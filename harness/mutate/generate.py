@@ -1,11 +1,11 @@
 """Mutants from the syntax tree: device code only, deterministic, with stable ids.
 
 Only the bodies of `__global__` and `__device__` functions are mutated (host code and
-launch configuration belong to the Python launchers). Before parsing, `#pragma` lines and
-`__align__(N)` are blanked with spaces (same length, same lines): the tree-sitter CUDA
-grammar does not parse them inside statements. A function whose body still holds a parse
-error is skipped and named (file and line) in the warnings; so is a file that does not
-parse at all.
+launch configuration belong to the Python launchers). Sources are parsed by
+`harness.cuda_syntax`: before parsing, `#pragma` lines and `__align__(N)` are blanked with
+spaces (same length, same lines), as the tree-sitter CUDA grammar does not parse them inside
+statements. A function whose body still holds a parse error is skipped and named (file and
+line) in the warnings; so is a file that does not parse at all.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.cuda_syntax import device_functions, first_error, function_name, parse
 from harness.mutate.operators import OPERATORS
 
 SOURCE_SUFFIXES = (".cu", ".cuh")
@@ -59,67 +60,6 @@ class ParseProblem(str):
     """A warning: `file:line: what`."""
 
 
-_PRAGMA = re.compile(rb"^[ \t]*#[ \t]*pragma[^\n]*", re.MULTILINE)
-_ALIGN = re.compile(rb"__align__\s*\(\s*\d+\s*\)")
-
-
-def _blank(m: re.Match) -> bytes:
-    return re.sub(rb"[^\n]", b" ", m.group(0))
-
-
-def prepare(source: bytes) -> bytes:
-    """`source` with what the grammar cannot parse blanked, offsets and lines kept."""
-    return _ALIGN.sub(_blank, _PRAGMA.sub(_blank, source))
-
-
-_parser = None
-
-
-def parser():
-    global _parser
-    if _parser is None:
-        import tree_sitter
-        import tree_sitter_cuda
-
-        _parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
-    return _parser
-
-
-def _is_device_function(node) -> bool:
-    return any(c.type in ("__global__", "__device__") for c in node.children)
-
-
-def _function_name(node) -> str:
-    decl = node.child_by_field_name("declarator")
-    while decl is not None and decl.type != "function_declarator":
-        decl = decl.child_by_field_name("declarator")
-    inner = decl.child_by_field_name("declarator") if decl is not None else None
-    return inner.text.decode(errors="replace") if inner is not None else "?"
-
-
-def _first_error(node):
-    if node.is_error or node.is_missing:
-        return node
-    if not node.has_error:
-        return None
-    for child in node.children:
-        found = _first_error(child)
-        if found is not None:
-            return found
-    return None
-
-
-def device_functions(tree) -> list:
-    out, stack = [], [tree.root_node]
-    while stack:
-        node = stack.pop()
-        if node.type == "function_definition" and _is_device_function(node):
-            out.append(node)
-            continue  # nothing device-side nests inside a function we mutate separately
-        stack.extend(reversed(node.children))
-    return out
-
-
 def _position(source: bytes, line_starts: list[int], offset: int) -> tuple[int, int]:
     import bisect
 
@@ -130,12 +70,12 @@ def _position(source: bytes, line_starts: list[int], offset: int) -> tuple[int, 
 
 def mutants_of(rel: str, source: bytes, operators: tuple[str, ...]) -> tuple[list[Mutant], list[str]]:
     """Every mutant of one source (in file order) and the parse warnings."""
-    tree = parser().parse(prepare(source))
+    tree = parse(source)
     warnings: list[str] = []
     line_starts = [0] + [m.end() for m in re.finditer(rb"\n", source)]
     functions = device_functions(tree)
     if tree.root_node.has_error and not functions:
-        bad = _first_error(tree.root_node)
+        bad = first_error(tree.root_node)
         line = (bad.start_point[0] + 1) if bad is not None else 1
         warnings.append(f"{rel}:{line}: tree-sitter could not parse this source; it is skipped")
         return [], warnings
@@ -143,11 +83,11 @@ def mutants_of(rel: str, source: bytes, operators: tuple[str, ...]) -> tuple[lis
     out: list[Mutant] = []
     operators = tuple(name for name in OPERATORS if name in operators)  # registry order decides who keeps it
     for fn in functions:
-        name = _function_name(fn)
+        name = function_name(fn)
         body = fn.child_by_field_name("body")
         if body is None:
             continue
-        bad = _first_error(body)
+        bad = first_error(body)
         if bad is not None:
             warnings.append(f"{rel}:{bad.start_point[0] + 1}: tree-sitter could not parse device function "
                             f"{name}; its mutants are skipped")
