@@ -1,8 +1,8 @@
 """Structural gates: the barriers and fences that order one thread's stores before another's reads.
 
 A barrier or fence removed leaves a race the H200 rarely shows: the full campaign's survivors
-(docs/observed/mutation-campaign-h200.md, section 9; `docs/observed/survivors-section9-moe.md`
-and `-paged.md`) include every one of these removed, and no value gate saw them. So these
+(docs/observed/mutation-campaign-h200.md, section 9; `docs/suite/survivors-full-campaign-moe_decode.md`
+and `-paged_attention.md`) include every one of these removed, and no value gate saw them. So these
 gates read the order from the source (tree-sitter CUDA grammar, as the campaign parses it):
 
 - **A last-CTA ticket is released and acquired.** Where the last CTA to arrive merges what the

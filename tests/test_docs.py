@@ -1,5 +1,7 @@
 """The README shows real gates and real output: every line of its example gate code is in
-gates/, and the quoted H200 failure line is in the recorded campaign."""
+gates/, and the quoted H200 failure line is in the recorded campaign. docs/observed/ is a
+record: every file has a row in its index, the whole stays small, and no page moved or
+deleted under docs/ is still named anywhere."""
 
 import re
 from pathlib import Path
@@ -72,3 +74,59 @@ def test_the_readme_cpu_control_example_runs_as_it_says(tmp_path):
     quoted = [body for info, body in fenced(section) if info == "" and "AssertionError" in body][0]
     for line in quoted.splitlines():
         assert line.strip() in log, line
+
+
+# ---------------------------------------------------------------- docs/observed: an indexed record
+
+
+OBSERVED = REPO / "docs" / "observed"
+OBSERVED_BUDGET = 1_500_000  # bytes: records and compact summaries; raw dumps stay out of git
+
+
+def observed_index() -> str:
+    """The "Kept" table of docs/observed/README.md."""
+    text = (OBSERVED / "README.md").read_text()
+    return text.split("## Kept", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_observed_file_has_a_row_in_the_index_and_every_row_a_file():
+    rows = [line for line in observed_index().splitlines() if line.startswith("| `")]
+    indexed = [re.match(r"\| `([^`]+)`", line).group(1) for line in rows]
+    files = sorted(p.name for p in OBSERVED.iterdir() if p.name != "README.md")
+    assert sorted(indexed) == files, (
+        f"docs/observed/README.md indexes {sorted(set(indexed) - set(files))} that are not there and misses "
+        f"{sorted(set(files) - set(indexed))}: one row per file, saying what it measured, when, how, at which "
+        "commit and on which machine")
+    for line in rows:  # file | what | when | command | commit | machine
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        assert len(cells) >= 6 and all(cells), f"a row with an empty cell: {line}"
+
+
+def test_the_observed_record_stays_small():
+    size = sum(p.stat().st_size for p in OBSERVED.rglob("*") if p.is_file())
+    assert size < OBSERVED_BUDGET, (
+        f"docs/observed holds {size:,} bytes (budget {OBSERVED_BUDGET:,}): keep summaries in git, leave raw "
+        "dumps out (docs/observed/README.md, 'Left git', says how)")
+
+
+def _text_files():
+    yield REPO / "README.md"
+    yield REPO / ".ci" / "run"
+    yield from (REPO / "docs").rglob("*.md")
+    for folder in ("harness", "gates", "oracles", "tests", "controls", "kernels_cu"):
+        yield from (p for p in (REPO / folder).rglob("*") if p.suffix in (".py", ".md", ".toml", ".cu", ".cuh"))
+
+
+def test_every_docs_path_named_in_the_repository_exists():
+    """A page moved or deleted under docs/ leaves no reference behind (a final all-caps part,
+    `docs/observed/FILE`, is a placeholder)."""
+    missing = set()
+    for path in _text_files():
+        if not path.is_file():
+            continue
+        for named in re.findall(r"docs/[A-Za-z0-9_./-]*[A-Za-z0-9_/]", path.read_text(errors="replace")):
+            if re.fullmatch(r"[A-Z]+", named.rstrip("/").rsplit("/", 1)[-1]):
+                continue
+            if not (REPO / named).exists():
+                missing.add(f"{path.relative_to(REPO)}: {named}")
+    assert not missing, sorted(missing)

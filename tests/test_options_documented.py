@@ -1,14 +1,21 @@
 """Every option, ini key and environment variable is in the one table of
 docs/harness-api.md: the plugin's options and ini keys, the compile and controls
-commands' options, and every HARNESS_* variable the harness reads."""
+commands' options, and every HARNESS_* variable the harness reads. And the other way: every
+row of the table names one of those, a marker the plugin registers, or one of the few
+outside variables the table documents on purpose."""
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "harness-api.md"
+# Variables the harness does not own that the table names on purpose: where the default cache
+# lives, where CCCL and nvcc are looked for, which devices CUDA shows. Keep this list explicit:
+# a row for any other outside variable is a row to justify here first.
+OUTSIDE_VARIABLES = frozenset({"XDG_CACHE_HOME", "CUDA_HOME", "CUDA_VISIBLE_DEVICES"})
 
 
 def documented() -> set[tuple[str, str]]:
@@ -114,3 +121,59 @@ def test_the_recorder_sees_an_option_the_table_lacks(monkeypatch):
     monkeypatch.setattr(plugin, "pytest_addoption", with_extra)
     assert "--an-undocumented-option" in plugin_options().options
     assert ("pytest", "--an-undocumented-option") not in documented()
+
+
+def existing() -> dict[str, set[str]]:
+    """What a row of each `where` may name: the names that exist today."""
+    from harness import plugin
+    from harness.__main__ import compile_parser
+    from harness.controls.cli import build_parser
+
+    rec = plugin_options()
+    return {
+        "pytest": set(rec.options),
+        "ini": set(rec.ini),
+        "compile": set(argparse_names(compile_parser())),
+        "controls": set(argparse_names(build_parser())),
+        "env": harness_env_vars() | OUTSIDE_VARIABLES,
+        "marker": {name.split("(", 1)[0] for name in plugin.MARKERS},  # "deadline(seconds)" -> "deadline"
+    }
+
+
+def named_by(where: str, name: str) -> str:
+    """The name a row stands for: a marker row reads `@pytest.mark.deadline(S)`."""
+    if where == "marker":
+        return name.removeprefix("@pytest.mark.").split("(", 1)[0]
+    return name
+
+
+def rows_naming_nothing() -> list[tuple[str, str]]:
+    there = existing()
+    return sorted((where, name) for where, name in documented() if named_by(where, name) not in there.get(where, ()))
+
+
+def test_every_row_of_the_table_names_something_that_exists():
+    stale = rows_naming_nothing()
+    assert not stale, (f"these rows of the table in {DOC.relative_to(REPO)} name nothing the harness defines or "
+                       f"reads (removed or misspelt; an outside variable belongs in OUTSIDE_VARIABLES first): {stale}")
+
+
+def test_the_outside_variables_are_ones_the_harness_reads():
+    """OUTSIDE_VARIABLES stays honest: each is read (or set for a child) somewhere in harness/."""
+    sources = "\n".join(p.read_text() for p in (REPO / "harness").rglob("*.py"))
+    unread = sorted(v for v in OUTSIDE_VARIABLES if not re.search(rf"""["']{v}["']""", sources))
+    assert not unread, f"the harness no longer reads {unread}: drop them from OUTSIDE_VARIABLES and the table"
+
+
+def test_the_table_check_sees_a_row_that_names_nothing(monkeypatch, tmp_path):
+    """The check can fail: rows for an option, a variable and a marker that do not exist, and a
+    row under a `where` the harness has not, added to a copy of the page, are each caught."""
+    doc = tmp_path / "harness-api.md"
+    extra = ("| `--a-removed-option` | pytest | off | gone |\n"
+             "| `HARNESS_NOT_READ` | env | unset | read by nothing |\n"
+             "| `@pytest.mark.not_a_marker` | marker | | registered by nothing |\n"
+             "| `--require-gpu` | mutate | off | the table does not cover that command |\n")
+    doc.write_text(DOC.read_text().replace("<!-- /options-table -->", extra + "<!-- /options-table -->"))
+    monkeypatch.setattr(sys.modules[__name__], "DOC", doc)
+    assert rows_naming_nothing() == [("env", "HARNESS_NOT_READ"), ("marker", "@pytest.mark.not_a_marker"),
+                                     ("mutate", "--require-gpu"), ("pytest", "--a-removed-option")]
