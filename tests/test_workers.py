@@ -419,7 +419,7 @@ def test_without_a_driver_the_wait_mode_is_left_alone_quietly(monkeypatch):
 
 
 def test_the_harness_processes_start_without_a_second_copy_of_the_workers_module():
-    # `python -m harness.workers` (the pool, as it was one module) ran a second copy of a module the package had imported, and
+    # `python -m` of a pool module ran a second copy of a module the package had imported, and
     # every worker log began with runpy's RuntimeWarning about it (pasted into failure notes)
     import subprocess
 

@@ -1,6 +1,6 @@
 """The warm executor: a mutant's gates run in a worker forked from a server that already
 imported CuPy and the harness and collected every gate, with its CUDA context made and
-CuPy warmed before the first mutant arrives (the gate run's pool, `harness.workers`).
+CuPy warmed before the first mutant arrives (the gate run's pool, `harness.pool`).
 
 A worker serves one mutant after another (`reuse`, the default): after each it tears every
 fixture down, clears the project's functools caches (a cache may hold what the mutated
