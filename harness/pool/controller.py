@@ -19,7 +19,7 @@ from pathlib import Path
 from harness.device import visible_device
 from harness.pool.channel import (POOL_FOLDER_PREFIX, SERVE_MODULE, Channel, ChannelClosed, Timeout, trace)
 from harness.pool.exits import Exits
-from harness.pool.fork import ForkedServer, server_start_mode
+from harness.pool.fork import ForkedServer, PoolEnd, server_start_mode
 
 WORKER_START_TIMEOUT = 120.0  # seconds for a server or worker to start and say hello
 SPARES = 4  # warm workers kept ahead of need (trap gates start on them early)
@@ -260,7 +260,8 @@ class Pool:
         mode, why = server_start_mode() if fork else ("spawn", "asked to spawn")
         trace(f"server start: {mode} ({why})")
         if mode == "fork":
-            self.server = ForkedServer.start(self, env)
+            self.server = ForkedServer.start(PoolEnd(self.path, self.listener, self.log, self.config.invocation_dir),
+                                             env)
             return
         cmd = [sys.executable, "-m", SERVE_MODULE, "serve", "--connect", self.path]
         self.server = self._popen(cmd, env)

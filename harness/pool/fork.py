@@ -11,10 +11,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from harness.pool.controller import Pool
+from dataclasses import dataclass
+from pathlib import Path
 
 from harness._settings import SERVER_START_ENV  # noqa: E402
 
@@ -55,6 +53,17 @@ def _nvidia_device_opened() -> bool | None:
     return False
 
 
+@dataclass(frozen=True)
+class PoolEnd:
+    """What the forked server takes from the pool: its socket (path and the listener, which
+    the child closes), its log, and the folder it runs in."""
+
+    path: str
+    listener: object  # the listening socket
+    log: Path
+    invocation_dir: Path
+
+
 class ForkedServer:
     """The server as a fork of the pytest process: what the pool asks of a subprocess.Popen
     (pid, poll, wait, returncode). Its own session (setsid), so one signal to its process
@@ -65,7 +74,7 @@ class ForkedServer:
         self.returncode: int | None = None
 
     @classmethod
-    def start(cls, pool: "Pool", env: dict | None) -> "ForkedServer":
+    def start(cls, pool: "PoolEnd", env: dict | None) -> "ForkedServer":
         sys.stdout.flush()
         sys.stderr.flush()
         log_fd = os.open(pool.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -102,7 +111,7 @@ class ForkedServer:
         return self.returncode
 
 
-def _run_forked_server(pool: "Pool", env: dict | None, log_fd: int, null_fd: int) -> None:
+def _run_forked_server(pool: "PoolEnd", env: dict | None, log_fd: int, null_fd: int) -> None:
     """The forked server's first steps: a session and stdio of its own (the pool's log, as a
     spawned server has), default signal handling, the pool's environment; then serve. Never
     returns into the pytest process's code."""
@@ -127,7 +136,7 @@ def _run_forked_server(pool: "Pool", env: dict | None, log_fd: int, null_fd: int
         if faulthandler.is_enabled():
             faulthandler.enable(file=sys.stderr)
         pool.listener.close()
-        os.chdir(pool.config.invocation_dir)
+        os.chdir(pool.invocation_dir)
         if env is not None:
             os.environ.update(env)
         os.environ["PYTHONUNBUFFERED"] = "1"
