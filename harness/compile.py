@@ -104,7 +104,7 @@ class CompiledModule:
 
 # The trap shadow: the source compiled with `__trap()` made a count into a module global
 # (TRAP_SHADOW_SYMBOL) after which the thread goes on. A mutation campaign runs a trap gate so
-# in the mutant's warm worker (harness.mutate.warm): a guard that fires leaves the context
+# in the mutant's warm worker (harness.runs.warm): a guard that fires leaves the context
 # usable, where a real trap costs a fresh process and a context, and the driver handles traps
 # and makes contexts one at a time. Up to a shadowed guard's first count, the run is the real
 # run; so the count says the real kernel would have trapped there (or faulted earlier), and no

@@ -70,7 +70,7 @@ def test_only_isolated_trap_gates_whose_kernels_cannot_run_the_function_are_skip
 
 def test_a_mutant_skips_the_trap_gates_its_function_cannot_reach(tmp_path):
     from harness.mutate.campaign import MutateConfig, gate_stage
-    from harness.mutate.execute import GateOutcome, GateRuns
+    from harness.runs.result import GateOutcome, GateRuns
     from harness.mutate.generate import generate
     from harness.mutate.verdicts import MutantResult, Verdict
 

@@ -14,7 +14,8 @@ import pytest
 
 from harness.mutate import report
 from harness.mutate.campaign import RESULTS_FILE, MutateConfig, run_campaign
-from harness.mutate.execute import GateOutcome, GateRuns, judge
+from harness.mutate.execute import judge
+from harness.runs.result import GateOutcome, GateRuns
 from harness.mutate.verdicts import MutantResult, Score, Verdict, read_results
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
@@ -292,7 +293,7 @@ def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite, monk
 
     from harness.mutate import execute
     from harness.mutate.campaign import mutant_deadline
-    from harness.mutate.execute import FRESH_START_SECONDS
+    from harness.runs.fresh import FRESH_START_SECONDS
 
     # run_mutant's clock stands still: what each batch is given is the deadline itself, exactly
     # (on the wall clock, the time between its batches came off it, by however slow the machine)

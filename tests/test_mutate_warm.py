@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.mutate.warm import WarmExecutor
+from harness.runs.warm import WarmExecutor
 
 CONFTEST = """
 import sys
@@ -318,12 +318,12 @@ def test_a_mutation_bench_cut_short_in_its_naive_half_still_reports_both_rates(s
     # half, so a cut there keeps the campaign's numbers and the naive mutants that finished
     import json
 
-    from harness.mutate import execute
+    from harness.runs import fresh as runs_fresh
     from harness.mutate.bench import main
 
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
-    real = execute.FreshProcessExecutor.run
+    real = runs_fresh.FreshProcessExecutor.run
     calls = []
 
     def cut_after_two(self, *args, **kwargs):
@@ -332,7 +332,7 @@ def test_a_mutation_bench_cut_short_in_its_naive_half_still_reports_both_rates(s
             raise KeyboardInterrupt  # SIGINT from the device command's timeout
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(execute.FreshProcessExecutor, "run", cut_after_two)
+    monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", cut_after_two)
     out = tmp_path / "out"
     main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--rootdir", str(root), "--seed", "1",
           "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
@@ -502,7 +502,7 @@ def test_a_worker_that_cannot_start_mid_campaign_is_a_lost_device_not_a_verdict(
 
 def test_a_mutant_that_faults_gate_after_gate_stops_after_a_few_faults(suite):
     from harness.mutate.execute import judge
-    from harness.mutate.warm import MAX_FAULTS
+    from harness.runs.warm import MAX_FAULTS
 
     root, ex = suite
     launches = [f"gates/test_k.py::test_each_launch[{i}]" for i in range(6)]
@@ -584,8 +584,9 @@ def test_a_batchs_wait_for_workers_does_not_cut_the_next_batch(monkeypatch):
     import types
 
     from harness.mutate import execute
-    from harness.mutate.execute import GateOutcome, GateRuns, run_mutant
+    from harness.mutate.execute import run_mutant
     from harness.mutate.verdicts import Verdict
+    from harness.runs.result import GateOutcome, GateRuns
 
     now = [100.0]
     monkeypatch.setattr(execute, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
@@ -608,7 +609,8 @@ def test_a_batchs_wait_for_workers_does_not_cut_the_next_batch(monkeypatch):
 def test_a_fault_in_a_memory_safety_gate_ends_the_mutants_run_as_a_kill_does():
     # killed-by-trap in a gate written for memory safety counts as a kill (the score): the
     # sibling batch does not run after it, as it would not after a kill by assertion
-    from harness.mutate.execute import GateOutcome, GateRuns, run_mutant
+    from harness.mutate.execute import run_mutant
+    from harness.runs.result import GateOutcome, GateRuns
 
     class Faulting:
         per_gate = False
@@ -631,21 +633,22 @@ def test_a_naive_run_cut_by_its_deadline_is_counted_apart_not_as_a_disagreement(
     # of load: such a run is listed apart, and the naive half gets its own generous deadline
     import json
 
-    from harness.mutate import bench, execute
+    from harness.mutate import bench
+    from harness.runs import fresh as runs_fresh, result as runs_result
     from harness.mutate.bench import main
 
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
-    real = execute.FreshProcessExecutor.run
+    real = runs_fresh.FreshProcessExecutor.run
     deadlines = []
 
     def first_one_cut(self, sandbox, gates, deadline):
         deadlines.append(deadline)
         if len(deadlines) == 1:
-            return execute.GateRuns(tuple(execute.GateOutcome(g, "not run") for g in gates), timed_out=True)
+            return runs_result.GateRuns(tuple(runs_result.GateOutcome(g, "not run") for g in gates), timed_out=True)
         return real(self, sandbox, gates, deadline)
 
-    monkeypatch.setattr(execute.FreshProcessExecutor, "run", first_one_cut)
+    monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", first_one_cut)
     out = tmp_path / "out"
     status = main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--rootdir", str(root), "--seed", "1",
                    "--max-per-file", "4", "--gpu-jobs", "2", "--jobs", "2", "--cache-dir", str(tmp_path / "cache")])
@@ -699,8 +702,9 @@ def test_a_mutation_bench_with_naive_seconds_cuts_its_naive_half_and_bounds_the_
     import json
     import threading
 
-    from harness.controls import child
-    from harness.mutate import bench, execute
+    from harness.runs import fresh as child
+    from harness.mutate import bench
+    from harness.runs import fresh as runs_fresh
 
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
@@ -728,7 +732,7 @@ def test_a_mutation_bench_with_naive_seconds_cuts_its_naive_half_and_bounds_the_
         real_kill_all()
 
     monkeypatch.setattr(child, "kill_all", kill_all)
-    real = execute.FreshProcessExecutor.run
+    real = runs_fresh.FreshProcessExecutor.run
     calls, seen = [], {}
 
     def the_second_run_is_cut(self, *args, **kwargs):
@@ -742,7 +746,7 @@ def test_a_mutation_bench_with_naive_seconds_cuts_its_naive_half_and_bounds_the_
         # after the cut, a real run's pytest is killed as it starts (the campaign refuses new children)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(execute.FreshProcessExecutor, "run", the_second_run_is_cut)
+    monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", the_second_run_is_cut)
     out = tmp_path / "out"
     bench.main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--naive-seconds", "4", "--rootdir", str(root),
                 "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
@@ -815,7 +819,7 @@ def test_the_campaigns_workers_start_while_its_baseline_runs(suite, tmp_path, mo
     monkeypatch.setattr(campaign_mod, "run_baseline", baseline_that_watches)
     # the baseline's recorder is set for its own process only: a server started meanwhile
     # from this process's environment must not record into the baseline's coverage
-    from harness.controls import child
+    from harness.runs import fresh as child
     from harness.mutate.recorder import ENV
 
     real_run_gates = child.run_gates

@@ -404,7 +404,7 @@ def test_a_worker_sleeps_while_the_gpu_works_when_asked_before_its_context_exist
 
 def test_the_campaigns_workers_are_told_to_sleep_while_the_gpu_works():
     from harness.pool import worker as pool_worker
-    from harness.mutate.warm import WORKER_ENV
+    from harness.runs.warm import WORKER_ENV
 
     assert WORKER_ENV[pool_worker.GPU_WAIT_ENV] == "block"
     assert WORKER_ENV["OPENBLAS_NUM_THREADS"] == "1"
@@ -672,7 +672,7 @@ def test_a_gate_run_killed_at_its_deadline_leaves_no_temp_folder(suite, monkeypa
     import shutil
     import tempfile
 
-    from harness.controls.child import run_gates
+    from harness.runs.fresh import run_gates
 
     (suite.path / "k.cu").write_text("__global__ void k() {}\n")
     # a GPU gate (so the run has a pool), then a host test that hangs in the pytest process

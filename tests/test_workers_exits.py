@@ -137,7 +137,7 @@ def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, 
         p.wait()
     # the gate run's pool (the plugin's default config) never holds a fork back; a campaign's does
     assert controller.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[]).max_exiting is None
-    from harness.mutate.warm import WarmExecutor
+    from harness.runs.warm import WarmExecutor
 
     made = {}
 
@@ -284,7 +284,7 @@ def test_an_interrupt_while_the_pool_closes_still_kills_its_server_and_removes_i
 @pytest.mark.parametrize("failure", [controller.PoolError("no server said hello"), KeyboardInterrupt()],
                          ids=["start-failed", "interrupted"])
 def test_a_warm_executor_whose_pool_fails_to_start_closes_it(private_tmp, tmp_path, monkeypatch, failure):
-    from harness.mutate.warm import WarmExecutor
+    from harness.runs.warm import WarmExecutor
 
     started = []
     monkeypatch.setattr(controller.Pool, "start_server", lambda self, fork=False: started.append(self.tmp))

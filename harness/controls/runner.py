@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Protocol
 
 from harness import _settings
-from harness.controls import child
-from harness.controls.child import GateRun, run_gates
+from harness.runs import fresh as child
+from harness.runs.fresh import GateRun, run_gates
 from harness.controls.classify import GateCheck, Verdict, check_gate, decide, judged_without_device
 from harness.controls.collect import collect_gates
 from harness.controls.compilecheck import compile_perturbed, declared_names
@@ -299,7 +299,7 @@ class WarmControls:
     made ahead; a worker serves control after control, reset between them as between
     mutants (harness.pool.worker.reset_for_next_mutant), and is replaced when a gate poisons it."""
 
-    executor: object  # harness.mutate.warm.WarmExecutor
+    executor: object  # harness.runs.warm.WarmExecutor
     gates: dict  # module -> its node ids, in collection order
 
     def nodeids(self, targets: tuple[str, ...]) -> list[str]:
@@ -308,7 +308,7 @@ class WarmControls:
 
 def _warm_controls(config: CampaignConfig, root: Path, cache_dir: Path, targets: list[str],
                    arch: str | None) -> WarmControls:
-    from harness.mutate.warm import WarmExecutor
+    from harness.runs.warm import WarmExecutor
 
     collected, error = collect_gates(targets, rootdir=config.rootdir.resolve(), kernel_root=root)
     if error:

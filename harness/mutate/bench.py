@@ -154,7 +154,7 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
     from harness._settings import report_root
     from harness.mutate.cli import (UsageError, _executor_factory, _positive_int, build_parser, config_from,
                                     positive_seconds)
-    from harness.mutate.execute import FreshProcessExecutor
+    from harness.runs.fresh import FreshProcessExecutor
 
     parser = build_parser(prog="python -m harness bench mutate",
                           description="The mutation campaign against the naive way (a fresh pytest per mutant, "

@@ -23,7 +23,9 @@ from typing import Callable, Protocol
 
 from harness import _settings
 from harness.pool import controller
-from harness.mutate.execute import Executor, FreshProcessExecutor, run_mutant
+from harness.mutate.execute import run_mutant
+from harness.runs.fresh import FreshProcessExecutor
+from harness.runs.result import Executor
 from harness.mutate.generate import Mutant, changed_lines, generate, select_files
 from harness.mutate.select import Coverage
 from harness.mutate.verdicts import MutantResult, Verdict, append_result, read_results
@@ -166,7 +168,7 @@ def _recording(folder: Path) -> dict[str, str]:
 def run_baseline(config: MutateConfig, cache_dir: Path) -> tuple[Baseline, Coverage | None]:
     import shutil
 
-    from harness.controls.child import run_gates
+    from harness.runs.fresh import run_gates
 
     report = config.path(config.report_dir) / "runs" / "baseline"
     folder = report / "coverage"
@@ -197,7 +199,7 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     from harness.controls.compilecheck import declared_names
     from harness.mutate import screen
 
-    from harness.controls import child
+    from harness.runs import fresh as child
 
     listener = listener or _Quiet()
     start = time.perf_counter()
@@ -279,7 +281,7 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
     import queue as queue_mod
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-    from harness.controls import child
+    from harness.runs import fresh as child
 
     root = campaign.kernel_root
     jobs = max(1, config.gpu_jobs)

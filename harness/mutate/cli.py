@@ -157,7 +157,7 @@ def _survivors(campaign) -> bool:
 def _executor_factory(config, kind: str):
     """(factory for run_campaign, the executors it made, to close). Warm: one executor per GPU,
     shared by the campaign's slots on that GPU; its spares cover every slot."""
-    from harness.mutate.execute import FreshProcessExecutor
+    from harness.runs.fresh import FreshProcessExecutor
 
     made: dict = {}
 
@@ -196,7 +196,7 @@ def _executor_factory(config, kind: str):
 
 def _warm_executor(config, cache, arch, device: str | None, reuse: bool = True):
     """The warm executor of one GPU (`device`, a slot's), its spares covering that GPU's slots."""
-    from harness.mutate.warm import WarmExecutor
+    from harness.runs.warm import WarmExecutor
 
     return WarmExecutor(config.rootdir, config.gates, config.path(config.kernel_root), cache, arch=arch,
                         device_ordinal=_ordinal(device), spares=spares_for(config.gpu_jobs, device),
@@ -418,7 +418,7 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
             worker_lines = _worker_lines(config, executors)
             if not config.static and args.executor == "warm" and (recheck_n or _survivors(campaign)):
                 from harness.mutate.campaign import recheck, recheck_jobs, slot_devices
-                from harness.mutate.execute import FreshProcessExecutor
+                from harness.runs.fresh import FreshProcessExecutor
 
                 if campaign.baseline is not None and campaign.baseline.ok:
                     report.write(config.path(config.report_dir), campaign)  # kept if the re-run is cut short

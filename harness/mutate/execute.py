@@ -1,88 +1,14 @@
-"""The GPU stage: run a mutant's selected gates and turn their records into a verdict.
-
-`Executor` is the seam: `run(mutant_sandbox, gates, deadline) -> GateRuns`. Today's
-implementation, `FreshProcessExecutor`, starts one fresh pytest per call through the
-controls' `run_gates` (its own session, killed with every descendant at the deadline). A
-warm-worker executor (CuPy, the context and the gate modules kept warm, a mutant's cubin
-loaded in-process) plugs in by implementing the same method; with `per_gate = True` the
-runner hands it one gate at a time and stops at the first kill itself.
-"""
+"""The GPU stage of a mutant: run its selected gates on an executor (`harness.runs`) and turn
+their records into a verdict."""
 
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
 
 from harness.mutate.verdicts import Verdict
-from harness.records import GateRecord
-
-
-# One gate's result in a mutant's run: the record every engine shares (outcome "not run"
-# when the run stopped before it).
-GateOutcome = GateRecord
-
-
-@dataclass(frozen=True)
-class GateRuns:
-    """What one executor call did."""
-
-    outcomes: tuple[GateOutcome, ...]
-    timed_out: bool = False
-    crashed: str | None = None  # the process died without a report: why
-    seconds: float = 0.0
-    log: str | None = None
-    waited: float = 0.0  # of `seconds`, waiting for a worker (a warm executor)
-    timeout_note: str | None = None  # timed out: which gate was running, the last kernel launched
-    stop_note: str | None = None  # why the executor stopped before the gates it was given ran
-
-
-class Executor(Protocol):
-    per_gate: bool  # True: give me one gate a call (I am cheap per call); False: a batch
-
-    def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns: ...
-
-
-# A fresh pytest pays for its start (interpreter, imports, collection, a server, a CUDA
-# context) before its first gate: its deadline gets this much on top of the gates' own. (On
-# the H200, survivors re-run in a dozen fresh pytests at once timed out under the gates'
-# deadline alone.)
-FRESH_START_SECONDS = 45.0
-
-
-@dataclass
-class FreshProcessExecutor:
-    """One fresh `pytest` per call over the given node ids, `--kernel-root=<sandbox>`."""
-
-    rootdir: Path
-    report_dir: Path
-    cache_dir: Path
-    arch: str | None = None
-    require_gpu: bool = True
-    device: str | None = None
-    per_gate: bool = False
-    start_seconds: float = FRESH_START_SECONDS  # added to a mutant's deadline
-    _counter: itertools.count = field(default_factory=itertools.count, repr=False)
-
-    def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns:
-        from harness.controls.child import run_gates
-
-        run = run_gates(
-            list(gates), kernel_root=mutant_sandbox, rootdir=self.rootdir,
-            report_dir=Path(self.report_dir) / f"{Path(mutant_sandbox).parent.name}-{next(self._counter)}",
-            deadline=deadline, cache_dir=self.cache_dir, require_gpu=self.require_gpu, arch=self.arch,
-            device=self.device,
-        )
-        outcomes = tuple(
-            GateOutcome(g, run.records[g].outcome, run.records[g].route, run.records[g].first_failure_line)
-            if g in run.records else GateOutcome(g, "not run") for g in gates
-        )
-        crashed = None
-        if not run.timed_out and run.report is None:
-            crashed = f"the pytest process exited {run.returncode} without a report; see {run.log}"
-        return GateRuns(outcomes, run.timed_out, crashed, run.seconds, str(run.log))
+from harness.runs.result import Executor, GateRuns
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Sequence
 
 from harness import _settings
 from harness.pool import controller, exits, worker as pool_worker, server
-from harness.mutate.execute import GateOutcome, GateRuns
+from harness.runs.result import GateOutcome, GateRuns
 
 MAX_SERVED = 200  # mutants one worker serves before it retires
 # A mutant whose kernel faults in this many gates is not run further (unless every gate is

@@ -14,12 +14,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import itertools
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from harness.records import GateRecord
+from harness.runs.result import GateOutcome, GateRuns
 
 
 @dataclass(frozen=True)
@@ -217,3 +220,41 @@ def run_gates(
             if previous is None or (rec.red and not previous.red):
                 records[rec.nodeid] = rec
     return GateRun(records, None if timed_out else proc.returncode, timed_out, seconds, log, report)
+
+
+# A fresh pytest pays for its start (interpreter, imports, collection, a server, a CUDA
+# context) before its first gate: its deadline gets this much on top of the gates' own. (On
+# the H200, survivors re-run in a dozen fresh pytests at once timed out under the gates'
+# deadline alone.)
+FRESH_START_SECONDS = 45.0
+
+
+@dataclass
+class FreshProcessExecutor:
+    """One fresh `pytest` per call over the given node ids, `--kernel-root=<sandbox>`."""
+
+    rootdir: Path
+    report_dir: Path
+    cache_dir: Path
+    arch: str | None = None
+    require_gpu: bool = True
+    device: str | None = None
+    per_gate: bool = False
+    start_seconds: float = FRESH_START_SECONDS  # added to a mutant's deadline
+    _counter: itertools.count = field(default_factory=itertools.count, repr=False)
+
+    def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns:
+        run = run_gates(
+            list(gates), kernel_root=mutant_sandbox, rootdir=self.rootdir,
+            report_dir=Path(self.report_dir) / f"{Path(mutant_sandbox).parent.name}-{next(self._counter)}",
+            deadline=deadline, cache_dir=self.cache_dir, require_gpu=self.require_gpu, arch=self.arch,
+            device=self.device,
+        )
+        outcomes = tuple(
+            GateOutcome(g, run.records[g].outcome, run.records[g].route, run.records[g].first_failure_line)
+            if g in run.records else GateOutcome(g, "not run") for g in gates
+        )
+        crashed = None
+        if not run.timed_out and run.report is None:
+            crashed = f"the pytest process exited {run.returncode} without a report; see {run.log}"
+        return GateRuns(outcomes, run.timed_out, crashed, run.seconds, str(run.log))
