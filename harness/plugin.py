@@ -23,7 +23,7 @@ import pytest
 from harness import _settings, coverage, cufiles, device, usage
 from harness._settings import GATES_INI
 from harness.kinds import check_kinds, is_gate
-from harness.records import GateRecord
+from harness.records import GUARD_DID_NOT_FIRE, GateRecord, Outcome, Route, fold_report, trap_verdict
 from harness.report import (MESSAGE_LIMIT, KINDS, RunFacts, classify_route, failure_message, first_line,
                             write_reports)
 
@@ -673,13 +673,14 @@ def _judge_trap(item: pytest.Item, reports: list, facts: list, duration: float) 
         return reports
     props = dict((k, v) for k, v in call.user_properties)
     route = props.get("route")
-    if call.passed:
-        line = "the device guard did not fire: the gate's body returned normally in its fresh worker process"
-        return _synthetic(item, "failed", f"AssertionError: {line}",
-                          facts + [("route", "assertion"), ("first_failure_line", line)], duration=duration)
     if call.skipped:
         return reports
-    if route == "trap":
+    outcome, judged_route, judged = trap_verdict(call.outcome, route)
+    if judged and outcome == Outcome.FAILED:
+        return _synthetic(item, "failed", f"AssertionError: {GUARD_DID_NOT_FIRE}",
+                          facts + [("route", judged_route), ("first_failure_line", GUARD_DID_NOT_FIRE)],
+                          duration=duration)
+    if judged:
         return _synthetic(item, "passed", None, facts, duration=duration)
     line = props.get("first_failure_line") or "the trap gate failed in its fresh worker process"
     text = (f"the device guard did not fire as a trap; the gate failed by route {route}: {line}\n\n"
@@ -812,18 +813,10 @@ class _Recorder:
                 setattr(rec, key, int(props[key]) if key == "device_ordinal" and props[key].isdigit() else props[key])
         if props.get("poisoned_context") == "true" and st.poisoned_by is None:
             st.poisoned_by = report.nodeid
-        rec.duration += getattr(report, "duration", 0.0) or 0.0
-        if report.skipped and rec.outcome == "passed":
-            rec.outcome = "skipped"
-            lr = report.longrepr
-            rec.skip_reason = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
-        elif report.failed and rec.outcome not in ("failed", "error"):
-            rec.outcome = "failed" if report.when == "call" else "error"
-            rec.route = props.get("route", "error")
-            rec.first_failure_line = props.get("first_failure_line")
-            rec.failure_message = getattr(report, "harness_failure_message", None) or str(report.longrepr)[:MESSAGE_LIMIT]
-            if rec.route == "sanitizer":
-                st.sanitizer_findings += 1
+        was_red = rec.red
+        fold_report(rec, report)
+        if rec.red and not was_red and rec.route == Route.SANITIZER:
+            st.sanitizer_findings += 1
 
 
 recorder_key = pytest.StashKey[_Recorder]()

@@ -82,3 +82,44 @@ class GateRecord:
     def from_json(cls, data: dict) -> "GateRecord":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+MESSAGE_LIMIT = 4000  # characters of a failure message kept in a record (controls match substrings of it)
+GUARD_DID_NOT_FIRE = "the device guard did not fire: the gate's body returned normally"
+
+
+def fold_report(rec: GateRecord, report) -> GateRecord:
+    """Fold one of a gate's phase reports (pytest's TestReport: setup, call, teardown) into its
+    record: the first red phase decides (`failed` for the call, `error` for setup or
+    teardown), with the route and first failure line its `user_properties` carry; a skip
+    counts while nothing is red. The one fold of pytest reports: the plugin's recorder and
+    the pool's workers both use it."""
+    props = dict(getattr(report, "user_properties", ()) or ())
+    rec.duration += getattr(report, "duration", 0.0) or 0.0
+    if report.skipped and rec.outcome == Outcome.PASSED:
+        rec.outcome = Outcome.SKIPPED.value
+        lr = report.longrepr
+        rec.skip_reason = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+    elif report.failed and rec.outcome not in RED:
+        rec.outcome = (Outcome.FAILED if report.when == "call" else Outcome.ERROR).value
+        rec.route = props.get("route", Route.ERROR.value)
+        rec.first_failure_line = props.get("first_failure_line")
+        rec.failure_message = (getattr(report, "harness_failure_message", None)
+                               or str(report.longrepr)[:MESSAGE_LIMIT])
+    return rec
+
+
+def trap_verdict(outcome: str, route: str | None, shadow_hits: int | None = None) -> tuple[str, str | None, bool]:
+    """A trap gate's verdict from how its body ended: (outcome, route, whether the trap rule
+    changed it). A device fault (route trap), or guards counted in the trap shadow
+    (`shadow_hits` > 0: the real kernel would have trapped at the first), is a pass; a body
+    that returned normally fails by assertion (GUARD_DID_NOT_FIRE); anything else stands."""
+    if outcome not in (Outcome.PASSED, Outcome.FAILED):
+        return outcome, route, False
+    if shadow_hits:
+        return Outcome.PASSED.value, None, True
+    if outcome == Outcome.PASSED:
+        return Outcome.FAILED.value, Route.ASSERTION.value, True
+    if route == Route.TRAP:
+        return Outcome.PASSED.value, None, True
+    return outcome, route, False

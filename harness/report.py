@@ -8,7 +8,7 @@ from pathlib import Path
 
 # The gate vocabulary: every gate carries exactly one of these markers. `compile` is the kind of
 # the items harness.cufiles collects, one per `.cu` under the kernel root.
-from harness.records import RECORD_VERSION, GateRecord, Route  # noqa: F401  (re-exported)
+from harness.records import MESSAGE_LIMIT, RECORD_VERSION, GateRecord, Route  # noqa: F401  (re-exported)
 
 KINDS = ("anchor", "link", "refusal", "trap", "structural", "compile")
 
@@ -44,7 +44,6 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
-MESSAGE_LIMIT = 4000
 
 
 def failure_message(exc: BaseException) -> str:

@@ -307,32 +307,25 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
 
 
 def _outcome(item, reports: list, shadow_hits: int | None = None) -> dict:
-    """One gate's outcome from its phase reports, judged as the plugin judges it (a trap
-    gate passes when its body died by a device fault). A trap gate run in the trap shadow
-    (harness.compile.TRAP_SHADOW_PREAMBLE) also passes when its guards counted
-    (`shadow_hits` > 0): the real kernel would have trapped at the first of them."""
+    """One gate's outcome from its phase reports, folded and judged as the plugin does
+    (`harness.records.fold_report`, and `trap_verdict` for a trap gate, with the guards it
+    counted when it ran in the trap shadow)."""
+    from harness.records import GUARD_DID_NOT_FIRE, GateRecord, fold_report, trap_verdict
+
+    rec = GateRecord(item.nodeid)
     props = {}
-    outcome, route, line, message = "passed", None, None, None
     for rep in reports:
         props.update((k, v) for k, v in rep.user_properties)
-        if rep.skipped and outcome == "passed":
-            outcome = "skipped"
-        elif rep.failed and outcome not in ("failed", "error"):
-            outcome = "failed" if rep.when == "call" else "error"
-            route = dict(rep.user_properties).get("route", "error")
-            line = dict(rep.user_properties).get("first_failure_line")
-            message = getattr(rep, "harness_failure_message", None) or str(rep.longrepr)[:4000]
-    if item.get_closest_marker("trap") is not None and outcome in ("passed", "failed"):
-        if shadow_hits:
-            outcome, route, line, message = "passed", None, None, None
-        elif outcome == "passed":
-            outcome, route = "failed", "assertion"
-            line = "the device guard did not fire: the gate's body returned normally"
-        elif route == "trap":
-            outcome, route, line = "passed", None, None
-    return {"nodeid": item.nodeid, "outcome": outcome, "route": route, "first_failure_line": line,
-            "failure_message": message, "poisoned": props.get("poisoned_context") == "true",
-            "duration": round(sum(getattr(rep, "duration", 0.0) or 0.0 for rep in reports), 4),
+        fold_report(rec, rep)
+    if item.get_closest_marker("trap") is not None:
+        outcome, route, judged = trap_verdict(rec.outcome, rec.route, shadow_hits)
+        if judged:
+            line = GUARD_DID_NOT_FIRE if route == "assertion" else None
+            message = None if shadow_hits else rec.failure_message
+            rec.outcome, rec.route, rec.first_failure_line, rec.failure_message = outcome, route, line, message
+    return {"nodeid": item.nodeid, "outcome": rec.outcome, "route": rec.route,
+            "first_failure_line": rec.first_failure_line, "failure_message": rec.failure_message,
+            "poisoned": props.get("poisoned_context") == "true", "duration": round(rec.duration, 4),
             "shadow_hits": shadow_hits}
 
 
