@@ -222,16 +222,31 @@ def context_is_poisoned() -> bool:
 
 
 # ------------------------------------------------------------------ which GPU, from CUDA_VISIBLE_DEVICES
+# The one place that reads CUDA_VISIBLE_DEVICES to share GPUs out: an xdist worker's, a
+# pool's, each campaign slot's and each control job's GPU.
+
+
+def visible_entries() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES' entries (empty when it hides every device), or None when unset."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return [v.strip() for v in visible.split(",") if v.strip()]
 
 
 def visible_device(ordinal: int) -> str:
     """CUDA_VISIBLE_DEVICES for the ordinal-th device this process can see."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        entries = [v.strip() for v in visible.split(",") if v.strip()]
-        if entries:
-            return entries[ordinal % len(entries)]
+    entries = visible_entries()
+    if entries:
+        return entries[ordinal % len(entries)]
     return str(ordinal)
+
+
+def first_visible_ordinal() -> int | None:
+    """The machine's index of the first device this process sees, when CUDA_VISIBLE_DEVICES
+    names it by number (the ordinal a worker's records carry); None otherwise."""
+    entries = visible_entries()
+    return int(entries[0]) if entries and entries[0].isdigit() else None
 
 
 def device_count_hint() -> int | None:
@@ -239,9 +254,8 @@ def device_count_hint() -> int | None:
     when set, else the driver's /proc entries; None when neither says. Only a hint (MIG
     slices, say, are not counted): an xdist worker on a one-GPU machine starts its spare
     beside the device probe on it."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        entries = [v.strip() for v in visible.split(",") if v.strip()]
+    entries = visible_entries()
+    if entries is not None:
         return len(entries) or None
     try:
         return len(os.listdir("/proc/driver/nvidia/gpus")) or None
@@ -253,3 +267,35 @@ def ordinal_for_xdist_worker(workerid: str, count: int) -> int:
     """The GPU an xdist worker (gw0, gw1, ...) uses among `count`: round robin."""
     index = int(workerid[2:]) if workerid[2:].isdigit() else 0
     return index % max(count, 1)
+
+
+def assignable_devices() -> list[str]:
+    """The GPUs jobs can be pinned to (CUDA_VISIBLE_DEVICES values): its entries when set,
+    else the indices nvidia-smi lists; empty when neither says."""
+    import subprocess
+
+    entries = visible_entries()
+    if entries is not None:
+        return entries
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def slot_devices(jobs: int) -> list[str | None]:
+    """The GPU each of `jobs` slots runs on: GPU i % n of the n assignable, or None (the
+    default device) when one is visible or one slot runs."""
+    devices = assignable_devices() if jobs > 1 else []
+    return [devices[i % len(devices)] if len(devices) > 1 else None for i in range(jobs)]
+
+
+def ordinal_of(device: str | None) -> int | None:
+    """The CUDA ordinal, in this process, of an assignable device (a CUDA_VISIBLE_DEVICES
+    value), or None."""
+    if device is None:
+        return None
+    entries = visible_entries() or []
+    return entries.index(device) if device in entries else int(device) if device.isdigit() else None

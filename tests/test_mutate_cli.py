@@ -204,12 +204,12 @@ def test_report_only_rewrites_the_reports_from_the_results_file_and_runs_nothing
 
 
 def test_each_gpus_executor_keeps_a_spare_for_each_of_its_slots_plus_two(monkeypatch):
-    from harness.controls import runner
+    from harness import device
     from harness.mutate.cli import spares_for
 
-    monkeypatch.setattr(runner, "_devices", lambda: [])
+    monkeypatch.setattr(device, "assignable_devices", lambda: [])
     assert spares_for(12, None) == 14  # one GPU: every slot on it
-    monkeypatch.setattr(runner, "_devices", lambda: ["0", "1"])
+    monkeypatch.setattr(device, "assignable_devices", lambda: ["0", "1"])
     assert spares_for(24, "0") == spares_for(24, "1") == 14  # two GPUs: 12 slots each, not 24
     assert spares_for(3, "0") == 4 and spares_for(3, "1") == 3
 
@@ -217,11 +217,11 @@ def test_each_gpus_executor_keeps_a_spare_for_each_of_its_slots_plus_two(monkeyp
 def test_the_recheck_in_workers_ends_the_campaigns_workers_and_never_reuses_one(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from harness.controls import runner
+    from harness import device
     from harness.mutate.campaign import MutateConfig
     from harness.mutate.cli import _fresh_worker_slots
 
-    monkeypatch.setattr(runner, "_devices", lambda: ["0", "1"])
+    monkeypatch.setattr(device, "assignable_devices", lambda: ["0", "1"])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     closed = []
     campaign_executors = {"0": SimpleNamespace(close=lambda: closed.append("0")),

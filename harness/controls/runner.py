@@ -12,7 +12,6 @@ so the two can be timed against each other on the device.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -359,23 +358,6 @@ def _classify(control: Control, run: GateRun, compiled: tuple[str, ...], seconds
 # ---------------------------------------------------------------- parallel controls
 
 
-def _devices() -> list[str]:
-    """The GPUs jobs can be pinned to: CUDA_VISIBLE_DEVICES, else what nvidia-smi lists."""
-    import os
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [d.strip() for d in visible.split(",") if d.strip()]
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
 def _parallel(controls: list[Control], targets: dict, jobs: int, one) -> list[ControlResult]:
     """Run up to `jobs` controls at once, in file order; with several GPUs each job gets its
     own (CUDA_VISIBLE_DEVICES). Controls whose gate modules overlap run at once too: each
@@ -383,7 +365,9 @@ def _parallel(controls: list[Control], targets: dict, jobs: int, one) -> list[Co
     of worker processes and CUDA contexts) and its own report folder, and the one thing they
     share, the cubin cache, is content-addressed and written by atomic rename. (Until
     issue 10 they waited for each other, which made a family's controls run one by one.)"""
-    devices = _devices()
+    from harness.device import assignable_devices
+
+    devices = assignable_devices()
     slots = list(range(jobs))
     pending = list(controls)
     running: dict = {}  # future -> (control, slot)

@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 
 from harness import _settings
 from harness.pool import controller
+from harness.device import slot_devices
 from harness.mutate.execute import run_mutant
 from harness.runs.fresh import FreshProcessExecutor
 from harness.runs.result import Executor
@@ -530,15 +531,6 @@ def recheck_jobs(gpu_jobs: int, cpus: int | None = None) -> int:
     the campaign's own slots."""
     cpus = cpus or os.cpu_count() or 1
     return max(1, min(gpu_jobs, cpus // 4))
-
-
-def slot_devices(jobs: int) -> list[str | None]:
-    """The GPU each of `jobs` slots runs on: GPU i % n of the n visible, or None (the
-    default device) when one is visible or one slot runs."""
-    from harness.controls.runner import _devices
-
-    devices = _devices() if jobs > 1 else []
-    return [devices[i % len(devices)] if len(devices) > 1 else None for i in range(jobs)]
 
 
 class _Stop(Exception):

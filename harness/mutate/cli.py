@@ -196,25 +196,18 @@ def _executor_factory(config, kind: str):
 
 def _warm_executor(config, cache, arch, device: str | None, reuse: bool = True):
     """The warm executor of one GPU (`device`, a slot's), its spares covering that GPU's slots."""
+    from harness.device import ordinal_of
     from harness.runs.warm import WarmExecutor
 
     return WarmExecutor(config.rootdir, config.gates, config.path(config.kernel_root), cache, arch=arch,
-                        device_ordinal=_ordinal(device), spares=spares_for(config.gpu_jobs, device),
+                        device_ordinal=ordinal_of(device), spares=spares_for(config.gpu_jobs, device),
                         stop_on_kill=not config.all_gates, reuse=reuse)
-
-
-def _ordinal(device: str | None) -> int | None:
-    """The CUDA ordinal of a slot's device (a CUDA_VISIBLE_DEVICES entry), or None."""
-    if device is None:
-        return None
-    visible = [d.strip() for d in (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
-    return visible.index(device) if device in visible else int(device) if device.isdigit() else None
 
 
 def spares_for(jobs: int, device: str | None) -> int:
     """Spare workers of one GPU's executor: one for each slot on that GPU, plus two (a slot
     whose worker a fault or a trap ended takes a spare that is already up)."""
-    from harness.mutate.campaign import slot_devices
+    from harness.device import slot_devices
 
     return sum(1 for d in slot_devices(jobs) if d == device) + 2
 
@@ -363,7 +356,8 @@ def _fresh_worker_slots(config, cache, campaign, executors: dict) -> list:
     executor of its own (its own server and spares) that never reuses a worker, so each
     mutant runs in a process no other mutant touched. The campaign's own workers are ended
     first: their contexts and memory go back to the GPU."""
-    from harness.mutate.campaign import arm, slot_devices
+    from harness.device import slot_devices
+    from harness.mutate.campaign import arm
 
     for ex in list(executors.values()):
         ex.close()
@@ -417,7 +411,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
             # the campaign's own workers, said before the re-check ends them and starts its own
             worker_lines = _worker_lines(config, executors)
             if not config.static and args.executor == "warm" and (recheck_n or _survivors(campaign)):
-                from harness.mutate.campaign import recheck, recheck_jobs, slot_devices
+                from harness.device import slot_devices
+                from harness.mutate.campaign import recheck, recheck_jobs
                 from harness.runs.fresh import FreshProcessExecutor
 
                 if campaign.baseline is not None and campaign.baseline.ok:

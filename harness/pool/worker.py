@@ -190,10 +190,9 @@ def _device_facts() -> dict:
     if not p.usable:
         return {}
     facts = device.current_device_facts()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    entry = visible.split(",")[0].strip() if visible else ""
-    if entry.isdigit():
-        facts["ordinal"] = int(entry)
+    ordinal = device.first_visible_ordinal()
+    if ordinal is not None:
+        facts["ordinal"] = ordinal
     mode = gpu_wait_mode()
     if mode:
         facts["gpu_wait"] = mode  # how this worker's thread waits for the GPU (HARNESS_GPU_WAIT)
