@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -55,14 +54,12 @@ SANITIZER_DEADLINE_FACTOR = 10  # a default deadline stretches under --sanitize 
 
 def deadline_value(text: str) -> float:
     """argparse type for a deadline: a finite number of seconds above zero."""
+    from harness.usage import UsageError, positive_seconds
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds: pass e.g. --harness-deadline 120")
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a deadline: pass a finite number of seconds above 0, "
-                                         f"e.g. --harness-deadline 120")
-    return value
+        return positive_seconds(text, "--harness-deadline", "120")
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 # ------------------------------------------------------------------ options
 
@@ -150,10 +147,13 @@ def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[floa
         return config.option.harness_deadline, "--harness-deadline"
     ini = str(config.getini("harness_deadline") or "").strip()
     if ini:
+        from harness.usage import UsageError, positive_seconds
+
         try:
-            return deadline_value(ini), "ini harness_deadline"
-        except argparse.ArgumentTypeError as exc:
-            raise pytest.UsageError(f"harness: ini harness_deadline: {exc}") from None
+            return positive_seconds(ini, "ini harness_deadline", "", fix="set e.g. harness_deadline = 120"), \
+                "ini harness_deadline"
+        except UsageError as exc:
+            raise pytest.UsageError(f"harness: {exc}") from None
     if sanitize:
         return DEFAULT_DEADLINE * SANITIZER_DEADLINE_FACTOR, "the default under --sanitize"
     return DEFAULT_DEADLINE, "the default"
@@ -519,10 +519,13 @@ def _deadline(item: pytest.Item) -> tuple[float, str]:
     marker = item.get_closest_marker("deadline")
     if marker is not None:
         raw = marker.args[0] if marker.args else marker.kwargs.get("seconds")
+        from harness.usage import UsageError, positive_seconds
+
         try:
-            return deadline_value(str(raw)), "its deadline marker"
-        except argparse.ArgumentTypeError as exc:
-            raise pytest.UsageError(f"harness: {item.nodeid}: @pytest.mark.deadline: {exc}") from None
+            return positive_seconds(str(raw), "@pytest.mark.deadline", "",
+                                    fix="write e.g. @pytest.mark.deadline(120)"), "its deadline marker"
+        except UsageError as exc:
+            raise pytest.UsageError(f"harness: {item.nodeid}: {exc}") from None
     return st.deadline, st.deadline_source
 
 

@@ -6,8 +6,51 @@ the single checks. Each check returns the message, or None when the input is fin
 
 from __future__ import annotations
 
+import enum
+import math
 import os
 from pathlib import Path
+
+
+class ExitStatus(enum.IntEnum):
+    """Every command's exit status."""
+
+    OK = 0
+    FINDINGS = 1  # what the command looks for was found: a control not as expected, a surviving mutant
+    CONTROLS_DIFFER = 1
+    SURVIVORS = 1
+    USAGE = 2  # bad arguments or invalid inputs: nothing ran
+    BASELINE_RED = 3  # the unperturbed gates are red: nothing over them would prove anything
+    DEVICE_LOST = 4  # the device stopped answering mid-run: no verdict after that is one
+    INTERRUPTED = 130
+
+
+class UsageError(ValueError):
+    """A command's bad input, its message one line naming the option and the fix."""
+
+
+def positive_seconds(text: str, option: str, example: str, also: str = "", fix: str | None = None) -> float:
+    """A positive, finite number of seconds given as `option`; `also` names what else the
+    option takes, `fix` says what to do (default: pass e.g. `option example`). Raises UsageError."""
+    fix = fix or f"pass e.g. {option} {example}"
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option} {text!r} is not a number of seconds{also}; {fix}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{option} must be a positive, finite number of seconds (got {text}); {fix}")
+    return value
+
+
+def positive_int(text: str, option: str, example: str) -> int:
+    """A whole number of at least 1 given as `option`. Raises UsageError."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option} {text!r} is not a whole number; pass e.g. {option} {example}") from None
+    if value < 1:
+        raise UsageError(f"{option} must be at least 1 (got {value}); pass e.g. {option} {example}")
+    return value
 
 
 def _blocking_file(path: Path) -> Path | None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from harness.controls import report
 from harness.controls.cli import ExitStatus, build_parser, config_from
+from harness.usage import UsageError
 from harness.controls.runner import run_campaign
 from harness.controls.spec import ControlSpecError
 
@@ -39,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.static or args.naive:
         parser.error("bench runs both modes itself; drop --static / --naive")
     out = Console(highlight=False, soft_wrap=True)
-    base = config_from(args)
+    try:
+        base = config_from(args)
+    except UsageError as exc:
+        parser.error(str(exc))
     report_dir = base.path(base.report_dir)
     cold = Path(tempfile.mkdtemp(prefix="harness-bench-cache-"))
     results = {}

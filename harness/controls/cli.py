@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import enum
-import math
 import sys
 from pathlib import Path
 
@@ -12,15 +10,7 @@ from harness import _settings
 from harness._settings import ini_value
 from harness.controls.runner import KILL_ROWS, CampaignConfig, run_campaign
 from harness.controls.spec import ControlSpecError
-
-
-class ExitStatus(enum.IntEnum):
-    OK = 0  # every control is what it expects
-    CONTROLS_DIFFER = 1  # some control is not what it expects
-    USAGE = 2  # bad arguments or invalid control files: nothing ran
-    BASELINE_RED = 3  # the unperturbed gates are red: controls over them would prove nothing
-    DEVICE_LOST = 4  # the device stopped answering mid-campaign: no verdict after that is one
-    INTERRUPTED = 130
+from harness.usage import ExitStatus
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,9 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "harness_cache_dir, else ~/.cache/harness/cubin)")
     p.add_argument("--static", action="store_true",
                    help="validate, apply and compile every control; run no gate (no GPU needed)")
-    p.add_argument("--deadline", type=float, default=300.0, metavar="SECONDS",
+    p.add_argument("--deadline", default="300", metavar="SECONDS",
                    help="per-control deadline; a run past it is killed and recorded as timeout (default 300)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
+    p.add_argument("--jobs", default="1", metavar="N",
                    help="controls run at once, each in its own sandbox and processes (default 1)")
     p.add_argument("--arch", default=None, metavar="sm_XX", help="compile target passed to every run")
     p.add_argument("--kill-row", choices=KILL_ROWS, default="modules",
@@ -69,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from(args: argparse.Namespace) -> CampaignConfig:
     """The campaign's settings, read as a pytest run reads them (`_settings.project_settings`):
-    paths given on the command line are relative to the working folder, ini paths to the rootdir."""
+    paths given on the command line are relative to the working folder, ini paths to the rootdir.
+    Raises harness.usage.UsageError for a bad --deadline or --jobs."""
+    from harness.usage import positive_int, positive_seconds
+
+    deadline = positive_seconds(args.deadline, "--deadline", "300")
+    jobs = positive_int(args.jobs, "--jobs", "4")
     project = _settings.resolve(kernel_root=args.kernel_root, cache_dir=args.cache_dir, arch=args.arch,
                                 controls_dir=args.controls_dir, rootdir=args.rootdir)
     rootdir, settings = project.rootdir, project.settings
@@ -80,8 +75,8 @@ def config_from(args: argparse.Namespace) -> CampaignConfig:
         report_dir=Path(args.report).resolve() if args.report else _settings.report_root(rootdir),
         names=tuple(args.names),
         arch=settings.arch,
-        deadline=args.deadline,
-        jobs=args.jobs,
+        deadline=deadline,
+        jobs=jobs,
         static=args.static,
         naive=args.naive,
         require_gpu=not args.no_require_gpu,
@@ -149,16 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    if not (math.isfinite(args.deadline) and args.deadline > 0):
-        err.print(f"[bold red]error:[/] --deadline {args.deadline}: it must be a positive, finite number of "
-                  "seconds, e.g. --deadline 300")
-        return ExitStatus.USAGE
-    if args.jobs < 1:
-        err.print("[bold red]error:[/] --jobs must be at least 1")
-        return ExitStatus.USAGE
-    from harness.usage import arch_problem, folder_problem, kernel_root_problem
+    from harness.usage import UsageError, arch_problem, folder_problem, kernel_root_problem
 
-    config = config_from(args)
+    try:
+        config = config_from(args)
+    except UsageError as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        return ExitStatus.USAGE
     root = config.path(config.kernel_root)
     problems = (
         arch_problem(config.arch, "--arch" if args.arch else _settings.ARCH_ENV),

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import enum
-import math
 import os
 import sys
 import time
@@ -12,15 +10,8 @@ from pathlib import Path
 
 from harness import _settings
 from harness.interrupt import sigterm_as_interrupt
-
-
-class ExitStatus(enum.IntEnum):
-    OK = 0
-    SURVIVORS = 1  # a full campaign left survivors (or no-coverage mutants)
-    USAGE = 2  # bad arguments: nothing ran
-    BASELINE_RED = 3
-    DEVICE_LOST = 4  # the device stopped answering mid-campaign: the results so far are kept
-    INTERRUPTED = 130
+from harness.usage import ExitStatus, UsageError, positive_seconds
+from harness.usage import positive_int as _positive_int
 
 
 DESCRIPTION = ("Mutate the device code of the kernels, screen the mutants on the CPU (compile, identical cubins), "
@@ -90,33 +81,6 @@ def build_parser(prog: str = "python -m harness mutate", description: str = DESC
                         "(a campaign cut short before its report, or copied back from a device)")
     p.add_argument("--no-require-gpu", action="store_true", help=argparse.SUPPRESS)  # the harness's own tests
     return p
-
-
-class UsageError(ValueError):
-    pass
-
-
-def _positive_int(text: str, option: str, example: str) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise UsageError(f"{option} {text!r} is not a whole number; pass e.g. {option} {example}") from None
-    if value < 1:
-        raise UsageError(f"{option} must be at least 1 (got {value}); pass e.g. {option} {example}")
-    return value
-
-
-def positive_seconds(text: str, option: str, example: str, also: str = "") -> float:
-    """A positive, finite number of seconds given as `option`; `also` names what else the
-    option takes (its message)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{option} {text!r} is not a number of seconds{also}; pass e.g. {option} {example}") from None
-    if math.isnan(value) or math.isinf(value) or value <= 0:
-        raise UsageError(f"{option} must be a positive, finite number of seconds (got {text}); "
-                         f"pass e.g. {option} {example}")
-    return value
 
 
 def _deadline(text: str) -> float | None:
