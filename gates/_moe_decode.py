@@ -173,7 +173,7 @@ def final_designed_inputs(shape: Shape):
     return case, (case.dense, to_bf16(opair), wts, case.mid, case.w_d, case.w_m)
 
 
-# ------------------------------------------------------------------ memory safety (issue 11)
+# ------------------------------------------------------------------ memory safety
 
 def guarded(shape, dtype):
     """An output holding its dtype's sentinel between sentinel guards
