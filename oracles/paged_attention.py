@@ -312,7 +312,7 @@ def live_pool_pages(case: Case) -> np.ndarray:
     return live
 
 
-# A block-table entry no row may follow (issue 11, class 5): far past any pool (2^30 pages of
+# A block-table entry no row may follow: far past any pool (2^30 pages of
 # at least 64 KiB each), so a kernel that follows it faults instead of reading stale data.
 INVALID_PAGE = 1 << 30
 
