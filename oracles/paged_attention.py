@@ -100,10 +100,9 @@ def visible(kpos, qpos, window: int):
 # ------------------------------------------------------------------ the float64 reference
 
 
-# Query rows per block of the reference's score matrices. 64-row blocks cost 2.4x less CPU on
-# one core here, but the prefill anchor that uses them took 2.9-4.0 s on the H200 host
-# against 1.0-1.4 s with one block per sequence (measured in two gate runs each; the cause
-# was not found): every case of the suite (at most 1500 rows) is one block.
+# Query rows per block of the reference's score matrices: every case of the suite (at most
+# 1500 rows) is one block. 64-row blocks use less CPU, yet made the prefill anchor slower on
+# the GPU host (2.9-4.0 s against 1.0-1.4 s, measured: why the block is this large).
 REFERENCE_ROW_BLOCK = 2048
 
 
