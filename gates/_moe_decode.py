@@ -173,7 +173,7 @@ def final_designed_inputs(shape: Shape):
     return case, (case.dense, to_bf16(opair), wts, case.mid, case.w_d, case.w_m)
 
 
-# ------------------------------------------------------------------ memory safety (issue 11)
+# ------------------------------------------------------------------ memory safety
 
 def guarded(shape, dtype):
     """An output holding its dtype's sentinel between sentinel guards
@@ -373,7 +373,7 @@ def selected_ids(chain: Chain) -> np.ndarray:
 @host_cache(disk=True)
 def designed_glu(shape_id: str) -> od.GluWeightsCase:
     """The designed GLU case of a shape (host only; a warm campaign worker keeps it, and the
-    disk keeps it between runs: 1.2 s at the seed's size)."""
+    disk keeps it between runs: it is slow to build at the seed's size)."""
     s = SHAPES[shape_id]
     return od.glu_weights_designed(s.t, s.h, s.e, s.i, s.k, seed=s.i + 1)
 

@@ -61,14 +61,14 @@ def edge_case(kernel: str, window: int) -> ora.Case:
 @host_cache
 def needle_case(hd: int, window: int, kind: str) -> ora.Case:
     """The decode needle case (oracles.paged_attention.needle_case) at NEEDLE_HEADS, NEEDLE_SEED:
-    built once per process (4-9 ms each; the needle anchors and the split-count links share them)."""
+    built once per process (the needle anchors and the split-count links share them)."""
     return ora.needle_case(hd=hd, window=window, kind=kind, seed=NEEDLE_SEED, **NEEDLE_HEADS)
 
 
 @host_cache
 def staircase_case(hd: int, window: int, rising: bool, paired: bool = False, start: int = 0) -> ora.Case:
     """The prefill staircase (oracles.paged_attention.staircase_case), nh 4, nkv 2, STAIR_SEED:
-    built once per process (2-8 ms each)."""
+    built once per process."""
     return ora.staircase_case(hd=hd, nh=4, nkv=2, window=window, rising=rising, seed=STAIR_SEED, paired=paired,
                               start=start)
 
@@ -76,7 +76,7 @@ def staircase_case(hd: int, window: int, rising: bool, paired: bool = False, sta
 @host_cache(disk=True)
 def reference_of(name: str, rows: str, scale: float = 1.0) -> np.ndarray:
     """The float64 reference of a random case at softmax scale `scale`: computed once per
-    process, and kept on disk between runs (1.9 s for config A's prefill rows on a CPU)."""
+    process, and kept on disk between runs (config A's prefill rows take seconds)."""
     return ora.reference(random_case(name, rows), scale)
 
 

@@ -109,7 +109,7 @@ def host_data(head_dim: int, rotary_dim: int) -> QkData:
     return _build(head_dim, rotary_dim, on_device=False)
 
 
-# Issue 11, classes 6-8: data where eps matters, 11 tokens (66 jobs: the last block of 4
+# Data where eps matters, 11 tokens (66 jobs: the last block of 4
 # warps has 2 idle), one spare designed token past them.
 EPS_TOKENS = design.ORIGIN0_SCENARIO.num_tokens
 EPS_ZERO_EVERY = 5  # the anchor's zero vectors: (3 t + h + tensor) % 5 == 0
@@ -238,7 +238,7 @@ def _magnitude_where_zero(a: np.ndarray, zero: np.ndarray) -> np.ndarray:
 
 
 def flat_matches_closed_form_where_eps_matters(data: QkData) -> None:
-    """Issue 11, classes 6 and 8: tiny heads (eps sets half the norm) and zero vectors through
+    """Where eps matters: tiny heads (eps sets half the norm) and zero vectors through
     every norm (Q, K, V or the K = V fork), 11 tokens (66 jobs, 2 idle warps), a spare output row."""
     h = data.host
     assert data.eps == design.EPS_TINY and data.num_tokens == EPS_TOKENS
@@ -261,7 +261,7 @@ def flat_matches_closed_form_where_eps_matters(data: QkData) -> None:
         assert_bits_eq(f"{name} row {t}, past the last token (must keep its filler)", outs[name][t:], filler)
 
 
-# ------------------------------------------------------------------ memory safety (issue 11)
+# ------------------------------------------------------------------ memory safety
 
 PAGE_FENCE = 0xFFFFFFFF  # page id -1: a window entry read from before or past the window trips the page-id guard
 GUARD = buffers.GUARD  # filler elements before and after each output buffer: two 512-element head rows
@@ -382,7 +382,7 @@ def decode_equals_prefill_over_the_same_positions(data: QkData, scenario=SCENARI
 
 
 def origin_zero_prefill_lands_flat_values_at_layout_addresses(data: QkData) -> None:
-    """Issue 11, classes 6-8: the prefill window's origin is logical page 0, behind a junk
+    """The prefill window's origin is logical page 0, behind a junk
     entry; 66 jobs (2 idle warps) and a spare q_out row; tiny heads, so eps sets the values."""
     scenario = design.ORIGIN0_SCENARIO
     assert scenario.page_origin == 0 and data.num_tokens == scenario.num_tokens
@@ -391,7 +391,7 @@ def origin_zero_prefill_lands_flat_values_at_layout_addresses(data: QkData) -> N
 
 
 def origin_zero_decode_equals_prefill(data: QkData) -> None:
-    """Issue 11, class 7: decode tokens whose window origin is page 0 (and others at 1 and 2)."""
+    """Decode tokens whose window origin is page 0 (and others at 1 and 2)."""
     scenario = design.ORIGIN0_SCENARIO
     origins = scenario.decode_origins()
     assert np.any(origins == 0) and np.any(origins != 0), f"origins {origins}: need page 0 and others"

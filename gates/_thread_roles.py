@@ -115,8 +115,8 @@ def analysed(kernel_root, file: str, names, check, *args):
     """`check(consts, tree, file, *args)` of `file` under the active kernel root, computed on
     the text its functions `names` can reach (`reachable_text`) and its quoted includes, and
     kept for that text: a mutant of another function of the file finds it again. (A
-    structural gate runs first for every mutant of its file; on the H200 those of
-    `moe_decode.cu` cost each of its mutants 2.6 s, more than half a campaign's slot time.)
+    structural gate runs first for every mutant of its file: computed afresh each time, it
+    would take a large share of each mutant's time.)
     `check` must be a pure function of what it is given; it may fail the gate."""
     from harness.compile import source_closure
     from harness.source import read_source

@@ -1,9 +1,8 @@
 """Structural gates: the barriers and fences that order one thread's stores before another's reads.
 
-A barrier or fence removed leaves a race the H200 rarely shows: the full campaign's survivors
-(docs/observed/mutation-campaign-h200.md, section 9; `docs/suite/survivors-full-campaign-moe_decode.md`
-and `-paged_attention.md`) include every one of these removed, and no value gate saw them. So these
-gates read the order from the source (tree-sitter CUDA grammar, as the campaign parses it):
+A barrier or fence removed leaves a race the H200 rarely shows, which no value gate sees
+(docs/observed/mutation-campaign-h200.md, section 9); so these gates read the order from the
+source (tree-sitter CUDA grammar, as the campaign parses it):
 
 - **A last-CTA ticket is released and acquired.** Where the last CTA to arrive merges what the
   others wrote (`moe_router`'s top-K selection, `paged_decode`'s split merge), the kernel's
@@ -170,9 +169,8 @@ def _barrier_functions(tree) -> set[str]:
 def test_a_shared_arrays_stores_are_published_by_a_barrier(kernel_root, file, name):
     # A statement of the kernel body that stores into a `__shared__` array, and the next one
     # that reads it, have a `__syncthreads()` between them (or a call of a function that holds
-    # one, such as a block reduction): the readers are other threads. The campaign's re-check
-    # saw why value gates cannot hold this: moe_final's barrier after staging the K weights,
-    # removed, was killed in one run and survived the next.
+    # one, such as a block reduction): the readers are other threads. Value gates cannot hold
+    # this: without the barrier the outcome depends on timing, right in one run, wrong the next.
     consts, tree = read_kernel_file(kernel_root, file)
     fn = defined(tree, file, name)
     barriers = _barrier_functions(tree)

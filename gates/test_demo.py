@@ -83,7 +83,7 @@ def test_gather_in_bounds_after_a_trap_gate():
     assert_bits_eq("out", got, np.asarray([7, 0, 3], dtype=np.float32))
 
 
-# Multi-block launches with guard zones (issue 11, class 8, on the demonstration kernels):
+# Multi-block launches with guard zones, on the demonstration kernels:
 # sizes put a partial block last (1000), leave the last full stride one short (1022: a
 # stride of blockDim - 1 no longer reaches the end), and give the vectorised kernel several
 # blocks (4099); outputs start as sentinels inside guard zones, so an element never

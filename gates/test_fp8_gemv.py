@@ -11,7 +11,7 @@ from harness.buffers import assert_untouched
 from kernels_cu import fp8_gemv
 from oracles.quant_gemv import fp8_chunk_sums, fp8_gemv_case, fp8_gemv_positional_case
 
-# The position-dependent anchor's shape (issue 11, classes 1-3 and 8): K = 592 is 37 chunks of
+# The position-dependent anchor's shape: K = 592 is 37 chunks of
 # 16 (lanes 0-4 take two, the rest one); N = 25 = 13 + 7 + 5 rows is no multiple of the 8
 # rows a block (the last block has one live warp) and the segment edges fall inside blocks.
 POS_T, POS_K, POS_SEGMENTS, POS_SEED, POS_TOKEN_SCALES = 3, 592, (13, 7, 5), 3, (0.5, 2.0, 0.25)

@@ -56,7 +56,7 @@ def positional():
 @pytest.mark.gpu
 @pytest.mark.anchor
 def test_lm_head_winners_at_block_warp_and_vocabulary_edges_and_ties_across_reduce_warps(positional):
-    # Issue 11, classes 1, 2 and 4. V = 17317: 271 partials a row (the reduce kernel's upper
+    # V = 17317: 271 partials a row (the reduce kernel's upper
     # half-warps, several reduce warps, a second pass), the last block partial; H = 264 (lane 0
     # takes two steps). h and E position-dependent from {+-0.5, +-1, +-2}, rs in {1/2, 1, 2},
     # every token a different winner: V - 1, a warp's last row, a three-way tie across reduce

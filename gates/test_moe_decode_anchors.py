@@ -157,7 +157,7 @@ def test_final_matches_host_on_designed_slots(shape_id):
 @pytest.mark.memory_safety
 @shapes
 def test_post_attn_reads_and_writes_nothing_outside_its_buffers(shape_id):
-    # Issue 11: the designed post_attn anchor with x, o and both weights between NaN fences
+    # The designed post_attn anchor with x, o and both weights between NaN fences
     # and all six outputs between sentinel guards. A read a little outside an input puts a
     # NaN into mid and everything after it, a store outside an output lands in a guard, both
     # by assertion; a read or store further away (a block reduction's slot from lane -1, a
@@ -176,7 +176,7 @@ def test_post_attn_reads_and_writes_nothing_outside_its_buffers(shape_id):
 @pytest.mark.memory_safety
 @shapes
 def test_final_reads_and_writes_nothing_outside_its_buffers(shape_id):
-    # Issue 11: the designed final anchor with every input between NaN fences (the slots
+    # The designed final anchor with every input between NaN fences (the slots
     # past K are NaN already) and out between sentinel guards; as above.
     s = g.SHAPES[shape_id]
     case, inputs = g.final_designed_inputs(s)

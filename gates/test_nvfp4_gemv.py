@@ -19,7 +19,7 @@ N, K = 301, 1616
 # (N, K) of the link: the shape above, and one whose K is all tail (3 groups) with N = 13.
 LINK_SHAPES = {"N301-K1616": (301, 1616), "N13-K48": (13, 48)}
 ARMS = {"base": False, "sw": True}
-# (N, K) of the second anchor (issue 11, class 8): K16 = 165 is two whole sweeps of 64 and a
+# (N, K) of the second anchor: K16 = 165 is two whole sweeps of 64 and a
 # tail of 37 (the sweep loop runs twice, so its stride shows); K16 = 3 is all tail; N 37 and 13
 # are multiples of neither 4 nor 8.
 SWEEP_SHAPES = {"N37-K2640": (37, 2640), "N13-K48": (13, 48)}

@@ -108,7 +108,7 @@ def test_decode_run_twice_on_the_same_counters_is_bitwise_identical(decode_confi
 @pytest.mark.gpu
 @pytest.mark.link
 def test_decode_never_follows_a_block_table_entry_outside_every_window(decode_config):
-    # Issue 11, class 5. Every entry no row may see (before the sliding window, past the
+    # Every entry no row may see (before the sliding window, past the
     # context) is set to a page 2^30, outside any pool: the bits must not change. The NaN page of
     # the page-map link proves a masked key is not *used*; this proves its entry is not
     # *followed*. A kernel that follows one faults (a memory-safety kill, route trap).
@@ -168,7 +168,7 @@ def test_decode_rows_whose_window_starts_at_a_page_edge_copy_their_first_visible
 @pytest.mark.link
 @pytest.mark.parametrize("window", ora.EDGE_WINDOWS, ids=lambda w: f"w{w}")
 def test_decode_never_follows_an_entry_before_a_window_that_starts_at_a_page_edge(window):
-    # Issue 11, class 5, on the window-edge rows: the entries before each sequence's first
+    # On the window-edge rows: the entries before each sequence's first
     # visible page (and the spare past it) are invalid. A page walk that starts one page early
     # (fv - 1 at fv = 0 mod 16, fv - 2 at 0 or 1 mod 16, or from page 0 at window 1) follows one:
     # behind the page map it dereferences pmap[2^30] and faults (a memory-safety kill, route

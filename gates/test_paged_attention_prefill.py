@@ -97,7 +97,7 @@ def test_prefill_page_mapped_pool_equals_identity_pool_bitwise(chunk_config):
 @pytest.mark.gpu
 @pytest.mark.link
 def test_prefill_never_follows_a_block_table_entry_outside_every_window(chunk_config):
-    # Issue 11, class 5, for the chunked prefill: entries before the chunk's windows and the
+    # For the chunked prefill: entries before the chunk's windows and the
     # spare page past the context are set to a page 2^30, outside any pool; the bits must not
     # change, and a kernel that follows one faults (a memory-safety kill, route trap).
     name, dc = chunk_config
@@ -126,7 +126,7 @@ def test_prefill_rows_whose_window_starts_at_a_page_edge_copy_their_first_visibl
 @pytest.mark.link
 @pytest.mark.parametrize("window", ora.EDGE_WINDOWS, ids=lambda w: f"w{w}")
 def test_prefill_never_follows_an_entry_before_a_window_that_starts_at_a_page_edge(window):
-    # Issue 11, class 5, on the window-edge tiles: a tile that stages one page before its
+    # On the window-edge tiles: a tile that stages one page before its
     # first visible page follows an invalid entry and faults (a memory-safety kill, route trap).
     case = edge_case("prefill", window)
     unseen = ora.unseen_entries(case)

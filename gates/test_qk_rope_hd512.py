@@ -44,7 +44,7 @@ def test_row_offset_serves_only_the_suffix():
 @pytest.mark.gpu
 @pytest.mark.anchor
 def test_flat_arm_matches_closed_form_where_eps_matters_on_tiny_and_zero_heads():
-    # Issue 11, classes 6 and 8: every element +-2^-10 with eps = 3 * 2^-20 (exact: inv_rms =
+    # Where eps matters: every element +-2^-10 with eps = 3 * 2^-20 (exact: inv_rms =
     # 512), some heads the zero vector (outputs zero only while eps is there), 66 jobs.
     qk.flat_matches_closed_form_where_eps_matters(qk.eps_device_data(HEAD_DIM, LINK_ROTARY_DIM, zeros=True))
 
@@ -52,7 +52,7 @@ def test_flat_arm_matches_closed_form_where_eps_matters_on_tiny_and_zero_heads()
 @pytest.mark.gpu
 @pytest.mark.link
 def test_paged_prefill_from_window_origin_page_zero_lands_flat_values_at_layout_addresses():
-    # Issue 11, classes 7 and 8 (and 6 through the paged norms): origin page 0, a junk entry
+    # Tiny heads, so eps counts in the paged norms too: origin page 0, a junk entry
     # before the window, 66 jobs with a spare q_out row past them.
     qk.origin_zero_prefill_lands_flat_values_at_layout_addresses(qk.eps_device_data(HEAD_DIM, LINK_ROTARY_DIM))
 
@@ -60,7 +60,7 @@ def test_paged_prefill_from_window_origin_page_zero_lands_flat_values_at_layout_
 @pytest.mark.gpu
 @pytest.mark.link
 def test_paged_decode_with_origin_zero_tokens_equals_paged_prefill():
-    # Issue 11, class 7: tokens 0-2 have window origin page 0, the rest 1 and 2.
+    # Tokens 0-2 have window origin page 0, the rest 1 and 2.
     qk.origin_zero_decode_equals_prefill(qk.eps_device_data(HEAD_DIM, LINK_ROTARY_DIM))
 
 
@@ -126,7 +126,7 @@ def test_device_guard_fires_on_a_negative_page_size():
 @pytest.mark.anchor
 @pytest.mark.memory_safety
 def test_flat_arm_reads_and_writes_nothing_outside_its_buffers():
-    # Issue 11: the flat anchor (rotary_dim 128: rope-lo, rope-hi and the tail) with
+    # The flat anchor (rotary_dim 128: rope-lo, rope-hi and the tail) with
     # every input between NaN fences and every output between filler guards. A read or a
     # store a little outside shows by assertion; one further away faults, and a fault here
     # is this gate's verdict too (docs/mutation.md, Verdicts).
@@ -137,6 +137,6 @@ def test_flat_arm_reads_and_writes_nothing_outside_its_buffers():
 @pytest.mark.link
 @pytest.mark.memory_safety
 def test_paged_prefill_reads_and_writes_nothing_outside_its_buffers():
-    # Issue 11: the prefill link with fenced inputs, a fenced window (page id -1 past both
+    # The prefill link with fenced inputs, a fenced window (page id -1 past both
     # ends, which the page-id guard refuses), and q_out and the pool between filler guards.
     qk.prefill_reads_and_writes_nothing_outside_its_buffers(qk.device_data(HEAD_DIM, LINK_ROTARY_DIM))

@@ -10,8 +10,7 @@ store's transposed element). Two `__syncwarp()` make that correct: one between t
 store and the first read (the other lanes' values are published), and one after the last
 read (the row is released: the warp's next helper stores into the same row while a lane
 may still be reading it). Dropped, each is a race the H200 orders (a converged warp's
-shared-memory accesses happen to run in program order): no numeric gate can see it, and
-the full campaign's four `__syncwarp()` removals in these helpers survived every gate
+shared-memory accesses happen to run in program order), so no numeric gate can see it
 (docs/observed/mutation-campaign-h200.md, section 9).
 """
 

@@ -58,7 +58,7 @@ WARP_WORK = {
 }
 # kernels where lane 0 of each warp stores the warp's result
 # (paged attention's are not: its xor butterflies leave the same bits in every lane, so any
-# one lane may store them, and its lanes rotated by one survived the campaign as equivalent)
+# one lane may store them)
 LANE_ZERO_STORES = (("fp8_gemv.cu", "fp8_gemv"), ("moe_decode.cu", "moe_router"), ("moe_decode.cu", "moe_glu"),
                     ("moe_decode.cu", "moe_down"))
 BLOCKS = (0, 1, 5)  # blockIdx.x values the warp-work check is run at

@@ -18,7 +18,7 @@ Every check runs on shapes, dtypes, Python ints and addresses before the device 
 the refusals hold on a machine with no GPU (numpy arrays stand in for device arrays). Each
 refusal names the argument, its value and the rule. The grids live here and only here; the
 constants below must equal the `.cu`'s `#define`s (gates/test_moe_decode_structure.py).
-The array checks are local to this launcher (harness/ has no launch helpers yet).
+The array checks are local to this launcher.
 """
 
 from __future__ import annotations

@@ -251,8 +251,8 @@ def _max_into_warp(jm: np.ndarray, jo: np.ndarray, warp: int, zero_block: int) -
     that warp alone. Swapping pairs keeps sum(j^2) and the magnitude pairing."""
     idx = np.arange(jm.size)
     # Element 0 never holds a maximum: moe_post_attn keeps its normalised row in dynamic shared
-    # memory right after the eight warp slots, so a block max reading one slot too far (the
-    # x2 campaign's survivor red[w + 1]) read element 0 and found token 0's maximum there.
+    # memory right after the eight warp slots, so a block max reading one slot too far
+    # (red[w + 1]) would read element 0 and find token 0's maximum there.
     own = ((idx % BLOCK_THREADS) // 32 == warp) & (idx // GROUP != zero_block) & (idx != 0)
     big = np.abs(jm) == np.abs(jm).max()
     src, dst = np.flatnonzero(big & ~own), np.flatnonzero(own & ~big)

@@ -100,10 +100,9 @@ def visible(kpos, qpos, window: int):
 # ------------------------------------------------------------------ the float64 reference
 
 
-# Query rows per block of the reference's score matrices. 64-row blocks cost 2.4x less CPU on
-# one core here, but the prefill anchor that uses them took 2.9-4.0 s on the H200 host
-# against 1.0-1.4 s with one block per sequence (measured in two gate runs each; the cause
-# was not found): every case of the suite (at most 1500 rows) is one block.
+# Query rows per block of the reference's score matrices: every case of the suite (at most
+# 1500 rows) is one block. 64-row blocks use less CPU, yet made the prefill anchor slower on
+# the GPU host (2.9-4.0 s against 1.0-1.4 s, measured: why the block is this large).
 REFERENCE_ROW_BLOCK = 2048
 
 
@@ -312,7 +311,7 @@ def live_pool_pages(case: Case) -> np.ndarray:
     return live
 
 
-# A block-table entry no row may follow (issue 11, class 5): far past any pool (2^30 pages of
+# A block-table entry no row may follow: far past any pool (2^30 pages of
 # at least 64 KiB each), so a kernel that follows it faults instead of reading stale data.
 INVALID_PAGE = 1 << 30
 

@@ -47,7 +47,7 @@ def designed_heads(tensor: int, num_tokens: int, num_heads: int, head_dim: int) 
     return to_bf16(signs * mags[..., None])
 
 
-# Where eps matters (issue 11, class 6). With every element +-TINY the mean square is TINY^2 =
+# Where eps matters. With every element +-TINY the mean square is TINY^2 =
 # 2^-20, and EPS_TINY = 3 * 2^-20 makes mean + eps = 2^-18 exactly: inv_rms = 2^9 and
 # x * inv_rms = +-1/2, all exact in f32, so the outputs are exact bf16 values (+-w / 2, moved
 # and negated by the rotation). An eps dropped doubles them; an eps added outside the square
@@ -190,7 +190,7 @@ class PagedScenario:
         return np.asarray(indptr, dtype=np.int32), np.asarray(indices, dtype=np.int32)
 
 
-# The request of the origin-0 links (issue 11, classes 7 and 8): positions 1..11 from logical
+# The request of the origin-0 links: positions 1..11 from logical
 # page 0, so the prefill window's origin is page 0 and decode tokens 0-2 have origin 0; 11
 # tokens make 11 * (4 + 2) = 66 jobs, not a multiple of the kernel's 4 warps a block. The
 # window's fourth entry (pool page 0) covers position 12, one past the request: a warp past

@@ -92,7 +92,7 @@ def fp8_gemv_case(t: int, k: int, segment_rows: tuple[int, ...], segment_scales:
     return Fp8GemvCase(x=x, xs=xs, segments=tuple(segments), expected=expected)
 
 
-# Position-dependent designed inputs (issue 11, classes 1-3 and 8): x and w draw from a
+# Position-dependent designed inputs: x and w draw from a
 # small exact set, so every element pairs with one partner only and every index shows.
 SIGNED_SET = (-2.0, -1.0, -0.5, 0.5, 1.0, 2.0)  # exact in e4m3 and bf16; products are multiples of 1/4
 FP8_CHUNK = 16  # e4m3 bytes one lane loads a step (FP8_GEMV_BYTES_PER_LANE)
@@ -190,7 +190,7 @@ def capped(logit: float, softcap: float) -> np.float32:
 TANHF_ULP_BOUND = 4
 
 
-# Position-dependent lm_head design (issue 11, classes 1, 2 and 4). Block b's partial sits in
+# Position-dependent lm_head design. Block b's partial sits in
 # the reduce kernel's thread b % 256 (warp (b % 256) // 32, second pass for b >= 256), so the
 # winners below reach both half-warps, several reduce warps and both passes.
 LM_ROWS_PER_BLOCK = 64  # LM_HEAD_ROWS_PER_BLOCK (the structural gate pins it to the .cu)
@@ -321,7 +321,7 @@ def f32_logits(rs: np.ndarray, dots: np.ndarray) -> np.ndarray:
     return f32
 
 
-# The edge design (issue 11 survivors of the H200 campaign): logits at or below zero, where
+# The edge design: logits at or below zero, where
 # an initial best of 0 or -FLT_MAX instead of -inf shows, and odd e4m3 codes in the winning row.
 LM_EDGE_H = 72  # 9 steps of 8: lanes 0-8 take one, lanes 9-31 none
 LM_EDGE_V = 64 * 242 + 37  # 243 partials a row (reduce warps 0-7, one pass), the last block partial

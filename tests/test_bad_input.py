@@ -1,6 +1,6 @@
 """Bad input gets one clear error: what was wrong and what to do, a non-zero exit, no
-traceback. One test per row of issue 14's table (the rows about the device probe and the
-child timeout belong to the isolation rewrite and are tested there). No GPU needed."""
+traceback. One test per kind of bad input (the device probe and the child timeout are
+tested with the worker pool, in tests/test_workers.py). No GPU needed."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Issue 12: the device-only view, the backend rule, include directories and CCCL, one
+"""The device-only view, the backend rule, include directories and CCCL, one
 declaration of compile settings, the options recorded = the options the compiler receives,
 and the bad-input table (missing include dir, a header in two dirs, an inseparable host
 section, nvcc absent)."""

@@ -1,4 +1,4 @@
-"""Issue 12: launch helpers a real kernel needs (dynamic shared memory above 48 KiB, the null
+"""Launch helpers a real kernel needs (dynamic shared memory above 48 KiB, the null
 pointer), the plugin both installed and passed with -p, and harness.source reading
 constexpr integers and taking #if branches by their defines."""
 

@@ -1,4 +1,4 @@
-"""Issue 12: the real-world-style fixture tree (tests/fixtures/byo) compiles with no edit to
+"""The real-world-style fixture tree (tests/fixtures/byo) compiles with no edit to
 its files, its gates that need no GPU run green, its expected-failure gate leaves a controls
 baseline green, and its CPU control is proven."""
 

@@ -341,8 +341,8 @@ def _xor_butterfly(v):
 
 
 def test_the_shift_down_tree_gives_lane_0_the_xor_butterflys_bits_and_no_other_lane_the_sum():
-    # nvfp4_warp_sum (and fp8_gemv's, lm_head's) moved from the xor butterfly to a shift-down
-    # tree: lane 0's bits must not move (the bitwise links and every certified value rest on
+    # nvfp4_warp_sum (and fp8_gemv's, lm_head's) is a shift-down tree, not an xor butterfly:
+    # lane 0 must hold the butterfly's bits (the bitwise links and every certified value rest on
     # them), and the other lanes must not hold the sum, so a wrong writer stores a wrong value.
     rng = np.random.default_rng(3)
     vals = (rng.normal(size=(20000, 32)) * np.exp2(rng.integers(-20, 20, (20000, 32)))).astype(np.float32)
@@ -356,7 +356,7 @@ def test_the_shift_down_tree_gives_lane_0_the_xor_butterflys_bits_and_no_other_l
 
 
 def test_a_rotation_of_a_warps_inputs_keeps_lane_0s_bits_but_not_the_rotated_writers():
-    # Why the shifted down roles survived at the chain's I = 704 (K16 = 44) under the xor
+    # Why roles shifted by one go unseen at the chain's I = 704 (K16 = 44) under an xor
     # butterfly: lanes 44..63 hold nothing, and the butterfly (masks 16, 8, 4, 2, 1) is
     # invariant under a cyclic rotation of its 32 inputs. Lane 0 of the shift-down tree computes
     # the same function, so it is invariant too; what the tree changes is the writer: roles
@@ -462,7 +462,7 @@ def test_router_zero_tokens_design_sees_an_accumulator_that_does_not_start_at_ze
 
 @pytest.mark.parametrize("name", SHAPES)
 def test_post_attn_design_with_o_four_times_its_unit_mean_square_keeps_mid_and_shows_an_unnormalised_o(name):
-    # The campaign's survivor `o * inv_o` -> `o / inv_o`: with mean(o^2) = 1 the factor is 1 to
+    # The mutant `o * inv_o` -> `o / inv_o`: with mean(o^2) = 1 the factor is 1 to
     # bf16 and nothing can see it. At o_scale 2 the norm halves o and mid is the unit design's;
     # a kernel that divides by the factor (4x) or skips it (2x) moves every live token's mid.
     t, h, _, _, _ = SHAPES[name]

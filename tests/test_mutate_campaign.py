@@ -238,8 +238,8 @@ def test_recheck_counts_agreement(suite):
 
 
 def test_a_recheck_timeout_under_load_runs_once_more_with_fewer_at_once(suite):
-    # On the H200, a dozen re-runs at once that each trap for real made some run past their
-    # deadline (the driver's lock): those, and only those, run again, at most RETRY_JOBS at once.
+    # Re-runs that each trap for real contend for the driver's lock, so many at once can run
+    # past their deadline: those, and only those, run again, at most RETRY_JOBS at once.
     import threading
 
     from harness.mutate.campaign import RECHECKED, RETRY_JOBS, recheck

@@ -216,7 +216,7 @@ def test_a_silent_guard_fails_its_trap_gate_by_assertion(suite):
 
 def test_waiting_for_a_worker_does_not_count_against_the_mutants_deadline(suite, monkeypatch):
     # every spare taken by other slots' faults: the slot waits, and the mutant's own gates
-    # still get their whole deadline (counted, a wait turned green mutants into timeouts)
+    # still get their whole deadline (were the wait counted, green mutants would time out)
     import time
 
     root, ex = suite
@@ -629,8 +629,8 @@ def test_a_fault_in_a_memory_safety_gate_ends_the_mutants_run_as_a_kill_does():
 
 
 def test_a_naive_run_cut_by_its_deadline_is_counted_apart_not_as_a_disagreement(suite, tmp_path, monkeypatch):
-    # on the H200 the naive way (16 pytests at once) ran past the campaign's bound for reasons
-    # of load: such a run is listed apart, and the naive half gets its own generous deadline
+    # the naive way (many pytests at once) can run past the campaign's bound for reasons of
+    # load: such a run is listed apart, and the naive half gets its own generous deadline
     import json
 
     from harness.mutate import bench
@@ -790,8 +790,8 @@ def test_the_bench_compares_kills_of_another_kind_as_agreement_one_way_only():
 
 
 def test_the_campaigns_workers_start_while_its_baseline_runs(suite, tmp_path, monkeypatch):
-    # the server's collection, the probe and the spares used to start after the baseline,
-    # before the first mutant: the warm factory now starts them beside it
+    # the warm factory starts the server's collection, the probe and the spares beside the
+    # baseline, so the first mutant does not wait for them
     import os
     import time
 

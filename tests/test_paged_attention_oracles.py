@@ -84,7 +84,7 @@ def test_permuted_pool_maps_live_pages_to_their_data_and_dead_pages_to_the_nan_p
 
 
 def test_reference_of_the_largest_prefill_is_whole_and_finite():
-    # (its cost, about a second on two cores, is the row blocks'; a test does not time it)
+    # (the suite's largest reference, so its cost is the row blocks'; a test does not time it)
     case = ora.random_case(nh=16, nkv=8, hd=256, window=1024, ctx=1500, rows=1500, seed=11)
     out = ora.reference(case)
     assert out.shape == (1500, 16, 256) and np.all(np.isfinite(out))
@@ -418,8 +418,8 @@ def test_both_split_pages_survivors_change_some_partial_over_the_gates_split_cou
 # paged_attention.cu's page walks, online softmax and merges, step for step in f32 (fmaf as an
 # exact f64 product plus one rounding, expf as numpy's f32 exp, which agree with the device on
 # the designed cases: every weight there is exp(0) = 1 or underflows to 0). Its knobs are the
-# survivors of the mutation run and the new controls, so this checks here, without a GPU, that
-# the new gates' expected images are what the kernel computes and that each control turns its
+# survivors of the mutation run and the controls, so this checks here, without a GPU, that
+# the gates' expected images are what the kernel computes and that each control turns its
 # gate red the way its file says (bits differ: route assertion; an unseen entry followed:
 # route trap).
 

@@ -225,7 +225,7 @@ def test_launcher_name_expressions_cover_every_arm_and_head_size():
 
 
 
-# ------------------------------------------------------------------ issue 11: eps, origin 0, tail jobs
+# ------------------------------------------------------------------ eps, origin 0, tail jobs
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

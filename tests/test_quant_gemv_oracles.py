@@ -77,7 +77,7 @@ def test_nvfp4_designed_refuses_a_k_that_breaks_f32_exactness():
         nvfp4_designed(n=1, k=16 * 1024 * 8, seed=0)
 
 
-# ------------------------------------------------------------------ issue 11: position-dependent designs
+# ------------------------------------------------------------------ position-dependent designs
 
 from harness.dtypes import bf16, from_bits, to_bf16  # noqa: E402
 from oracles.quant_gemv import (  # noqa: E402
@@ -188,7 +188,7 @@ def test_lm_head_positional_logits_keep_their_order_under_the_cap():
     assert np.all(np.diff(capped_top) > 0.04)
 
 
-# ------------------------------------------------------------------ issue 11: lm_head edges (H200 survivors)
+# ------------------------------------------------------------------ lm_head edges
 
 from harness.dtypes import decode_e4m3  # noqa: E402
 from oracles.quant_gemv import (  # noqa: E402

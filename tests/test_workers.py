@@ -420,8 +420,8 @@ def test_without_a_driver_the_wait_mode_is_left_alone_quietly(monkeypatch):
 
 
 def test_the_harness_processes_start_without_a_second_copy_of_the_workers_module():
-    # `python -m` of a pool module ran a second copy of a module the package had imported, and
-    # every worker log began with runpy's RuntimeWarning about it (pasted into failure notes)
+    # `python -m` of a pool module would run a second copy of a module the package has
+    # imported, and runpy's RuntimeWarning about it would open every worker log
     import subprocess
 
     from harness.pool import channel
@@ -445,8 +445,8 @@ def _traced_run(suite, body: list[str], tmp_path, monkeypatch, passed: int):
 def test_the_pool_makes_one_worker_per_trap_gate_and_one_spare_and_the_main_worker_first(suite, tmp_path, monkeypatch):
     """The driver makes contexts one at a time: the main worker is asked for beside the probe,
     the trap gates' spares once the probe answered, and once every trap gate has started no
-    new worker is made (on the H200, eight more contexts made while the traps were handled
-    held the traps up for 7-8 s). The timeline is the pool's own trace (HARNESS_POOL_TRACE),
+    new worker is made (more contexts made while the traps are handled would hold them
+    up). The timeline is the pool's own trace (HARNESS_POOL_TRACE),
     every process's lines on one clock."""
     body = ["import pytest", "from conftest import fire_trap"]
     for i in range(3):
@@ -570,8 +570,8 @@ def test_a_bad_server_start_mode_is_one_clear_usage_error(suite, monkeypatch, va
 @pytest.mark.parametrize("start", ["fork", "spawn"])
 def test_the_pools_temp_folder_goes_with_the_run(suite, monkeypatch, tmp_path, start):
     # A gate run's pool works in a folder of its own under the temp dir (its socket, the
-    # server's log, sanitizer logs). It used to keep the folder and the server's log after
-    # the run: a campaign of fresh pytests left one a mutant in /tmp.
+    # server's log, sanitizer logs) and removes it, the server's log too, after the run:
+    # otherwise a campaign of fresh pytests would leave one a mutant in /tmp.
     import shutil
     import tempfile
 
@@ -601,9 +601,9 @@ def test_the_pools_temp_folder_goes_with_the_run(suite, monkeypatch, tmp_path, s
 def test_a_gate_run_killed_by_sigterm_leaves_no_server_worker_or_folder(suite, monkeypatch, tmp_path, start):
     # A plain pytest killed by SIGTERM (a cancelled CI job, `timeout`) runs no `finally`: its
     # pool is never closed. Its server and workers live in a session of their own, out of reach
-    # of a signal to the pytest's group: a worker deep in a gate ran on, then wrote its
-    # traceback into the server's log in a folder nobody removed. The server, finding its
-    # owner gone, removes the pool's folder and ends every worker it forked, and itself.
+    # of a signal to the pytest's group, where a worker deep in a gate would run on. So the
+    # server, finding its owner gone, removes the pool's folder and ends every worker it
+    # forked, and itself.
     import shutil
     import subprocess
     import tempfile
@@ -633,7 +633,7 @@ def test_a_gate_run_killed_by_sigterm_leaves_no_server_worker_or_folder(suite, m
         assert worker != server
         owner.send_signal(signal.SIGTERM)
         assert owner.wait() == -signal.SIGTERM
-        _wait_until_gone(server, "the server")  # (it exited on its owner's end before, too)
+        _wait_until_gone(server, "the server")
         left = sorted(p.name for p in private.iterdir())
         assert left == [], f"the killed gate run's pool folder outlived it: {left}"
         _wait_until_gone(worker, "the worker in its gate")
@@ -650,7 +650,7 @@ def test_a_gate_run_killed_by_sigterm_leaves_no_server_worker_or_folder(suite, m
 
 def test_a_temp_dir_too_deep_for_the_pools_socket_is_not_the_runs_end(suite, monkeypatch, tmp_path):
     # a Unix socket's path holds at most 107 bytes: under a deep TMPDIR (pytest's own tmp_path
-    # under xdist is one) the pool used to end the run with "OSError: AF_UNIX path too long"
+    # under xdist is one) the pool must still start, not end the run on "AF_UNIX path too long"
     deep = tmp_path / ("d" * 100)
     deep.mkdir()
     monkeypatch.setenv("TMPDIR", str(deep))
@@ -667,9 +667,8 @@ def test_a_temp_dir_too_deep_for_the_pools_socket_is_not_the_runs_end(suite, mon
 
 
 def test_a_gate_run_killed_at_its_deadline_leaves_no_temp_folder(suite, monkeypatch):
-    # a campaign's child pytest killed at its deadline cannot remove its pool's folder (on the
-    # H200 a benchmark's 16 naive pytests, cut at once, left 15 in /tmp): the runner gives
-    # each child a temp dir of its own and removes it once the child is gone
+    # a campaign's child pytest killed at its deadline cannot remove its pool's folder: the
+    # runner gives each child a temp dir of its own and removes it once the child is gone
     import shutil
     import tempfile
 

@@ -163,7 +163,7 @@ def test_without_a_limit_nothing_is_held_and_a_campaigns_pool_has_one(tmp_path, 
 @contextlib.contextmanager
 def _counting_pool(tmp_path, spares, max_starting):
     """A pool whose server only counts spawn requests (no process starts); closed after, so
-    its folder goes (it was left in the temp folder, one a pool)."""
+    its folder goes (else each pool would leave one in the temp folder)."""
     pool = controller.Pool(controller.PoolConfig(rootdir=tmp_path, invocation_dir=tmp_path, pytest_args=[], spares=spares,
                                            max_starting=max_starting))
     asked = []
