@@ -363,8 +363,7 @@ def _parallel(controls: list[Control], targets: dict, jobs: int, one) -> list[Co
     own (CUDA_VISIBLE_DEVICES). Controls whose gate modules overlap run at once too: each
     has its own sandbox copy of the kernel root, its own pytest process (with its own pool
     of worker processes and CUDA contexts) and its own report folder, and the one thing they
-    share, the cubin cache, is content-addressed and written by atomic rename. (Until
-    issue 10 they waited for each other, which made a family's controls run one by one.)"""
+    share, the cubin cache, is content-addressed and written by atomic rename."""
     from harness.device import assignable_devices
 
     devices = assignable_devices()
