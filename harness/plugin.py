@@ -396,9 +396,9 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
     st.pool.config.pytest_args = args + ["--harness-serve"]
     # The main worker, plus one spare for each trap gate that can start ahead (up to
     # TRAPS_AHEAD) and one kept for the main worker's replacement: every trap gate then
-    # starts at the beginning of the run. A trap surfaces slowly (about 0.5 s on the H200,
-    # longer when several fault at once), so started late, traps are the run's critical
-    # path; started at once, they overlap the main worker's gates.
+    # starts at the beginning of the run. A trap surfaces slowly (longer when several fault at
+    # once), so started late, traps are the run's critical path; started at once, they
+    # overlap the main worker's gates.
     traps = sum(1 for it in items if it.get_closest_marker("trap"))
     st.pool.config.spares = 2 + min(TRAPS_AHEAD, traps) if traps else 1
     early = not st.is_worker
@@ -415,9 +415,8 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
         if early:
             # The device is known before the probe answers: the main worker starts beside the
             # probe, the trap gates' spares once it answered (pytest_collection_modifyitems).
-            # The driver makes contexts one at a time: made all at once on the H200, ten took
-            # 1.1-1.3 s each, the probe's and the main worker's among them, and the first gate
-            # waited for all of them.
+            # The driver makes contexts one at a time, so made all at once, the first gate
+            # would wait for every one of them.
             st.pool.warm_up(1 if traps and not st.is_worker else None)
 
 
@@ -425,7 +424,7 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
 def pytest_collection_modifyitems_trap_gates_last(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Trap gates run (and report) after every other gate, in their own order. Each runs
     alone in a fresh worker that starts it at the beginning of the run, beside the main
-    worker's gates; a trap takes about half a second to surface on the H200, so a trap
+    worker's gates; a trap is slow to surface, so a trap
     gate reached early would make the run wait for it, and reached last it is done. Its
     verdict depends only on its own fresh process, so the order changes nothing else. Not
     under xdist (a worker there is not told its gates ahead) or a sanitizer (no trap gate
@@ -621,10 +620,8 @@ def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:
 def _spares_wanted(st: HarnessState, starting: int = 0) -> int:
     """The spares the pool keeps once `starting` more trap gates have taken theirs: one for
     each trap gate that can still start ahead, and one for the main worker's replacement; no
-    more. (Refilled to the run's first count, the pool made eight contexts on the H200 while
-    the seven first-wave traps were being handled, and the driver makes a context, handles a
-    trap and loads the main worker's modules one at a time: those contexts took 6-9 s each,
-    and the traps took 7-8 s to surface instead of 2.4 s.)"""
+    more: the driver makes a context, handles a trap and loads the main worker's modules one
+    at a time, so extra contexts made while traps are handled slow the traps down."""
     return 1 + max(0, min(TRAPS_AHEAD - len(st.inflight), len(st.trap_queue)) - starting)
 
 
