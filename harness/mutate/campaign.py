@@ -37,21 +37,18 @@ BASELINE_DEADLINE_FACTOR = 4
 # the baseline, at most AUTO_CAP s. A hung mutant (a loop that never ends) then costs its
 # slot seconds, not minutes; a mutant that merely slows its kernel down tenfold still finishes.
 # The floor is generous because a fault or trap on a shared GPU is slow to surface when many
-# workers fault at once (seen on the H200: 10 s was too short under 16 concurrent mutants).
+# workers fault at once.
 AUTO_FLOOR, AUTO_FACTOR, AUTO_CAP = 20.0, 5.0, 120.0
 # ... and, where the executor can watch each gate (the warm one), each gate gets GATE_FLOOR s
 # plus AUTO_FACTOR x its own baseline time: a mutant that hangs its first gate is found in
-# that gate's time, not the whole selection's (a sample campaign on the H200 spent a fifth of
-# its slot time waiting out hangs). The whole selection then only needs a loose bound,
-# SET_FLOOR s plus SET_FACTOR x its baseline time: on a loaded machine 20 gates that pass can
-# take longer than the tight bound, and a mutant cut there is a false timeout (the same
-# sample had mutants time out after 19 green gates).
+# that gate's time, not the whole selection's. The whole selection then only needs a loose
+# bound, SET_FLOOR s plus SET_FACTOR x its baseline time: on a loaded machine 20 gates that
+# pass can take longer than the tight bound, and a mutant cut there is a false timeout.
 GATE_FLOOR = 15.0
 SET_FLOOR, SET_FACTOR = 60.0, 10.0
 # When the device is lost mid-campaign, the faults and timeouts recorded this many seconds
 # before are taken back (the GPU's failure, not the mutant's, may have made them): --resume
-# runs them again. (Seen on the H200: the GPU stopped answering mid-campaign; every worker
-# after that saw an unusable context.)
+# runs them again.
 LOST_WINDOW = 120.0
 
 
@@ -373,8 +370,8 @@ class KillHistory:
     """Which gates have killed each file's mutants so far in this campaign. A mutant's gates
     then run the file's most frequent killers first, within the places the selection fixes
     (source readers first, trap gates last: `Coverage.place`); ties and gates that killed
-    nothing keep the baseline's order. Most mutants of a file die in the same few gates, and
-    fastest-first made a killed mutant run about six gates on the H200. Thread-safe."""
+    nothing keep the baseline's order. Most mutants of a file die in the same few gates, so
+    a killed mutant then runs fewer gates than fastest-first would have it run. Thread-safe."""
 
     def __init__(self):
         import threading
@@ -619,12 +616,10 @@ class Recheck:
 
 # A re-run that hits its deadline where the campaign's run had a verdict is run once more,
 # this many at once. The re-check runs every trap gate for real, each in a fresh worker, a
-# dozen mutants at once; on the H200 a run of MoE survivors did that in bursts, and every
-# CUDA context made or torn down and every trap handled waits for the driver's lock (section 9
-# of docs/observed/mutation-campaign-h200.md): 24 of 107 re-runs, MoE survivors all, in two
-# waves of a dozen, ran a trap gate past its deadline. A timeout there says how loaded the
-# driver was, not what the mutant does; run alone with a few others it says what the mutant
-# does. The line says how many agreed only then.
+# dozen mutants at once, and every CUDA context made or torn down and every trap handled
+# waits for the driver's lock, so a trap gate can run past its deadline in a burst. A timeout
+# there says how loaded the driver was, not what the mutant does; run alone with a few others
+# it says what the mutant does. The line says how many agreed only then.
 RETRY_JOBS = 4
 
 
