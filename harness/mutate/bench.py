@@ -29,9 +29,8 @@ from pathlib import Path
 GPU_VERDICTS = ("killed", "killed-by-trap", "timeout", "survived")
 # The naive way's deadline a mutant, when --deadline is not given: a fresh pytest over a whole
 # family's gates, a dozen or more at once on one GPU, is slow for reasons that are not the
-# mutant's. On the H200 (16 at once), the campaign's own bound (at most 165 s with the fresh
-# start) cut 25 of 57 naive runs whose warm verdict was a kill: the comparison then measured
-# the load, not the verdicts.
+# mutant's. The campaign's own bound would cut naive runs short under that load, and the
+# comparison would then measure the load, not the verdicts.
 NAIVE_DEADLINE = 600.0
 
 

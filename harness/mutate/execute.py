@@ -73,10 +73,8 @@ def run_mutant(executor: Executor, sandbox: Path, batches: list[tuple[str, ...]]
                all_gates: bool, memory_safety: frozenset[str] = frozenset()) -> Judgement:
     """Run the batches in order until one kills (unless `all_gates`), within `deadline`: the
     mutant's own gate time. What the executor reports it spent waiting for a worker (the
-    warm one's `waited`) is the campaign's cost, not the mutant's, and is not counted. (It
-    was, between batches: on the H200 a mutant whose direct gates, 18 trap gates among
-    them, waited two minutes for fresh workers reached its sibling gates past the deadline,
-    and 94 of 2,068 mutants were timeouts with no gate named.)"""
+    warm one's `waited`) is the campaign's cost, not the mutant's, and is not counted: a
+    mutant kept waiting for fresh workers must not reach its later gates past the deadline."""
     start = time.perf_counter()
     if executor.per_gate:
         batches = [(g,) for b in batches for g in b]
