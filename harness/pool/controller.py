@@ -25,8 +25,8 @@ WORKER_START_TIMEOUT = 120.0  # seconds for a server or worker to start and say 
 SPARES = 4  # warm workers kept ahead of need (trap gates start on them early)
 # Workers starting at once (forked, not yet said hello) in a campaign's pool, per GPU: each
 # start is a cuInit and a context the driver makes while it handles the campaign's traps and
-# faults one at a time; kept unbounded, a burst of faulting mutants piled processes up in the
-# driver until none said hello within two minutes.
+# faults one at a time; unbounded, a burst of faulting mutants piles processes up in the
+# driver until none says hello in time.
 MAX_STARTING = 4
 
 
@@ -252,9 +252,8 @@ class Pool:
 
         `fork`: where this process may fork (`server_start_mode`), the server is a fork of it,
         not a fresh interpreter: it has this process's imports (pytest, its plugins, the
-        harness, the conftests) from its first instruction, and only imports CuPy and collects.
-        On the H200 a fresh server took 1.14 s from the pytest process's configure to its first
-        fork, the trap gates' critical path. The server then runs its own pytest session, as a
+        harness, the conftests) from its first instruction, and only imports CuPy and collects:
+        the server's start is the trap gates' critical path. The server then runs its own pytest session, as a
         spawned one does, so it collects the same items with the same plugins."""
         env = dict(os.environ, **self.config.env) if self.config.env else None
         mode, why = server_start_mode() if fork else ("spawn", "asked to spawn")
@@ -460,9 +459,8 @@ class Pool:
                 self.listener.close()
                 # The folder goes whole, the server's log with it: every process that wrote there
                 # was killed above, and nothing reads the log after the pool closed (a failure that
-                # needs its tail quotes it while the pool is open). A gate run used to leave the
-                # folder with its log behind, one a run: a campaign of fresh pytests left one a
-                # mutant in /tmp.
+                # needs its tail quotes it while the pool is open), so a campaign of fresh
+                # pytests leaves no folder behind.
                 shutil.rmtree(self.tmp, ignore_errors=True)
 
     def kill_processes(self) -> None:
