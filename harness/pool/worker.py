@@ -172,8 +172,7 @@ def _prepare_device() -> dict:
         lap("cupy_kernels")
         if not os.environ.get("HARNESS_SANITIZER_LOG"):
             # One allocation now, handed back to CuPy's pool: later buffers are carved out of
-            # it instead of each new size costing a cudaMalloc (a gate that sweeps 16 split
-            # counts spent about 10 ms in each of its 16 scratch allocations on the H200).
+            # it instead of each new size costing a cudaMalloc.
             del a, b
             cupy.empty(POOL_RESERVE_MB << 20, dtype=cupy.uint8)  # freed at once: into the pool
         cupy.cuda.runtime.deviceSynchronize()
@@ -424,9 +423,9 @@ def reset_for_next_mutant(session) -> str | None:
     except Exception:  # noqa: BLE001 - no CuPy or no driver (a fake device in the harness's own tests)
         return None
     # Every buffer must be back in CuPy's pool now. The pool's memory itself is kept, not
-    # handed back to the driver: giving it back and allocating it again cost the H200 about
-    # 0.5 s a mutant (cudaFree and cudaMalloc), and the next mutant overwrites every buffer it
-    # allocates (gates fill outputs with sentinels and copy inputs in) before reading it.
+    # handed back to the driver: giving it back and allocating it again (cudaFree and
+    # cudaMalloc) is slow, and the next mutant overwrites every buffer it allocates (gates
+    # fill outputs with sentinels and copy inputs in) before reading it.
     if in_use:
         return f"{in_use} bytes of device memory are still held after the mutant's teardown"
     return None
@@ -447,8 +446,7 @@ def clear_project_caches(rootdir: Path) -> int:
         for obj in list(vars(mod).values()):
             # A module holds no cache of its own to clear here (its functions are visited as its
             # own entry of sys.modules); and touching a lazily loaded one (importlib's
-            # LazyLoader, as CuPy loads cupyx) imports it: on the H200 that was cupyx, SciPy
-            # and 0.65 s of each fresh worker's first reset.
+            # LazyLoader, as CuPy loads cupyx) imports it, slowing each fresh worker's first reset.
             if isinstance(obj, types.ModuleType):
                 continue
             if callable(getattr(obj, "cache_clear", None)) and hasattr(obj, "cache_info") \
