@@ -173,8 +173,7 @@ def run_gates(
     start = time.perf_counter()
     timed_out = False
     # The child's own temp dir, removed once it ended: a pytest killed at its deadline or by an
-    # interrupt cannot remove what its pool made there (on the H200, a benchmark's 16 naive
-    # pytests cut at once left their 15 pool folders in /tmp).
+    # interrupt cannot remove what its pool made there.
     child_tmp = tempfile.mkdtemp(prefix="harness-child-")
     with open(log, "wb") as out:
         out.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -223,9 +222,8 @@ def run_gates(
 
 
 # A fresh pytest pays for its start (interpreter, imports, collection, a server, a CUDA
-# context) before its first gate: its deadline gets this much on top of the gates' own. (On
-# the H200, survivors re-run in a dozen fresh pytests at once timed out under the gates'
-# deadline alone.)
+# context) before its first gate, slower when a dozen start at once: its deadline gets this
+# much on top of the gates' own.
 FRESH_START_SECONDS = 45.0
 
 

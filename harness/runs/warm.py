@@ -33,21 +33,17 @@ from harness.runs.result import GateOutcome, GateRuns
 MAX_SERVED = 200  # mutants one worker serves before it retires
 # A mutant whose kernel faults in this many gates is not run further (unless every gate is
 # asked for): each fault costs a worker and the fault's own second or two, and the gates
-# left could only turn killed-by-trap into killed. On the H200 such mutants ran about 40
-# gates and 24 s each, a third of a sample campaign's slot time.
+# left could only turn killed-by-trap into killed.
 MAX_FAULTS = 4
 CLOSED = "the campaign's workers were closed (interrupted)"  # why a closed executor makes no worker
 # Many workers share the host's cores: each keeps to one BLAS/OpenMP thread. (numpy's
-# OpenBLAS starts a thread per core in every process and spins them after each call: a
-# dozen workers on 16 cores kept the load near 20 with the GPU almost idle.)
+# OpenBLAS starts a thread per core in every process and spins them after each call.)
 # And each sleeps while it waits for the GPU instead of spinning on a core (the driver's
-# default for a process with one context): two dozen workers time-sharing one GPU spent their
-# waits spinning, and on the 32-core H200 machine the load stood at 45 while slots waited a
-# minute for a fresh worker to start (docs/observed/mutation-campaign-h200.md, section 6).
+# default for a process with one context): workers time-sharing one GPU would otherwise
+# spend their waits spinning, starving the fresh workers that start beside them.
 # And the server runs the structural gates once before forking (`server._warm_structural`):
 # each worker inherits their answers for the unmutated functions, so a mutant pays only for
-# the functions that reach the one it changed (on the H200 a sample's 20 MoE mutants, each in
-# a worker of its own, found the structural memo cold every time and gained nothing from it).
+# the functions that reach the one it changed, even in a worker of its own.
 WORKER_ENV = {**{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                         "NUMEXPR_NUM_THREADS")},
               pool_worker.GPU_WAIT_ENV: "block", server.SERVER_WARM_ENV: "structural"}
@@ -55,8 +51,8 @@ WORKER_ENV = {**{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS
 
 def server_args(rootdir: Path, gates: Sequence[str], kernel_root: Path, cache_dir: Path, arch: str | None) -> list[str]:
     # --tb=native: a killed mutant's gate fails, and pytest's own traceback (source read and
-    # parsed for every frame) cost about 0.15 s a failure on a loaded H200 host; the verdict
-    # and its first line come from the exception itself (harness.plugin).
+    # parsed for every frame) is slow on a loaded host; the verdict and its first line come
+    # from the exception itself (harness.plugin).
     args = [*gates, f"--rootdir={rootdir}", "-q", "--color=no", "-p", "no:cacheprovider", "--tb=native",
             f"--kernel-root={kernel_root}", f"--harness-cache-dir={cache_dir}"]
     if arch:
@@ -100,8 +96,7 @@ class WarmExecutor:
     _pool: controller.Pool | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # _idle, replaced, _closed
     # the pool (its start, a fresh worker): a slot waiting for a spare holds only this, so the
-    # other slots still take and give back reset workers meanwhile (with one lock for both,
-    # a killed mutant on the H200 waited 0.86 s for a worker on average)
+    # other slots still take and give back reset workers meanwhile
     _pool_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _idle: list = field(default_factory=list, repr=False)  # reset workers waiting for a mutant
     _closed: bool = field(default=False, repr=False)  # closed: no new worker or pool (an interrupted campaign)
@@ -269,7 +264,7 @@ class WarmExecutor:
         if t["shadowed"]:
             parts.append(f"{t['shadowed']} trap gate(s) run in the trap shadow, in the mutant's own worker")
         if t["mutants"]:
-            # what sets a campaign's rate on the H200: each fresh worker is a context the driver
+            # what sets a campaign's rate: each fresh worker is a context the driver
             # makes, and usually a trap or fault it handled, one at a time per GPU
             parts.append(f"{t['mutants']} mutant(s) run: {t['fresh'] / t['mutants']:.2f} fresh worker(s) a mutant")
         return "; ".join(parts) or "no gate set ran"
@@ -294,8 +289,6 @@ class WarmExecutor:
         while remaining:
             # The deadline bounds the mutant's own gate time: a slot waiting for a fresh worker
             # (the spares all taken by other slots' faults and traps) is not the mutant's doing.
-            # Counted, on the 32-core H200 machine 58 of a campaign's 72 timeouts had spent more
-            # than half their time waiting for workers (up to 116 s of 132).
             left = deadline - (time.monotonic() - start - waited)
             if left <= 0:
                 timed_out = True
@@ -333,22 +326,19 @@ class WarmExecutor:
                 break
             # where a fault is a kill: a memory-safety gate that does not expect a trap itself; and
             # before them the gates that name a fault by their own assertion (a guard that fires on
-            # valid metadata: on the H200, 8 QK-RoPE mutants that trapped so in every decode link
-            # stopped at the fault cap before the gate that would have said so ran)
+            # valid metadata would otherwise stop at the fault cap before the gate that says so)
             naming = [g for g in remaining if g in self.names_faults and g not in self.trap_gates]
             safe = naming + [g for g in remaining if g in self.memory_safety and g not in self.trap_gates
                              and g not in naming]
             if faulted and self.stop_on_kill:
-                # The mutant faults: those gates next. Run in the gates' order, such a mutant
-                # faulted in four gates (a fresh worker and a trap surfacing each, the GPU's
-                # fault handling shared by every worker on it) before it reached one; the gates'
-                # own results stay what they are, only the order moves.
+                # The mutant faults: those gates next, before more faults (a fresh worker and a
+                # trap surfacing each, the GPU's fault handling shared by every worker on it);
+                # the gates' own results stay what they are, only the order moves.
                 remaining = safe + [g for g in remaining if g not in safe]
             if self.stop_on_kill and faults >= MAX_FAULTS and stopped is None:
                 # those gates left still run: a fault there is a kill (the score). The trap gates
-                # do not: each costs a worker of its own, and a fault there is what it expects
-                # (on the H200, 11 QK-RoPE mutants that faulted ran 154 trap gates, a fifth of a
-                # campaign's slot time, and not one of them turned into a kill)
+                # do not: each costs a worker of its own, and a fault there is what it expects,
+                # so it cannot turn into a kill
                 kept = safe
                 stopped = (f"stopped after it faulted in {faults} gates "
                            f"({len(remaining) - len(kept)} gate(s) not run)")
