@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-# Killed workers still exiting before the pool forks another. A campaign that forked a worker
-# for every fault as fast as they came (a dozen slots) piled exits up until no new worker
-# could say hello within two minutes, and the campaign stopped as if the GPU were lost.
+# Killed workers still exiting before the pool forks another: forking a worker for every
+# fault as fast as they come piles exits up in the driver until no new worker can say hello
+# in time, and the campaign would stop as if the GPU were lost.
 MAX_EXITING = 3
 EXIT_HOLD_S = 60.0  # the longest the pool holds a fork back for them; then it forks anyway
 
