@@ -253,8 +253,8 @@ class Pool:
         `fork`: where this process may fork (`server_start_mode`), the server is a fork of it,
         not a fresh interpreter: it has this process's imports (pytest, its plugins, the
         harness, the conftests) from its first instruction, and only imports CuPy and collects:
-        the server's start is the trap gates' critical path. The server then runs its own
-        pytest session, as a spawned one does, so it collects the same items with the same plugins."""
+        the server's start is the trap gates' critical path. The server then runs its own pytest
+        session, as a spawned one does, so it collects the same items with the same plugins."""
         env = dict(os.environ, **self.config.env) if self.config.env else None
         mode, why = server_start_mode() if fork else ("spawn", "asked to spawn")
         trace(f"server start: {mode} ({why})")
