@@ -7,7 +7,6 @@ import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
 
 def compile_parser() -> argparse.ArgumentParser:

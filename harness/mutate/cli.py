@@ -66,8 +66,8 @@ def build_parser(prog: str = "python -m harness mutate", description: str = DESC
     p.add_argument("--recheck-in", choices=("worker", "pytest"), default="worker",
                    help="the re-check's fresh process: worker (default): a worker no other mutant used, forked "
                         "for this one mutant and ended after it, up to --gpu-jobs at once; pytest: a whole new "
-                        "pytest per mutant, a quarter as many at once as cores (slower: a start of its own "
-                        "each, 15-30 s on the H200)")
+                        "pytest per mutant, a quarter as many at once as cores (slower: each pays a pytest "
+                        "start, a server and a CUDA context of its own)")
     p.add_argument("--trap-gates", choices=("all", "reached"), default="all",
                    help="all (default): every selected trap gate runs; reached: skip a trap gate whose kernels "
                         "(gates.json's kernels_launched) cannot run the function the mutant changed, by the "
