@@ -21,10 +21,10 @@ import pytest
 
 from harness import _settings, coverage, cufiles, device, usage
 from harness._settings import GATES_INI
+from harness.gate_verdicts import Recorder, is_gpu, properties, props_of, run_facts, synthetic, worker_reports
 from harness.kinds import check_kinds, is_gate
-from harness.records import GUARD_DID_NOT_FIRE, GateRecord, Outcome, Route, fold_report, trap_verdict
-from harness.report import (MESSAGE_LIMIT, KINDS, RunFacts, classify_route, failure_message, first_line,
-                            write_reports)
+from harness.records import GateRecord
+from harness.report import classify_route, failure_message, first_line, write_reports
 
 if TYPE_CHECKING:
     from harness.pool import controller
@@ -277,7 +277,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
     if st.is_controller and (st.require_gpu or st.sanitize):
         # xdist's controller runs no gate: ask a throwaway process, so no CUDA context lives here.
         _refuse_without_device(st, controller.probe_in_subprocess(config.invocation_params.dir))
-    recorder = _Recorder(st)
+    recorder = Recorder(st)
     config.stash[recorder_key] = recorder
     config.pluginmanager.register(recorder, "harness-recorder")
     _trace("configured")
@@ -453,7 +453,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     from harness.pool import controller
 
-    gpu_items = [it for it in gates if _is_gpu(it)]
+    gpu_items = [it for it in gates if is_gpu(it)]
     st.gpu_selected = len(gpu_items)
     if (not gpu_items and not st.require_gpu) or config.option.collectonly:  # nothing to run on a device
         if st.pool is not None:
@@ -502,17 +502,6 @@ def _is_gate(item: pytest.Item) -> bool:
     return item.stash.get(gate_key, False)
 
 
-def _is_gpu(item: pytest.Item) -> bool:
-    return bool(item.get_closest_marker("gpu") or item.get_closest_marker("trap"))
-
-
-def _kind(item: pytest.Item) -> str | None:
-    for k in KINDS:
-        if item.get_closest_marker(k):
-            return k
-    return None
-
-
 def _deadline(item: pytest.Item) -> tuple[float, str]:
     st = _state(item.config)
     marker = item.get_closest_marker("deadline")
@@ -547,7 +536,7 @@ def pytest_runtestloop(session: pytest.Session):
 def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     """GPU gates run in the pool's workers under the watchdog: trap gates each in a fresh one."""
     st = _state(item.config)
-    if not st.active or st.serving or st.pool is None or not _is_gate(item) or not _is_gpu(item) \
+    if not st.active or st.serving or st.pool is None or not _is_gate(item) or not is_gpu(item) \
             or item.get_closest_marker("skip"):
         return None
     from harness.pool import controller
@@ -563,7 +552,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
         worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
         _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
     except controller.PoolError as exc:
-        reports = _synthetic(item, "failed", str(exc), [("route", "error"),
+        reports = synthetic(item, "failed", str(exc), [("route", "error"),
                                                         ("first_failure_line", str(exc).splitlines()[0])])
     else:
         if ahead is None:
@@ -575,7 +564,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
         result.waited = time.monotonic() - reached
         if trap:
             worker.kill()
-        reports = _reports(item, result, trap, deadline, source, worker)
+        reports = worker_reports(st, item, result, trap, deadline, source, worker)
     for rep in reports:
         item.ihook.pytest_runtest_logreport(report=rep)
     # The item was never set up here, but fixtures of earlier items that `nextitem` does not
@@ -625,95 +614,6 @@ def _spares_wanted(st: HarnessState, starting: int = 0) -> int:
     return 1 + max(0, min(TRAPS_AHEAD - len(st.inflight), len(st.trap_queue)) - starting)
 
 
-def _reports(item: pytest.Item, result: controller.RunResult, trap: bool, deadline: float, source: str,
-             worker: controller.Worker) -> list:
-    st = _state(item.config)
-    facts = [("worker", worker.name)]
-    if result.phases:
-        facts.append(("worker_phases", " ".join(f"{k}={v:g}" for k, v in result.phases.items())))
-    if worker.device:
-        facts += [("device", worker.device.get("name", "")), ("device_ordinal", str(worker.device.get("ordinal", ""))),
-                  ("device_uuid", worker.device.get("uuid", ""))]
-    if result.timed_out:
-        launched = (f"the last kernel launched was {result.last_launch}" if result.last_launch
-                    else "no kernel had been launched through harness.kernels yet")
-        text = (f"timeout: the gate did not finish within its deadline of {deadline:g} s ({source}); {launched}. "
-                "Its worker process was killed and replaced; the other gates keep their own verdicts. "
-                "A kernel that never returns (a spin in a reduction, a barrier some threads skip) looks like this; "
-                "raise the deadline with @pytest.mark.deadline(S) or --harness-deadline S only if the gate is "
-                "just slow.")
-        line = f"timeout after {deadline:g} s ({source}); last kernel launched: {result.last_launch or 'none'}"
-        return _synthetic(item, "failed", text, facts + [("route", "timeout"), ("first_failure_line", line)],
-                          duration=result.seconds)
-    if result.died is not None:
-        tail = st.pool.log_tail() if st.pool is not None else ""
-        text = f"{result.died}; the worker's output ended:\n{tail}" if tail else result.died
-        return _synthetic(item, "failed", text, facts + [("route", "error"), ("first_failure_line", result.died)],
-                          duration=result.seconds)
-    config = item.config
-    reports = [config.hook.pytest_report_from_serializable(config=config, data=d) for d in result.reports]
-    if not reports:
-        text = f"the worker did not collect {item.nodeid}: its collection differs from this process's"
-        return _synthetic(item, "failed", text, facts + [("route", "error"), ("first_failure_line", text)])
-    st.launches += result.launches
-    if not trap:
-        for rep in reports:
-            rep.user_properties.append(("worker", worker.name))
-        return reports
-    return _judge_trap(item, reports, facts, result.waited)
-
-
-def _judge_trap(item: pytest.Item, reports: list, facts: list, duration: float) -> list:
-    """A trap gate passes when its body died by a device fault; it fails by assertion when the
-    body returned normally. Setup and teardown in the thrown-away worker do not count."""
-    call = next((r for r in reports if r.when == "call"), None)
-    if call is None:  # setup failed or skipped: that is the verdict, as reported
-        for rep in reports:
-            rep.user_properties.append(("isolated", "true"))
-        return reports
-    props = dict((k, v) for k, v in call.user_properties)
-    route = props.get("route")
-    if call.skipped:
-        return reports
-    outcome, judged_route, judged = trap_verdict(call.outcome, route)
-    if judged and outcome == Outcome.FAILED:
-        return _synthetic(item, "failed", f"AssertionError: {GUARD_DID_NOT_FIRE}",
-                          facts + [("route", judged_route), ("first_failure_line", GUARD_DID_NOT_FIRE)],
-                          duration=duration)
-    if judged:
-        return _synthetic(item, "passed", None, facts, duration=duration)
-    line = props.get("first_failure_line") or "the trap gate failed in its fresh worker process"
-    text = (f"the device guard did not fire as a trap; the gate failed by route {route}: {line}\n\n"
-            f"{call.longrepr}")
-    return _synthetic(item, "failed", text, facts + [("route", route or "error"), ("first_failure_line", line)],
-                      duration=duration, message=getattr(call, "harness_failure_message", None))
-
-
-def _synthetic(item: pytest.Item, outcome: str, longrepr, props: list, duration: float = 0.0,
-               message: str | None = None) -> list:
-    """setup / call / teardown reports for a gate judged here rather than in the worker."""
-    trap = item.get_closest_marker("trap") is not None
-    all_props = _properties(item) + ([("isolated", "true")] if trap else []) + list(props)
-    keywords = {k: 1 for k in item.keywords}
-    failure = (message or str(longrepr))[:MESSAGE_LIMIT] if outcome == "failed" else None
-    return [
-        pytest.TestReport(item.nodeid, item.location, keywords, outcome=o, longrepr=lr, when=when,
-                          duration=d, user_properties=list(all_props), harness_failure_message=failure)
-        for when, o, lr, d in (("setup", "passed", None, 0.0), ("call", outcome, longrepr, duration),
-                               ("teardown", "passed", None, 0.0))
-    ]
-
-
-def _properties(item: pytest.Item) -> list[tuple[str, str]]:
-    props = [("kind", _kind(item) or "other"), ("module", item.nodeid.split("::")[0]),
-             ("gpu", "true" if _is_gpu(item) else "false")]
-    if item.get_closest_marker("memory_safety") or item.get_closest_marker("trap"):
-        props.append(("memory_safety", "true"))
-    if item.get_closest_marker("names_faults"):
-        props.append(("names_faults", "true"))
-    return props
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if _is_gate(item):
@@ -727,7 +627,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         return
     if call.when == "setup":
         # On the item, so every phase's report (and JUnit's <properties>) carries them.
-        item.user_properties.extend(_properties(item))
+        item.user_properties.extend(properties(item))
     outcome = yield
     rep = outcome.get_result()
     if call.when == "teardown":
@@ -746,7 +646,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         props = [("route", classify_route(exc).value), ("first_failure_line", first_line(exc))]
         from harness.pool import channel
 
-        if _is_gpu(item) and channel.is_worker():
+        if is_gpu(item) and channel.is_worker():
             _trace(f"  {call.when} failed: {type(exc).__name__}")
             # Only a CUDA error can poison the context; then ask the device whether it did.
             if device.is_cuda_error(exc) and (device.is_sticky_error(exc) or device.context_is_poisoned()):
@@ -761,65 +661,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 # ------------------------------------------------------------------ collecting verdicts
 
 
-def _props(report) -> dict:
-    return {k: v for k, v in getattr(report, "user_properties", [])}
-
-
-def _fold_other(others: dict[str, str], report) -> None:
-    """An ordinary test's outcome from its phase reports, as pytest's own summary counts it."""
-    now = others.get(report.nodeid)
-    if report.failed:
-        if now not in ("failed", "error"):
-            others[report.nodeid] = "failed" if report.when == "call" else "error"
-    elif report.skipped:
-        if now is None:
-            others[report.nodeid] = "skipped"
-    elif report.when == "call" and now is None:
-        others[report.nodeid] = "passed"
-
-
-class _Recorder:
-    """Folds setup/call/teardown reports (local, from the pool's workers, or from xdist
-    workers) into one GateRecord per gate."""
-
-    def __init__(self, st: HarnessState):
-        self.st = st
-
-    def pytest_runtest_logreport(self, report) -> None:
-        st = self.st
-        props = _props(report)
-        if "kind" not in props:  # an ordinary test: counted apart, never a gate record
-            _fold_other(st.others, report)
-            return
-        rec = st.records.get(report.nodeid)
-        if rec is None:
-            rec = st.records[report.nodeid] = GateRecord(
-                nodeid=report.nodeid, module=report.nodeid.split("::")[0], kind=None, gpu=False)
-        if "kind" in props:
-            rec.kind = None if props["kind"] == "other" else props["kind"]
-            rec.gpu = props.get("gpu") == "true"
-        rec.isolated = rec.isolated or props.get("isolated") == "true"
-        rec.memory_safety = rec.memory_safety or props.get("memory_safety") == "true"
-        rec.names_faults = rec.names_faults or props.get("names_faults") == "true"
-        for key in ("modules_loaded", "sources_read", "kernels_launched"):
-            if props.get(key):
-                getattr(rec, key).extend(x for x in props[key].split() if x not in getattr(rec, key))
-        if props.get("compile_options"):
-            used = json.loads(props["compile_options"])
-            rec.compile_options = (list(next(iter(used.values()))) if len(used) == 1 else
-                                   [f"{m}: {' '.join(o)}" for m, o in sorted(used.items())])
-        for key in ("worker", "device", "device_ordinal", "device_uuid", "worker_phases"):
-            if props.get(key):
-                setattr(rec, key, int(props[key]) if key == "device_ordinal" and props[key].isdigit() else props[key])
-        if props.get("poisoned_context") == "true" and st.poisoned_by is None:
-            st.poisoned_by = report.nodeid
-        was_red = rec.red
-        fold_report(rec, report)
-        if rec.red and not was_red and rec.route == Route.SANITIZER:
-            st.sanitizer_findings += 1
-
-
-recorder_key = pytest.StashKey[_Recorder]()
+recorder_key = pytest.StashKey[Recorder]()
 
 
 class _GateWatcher:
@@ -832,7 +674,7 @@ class _GateWatcher:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report) -> None:
         st = self.config.stash.get(state_key, None)
-        if st is None or st.active or "kind" not in _props(report):
+        if st is None or st.active or "kind" not in props_of(report):
             return
         self.config.pluginmanager.unregister(self)
         _activate(self.config, f"{report.nodeid} is a gate (a harness marker or fixture)", before_collection=False)
@@ -840,29 +682,6 @@ class _GateWatcher:
 
 
 # ------------------------------------------------------------------ finishing
-
-
-def _facts(config: pytest.Config, records: list[GateRecord]) -> RunFacts:
-    from harness.compile import recorded_options, resolve_arch
-
-    st = _state(config)
-    try:
-        arch = resolve_arch(st.arch)
-        options = list(recorded_options(arch))
-    except Exception:
-        arch, options = st.arch, []
-    seen = {}
-    for r in records:
-        if r.gpu and r.device_uuid is not None:
-            seen[(r.device_ordinal, r.device_uuid)] = r.device
-    devices = [{"ordinal": o, "uuid": u, "name": n} for (o, u), n in sorted(seen.items(), key=lambda kv: str(kv[0]))]
-    probe = st.probe or {}
-    name = probe.get("name") if probe.get("error") is None else None
-    if name is None:
-        name = next((r.device for r in records if r.gpu and r.device), None)
-    return RunFacts(device=name, arch=arch, kernel_root=str(st.kernel_root), compile_options=options,
-                    require_gpu=st.require_gpu, poisoned_by=st.poisoned_by, devices=devices,
-                    sanitizer=st.sanitize)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -888,7 +707,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         return
     records = list(st.records.values())
     if st.report_dir is not None:
-        facts = _facts(config, records)
+        facts = run_facts(st, records)
         for r in records:
             if r.gpu:
                 r.device = r.device or facts.device

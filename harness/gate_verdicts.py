@@ -1,0 +1,198 @@
+"""A gate's verdict in the plugin: the reports made for a GPU gate judged outside pytest's own
+protocol (a pool worker's result, a timeout, a trap gate), and the recorder that folds every
+gate's phase reports into one GateRecord (ordinary tests counted apart)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+
+from harness.records import GUARD_DID_NOT_FIRE, MESSAGE_LIMIT, GateRecord, Outcome, Route, fold_report, trap_verdict
+from harness.report import KINDS, RunFacts
+
+if TYPE_CHECKING:
+    from harness.pool import controller
+
+
+def is_gpu(item: pytest.Item) -> bool:
+    return bool(item.get_closest_marker("gpu") or item.get_closest_marker("trap"))
+
+
+def kind_of(item: pytest.Item) -> str | None:
+    for k in KINDS:
+        if item.get_closest_marker(k):
+            return k
+    return None
+
+
+def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bool, deadline: float,
+                   source: str, worker: controller.Worker) -> list:
+    """The phase reports of a GPU gate run in a pool worker (`st`: the plugin's HarnessState):
+    its own, or ones made here for a timeout, a dead worker or a trap gate's verdict."""
+    facts = [("worker", worker.name)]
+    if result.phases:
+        facts.append(("worker_phases", " ".join(f"{k}={v:g}" for k, v in result.phases.items())))
+    if worker.device:
+        facts += [("device", worker.device.get("name", "")), ("device_ordinal", str(worker.device.get("ordinal", ""))),
+                  ("device_uuid", worker.device.get("uuid", ""))]
+    if result.timed_out:
+        launched = (f"the last kernel launched was {result.last_launch}" if result.last_launch
+                    else "no kernel had been launched through harness.kernels yet")
+        text = (f"timeout: the gate did not finish within its deadline of {deadline:g} s ({source}); {launched}. "
+                "Its worker process was killed and replaced; the other gates keep their own verdicts. "
+                "A kernel that never returns (a spin in a reduction, a barrier some threads skip) looks like this; "
+                "raise the deadline with @pytest.mark.deadline(S) or --harness-deadline S only if the gate is "
+                "just slow.")
+        line = f"timeout after {deadline:g} s ({source}); last kernel launched: {result.last_launch or 'none'}"
+        return synthetic(item, "failed", text, facts + [("route", "timeout"), ("first_failure_line", line)],
+                          duration=result.seconds)
+    if result.died is not None:
+        tail = st.pool.log_tail() if st.pool is not None else ""
+        text = f"{result.died}; the worker's output ended:\n{tail}" if tail else result.died
+        return synthetic(item, "failed", text, facts + [("route", "error"), ("first_failure_line", result.died)],
+                          duration=result.seconds)
+    config = item.config
+    reports = [config.hook.pytest_report_from_serializable(config=config, data=d) for d in result.reports]
+    if not reports:
+        text = f"the worker did not collect {item.nodeid}: its collection differs from this process's"
+        return synthetic(item, "failed", text, facts + [("route", "error"), ("first_failure_line", text)])
+    st.launches += result.launches
+    if not trap:
+        for rep in reports:
+            rep.user_properties.append(("worker", worker.name))
+        return reports
+    return judge_trap(item, reports, facts, result.waited)
+
+
+def judge_trap(item: pytest.Item, reports: list, facts: list, duration: float) -> list:
+    """A trap gate passes when its body died by a device fault; it fails by assertion when the
+    body returned normally. Setup and teardown in the thrown-away worker do not count."""
+    call = next((r for r in reports if r.when == "call"), None)
+    if call is None:  # setup failed or skipped: that is the verdict, as reported
+        for rep in reports:
+            rep.user_properties.append(("isolated", "true"))
+        return reports
+    props = dict((k, v) for k, v in call.user_properties)
+    route = props.get("route")
+    if call.skipped:
+        return reports
+    outcome, judged_route, judged = trap_verdict(call.outcome, route)
+    if judged and outcome == Outcome.FAILED:
+        return synthetic(item, "failed", f"AssertionError: {GUARD_DID_NOT_FIRE}",
+                          facts + [("route", judged_route), ("first_failure_line", GUARD_DID_NOT_FIRE)],
+                          duration=duration)
+    if judged:
+        return synthetic(item, "passed", None, facts, duration=duration)
+    line = props.get("first_failure_line") or "the trap gate failed in its fresh worker process"
+    text = (f"the device guard did not fire as a trap; the gate failed by route {route}: {line}\n\n"
+            f"{call.longrepr}")
+    return synthetic(item, "failed", text, facts + [("route", route or "error"), ("first_failure_line", line)],
+                      duration=duration, message=getattr(call, "harness_failure_message", None))
+
+
+def synthetic(item: pytest.Item, outcome: str, longrepr, props: list, duration: float = 0.0,
+               message: str | None = None) -> list:
+    """setup / call / teardown reports for a gate judged here rather than in the worker."""
+    trap = item.get_closest_marker("trap") is not None
+    all_props = properties(item) + ([("isolated", "true")] if trap else []) + list(props)
+    keywords = {k: 1 for k in item.keywords}
+    failure = (message or str(longrepr))[:MESSAGE_LIMIT] if outcome == "failed" else None
+    return [
+        pytest.TestReport(item.nodeid, item.location, keywords, outcome=o, longrepr=lr, when=when,
+                          duration=d, user_properties=list(all_props), harness_failure_message=failure)
+        for when, o, lr, d in (("setup", "passed", None, 0.0), ("call", outcome, longrepr, duration),
+                               ("teardown", "passed", None, 0.0))
+    ]
+
+
+def properties(item: pytest.Item) -> list[tuple[str, str]]:
+    props = [("kind", kind_of(item) or "other"), ("module", item.nodeid.split("::")[0]),
+             ("gpu", "true" if is_gpu(item) else "false")]
+    if item.get_closest_marker("memory_safety") or item.get_closest_marker("trap"):
+        props.append(("memory_safety", "true"))
+    if item.get_closest_marker("names_faults"):
+        props.append(("names_faults", "true"))
+    return props
+
+
+def props_of(report) -> dict:
+    return {k: v for k, v in getattr(report, "user_properties", [])}
+
+
+def fold_other(others: dict[str, str], report) -> None:
+    """An ordinary test's outcome from its phase reports, as pytest's own summary counts it."""
+    now = others.get(report.nodeid)
+    if report.failed:
+        if now not in ("failed", "error"):
+            others[report.nodeid] = "failed" if report.when == "call" else "error"
+    elif report.skipped:
+        if now is None:
+            others[report.nodeid] = "skipped"
+    elif report.when == "call" and now is None:
+        others[report.nodeid] = "passed"
+
+
+class Recorder:
+    """Folds setup/call/teardown reports (local, from the pool's workers, or from xdist
+    workers) into one GateRecord per gate."""
+
+    def __init__(self, st):  # the plugin's HarnessState
+        self.st = st
+
+    def pytest_runtest_logreport(self, report) -> None:
+        st = self.st
+        props = props_of(report)
+        if "kind" not in props:  # an ordinary test: counted apart, never a gate record
+            fold_other(st.others, report)
+            return
+        rec = st.records.get(report.nodeid)
+        if rec is None:
+            rec = st.records[report.nodeid] = GateRecord(
+                nodeid=report.nodeid, module=report.nodeid.split("::")[0], kind=None, gpu=False)
+        if "kind" in props:
+            rec.kind = None if props["kind"] == "other" else props["kind"]
+            rec.gpu = props.get("gpu") == "true"
+        rec.isolated = rec.isolated or props.get("isolated") == "true"
+        rec.memory_safety = rec.memory_safety or props.get("memory_safety") == "true"
+        rec.names_faults = rec.names_faults or props.get("names_faults") == "true"
+        for key in ("modules_loaded", "sources_read", "kernels_launched"):
+            if props.get(key):
+                getattr(rec, key).extend(x for x in props[key].split() if x not in getattr(rec, key))
+        if props.get("compile_options"):
+            used = json.loads(props["compile_options"])
+            rec.compile_options = (list(next(iter(used.values()))) if len(used) == 1 else
+                                   [f"{m}: {' '.join(o)}" for m, o in sorted(used.items())])
+        for key in ("worker", "device", "device_ordinal", "device_uuid", "worker_phases"):
+            if props.get(key):
+                setattr(rec, key, int(props[key]) if key == "device_ordinal" and props[key].isdigit() else props[key])
+        if props.get("poisoned_context") == "true" and st.poisoned_by is None:
+            st.poisoned_by = report.nodeid
+        was_red = rec.red
+        fold_report(rec, report)
+        if rec.red and not was_red and rec.route == Route.SANITIZER:
+            st.sanitizer_findings += 1
+
+
+def run_facts(st, records: list[GateRecord]) -> RunFacts:
+    """The run's facts for its reports (`st`: the plugin's HarnessState)."""
+    from harness.compile import recorded_options, resolve_arch
+
+    try:
+        arch = resolve_arch(st.arch)
+        options = list(recorded_options(arch))
+    except Exception:
+        arch, options = st.arch, []
+    seen = {}
+    for r in records:
+        if r.gpu and r.device_uuid is not None:
+            seen[(r.device_ordinal, r.device_uuid)] = r.device
+    devices = [{"ordinal": o, "uuid": u, "name": n} for (o, u), n in sorted(seen.items(), key=lambda kv: str(kv[0]))]
+    probe = st.probe or {}
+    name = probe.get("name") if probe.get("error") is None else None
+    if name is None:
+        name = next((r.device for r in records if r.gpu and r.device), None)
+    return RunFacts(device=name, arch=arch, kernel_root=str(st.kernel_root), compile_options=options,
+                    require_gpu=st.require_gpu, poisoned_by=st.poisoned_by, devices=devices,
+                    sanitizer=st.sanitize)
