@@ -138,8 +138,7 @@ class HarnessState:
         self.probe: dict | None = None
         self.launches = 0
         self.sanitizer_findings = 0
-        self.trap_queue: list | None = None  # trap gates not yet started, in run order
-        self.inflight: dict[str, controller.Worker] = {}  # trap gates started ahead on spares
+        self.traps = None  # harness.pool.traps.TrapsAhead: trap gates started ahead on spares
 
 
 def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[float, str]:
@@ -394,13 +393,10 @@ def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
         st.pool = _new_pool(config)
     args = _server_args(config, files)
     st.pool.config.pytest_args = args + ["--harness-serve"]
-    # The main worker, plus one spare for each trap gate that can start ahead (up to
-    # TRAPS_AHEAD) and one kept for the main worker's replacement: every trap gate then
-    # starts at the beginning of the run. A trap surfaces slowly (longer when several fault at
-    # once), so started late, traps are the run's critical path; started at once, they
-    # overlap the main worker's gates.
+    from harness.pool.traps import first_spares
+
     traps = sum(1 for it in items if it.get_closest_marker("trap"))
-    st.pool.config.spares = 2 + min(TRAPS_AHEAD, traps) if traps else 1
+    st.pool.config.spares = first_spares(traps)  # every trap gate can start at the run's beginning
     early = not st.is_worker
     if st.is_worker:
         # N xdist workers share the machine and none knows its gates ahead: one spare each.
@@ -548,7 +544,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     _trace(f"gate {item.nodeid}")
     _start_traps_ahead(st, item)
     try:
-        ahead = st.inflight.pop(item.nodeid, None)
+        ahead = st.traps.take(item.nodeid) if st.traps is not None else None
         worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
         _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
     except controller.PoolError as exc:
@@ -574,44 +570,22 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     return True
 
 
-# Trap gates running ahead on spares, beside the main worker's gates: the suite's 18 all start
-# at the beginning (a trap gate started later, once one in flight is reached at the run's end,
-# waits for a fresh context and its trap, one after another).
-TRAPS_AHEAD = 24
-
-
 def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:
-    """Start upcoming trap gates on ready spares now: each runs alone in a fresh process
-    whatever runs beside it, so its verdict is the same, and its cost leaves the critical
-    path. Not under xdist (a worker there does not know which gates it will be sent)."""
+    """Start upcoming trap gates on ready spares now (harness.pool.traps). Not under xdist (a
+    worker there does not know which gates it will be sent) or a sanitizer (no trap gate runs)."""
     if st.is_worker or st.sanitize:
         return
-    if st.trap_queue is None:
+    from harness.pool.traps import TrapsAhead
+
+    if st.traps is None:
+        st.traps = TrapsAhead(st.pool)
+
+    def upcoming() -> list[str]:
         items = current.session.items
         start = items.index(current) if current in items else 0
-        st.trap_queue = [it for it in items[start:] if it.get_closest_marker("trap")
-                         and not it.get_closest_marker("skip")]
-    if current in st.trap_queue:
-        st.trap_queue.remove(current)
-    while st.trap_queue and len(st.inflight) < TRAPS_AHEAD:
-        st.pool.config.spares = _spares_wanted(st, starting=1)  # what the pool refills to as this one takes its spare
-        worker = st.pool.ready_spare()
-        if worker is None:
-            break
-        nxt = st.trap_queue.pop(0)
-        _trace(f"  start ahead {nxt.nodeid} on {worker.name}")
-        worker.start(nxt.nodeid, None)
-        st.inflight[nxt.nodeid] = worker
-    st.pool.config.spares = _spares_wanted(st)
-    st.pool.warm_up()  # past TRAPS_AHEAD: a spare as each trap gate in flight is reached
+        return [it.nodeid for it in items[start:] if it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
 
-
-def _spares_wanted(st: HarnessState, starting: int = 0) -> int:
-    """The spares the pool keeps once `starting` more trap gates have taken theirs: one for
-    each trap gate that can still start ahead, and one for the main worker's replacement; no
-    more: the driver makes a context, handles a trap and loads the main worker's modules one
-    at a time, so extra contexts made while traps are handled slow the traps down."""
-    return 1 + max(0, min(TRAPS_AHEAD - len(st.inflight), len(st.trap_queue)) - starting)
+    st.traps.start(upcoming, current.nodeid)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -696,9 +670,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if not st.active:
         return
     _trace("session finish")
-    for worker in st.inflight.values():
-        worker.kill()
-    st.inflight.clear()
+    if st.traps is not None:
+        st.traps.kill_all()
     if st.pool is not None:
         st.pool.close()
         st.pool = None

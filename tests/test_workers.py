@@ -468,7 +468,7 @@ def test_the_pool_makes_one_worker_per_trap_gate_and_one_spare_and_the_main_work
 def test_trap_gates_past_the_number_started_ahead_get_their_spares_as_the_first_are_reached(suite, tmp_path,
                                                                                              monkeypatch):
     body = ["import os, pytest", "from conftest import fire_trap",
-            "import harness.plugin", "harness.plugin.TRAPS_AHEAD = 2",
+            "import harness.pool.traps", "harness.pool.traps.TRAPS_AHEAD = 2",
             "@pytest.mark.gpu", "@pytest.mark.anchor", "def test_g():", "    pass"]
     for i in range(5):
         body += ["@pytest.mark.gpu", "@pytest.mark.trap", f"def test_t{i}():",
