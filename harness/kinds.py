@@ -1,4 +1,5 @@
-"""Which items are gates, and the gate vocabulary enforced on them at collection.
+"""Which runs are harness runs (`opt_in_reason`), which items are gates, and the gate
+vocabulary (the markers) enforced on them at collection.
 
 A gate is an item the harness owns: a `.cu` compile item, an item under one of the ini
 `harness_gates` paths, an item that carries a harness marker (`gpu`, a kind, `deadline`,
@@ -15,7 +16,55 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+
+from harness._settings import GATES_INI, INCLUDE_DIRS_INI, KERNEL_ROOT_ENV
 from harness.report import KINDS
+
+# The markers the plugin registers, with their help.
+MARKERS = {
+    "gpu": "the gate needs a CUDA device; skipped without one unless --require-gpu, which fails instead",
+    "anchor": "compares a GPU arm with closed-form host math (a tolerance only with a written reason)",
+    "link": "compares one GPU arm with another, bit for bit",
+    "refusal": "asserts a host launcher rejects bad arguments with a pinned message, before any launch",
+    "trap": "asserts the kernel's device guard fires; runs in a fresh child process",
+    "memory_safety": "the gate exists for a memory-safety property (an entry that must never be followed, a "
+                     "buffer that must never be touched): a fault in it is the verdict it is written to give, so "
+                     "a mutation campaign counts a mutant it catches by a fault as killed (trap gates are so "
+                     "by definition)",
+    "names_faults": "the gate turns a device error on valid input (a guard that fires where it must not) into "
+                    "a failure by its own assertion: after a mutant's first fault a mutation campaign runs it "
+                    "next, and its fault cap never skips it",
+    "structural": "reads kernel source text (a constant agrees with its #define); needs no device",
+    "compile": "compiles one .cu with NVRTC (collected from the kernel root; no device)",
+    "deadline(seconds)": "this GPU gate's deadline, over --harness-deadline / ini harness_deadline",
+}
+
+REQUIRE_GPU_ENV = "HARNESS_REQUIRE_GPU"
+
+# What opts a project in: a harness option on the command line, its environment equivalent,
+# or a harness key in the project's ini. A collected gate opts a run in too (collection).
+OPT_IN_OPTIONS = {"require_gpu": "--require-gpu", "kernel_root": "--kernel-root", "arch": "--arch",
+                  "harness_report": "--harness-report", "harness_cache_dir": "--harness-cache-dir",
+                  "harness_deadline": "--harness-deadline", "sanitize": "--sanitize", "include_dir": "--include-dir",
+                  "no_fail_fast": "--no-fail-fast", "harness_serve": "--harness-serve"}
+OPT_IN_ENV = (REQUIRE_GPU_ENV, KERNEL_ROOT_ENV)
+OPT_IN_INI = ("kernel_root", GATES_INI, "controls_dir", "harness_cache_dir", INCLUDE_DIRS_INI,
+              "harness_deadline")
+
+
+def opt_in_reason(config) -> str | None:
+    """What makes this run a harness run before collection, or None (inert until a gate is collected)."""
+    for attr, flag in OPT_IN_OPTIONS.items():
+        if getattr(config.option, attr, None):
+            return flag
+    for var in OPT_IN_ENV:
+        if os.environ.get(var, "") not in ("", "0"):
+            return var
+    for key in OPT_IN_INI:
+        if config.getini(key):
+            return f"ini {key}"
+    return None
 
 HARNESS_MARKERS = (*KINDS, "gpu", "deadline", "memory_safety", "names_faults")
 HARNESS_FIXTURES = ("kernel_root", "gpu_device")

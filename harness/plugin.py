@@ -22,32 +22,14 @@ import pytest
 from harness import _settings, coverage, cufiles, device, usage
 from harness._settings import GATES_INI
 from harness.gate_verdicts import Recorder, is_gpu, properties, props_of, run_facts, synthetic, worker_reports
-from harness.kinds import check_kinds, is_gate
+from harness.kinds import MARKERS, REQUIRE_GPU_ENV, check_kinds, is_gate, opt_in_reason
+from harness.plugin_pool import new_pool, refuse_without_device, start_pool
 from harness.records import GateRecord
 from harness.report import classify_route, failure_message, first_line, write_reports
 
 if TYPE_CHECKING:
     from harness.pool import controller
 
-MARKERS = {
-    "gpu": "the gate needs a CUDA device; skipped without one unless --require-gpu, which fails instead",
-    "anchor": "compares a GPU arm with closed-form host math (a tolerance only with a written reason)",
-    "link": "compares one GPU arm with another, bit for bit",
-    "refusal": "asserts a host launcher rejects bad arguments with a pinned message, before any launch",
-    "trap": "asserts the kernel's device guard fires; runs in a fresh child process",
-    "memory_safety": "the gate exists for a memory-safety property (an entry that must never be followed, a "
-                     "buffer that must never be touched): a fault in it is the verdict it is written to give, so "
-                     "a mutation campaign counts a mutant it catches by a fault as killed (trap gates are so "
-                     "by definition)",
-    "names_faults": "the gate turns a device error on valid input (a guard that fires where it must not) into "
-                    "a failure by its own assertion: after a mutant's first fault a mutation campaign runs it "
-                    "next, and its fault cap never skips it",
-    "structural": "reads kernel source text (a constant agrees with its #define); needs no device",
-    "compile": "compiles one .cu with NVRTC (collected from the kernel root; no device)",
-    "deadline(seconds)": "this GPU gate's deadline, over --harness-deadline / ini harness_deadline",
-}
-
-REQUIRE_GPU_ENV = "HARNESS_REQUIRE_GPU"
 DEFAULT_DEADLINE = 120.0  # seconds a GPU gate may take before the watchdog kills its worker
 SANITIZER_DEADLINE_FACTOR = 10  # a default deadline stretches under --sanitize (an explicit one does not)
 
@@ -173,31 +155,6 @@ def _state(config: pytest.Config) -> HarnessState:
     return config.stash[state_key]
 
 
-# What opts a project in: a harness option on the command line, its environment equivalent,
-# or a harness key in the project's ini. A collected gate opts a run in too (collection).
-OPT_IN_OPTIONS = {"require_gpu": "--require-gpu", "kernel_root": "--kernel-root", "arch": "--arch",
-                  "harness_report": "--harness-report", "harness_cache_dir": "--harness-cache-dir",
-                  "harness_deadline": "--harness-deadline", "sanitize": "--sanitize", "include_dir": "--include-dir",
-                  "no_fail_fast": "--no-fail-fast", "harness_serve": "--harness-serve"}
-OPT_IN_ENV = (REQUIRE_GPU_ENV, _settings.KERNEL_ROOT_ENV)
-OPT_IN_INI = ("kernel_root", GATES_INI, "controls_dir", "harness_cache_dir", _settings.INCLUDE_DIRS_INI,
-              "harness_deadline")
-
-
-def opt_in_reason(config: pytest.Config) -> str | None:
-    """What makes this run a harness run before collection, or None (inert until a gate is collected)."""
-    for attr, flag in OPT_IN_OPTIONS.items():
-        if getattr(config.option, attr, None):
-            return flag
-    for var in OPT_IN_ENV:
-        if os.environ.get(var, "") not in ("", "0"):
-            return var
-    for key in OPT_IN_INI:
-        if config.getini(key):
-            return f"ini {key}"
-    return None
-
-
 def _ini(config: pytest.Config):
     def read(key: str):
         value = config.getini(key)
@@ -275,7 +232,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
             raise pytest.UsageError(f"harness: {exc}") from None
     if st.is_controller and (st.require_gpu or st.sanitize):
         # xdist's controller runs no gate: ask a throwaway process, so no CUDA context lives here.
-        _refuse_without_device(st, controller.probe_in_subprocess(config.invocation_params.dir))
+        refuse_without_device(st, controller.probe_in_subprocess(config.invocation_params.dir))
     recorder = Recorder(st)
     config.stash[recorder_key] = recorder
     config.pluginmanager.register(recorder, "harness-recorder")
@@ -286,18 +243,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
           and device._driver_present()):
         # Where a GPU may be, the server imports CuPy while this process collects. Forked from
         # here, before any collection: it has this process's imports and conftests already.
-        st.pool = _new_pool(config, fork=True)
-
-
-def _refuse_without_device(st: HarnessState, probe: dict) -> None:
-    if probe.get("error") is None and probe.get("count", 0) > 0:
-        return
-    why = probe.get("error") or "no CUDA device was found"
-    if st.require_gpu:
-        raise pytest.UsageError(f"harness: --require-gpu: {why}")
-    if st.sanitize:
-        raise pytest.UsageError(f"harness: --sanitize {st.sanitize} needs a CUDA device to run the gates on: {why}; "
-                                "run it on a machine with a GPU, or drop --sanitize")
+        st.pool = new_pool(st, config, fork=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -341,81 +287,6 @@ def pytest_make_collect_report(collector):
 # ------------------------------------------------------------------ the pool and the require-gpu policy
 
 
-def _server_args(config: pytest.Config, files: list[str]) -> list[str]:
-    """What the pool's server passes to pytest.main: the files to collect and the settings
-    that decide what they collect to, never what the run reports or where it writes."""
-    st = _state(config)
-    args = list(files) + [f"--rootdir={config.rootpath}", "-q", "--color=no", "-p", "no:cacheprovider",
-                          f"--kernel-root={st.kernel_root}", f"--harness-cache-dir={_settings.current().cache_dir}"]
-    if config.inipath is not None:
-        args.append(f"--config-file={config.inipath}")
-    if st.arch:
-        args.append(f"--arch={st.arch}")
-    args += [f"--include-dir={d}" for d in _settings.current().include_dirs]
-    for plugin in getattr(config.option, "plugins", None) or []:
-        if plugin not in ("no:cacheprovider",):
-            args += ["-p", plugin]
-    for override in getattr(config.option, "override_ini", None) or []:
-        args += ["-o", override]
-    if config.pluginmanager.hasplugin("xdist"):
-        args += ["-p", "no:xdist"]
-    return args
-
-
-def _new_pool(config: pytest.Config, fork: bool = False) -> controller.Pool:
-    from harness.pool import controller
-
-    st = _state(config)
-    prefix = config.workerinput.get("workerid", "") + "-" if st.is_worker else ""
-    pool_config = controller.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
-                                     pytest_args=[], sanitizer=st.sanitizer_cmd, sanitizer_tool=st.sanitize,
-                                     name_prefix=prefix)
-    try:
-        pool = controller.Pool(pool_config)
-    except controller.PoolError as exc:  # a temp dir too deep for the pool's socket: the fix is the user's
-        raise pytest.UsageError(str(exc)) from None
-    pool_config.sanitizer_log_dir = pool.tmp
-    if st.sanitizer_cmd is None:
-        try:
-            pool.start_server(fork=fork)
-        except BaseException:
-            pool.close()  # its folder and any process it started go with it
-            raise
-    return pool
-
-
-def _start_pool(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give the pool (started at configure where a driver exists) the files to collect."""
-
-    st = _state(config)
-    files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
-    if st.pool is None:
-        st.pool = _new_pool(config)
-    args = _server_args(config, files)
-    st.pool.config.pytest_args = args + ["--harness-serve"]
-    from harness.pool.traps import first_spares
-
-    traps = sum(1 for it in items if it.get_closest_marker("trap"))
-    st.pool.config.spares = first_spares(traps)  # every trap gate can start at the run's beginning
-    early = not st.is_worker
-    if st.is_worker:
-        # N xdist workers share the machine and none knows its gates ahead: one spare each.
-        # On a machine with one GPU (said without CUDA: CUDA_VISIBLE_DEVICES, else the
-        # driver's /proc entries) it starts beside the probe; with several, after it, once the
-        # probe says which GPU is this worker's (a wrong early guess would start a spare on a
-        # GPU that is not there).
-        st.pool.config.spares = 1
-        early = device.device_count_hint() == 1
-    if st.sanitizer_cmd is None:
-        st.pool.collect(args)
-        if early:
-            # The device is known before the probe answers: the main worker starts beside the
-            # probe, the trap gates' spares once it answered (pytest_collection_modifyitems).
-            # The driver makes contexts one at a time, so made all at once, the first gate
-            # would wait for every one of them.
-            st.pool.warm_up(1 if traps and not st.is_worker else None)
-
-
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
 def pytest_collection_modifyitems_trap_gates_last(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Trap gates run (and report) after every other gate, in their own order. Each runs
@@ -457,7 +328,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             st.pool = None
         return
     _trace("collected")
-    _start_pool(config, gpu_items or items)
+    start_pool(st, config, gpu_items or items)
     try:
         st.probe = st.pool.wait_probe()
     except controller.PoolError as exc:
@@ -469,7 +340,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not usable:
         st.pool.close()
         st.pool = None
-        _refuse_without_device(st, st.probe)
+        refuse_without_device(st, st.probe)
         skip = pytest.mark.skip(reason=f"GPU gate: {st.probe.get('error')}; pass --require-gpu to make this a failure")
         for it in gpu_items:
             it.add_marker(skip)
