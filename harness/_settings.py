@@ -139,12 +139,7 @@ def ini_value(rootdir: Path, key: str) -> str | None:
 
 def ini_lines(rootdir: Path, key: str) -> list[str]:
     """`key` as a list: a TOML array's items, or an ini value's non-empty lines."""
-    value = (_ini_table(rootdir) or {}).get(key)
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value]
-    return [ln.strip() for ln in str(value).splitlines() if ln.strip()]
+    return _as_lines(_ini_reader(rootdir)(key))
 
 
 def find_rootdir(start: str | os.PathLike | None = None) -> Path:
@@ -184,11 +179,13 @@ DEFAULT_CONTROLS_DIR = "controls"
 REPORT_DIR = "harness-report"  # every command's reports, in the rootdir unless an option names a folder
 
 
+GATES_INI = "harness_gates"
+DEFAULT_GATES = "gates"
+
+
 def report_root(rootdir: str | os.PathLike | None = None) -> Path:
     """`harness-report/` in the project's rootdir (found from the working folder up by default)."""
     return (Path(rootdir).resolve() if rootdir is not None else find_rootdir()) / REPORT_DIR
-GATES_INI = "harness_gates"
-DEFAULT_GATES = "gates"
 
 
 @dataclass(frozen=True)
@@ -198,7 +195,7 @@ class Project:
     rootdir: Path
     settings: Settings
     kernel_root_source: str  # "--kernel-root", "HARNESS_KERNEL_ROOT", "ini kernel_root" or "the default"
-    cache_source: str
+    cache_source: str  # the cache option's name, "HARNESS_CACHE_DIR", "ini harness_cache_dir" or "the default"
     controls_dir: Path
     gate_paths: tuple[Path, ...]  # ini harness_gates, absolute; empty when the ini names none
 
@@ -227,7 +224,7 @@ def _as_lines(value) -> list[str]:
 
 
 def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), controls_dir=None,
-            rootdir: str | os.PathLike | None = None, ini=None) -> Project:
+            rootdir: str | os.PathLike | None = None, ini=None, cache_option: str = "--cache-dir") -> Project:
     """The settings of the project at `rootdir` (default: found from the working folder up,
     as pytest finds it), in one order for every setting:
 
@@ -242,7 +239,8 @@ def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), cont
 
     Options and environment variables are relative to the working folder, ini keys to the
     rootdir. `ini(key)` reads the project's ini (pytest's getini inside a run; the files
-    pytest would read otherwise); an empty value counts as unset."""
+    pytest would read otherwise); an empty value counts as unset. `cache_option` names the
+    cache option in `cache_source` (the plugin's is --harness-cache-dir)."""
     root = Path(rootdir).resolve() if rootdir is not None else find_rootdir()
     read = ini or _ini_reader(root)
 
@@ -256,7 +254,7 @@ def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), cont
 
     kr, kr_source = first(kernel_root, "--kernel-root", KERNEL_ROOT_ENV, "kernel_root",
                           (root / DEFAULT_KERNEL_ROOT).resolve())
-    cache, cache_source = first(cache_dir, "the option", CACHE_ENV, "harness_cache_dir", _default_cache_dir())
+    cache, cache_source = first(cache_dir, cache_option, CACHE_ENV, "harness_cache_dir", _default_cache_dir())
     ini_controls = read("controls_dir")
     controls = (Path(controls_dir).resolve() if controls_dir
                 else (root / (ini_controls or DEFAULT_CONTROLS_DIR)).resolve())

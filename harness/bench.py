@@ -110,6 +110,7 @@ def main(argv: list[str]) -> int:
 
 def bench_gates(argv: list[str]) -> int:
     from harness._settings import find_rootdir
+    from harness.startup import tree_env
 
     parser = argparse.ArgumentParser(prog="python -m harness bench gates",
                                      description="Time the GPU gate run, the old way against this one, in one run: "
@@ -139,10 +140,8 @@ def bench_gates(argv: list[str]) -> int:
     cache = Path(os.environ.get("HARNESS_CACHE_DIR") or tempfile.mkdtemp(prefix="harness-bench-cache-"))
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
     def env_for(tree: Path) -> dict:
-        # the tree first, then whatever the caller put on the path (carried wheels, say); both
-        # trees keep their bytecode from the warm-up on, as a user's repeated runs do
-        path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
-        return dict(os.environ, HARNESS_CACHE_DIR=str(cache), PYTHONPATH=path)
+        # both trees keep their bytecode from the warm-up on, as a user's repeated runs do
+        return dict(tree_env(tree), HARNESS_CACHE_DIR=str(cache))
 
     env_before, env_after = env_for(before), env_for(after)
     old_ids = _collect_ids(before, env_before)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.records import GUARD_DID_NOT_FIRE, MESSAGE_LIMIT, GateRecord, Outcome, Route, fold_report, trap_verdict
-from harness.report import KINDS, RunFacts
+from harness.kinds import kinds_of
+from harness.report import RunFacts
 
 if TYPE_CHECKING:
     from harness.pool import controller
@@ -21,10 +22,8 @@ def is_gpu(item: pytest.Item) -> bool:
 
 
 def kind_of(item: pytest.Item) -> str | None:
-    for k in KINDS:
-        if item.get_closest_marker(k):
-            return k
-    return None
+    """The gate's kind marker (the first, where a run let two through), or None."""
+    return next(iter(kinds_of(item)), None)
 
 
 def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bool, deadline: float,
@@ -121,19 +120,6 @@ def props_of(report) -> dict:
     return {k: v for k, v in getattr(report, "user_properties", [])}
 
 
-def fold_other(others: dict[str, str], report) -> None:
-    """An ordinary test's outcome from its phase reports, as pytest's own summary counts it."""
-    now = others.get(report.nodeid)
-    if report.failed:
-        if now not in ("failed", "error"):
-            others[report.nodeid] = "failed" if report.when == "call" else "error"
-    elif report.skipped:
-        if now is None:
-            others[report.nodeid] = "skipped"
-    elif report.when == "call" and now is None:
-        others[report.nodeid] = "passed"
-
-
 class Recorder:
     """Folds setup/call/teardown reports (local, from the pool's workers, or from xdist
     workers) into one GateRecord per gate."""
@@ -145,7 +131,7 @@ class Recorder:
         st = self.st
         props = props_of(report)
         if "kind" not in props:  # an ordinary test: counted apart, never a gate record
-            fold_other(st.others, report)
+            fold_report(st.others.setdefault(report.nodeid, GateRecord(report.nodeid)), report)
             return
         rec = st.records.get(report.nodeid)
         if rec is None:

@@ -14,9 +14,8 @@ A gate with none or with two is a usage error naming each offender and the fix.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
+from pathlib import Path
 
 from harness._settings import GATES_INI, INCLUDE_DIRS_INI, KERNEL_ROOT_ENV
 from harness.report import KINDS
@@ -65,6 +64,7 @@ def opt_in_reason(config) -> str | None:
         if config.getini(key):
             return f"ini {key}"
     return None
+
 
 HARNESS_MARKERS = (*KINDS, "gpu", "deadline", "memory_safety", "names_faults")
 HARNESS_FIXTURES = ("kernel_root", "gpu_device")

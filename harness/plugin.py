@@ -109,7 +109,7 @@ class HarnessState:
         self.sanitizer_cmd: list[str] | None = None
         self.deadline, self.deadline_source = DEFAULT_DEADLINE, "the default"
         self.records: dict[str, GateRecord] = {}
-        self.others: dict[str, str] = {}  # ordinary tests (not gates): nodeid -> outcome, for the summary's count
+        self.others: dict[str, GateRecord] = {}  # ordinary tests (not gates), folded only for the summary's count
         self.poisoned_by: str | None = None
         self.kernel_root: Path = Path()
         self.arch: str | None = None
@@ -202,7 +202,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
     try:
         project = _settings.resolve(kernel_root=config.option.kernel_root, cache_dir=config.option.harness_cache_dir,
                                     arch=config.option.arch, include_dir=config.option.include_dir,
-                                    rootdir=config.rootpath, ini=_ini(config))
+                                    rootdir=config.rootpath, ini=_ini(config), cache_option="--harness-cache-dir")
     except IncludeDirError as exc:
         raise pytest.UsageError(f"harness: {exc}") from None
     st.kernel_root, st.gate_paths = project.settings.kernel_root, project.gate_paths
@@ -211,6 +211,10 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
         # in the ini, it need only exist (a project may configure its tree before its first kernel).
         problem = usage.kernel_root_problem(st.kernel_root, project.kernel_root_source,
                                             needs_cu=not project.kernel_root_source.startswith("ini "))
+        if problem:
+            raise pytest.UsageError(f"harness: {problem}")
+    if project.cache_source != "the default" and not st.serving:
+        problem = usage.folder_problem(project.settings.cache_dir, project.cache_source, "the compiled cubins")
         if problem:
             raise pytest.UsageError(f"harness: {problem}")
     if config.option.arch:
@@ -311,8 +315,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not st.active:
         if not gates:
             return  # no harness option, ini key or gate: this run is plain pytest's
+        # (no ini key opted it in, so there are no harness_gates paths: activation adds no gate)
         _activate(config, f"{gates[0].nodeid} is a gate (a harness marker or fixture)", before_collection=False)
-        gates = [it for it in items if is_gate(it, st.gate_paths)]
     check_kinds(gates)  # one kind marker per gate, as --strict-markers for names
     for it in gates:
         it.stash[gate_key] = True

@@ -69,7 +69,9 @@ def markdown(rows: dict, repeat: int, command: str, facts: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _env(tree: Path) -> dict:
+def tree_env(tree: Path) -> dict:
+    """This environment with `tree` first on PYTHONPATH, before whatever the caller put there
+    (carried wheels, say): a run that imports that tree's harness."""
     path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
     return dict(os.environ, PYTHONPATH=path)
 
@@ -103,15 +105,15 @@ def main(argv: list[str]) -> int:
         plain = Path(tmp) / "plain"
         plain.mkdir()
         (plain / "test_plain.py").write_text("def test_add():\n    assert 1 + 1 == 2\n")
-        cases = {"unrelated project, this plugin": (plain, WITH, _env(here))}
+        cases = {"unrelated project, this plugin": (plain, WITH, tree_env(here))}
         if before is not None:
-            cases["unrelated project, the --before tree's plugin"] = (plain, WITH, _env(before))
-        cases["unrelated project, no plugin (-p no:harness.plugin)"] = (plain, WITHOUT, _env(here))
-        cases[f"this project ({project.name}), this plugin"] = (project, WITH, _env(here))
-        cases[f"this project ({project.name}), no plugin"] = (project, WITHOUT, _env(here))
+            cases["unrelated project, the --before tree's plugin"] = (plain, WITH, tree_env(before))
+        cases["unrelated project, no plugin (-p no:harness.plugin)"] = (plain, WITHOUT, tree_env(here))
+        cases[f"this project ({project.name}), this plugin"] = (project, WITH, tree_env(here))
+        cases[f"this project ({project.name}), no plugin"] = (project, WITHOUT, tree_env(here))
         if before is not None:
-            cases[f"the --before tree's project ({before.name}), its plugin"] = (before, WITH, _env(before))
-            cases[f"the --before tree's project ({before.name}), no plugin"] = (before, WITHOUT, _env(before))
+            cases[f"the --before tree's project ({before.name}), its plugin"] = (before, WITH, tree_env(before))
+            cases[f"the --before tree's project ({before.name}), no plugin"] = (before, WITHOUT, tree_env(before))
         rows = measure(cases, args.repeat)
     command = f"python -m harness bench startup --repeat {args.repeat}" + (" --before DIR" if before else "")
     out = Path(args.out) if args.out else report_root() / "bench"

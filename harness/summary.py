@@ -34,13 +34,13 @@ def banner_lines(records: list[GateRecord], require_gpu: bool, no_gpu_executed: 
     return lines
 
 
-def others_line(others: dict[str, str]) -> str | None:
+def others_line(others: dict) -> str | None:
     """The ordinary tests (not gates) of the run, counted apart: the harness ran them as
     plain pytest does and checked nothing of theirs."""
     if not others:
         return None
-    counts = [f"{sum(1 for o in others.values() if o == k)} {k}" for k in OUTCOMES
-              if any(o == k for o in others.values())]
+    outcomes = [r.outcome for r in others.values()]
+    counts = [f"{outcomes.count(k)} {k}" for k in OUTCOMES if k in outcomes]
     return f"{len(others)} other test(s), not gates (run as plain pytest runs them): {', '.join(counts)}"
 
 

@@ -117,8 +117,8 @@ def server_start_problem(value: str | None) -> str | None:
 
 def check_configuration(config) -> None:
     """The plugin's options and the environment, checked once before collection: raises
-    pytest.UsageError (one line, `harness: ...`) on the first problem. The kernel root is
-    checked where it is resolved (the plugin's activation)."""
+    pytest.UsageError (one line, `harness: ...`) on the first problem. The kernel root and the
+    cache folder are checked where they are resolved (the plugin's activation)."""
     import pytest
 
     from harness import _settings
@@ -130,14 +130,6 @@ def check_configuration(config) -> None:
         problems.append(arch_problem(os.environ.get(_settings.ARCH_ENV), _settings.ARCH_ENV))
     if getattr(opt, "harness_report", None):
         problems.append(folder_problem(opt.harness_report, "--harness-report", "gates.json and summary.md"))
-    # the cache: the option, else the variable, else the ini key (harness._settings.resolve's order)
-    if getattr(opt, "harness_cache_dir", None):
-        problems.append(folder_problem(opt.harness_cache_dir, "--harness-cache-dir", "the compiled cubins"))
-    elif os.environ.get(_settings.CACHE_ENV):
-        problems.append(folder_problem(os.environ[_settings.CACHE_ENV], _settings.CACHE_ENV, "the compiled cubins"))
-    elif config.getini("harness_cache_dir"):
-        problems.append(folder_problem(config.rootpath / config.getini("harness_cache_dir"),
-                                       "ini harness_cache_dir", "the compiled cubins"))
     problems.append(server_start_problem(os.environ.get(SERVER_START_ENV)))
     for problem in problems:
         if problem:
