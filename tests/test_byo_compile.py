@@ -210,7 +210,7 @@ def test_an_include_dir_that_does_not_exist_is_a_usage_error(tmp_path):
 
 
 def test_ini_include_dirs_are_searched_hashed_by_content_and_never_copied(tmp_path, cache):
-    from harness.controls.sandbox import sandbox
+    from harness.runs.sandbox import sandbox
 
     write(tmp_path, {"third_party/inc/scale.cuh": "#define SCALE 2.0f\n",
                      "kernels/k.cu": '#include "scale.cuh"\n'
@@ -241,7 +241,7 @@ def test_a_header_in_two_include_dirs_names_both_and_which_wins(tmp_path, cache)
 
 
 def test_a_symlink_leading_outside_the_root_is_linked_not_copied(tmp_path):
-    from harness.controls.sandbox import sandbox
+    from harness.runs.sandbox import sandbox
 
     write(tmp_path, {"outside/big/h.cuh": "#define X 1\n", "kernels/k.cu": KERNEL})
     (tmp_path / "kernels" / "big").symlink_to(tmp_path / "outside" / "big")
@@ -287,7 +287,7 @@ def test_every_tool_compiles_the_same_cubin_from_the_one_declaration(tmp_path, c
                           env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", cache_dir=cache).cache_hit  # gates' path
-    from harness.controls.compilecheck import compile_perturbed, declared_names
+    from harness.runs.compilecheck import compile_perturbed, declared_names
 
     check = compile_perturbed(tmp_path, ("k.cu",), arch="sm_90", cache_dir=cache, names=declared_names(tmp_path))
     assert check.ok and check.compiled == 0  # the controls' compile check hit the same cubin

@@ -25,15 +25,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 # every control of the suite but `hangs`, which has a test (and a short deadline) of its own
 CONTROLS = {
-    "value_changed": (Verdict.PROVEN, True),
-    "scale_changed": (Verdict.PROVEN, True),
-    "two_files": (Verdict.PROVEN, True),
-    "guard_removed": (Verdict.GUARD_ONLY, False),
-    "guard_removed_trap": (Verdict.GUARD_ONLY, True),
-    "wrong_message": (Verdict.GUARD_ONLY, False),
+    "value_changed": (Verdict.KILLED, True),
+    "scale_changed": (Verdict.KILLED, True),
+    "two_files": (Verdict.KILLED, True),
+    "guard_removed": (Verdict.KILLED_BY_TRAP, False),
+    "guard_removed_trap": (Verdict.KILLED_BY_TRAP, True),
+    "wrong_message": (Verdict.KILLED_BY_TRAP, False),
     "multiply_to_add": (Verdict.SURVIVED, False),
-    "does_not_compile": (Verdict.INVALID, False),
-    "unused_header": (Verdict.INVALID, False),
+    "does_not_compile": (Verdict.COMPILE_ERROR, False),
+    "unused_header": (Verdict.COMPILE_ERROR, False),
 }
 
 
@@ -252,7 +252,7 @@ def test_a_killed_child_is_red_by_no_assertion_and_leaves_the_root_untouched(tmp
     before = tree_hash(suite / "kernels")
     result = run_campaign(config(suite, controls_dir=Path("controls_extra"), names=("killed",)))
     (r,) = result.controls
-    assert (r.verdict, r.matches) == (Verdict.GUARD_ONLY, False)
+    assert (r.verdict, r.matches) == (Verdict.KILLED_BY_TRAP, False)
     assert r.note.startswith("pytest exited with status -9 and wrote no gates.json")
     assert r.checks[0].first_failure_line == "the pytest process died (exit status -9) before writing gates.json"
     assert sandboxes("killed") == []
@@ -273,8 +273,8 @@ def test_static_applies_and_compiles_every_control_and_runs_no_gate(tmp_path, ch
     suite = copy_suite(tmp_path)
     result = run_campaign(config(suite, static=True))
     verdicts = {r.name: (r.verdict, r.matches) for r in result.controls}
-    assert verdicts.pop("does_not_compile") == (Verdict.INVALID, False)
-    assert verdicts.pop("unused_header") == (Verdict.INVALID, False)
+    assert verdicts.pop("does_not_compile") == (Verdict.COMPILE_ERROR, False)
+    assert verdicts.pop("unused_header") == (Verdict.COMPILE_ERROR, False)
     assert set(verdicts.values()) == {(None, True)} and len(verdicts) == 8
     assert result.baseline is None and not (suite / "report" / "runs").exists()
     # the templates the launcher declares were instantiated, as the gates instantiate them
@@ -287,7 +287,7 @@ def test_naive_mode_reaches_the_same_verdicts_the_slow_way(tmp_path, child_env):
     result = run_campaign(config(suite, names=("value_changed", "multiply_to_add"), naive=True))
     assert result.mode == "naive"
     assert [(r.name, r.verdict) for r in result.controls] == [
-        ("multiply_to_add", Verdict.SURVIVED), ("value_changed", Verdict.PROVEN)]
+        ("multiply_to_add", Verdict.SURVIVED), ("value_changed", Verdict.KILLED)]
     assert not (suite / "cache").exists()  # every run compiled into a cold cache of its own
 
 

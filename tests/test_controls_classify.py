@@ -3,7 +3,8 @@
 import pytest
 
 from harness.records import GateRecord
-from harness.controls.classify import GateCheck, Verdict, check_gate, decide
+from harness.controls.classify import GateCheck, check_gate, decide
+from harness.runs.verdict import Verdict
 from harness.controls.spec import Expect, Route
 
 GATE = "gates/test_x.py::test_claim"
@@ -21,31 +22,31 @@ def verdict_of(*pairs):
 def test_red_by_assertion_with_the_expected_message_is_proven():
     check = check_gate(Expect(GATE, Route.ASSERTION, "pool["), red("assertion", "pool[3, 1]: 2 of 64 differ"))
     assert check.met and check.reason == "red by assertion as expected"
-    assert decide((check,)) == (Verdict.PROVEN, True)
+    assert decide((check,)) == (Verdict.KILLED, True)
 
 
 def test_red_by_trap_where_an_assertion_was_expected_is_guard_only_and_not_as_expected():
     check = check_gate(Expect(GATE, Route.ASSERTION), red("trap", "CUDARuntimeError: cudaErrorIllegalAddress"))
     assert not check.met and check.reason == "red by trap, not by assertion"
-    assert decide((check,)) == (Verdict.GUARD_ONLY, False)
+    assert decide((check,)) == (Verdict.KILLED_BY_TRAP, False)
 
 
 def test_a_control_that_expects_a_trap_and_gets_one_is_guard_only_and_as_expected():
-    assert verdict_of((Expect(GATE, Route.TRAP), red("trap"))) == (Verdict.GUARD_ONLY, True)
+    assert verdict_of((Expect(GATE, Route.TRAP), red("trap"))) == (Verdict.KILLED_BY_TRAP, True)
 
 
 def test_a_control_that_expects_a_trap_but_gets_an_assertion_is_not_as_expected():
-    assert verdict_of((Expect(GATE, Route.TRAP), red("assertion"))) == (Verdict.GUARD_ONLY, False)
+    assert verdict_of((Expect(GATE, Route.TRAP), red("assertion"))) == (Verdict.KILLED_BY_TRAP, False)
 
 
 def test_red_by_refusal_where_refusal_was_expected_is_proven():
     assert verdict_of((Expect(GATE, Route.REFUSAL, "allocate"), red("refusal", "ValueError: allocate at least n"))) == (
-        Verdict.PROVEN, True)
+        Verdict.KILLED, True)
 
 
 def test_red_by_refusal_or_error_where_an_assertion_was_expected_is_guard_only():
-    assert verdict_of((Expect(GATE, Route.ASSERTION), red("refusal"))) == (Verdict.GUARD_ONLY, False)
-    assert verdict_of((Expect(GATE, Route.ASSERTION), red("error", outcome="error"))) == (Verdict.GUARD_ONLY, False)
+    assert verdict_of((Expect(GATE, Route.ASSERTION), red("refusal"))) == (Verdict.KILLED_BY_TRAP, False)
+    assert verdict_of((Expect(GATE, Route.ASSERTION), red("error", outcome="error"))) == (Verdict.KILLED_BY_TRAP, False)
 
 
 def test_one_green_expected_gate_makes_the_control_survived_though_another_is_proven():
@@ -64,7 +65,7 @@ def test_a_gate_that_did_not_go_red_for_any_reason_counts_as_survived(record):
 def test_red_by_assertion_with_another_message_is_not_the_proof_asked_for():
     check = check_gate(Expect(GATE, Route.ASSERTION, "pool["), red("assertion", "out[0]: 1 of 8 differ"))
     assert check.reason == "red by assertion, but the failure message lacks 'pool['"
-    assert decide((check,)) == (Verdict.GUARD_ONLY, False)
+    assert decide((check,)) == (Verdict.KILLED_BY_TRAP, False)
 
 
 def test_the_message_is_searched_in_the_whole_failure_message_when_the_report_has_it():
@@ -73,16 +74,22 @@ def test_the_message_is_searched_in_the_whole_failure_message_when_the_report_ha
 
 
 def test_a_compile_failure_inside_the_run_makes_the_control_invalid():
-    assert verdict_of((Expect(GATE, Route.ASSERTION), red("compile"))) == (Verdict.INVALID, False)
+    assert verdict_of((Expect(GATE, Route.ASSERTION), red("compile"))) == (Verdict.COMPILE_ERROR, False)
 
 
 def test_a_gate_timeout_inside_the_run_makes_the_control_timeout():
     assert verdict_of((Expect(GATE, Route.ASSERTION), red("timeout"))) == (Verdict.TIMEOUT, False)
 
 
-def test_verdicts_are_strings_as_the_reports_spell_them():
-    assert [str(v) for v in Verdict] == ["proven", "guard-only", "survived", "invalid", "timeout", "skipped"]
-    assert Verdict("guard-only") is Verdict.GUARD_ONLY
+def test_controls_and_mutants_share_one_verdict_and_the_controls_report_says_it_in_its_words():
+    from harness.controls.report import word
+    from harness.mutate.verdicts import Verdict as MutantVerdict
+
+    assert Verdict is MutantVerdict
+    words = [word(v) for v in (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.SURVIVED, Verdict.COMPILE_ERROR,
+                               Verdict.TIMEOUT, Verdict.SKIPPED)]
+    assert words == ["proven", "guard-only", "survived", "invalid", "timeout", "skipped"]
+    assert Verdict("killed-by-trap") is Verdict.KILLED_BY_TRAP and str(Verdict.KILLED) == "killed"
 
 
 def test_with_no_device_a_control_is_decided_by_the_expected_gates_that_ran():
@@ -91,7 +98,7 @@ def test_with_no_device_a_control_is_decided_by_the_expected_gates_that_ran():
     ran = GateCheck("g::structural", Route.ASSERTION, None, "failed", "assertion", "x", True, "red by assertion")
     gpu = GateCheck("g::anchor", Route.ASSERTION, None, "skipped", None, None, False, "skipped")
     assert decide((ran, gpu)) == (Verdict.SURVIVED, False)  # on a device run, a skipped gate caught nothing
-    assert decide((ran, gpu), device=False) == (Verdict.PROVEN, True)
+    assert decide((ran, gpu), device=False) == (Verdict.KILLED, True)
     assert decide((gpu,), device=False) == (Verdict.SKIPPED, False)  # nothing judged: never "as expected"
     green = GateCheck("g::structural", Route.ASSERTION, None, "passed", None, None, False, "passed")
     assert decide((green, gpu), device=False) == (Verdict.SURVIVED, False)  # what ran must still go red

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.controls.cli import ini_value
+from harness._settings import ini_value
 from harness.controls.collect import collect_gates
 from harness.controls.spec import (
     Control,

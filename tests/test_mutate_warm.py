@@ -347,6 +347,7 @@ def test_a_mutation_bench_cut_short_in_its_naive_half_still_reports_both_rates(s
 
 
 def test_controls_on_the_warm_executor_are_proven_in_fresh_workers_at_once(suite, tmp_path):
+    from harness.controls.report import word
     from harness.controls.runner import CampaignConfig, run_campaign
 
     root, _ = suite
@@ -381,7 +382,7 @@ def test_controls_on_the_warm_executor_are_proven_in_fresh_workers_at_once(suite
                             deadline=60)
     result = run_campaign(config)
     assert result.baseline.ok, result.baseline
-    verdicts = {r.name: (r.verdict.value, r.matches) for r in result.controls}
+    verdicts = {r.name: (word(r.verdict), r.matches) for r in result.controls}
     assert verdicts == {"minus": ("proven", True), "no_guard": ("proven", True)}, result.controls
 
 

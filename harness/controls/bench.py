@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(cold, ignore_errors=True)
     fast, naive = results["campaign"], results["naive"]
-    verdicts = {mode: {r.name: (r.verdict.value if r.verdict else None) for r in c.controls} for mode, c in results.items()}
+    verdicts = {mode: {r.name: (report.word(r.verdict) if r.verdict else None) for r in c.controls} for mode, c in results.items()}
     disagree = sorted(n for n in verdicts["campaign"] if verdicts["campaign"][n] != verdicts["naive"].get(n))
     ratio = naive.seconds / fast.seconds if fast.seconds else float("inf")
     data = {

@@ -5,23 +5,11 @@ Pure functions over the child's gate records, so every rule is testable without 
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, replace
 
 from harness.records import GateRecord
 from harness.controls.spec import Expect, Route
-
-
-class Verdict(str, enum.Enum):
-    PROVEN = "proven"  # every expected gate red by its expected route (and message)
-    GUARD_ONLY = "guard-only"  # red, but through a trap, launch failure, refusal or crash
-    SURVIVED = "survived"  # an expected gate stayed green
-    INVALID = "invalid"  # the edits did not apply exactly once, or the result does not compile
-    TIMEOUT = "timeout"  # the run hit the per-control deadline
-    SKIPPED = "skipped"  # with no device (--no-require-gpu): every expected gate needs one, so none was judged
-
-    def __str__(self) -> str:
-        return self.value
+from harness.runs.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -83,11 +71,11 @@ def decide(checks: tuple[GateCheck, ...], device: bool = True) -> tuple[Verdict,
     if any(c.outcome in ("passed", "skipped", "not run") for c in checks):
         return Verdict.SURVIVED, False
     if any(c.route == "compile" for c in checks):
-        return Verdict.INVALID, False
+        return Verdict.COMPILE_ERROR, False
     if any(c.route == "timeout" for c in checks):
         return Verdict.TIMEOUT, False
     if all(c.met for c in checks):
         if any(c.expected_route is Route.TRAP for c in checks):
-            return Verdict.GUARD_ONLY, True
-        return Verdict.PROVEN, True
-    return Verdict.GUARD_ONLY, False
+            return Verdict.KILLED_BY_TRAP, True
+        return Verdict.KILLED, True
+    return Verdict.KILLED_BY_TRAP, False

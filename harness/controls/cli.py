@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from harness import _settings
-from harness._settings import ini_value
 from harness.controls.runner import KILL_ROWS, CampaignConfig, run_campaign
 from harness.controls.spec import ControlSpecError
 from harness.usage import ExitStatus
@@ -130,7 +129,9 @@ class _Progress:
         if self.live:
             self.progress.advance(self.task)
         else:
-            verdict = result.verdict.value if result.verdict else ("applies and compiles" if result.matches else "invalid")
+            from harness.controls.report import verdict_text
+
+            verdict = verdict_text(result)
             mark = "as expected" if result.matches else "NOT as expected"
             self.console.print(f"{result.name}: {verdict}, {mark} ({result.seconds:.1f} s)", markup=False)
 

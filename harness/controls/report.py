@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.controls.results import CampaignResult, ControlResult
+from harness.runs.verdict import Verdict
 
 VERSION = 1
 
@@ -19,10 +20,18 @@ def observed(check) -> str:
     return check.outcome
 
 
-def _verdict_text(result: ControlResult) -> str:
+# The controls' words for the shared verdicts: a control that kills its gate proves it.
+WORDS = {Verdict.KILLED: "proven", Verdict.KILLED_BY_TRAP: "guard-only", Verdict.COMPILE_ERROR: "invalid"}
+
+
+def word(verdict: Verdict) -> str:
+    return WORDS.get(verdict, verdict.value)
+
+
+def verdict_text(result: ControlResult) -> str:
     if result.verdict is None:
         return "applies and compiles" if result.matches else "invalid"
-    return result.verdict.value
+    return word(result.verdict)
 
 
 def campaign_json(campaign: CampaignResult) -> dict:
@@ -40,7 +49,7 @@ def campaign_json(campaign: CampaignResult) -> dict:
             "name": r.name,
             "description": r.description,
             "why": r.why,
-            "verdict": r.verdict.value if r.verdict is not None else None,
+            "verdict": word(r.verdict) if r.verdict is not None else None,
             "matches_expectation": r.matches,
             "seconds": round(r.seconds, 3),
             "edits": [asdict(e) for e in r.edits],
@@ -105,9 +114,9 @@ def campaign_markdown(campaign: CampaignResult) -> str:
     if n:
         lines += ["", "| control | verdict | as expected | seconds |", "| --- | --- | --- | --- |"]
         for r in campaign.controls:
-            lines.append(f"| {r.name} | {_verdict_text(r)} | {'yes' if r.matches else '**no**'} | {r.seconds:.1f} |")
+            lines.append(f"| {r.name} | {verdict_text(r)} | {'yes' if r.matches else '**no**'} | {r.seconds:.1f} |")
     for r in campaign.controls:
-        lines += ["", f"## {r.name}: {_verdict_text(r)}", "", _cell(r.description), "", f"Why: {_cell(r.why)}", ""]
+        lines += ["", f"## {r.name}: {verdict_text(r)}", "", _cell(r.description), "", f"Why: {_cell(r.why)}", ""]
         for e in r.edits:
             occ = f" (occurrence {e.occurrence})" if e.occurrence else ""
             kind = "regex " if e.regex else ""
@@ -160,7 +169,7 @@ def table(campaign: CampaignResult):
                       ("expected gate: observed", "left"), ("kill row", "right"), ("s", "right")):
         t.add_column(col, justify=just, overflow="fold")
     for r in campaign.controls:
-        verdict = _verdict_text(r)
+        verdict = verdict_text(r)
         shown = f"[{STYLE.get(verdict, '')}]{verdict}[/]"
         detail = "\n".join(
             escape(f"{c.gate.split('::')[-1]}: {observed(c)}")

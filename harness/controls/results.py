@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.records import GateRecord
-from harness.controls.classify import GateCheck, Verdict
+from harness.runs.verdict import Verdict
+from harness.controls.classify import GateCheck
 from harness.controls.edits import Edit
 
 
@@ -53,7 +54,7 @@ class CampaignResult:
     @property
     def judged(self) -> tuple[ControlResult, ...]:
         """The controls a verdict was reached for: all but those skipped for want of a device."""
-        return tuple(c for c in self.controls if c.verdict is None or c.verdict.value != "skipped")
+        return tuple(c for c in self.controls if c.verdict is not Verdict.SKIPPED)
 
     @property
     def ok(self) -> bool:

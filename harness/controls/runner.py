@@ -22,14 +22,15 @@ from typing import Protocol
 from harness import _settings
 from harness.runs import fresh as child
 from harness.runs.fresh import GateRun, run_gates
-from harness.controls.classify import GateCheck, Verdict, check_gate, decide, judged_without_device
+from harness.controls.classify import GateCheck, check_gate, decide, judged_without_device
 from harness.controls.collect import collect_gates
-from harness.controls.compilecheck import compile_perturbed, declared_names
-from harness.controls.edits import EditError
+from harness.controls.edits import EditError, apply
 from harness.controls.results import BaselineResult, CampaignResult, ControlResult
-from harness.controls.sandbox import perturb, sandbox
 from harness.controls.spec import Control, load_controls
 from harness.records import GateRecord
+from harness.runs.compilecheck import compile_perturbed, declared_names
+from harness.runs.sandbox import sandbox, write
+from harness.runs.verdict import Verdict
 
 KILL_ROWS = ("modules", "campaign")
 # The baseline runs every module of the campaign, usually with a cold compile cache.
@@ -220,6 +221,17 @@ def _static(control: Control, root: Path, arch: str | None, cache_dir: Path, nam
     )
 
 
+def perturb(copy: Path, control: Control) -> dict[str, str]:
+    """Apply the control's edits to the sandbox copy; returns {relpath: perturbed text}.
+    Raises EditError when an edit does not apply exactly once (the kernel changed since
+    validation, or two edits collide)."""
+    copy = Path(copy).resolve()
+    perturbed = apply(control.edits, {f: (copy / f).read_text(encoding="utf-8") for f in control.files})
+    for rel, text in perturbed.items():
+        write(copy, rel, text)
+    return perturbed
+
+
 def _apply_and_compile(control: Control, copy: Path, arch, cache_dir: Path, names) -> str | tuple[str, ...]:
     """The compiled modules, or the reason the control is invalid."""
     try:
@@ -244,7 +256,7 @@ def _apply_and_compile(control: Control, copy: Path, arch, cache_dir: Path, name
 def _invalid(control: Control, note: str, seconds: float, log: Path | None = None) -> ControlResult:
     return ControlResult(
         control.name, control.description, control.why, control.edits,
-        verdict=Verdict.INVALID, matches=False, checks=(), kill_row=(),
+        verdict=Verdict.COMPILE_ERROR, matches=False, checks=(), kill_row=(),
         seconds=seconds, note=note, log=log,
     )
 

@@ -36,7 +36,7 @@ NAIVE_DEADLINE = 600.0
 
 def _precompile_originals(kernel_root: Path, cache: Path, arch: str | None) -> int:
     from harness.compile import compile_file, find_sources, resolve_arch
-    from harness.controls.compilecheck import declared_names
+    from harness.runs.compilecheck import declared_names
 
     declared = declared_names(kernel_root)
     arch = resolve_arch(arch)

@@ -186,7 +186,7 @@ def run_baseline(config: MutateConfig, cache_dir: Path) -> tuple[Baseline, Cover
 
 
 def dependents_of(root: Path, files: set[str]) -> dict[str, tuple[str, ...]]:
-    from harness.controls.compilecheck import dependents
+    from harness.runs.compilecheck import dependents
 
     return {f: tuple(dependents(root, (f,))) for f in sorted(files)}
 
@@ -194,7 +194,7 @@ def dependents_of(root: Path, files: set[str]) -> dict[str, tuple[str, ...]]:
 def run_campaign(config: MutateConfig, listener: Listener | None = None,
                  executor_factory: Callable[[Path, Path, str | None], Executor] | None = None) -> MutationCampaign:
     from harness.compile import resolve_arch
-    from harness.controls.compilecheck import declared_names
+    from harness.runs.compilecheck import declared_names
     from harness.mutate import screen
 
     from harness.runs import fresh as child
@@ -396,7 +396,7 @@ class KillHistory:
 
 def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dict, executor: Executor,
                config: MutateConfig, history: KillHistory | None = None) -> MutantResult:
-    from harness.controls.sandbox import _write, sandbox
+    from harness.runs.sandbox import sandbox, write
 
     m = r.mutant
     if coverage is None:
@@ -418,7 +418,7 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
                                       siblings=tuple(g for g in sel.siblings if g not in skipped))
     per_gate = bool(getattr(executor, "gate_deadlines", None))
     with sandbox(root, f"mutant-{m.id}-{os.getpid()}") as copy:  # named as the screen's (screen.ScreenContext)
-        _write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
+        write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
         deadline = mutant_deadline(config, coverage, sel, per_gate) + getattr(executor, "start_seconds", 0.0)
         j = run_mutant(executor, copy, coverage.batches(sel), deadline, config.all_gates,
                        coverage.memory_safety_gates())

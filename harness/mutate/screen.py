@@ -57,14 +57,14 @@ class ScreenContext:
 def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
     """Write `mutant` into a fresh sandbox, compile its modules, fingerprint the cubins."""
     from harness.compile import CompileError, compile_file
-    from harness.controls.sandbox import _write, sandbox
+    from harness.runs.sandbox import sandbox, write
     from harness.mutate.elf import fingerprint
 
     start = time.perf_counter()
     modules = ctx.dependents.get(mutant.file, ())
     with sandbox(ctx.kernel_root, f"mutant-{mutant.id}-{ctx.owner}") as copy:
         original = (copy / mutant.file).read_bytes()
-        _write(copy, mutant.file, mutant.apply(original).decode("utf-8"))
+        write(copy, mutant.file, mutant.apply(original).decode("utf-8"))
         prints = []
         for rel in modules:
             try:

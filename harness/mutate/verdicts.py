@@ -1,32 +1,16 @@
 """A mutant's verdict, its record in the results file, and the scores.
 
-`Verdict` is this package's own type until the shared records module (DESIGN.md,
-"Growing the harness") replaces it and the controls' `Verdict`.
+`Verdict` is the run layer's (`harness.runs.verdict`), shared with the controls.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.mutate.generate import Mutant
-
-
-class Verdict(str, enum.Enum):
-    KILLED = "killed"  # a gate red by its own assertion
-    KILLED_BY_TRAP = "killed-by-trap"  # red only through a device guard, a fault or a launch failure
-    TIMEOUT = "timeout"
-    SURVIVED = "survived"
-    NO_COVERAGE = "no-coverage"  # no gate loads the module or reads the source
-    EQUIVALENT = "equivalent"  # cubin identical to the original's in everything that runs
-    DUPLICATE = "duplicate"  # cubin identical to another mutant's: takes its verdict
-    COMPILE_ERROR = "compile-error"
-    PENDING = "pending"  # --static: screened, valid, not run on a GPU
-
-    def __str__(self) -> str:
-        return self.value
+from harness.runs.verdict import Verdict
 
 
 SCREENED_OUT = (Verdict.EQUIVALENT, Verdict.DUPLICATE, Verdict.COMPILE_ERROR)

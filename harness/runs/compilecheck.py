@@ -1,4 +1,4 @@
-"""Compile a control's perturbed modules once, into the cache the gate run will read.
+"""Compile a perturbed tree's modules once, into the cache the gate run will read.
 
 The compile cache is content-addressed (source closure, options, name expressions, arch,
 toolchain). Compiling the perturbed `.cu` here with the arch and cache folder the gate run

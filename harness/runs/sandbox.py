@@ -1,11 +1,11 @@
-"""The sandbox: a fresh temporary copy of the kernel root that a control perturbs.
+"""The sandbox: a fresh temporary copy of the kernel root that a control or a mutant perturbs.
 
 Only the kernel root is copied. Headers outside it (the CUDA headers, CCCL, the user's
 include directories) are read where they are; a symlink in the root that leads outside it
 (a CCCL checkout linked into the tree) is recreated as the same symlink, never copied, and
 a write through it is refused like any write outside the sandbox.
 
-The real kernel root is only ever read. Every write goes through `_write`, which refuses
+The real kernel root is only ever read. Every write goes through `write`, which refuses
 any path outside the sandbox, and the sandbox is removed on every way out of the `with`
 block: success, a failed control, an exception, KeyboardInterrupt.
 """
@@ -17,11 +17,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.controls.edits import apply
-from harness.controls.spec import Control
-
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-_live: set[Path] = set()  # the sandboxes open now; `_write` writes nowhere else
+_live: set[Path] = set()  # the sandboxes open now; `write` writes nowhere else
 
 
 class SandboxEscape(RuntimeError):
@@ -56,21 +53,7 @@ def sandbox(kernel_root: Path, label: str = "control"):
         shutil.rmtree(base, ignore_errors=True)
 
 
-def perturb(copy: Path, control: Control) -> dict[str, str]:
-    """Apply the control's edits to the sandbox copy; returns {relpath: perturbed text}.
-
-    Raises EditError when an edit does not apply exactly once (the kernel changed since
-    validation, or two edits collide).
-    """
-    copy = Path(copy).resolve()
-    texts = {f: (copy / f).read_text(encoding="utf-8") for f in control.files}
-    perturbed = apply(control.edits, texts)
-    for rel, text in perturbed.items():
-        _write(copy, rel, text)
-    return perturbed
-
-
-def _write(copy: Path, rel: str, text: str) -> None:
+def write(copy: Path, rel: str, text: str) -> None:
     target = (copy / rel).resolve()
     if copy not in _live or not target.is_relative_to(copy):
         raise SandboxEscape(f"refusing to write {target}: it is not inside the sandbox {copy}")
