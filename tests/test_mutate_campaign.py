@@ -15,7 +15,7 @@ import pytest
 from harness.mutate import report
 from harness.mutate.campaign import RESULTS_FILE, MutateConfig, run_campaign
 from harness.mutate.execute import judge
-from harness.runs.result import GateOutcome, GateRuns
+from harness.runs.result import Executor, Executors, GateOutcome, GateRuns
 from harness.mutate.verdicts import MutantResult, Score, Verdict, read_results
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
@@ -98,7 +98,7 @@ def test_fresh_process_campaign_gives_every_kind_of_verdict(suite):
     assert per_file["valid"] == per_file["total"] and per_file["score"] < per_file["stryker_score"]
 
 
-class FakeExecutor:
+class FakeExecutor(Executor):
     """Reads the mutated text like the fake gates do; records every call."""
 
     def __init__(self, per_gate=False, timeout_on=None):
@@ -125,13 +125,13 @@ class FakeExecutor:
 def test_stop_at_the_first_kill_or_run_the_whole_matrix(suite):
     fake = FakeExecutor(per_gate=True)
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("arithmetic",)),
-                            executor_factory=lambda *a: fake)
+                            executor_factory=Executors(lambda *a: fake))
     killed = by_text(campaign)[("sum.cu", 6, "+", "-")]
     assert killed.verdict is Verdict.KILLED and killed.gates_run[-1] == "gates/gate_sum.py::test_adds_one"
     assert len(killed.gates_run) < len(killed.covered_by) + 1
     full = FakeExecutor(per_gate=False)
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("arithmetic",), all_gates=True,
-                                   report_dir=suite / "report-all"), executor_factory=lambda *a: full)
+                                   report_dir=suite / "report-all"), executor_factory=Executors(lambda *a: full))
     killed = by_text(campaign)[("sum.cu", 6, "+", "-")]
     assert len(killed.gates_run) == 4, "every gate of the family ran"
     assert all(len(c) == 4 for c in full.calls), "one batch: the whole matrix"
@@ -140,20 +140,20 @@ def test_stop_at_the_first_kill_or_run_the_whole_matrix(suite):
 def test_a_deadline_is_a_timeout(suite):
     fake = FakeExecutor(timeout_on="(blockDim.x - 1)")
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("gpu-index",)),
-                            executor_factory=lambda *a: fake)
+                            executor_factory=Executors(lambda *a: fake))
     assert by_text(campaign)[("sum.cu", 5, "blockDim.x", "(blockDim.x - 1)")].verdict is Verdict.TIMEOUT
 
 
 def test_resume_runs_only_what_is_missing(suite):
     cfg = config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
     first = FakeExecutor()
-    done = run_campaign(cfg, executor_factory=lambda *a: first)
+    done = run_campaign(cfg, executor_factory=Executors(lambda *a: first))
     results = suite / "report" / RESULTS_FILE
     lines = results.read_text().splitlines()
     assert len(lines) == len(done.mutants)
     results.write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])  # interrupted, a torn last line
     again = FakeExecutor()
-    resumed = run_campaign(MutateConfig(**{**vars(cfg), "resume": True}), executor_factory=lambda *a: again)
+    resumed = run_campaign(MutateConfig(**{**vars(cfg), "resume": True}), executor_factory=Executors(lambda *a: again))
     assert resumed.resumed == 2
     assert len(again.calls) == len(first.calls) - 2
     assert {k: r.verdict for k, r in by_text(resumed).items()} == {k: r.verdict for k, r in by_text(done).items()}
@@ -214,7 +214,7 @@ def test_recheck_counts_agreement(suite):
     from harness.mutate.campaign import recheck
 
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped")),
-                            executor_factory=lambda *a: FakeExecutor())
+                            executor_factory=Executors(lambda *a: FakeExecutor()))
     survivors = [r for r in campaign.ordered() if r.verdict is Verdict.SURVIVED]
     same = recheck(campaign, FakeExecutor(), sample=1)
     assert len(same.checked) == len(survivors) + 1 and same.agreed == len(same.checked)
@@ -246,7 +246,7 @@ def test_a_recheck_timeout_under_load_runs_once_more_with_fewer_at_once(suite):
     from harness.mutate.operators import OPERATORS
 
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=tuple(OPERATORS)),
-                            executor_factory=lambda *a: FakeExecutor())
+                            executor_factory=Executors(lambda *a: FakeExecutor()))
     calm = next(r.mutant.id for r in campaign.ordered() if r.verdict in RECHECKED)  # every one is re-run below
 
     class LoadedOnce(FakeExecutor):
@@ -308,7 +308,7 @@ def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite, monk
             return super().run(sandbox, gates, deadline)
 
     cfg = config(suite, paths=("sum.cu",), operators=("arithmetic",), deadline=7.0)
-    run_campaign(cfg, executor_factory=lambda *a: Fresh())
+    run_campaign(cfg, executor_factory=Executors(lambda *a: Fresh()))
     assert seen and all(d == 7.0 + FRESH_START_SECONDS for d in seen), seen
     assert mutant_deadline(cfg, None, None) == 7.0
 
@@ -341,10 +341,10 @@ def test_several_mutants_run_at_once_with_the_same_verdicts(suite):
             return super().run(sandbox, gates, deadline)
 
     cfg = dict(paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
-    one = run_campaign(config(suite, **cfg), executor_factory=lambda *a: FakeExecutor())
+    one = run_campaign(config(suite, **cfg), executor_factory=Executors(lambda *a: FakeExecutor()))
     made = []
     two = run_campaign(config(suite, gpu_jobs=3, report_dir=suite / "report-3", **cfg),
-                       executor_factory=lambda *a: made.append(Slow()) or made[-1])
+                       executor_factory=Executors(lambda *a: made.append(Slow()) or made[-1]))
     assert len(made) == 3, "one executor a slot"
     assert Slow.calls > 2 and not Slow.first_two.broken, "mutants ran at once"
     assert {k: r.verdict for k, r in by_text(two).items()} == {k: r.verdict for k, r in by_text(one).items()}
@@ -419,7 +419,7 @@ def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
             gate_ran.set()
             return super().run(sandbox, gates, deadline)
 
-    campaign = run_campaign(cfg, executor_factory=lambda *a: Timed())
+    campaign = run_campaign(cfg, executor_factory=Executors(lambda *a: Timed()))
     assert campaign.baseline.ok and len(compiled_at) == len(campaign.mutants) > 2
     assert Timed.first is not None and Timed.first < compiled_at[-1], "the first gate run waited for the whole screen"
     assert len(campaign.results) == len(campaign.mutants)
@@ -447,12 +447,12 @@ def test_a_lost_device_stops_the_campaign_and_takes_back_its_recent_faults(suite
     fake = DiesOnTheThirdMutant()
     cfg = config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
     with pytest.raises(DeviceLostError, match="stopped answering.*--resume"):
-        run_campaign(cfg, executor_factory=lambda *a: fake)
+        run_campaign(cfg, executor_factory=Executors(lambda *a: fake))
     kept = read_results(cfg.report_dir / RESULTS_FILE)
     ran = [r for r in kept.values() if r.gates_run]
     assert len(ran) == 1 and ran[0].verdict is not Verdict.TIMEOUT, "the first mutant's verdict stays"
     assert not any(r.verdict is Verdict.TIMEOUT for r in kept.values()), "the timeout before the loss is taken back"
-    resumed = run_campaign(cfg.__class__(**{**cfg.__dict__, "resume": True}), executor_factory=lambda *a: FakeExecutor())
+    resumed = run_campaign(cfg.__class__(**{**cfg.__dict__, "resume": True}), executor_factory=Executors(lambda *a: FakeExecutor()))
     assert resumed.resumed == len(kept) and len(resumed.results) == len(resumed.mutants)
 
 

@@ -205,7 +205,7 @@ def test_report_only_rewrites_the_reports_from_the_results_file_and_runs_nothing
 
 def test_each_gpus_executor_keeps_a_spare_for_each_of_its_slots_plus_two(monkeypatch):
     from harness import device
-    from harness.mutate.cli import spares_for
+    from harness.runs.warm import spares_for
 
     monkeypatch.setattr(device, "assignable_devices", lambda: [])
     assert spares_for(12, None) == 14  # one GPU: every slot on it

@@ -551,8 +551,8 @@ def test_a_slot_waiting_for_a_fresh_worker_does_not_hold_up_the_others(tmp_path)
         def fresh_worker(self):
             started.set()
             release.wait(10)
-            return types.SimpleNamespace(alive=True, served=0, ended_because=None, name="fresh",
-                                         device={"gpu_wait": "block"})
+            return types.SimpleNamespace(alive=True, served=0, ended_because=None, name="fresh", start_s=0.0,
+                                         start_phases={}, device={"gpu_wait": "block"})
 
     ex = WarmExecutor(tmp_path, ("gates",), tmp_path, tmp_path / "cache")
     ex._pool = SlowPool()
@@ -587,13 +587,12 @@ def test_a_batchs_wait_for_workers_does_not_cut_the_next_batch(monkeypatch):
     from harness.mutate import execute
     from harness.mutate.execute import run_mutant
     from harness.mutate.verdicts import Verdict
-    from harness.runs.result import GateOutcome, GateRuns
+    from harness.runs.result import Executor, GateOutcome, GateRuns
 
     now = [100.0]
     monkeypatch.setattr(execute, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
 
-    class Waiting:
-        per_gate = False
+    class Waiting(Executor):
         calls = []
 
         def run(self, sandbox, gates, deadline):
@@ -611,10 +610,9 @@ def test_a_fault_in_a_memory_safety_gate_ends_the_mutants_run_as_a_kill_does():
     # killed-by-trap in a gate written for memory safety counts as a kill (the score): the
     # sibling batch does not run after it, as it would not after a kill by assertion
     from harness.mutate.execute import run_mutant
-    from harness.runs.result import GateOutcome, GateRuns
+    from harness.runs.result import Executor, GateOutcome, GateRuns
 
-    class Faulting:
-        per_gate = False
+    class Faulting(Executor):
         calls = []
 
         def run(self, sandbox, gates, deadline):

@@ -6,13 +6,14 @@ The façade a user of the library needs; the rest stays in its modules.
 
 from harness.controls.classify import GateCheck
 from harness.controls.edits import Edit, EditError
-from harness.controls.results import BaselineResult, CampaignResult, ControlResult
+from harness.controls.results import CampaignResult, ControlResult
 from harness.controls.runner import CampaignConfig, run_campaign, validate
 from harness.controls.spec import Control, ControlSpecError, Expect, Problem, Route, load_controls
+from harness.runs.result import Baseline
 from harness.runs.verdict import Verdict
 
 __all__ = [
-    "BaselineResult",
+    "Baseline",
     "CampaignConfig",
     "CampaignResult",
     "Control",

@@ -192,12 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     json_path, md_path = report.write(config.path(config.report_dir), campaign)
     b = campaign.baseline
     if b is not None and not b.ok:
-        err.print(f"[bold red]baseline red[/]: the unperturbed gates must all pass before controls prove anything "
-                  f"({b.gates} gates ran; log {escape(str(b.log))})")
-        if b.note:
-            err.print(escape(b.note))
-        for r in b.red:
-            err.print(f"  {escape(r.nodeid)}: {r.outcome} by {r.route}: {escape(r.first_failure_line or '')}")
+        head, *rest = b.lines()
+        err.print(f"[bold red]baseline red[/]: {escape(head)}")
+        for line in rest:
+            err.print(line, markup=False)
         err.print(f"report: {escape(str(json_path))}")
         return ExitStatus.BASELINE_RED
     out.print(report.table(campaign))

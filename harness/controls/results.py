@@ -1,4 +1,5 @@
-"""The records a campaign produces: one frozen result per control, one for the baseline."""
+"""The records a controls campaign produces: one frozen result per control, and the campaign's
+(its baseline is the run layer's `Baseline`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.records import GateRecord
+from harness.runs.result import Baseline
 from harness.runs.verdict import Verdict
 from harness.controls.classify import GateCheck
 from harness.controls.edits import Edit
@@ -28,26 +30,11 @@ class ControlResult:
 
 
 @dataclass(frozen=True)
-class BaselineResult:
-    gates: int
-    red: tuple[GateRecord, ...]
-    seconds: float
-    arch: str | None
-    device: str | None
-    log: Path | None
-    note: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.red and self.note is None and self.gates > 0
-
-
-@dataclass(frozen=True)
 class CampaignResult:
     mode: str  # "campaign", "naive" or "static"
     kernel_root: Path
     arch: str | None
-    baseline: BaselineResult | None
+    baseline: Baseline | None
     controls: tuple[ControlResult, ...]
     seconds: float
 

@@ -14,23 +14,28 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from harness import _settings
+from harness.device import slot_devices
 from harness.runs import fresh as child
-from harness.runs.fresh import GateRun, run_gates
+from harness.runs.fresh import run_gates
 from harness.controls.classify import GateCheck, check_gate, decide, judged_without_device
 from harness.controls.collect import collect_gates
 from harness.controls.edits import EditError, apply
-from harness.controls.results import BaselineResult, CampaignResult, ControlResult
+from harness.controls.results import CampaignResult, ControlResult
 from harness.controls.spec import Control, load_controls
-from harness.records import GateRecord
+from harness.records import GateRecord, Outcome, Route
 from harness.runs.compilecheck import compile_perturbed, declared_names
+from harness.runs.result import Baseline, GateRuns
+from harness.runs.slots import from_list, run_in_slots
 from harness.runs.sandbox import sandbox, write
 from harness.runs.verdict import Verdict
+
+if TYPE_CHECKING:
+    from harness.runs.warm import WarmExecutor, WarmExecutors
 
 KILL_ROWS = ("modules", "campaign")
 # The baseline runs every module of the campaign, usually with a cold compile cache.
@@ -132,22 +137,29 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
     warm = (_warm_controls(config, root, cache_dir, baseline_targets, arch)
             if config.executor == "warm" and not config.naive else None)
 
-    def one(control: Control, device: str | None) -> ControlResult:
-        listener.started(control)
-        result = _run_control(control, targets[control.name], root, config, arch, cache_dir, names, device, warm)
-        listener.finished(result)
-        return result
-
+    # Up to `jobs` controls at once, in file order, slot i on its own GPU where several are
+    # visible. Controls whose gate modules overlap run at once too: each has its own sandbox
+    # copy, its own run and report folder; the cubin cache they share is content-addressed
+    # and written by atomic rename.
     jobs = 1 if config.naive else max(1, config.jobs)
+    devices = slot_devices(jobs)
+    results: dict[str, ControlResult] = {}
+
+    def one(control: Control, slot: int) -> ControlResult:
+        listener.started(control)
+        return _run_control(control, targets[control.name], root, config, arch, cache_dir, names, devices[slot], warm)
+
+    def done(control: Control, result: ControlResult) -> None:
+        results[control.name] = result
+        listener.finished(result)
+
     try:
-        if jobs == 1:
-            results = [one(c, None) for c in controls]
-        else:
-            results = _parallel(controls, targets, jobs, one)
+        run_in_slots(from_list(controls), jobs, one, done, on_abort=warm.close if warm else None, name="control")
     finally:
         if warm is not None:
-            warm.executor.close()
-    return CampaignResult(mode, root, arch, baseline, tuple(results), time.perf_counter() - start)
+            warm.close()
+    return CampaignResult(mode, root, arch, baseline, tuple(results[c.name] for c in controls),
+                          time.perf_counter() - start)
 
 
 def _targets(control: Control, controls: list[Control], config: CampaignConfig) -> tuple[str, ...]:
@@ -159,7 +171,7 @@ def _targets(control: Control, controls: list[Control], config: CampaignConfig) 
     return control.modules
 
 
-def _baseline(targets: list[str], root: Path, config: CampaignConfig, cache_dir: Path) -> BaselineResult:
+def _baseline(targets: list[str], root: Path, config: CampaignConfig, cache_dir: Path) -> Baseline:
     with _cache(config, cache_dir) as cache:
         run = run_gates(
             targets,
@@ -171,19 +183,7 @@ def _baseline(targets: list[str], root: Path, config: CampaignConfig, cache_dir:
             require_gpu=config.require_gpu,
             arch=config.arch,
         )
-    report = run.report or {}
-    note = run.note()
-    if note is None and not run.records:
-        note = f"the baseline ran no gate; see {run.log}"
-    return BaselineResult(
-        gates=len(run.records),
-        red=run.red,
-        seconds=run.seconds,
-        arch=report.get("arch"),
-        device=report.get("device"),
-        log=run.log,
-        note=note,
-    )
+    return Baseline.of(run)
 
 
 class _cache:
@@ -287,8 +287,8 @@ def _run_control(
             compiled = outcome
         remaining = max(1.0, config.deadline - (time.perf_counter() - start))
         if warm is not None:
-            return _classify(control, _warm_run(warm, copy, targets, remaining), compiled,
-                             time.perf_counter() - start, config.require_gpu)
+            run = warm.executor(device).run(copy, warm.nodeids(targets), remaining)
+            return _classify(control, run, compiled, time.perf_counter() - start, config.require_gpu)
         run = run_gates(
             list(targets),
             kernel_root=copy,
@@ -305,21 +305,30 @@ def _run_control(
 
 @dataclass
 class WarmControls:
-    """The controls on the mutation campaign's warm executor: each control's gates (its
-    modules' whole kill row) in a worker forked from a server that collected them, context
-    made ahead; a worker serves control after control, reset between them as between
-    mutants (harness.pool.worker.reset_for_next_mutant), and is replaced when a gate poisons it."""
+    """The controls on the warm executors the mutation campaign uses, one per GPU: each
+    control's gates (its modules' whole kill row) in a worker forked from a server that
+    collected them, context made ahead; a worker serves control after control, reset between
+    them as between mutants, and is replaced when a gate poisons it."""
 
-    executor: object  # harness.runs.warm.WarmExecutor
+    executors: WarmExecutors
+    cache_dir: Path
+    arch: str | None
     gates: dict  # module -> its node ids, in collection order
+
+    def executor(self, device: str | None) -> WarmExecutor:
+        return self.executors(None, self.cache_dir, self.arch, device)
 
     def nodeids(self, targets: tuple[str, ...]) -> list[str]:
         return [n for t in targets for n in self.gates.get(t, ())]
 
+    def close(self) -> None:
+        for ex in self.executors.made.values():
+            ex.close()
+
 
 def _warm_controls(config: CampaignConfig, root: Path, cache_dir: Path, targets: list[str],
                    arch: str | None) -> WarmControls:
-    from harness.runs.warm import WarmExecutor
+    from harness.runs.warm import WarmExecutors
 
     collected, error = collect_gates(targets, rootdir=config.rootdir.resolve(), kernel_root=root)
     if error:
@@ -327,22 +336,11 @@ def _warm_controls(config: CampaignConfig, root: Path, cache_dir: Path, targets:
     gates: dict = {}
     for nodeid in sorted(collected):
         gates.setdefault(nodeid.split("::", 1)[0], []).append(nodeid)
-    executor = WarmExecutor(config.rootdir.resolve(), tuple(targets), root, cache_dir, arch=arch,
-                            spares=max(1, config.jobs) + 2, stop_on_kill=False)
-    return WarmControls(executor, gates)
+    executors = WarmExecutors(config.rootdir.resolve(), tuple(targets), root, max(1, config.jobs), stop_on_kill=False)
+    return WarmControls(executors, cache_dir, arch, gates)
 
 
-def _warm_run(warm: WarmControls, copy: Path, targets: tuple[str, ...], deadline: float) -> GateRun:
-    """A control's run on the warm executor, as a GateRun the classification reads."""
-    start = time.perf_counter()
-    runs = warm.executor.run(copy, warm.nodeids(targets), deadline)
-    records = {o.nodeid: o for o in runs.outcomes if o.outcome != "not run"}
-    report = None if runs.crashed else {"gates": [r.to_json() for r in records.values()]}
-    return GateRun(records, None if runs.timed_out else (0 if report is not None else 1), runs.timed_out,
-                   time.perf_counter() - start, Path(runs.log or "."), report)
-
-
-def _classify(control: Control, run: GateRun, compiled: tuple[str, ...], seconds: float,
+def _classify(control: Control, run: GateRuns, compiled: tuple[str, ...], seconds: float,
               device: bool = True) -> ControlResult:
     if run.timed_out:
         checks = tuple(
@@ -352,10 +350,10 @@ def _classify(control: Control, run: GateRun, compiled: tuple[str, ...], seconds
         verdict, matches = Verdict.TIMEOUT, False
     else:
         records = run.records
-        if run.report is None:
-            # the child died before writing its report: red, but not by any gate's assertion
-            died = f"the pytest process died (exit status {run.returncode}) before writing gates.json"
-            records = {e.gate: GateRecord(e.gate, "error", "error", died, died) for e in control.expects}
+        if run.crashed:
+            # the run died before it reported: red, but not by any gate's assertion
+            records = {e.gate: GateRecord(e.gate, Outcome.ERROR, Route.ERROR, run.crashed, run.crashed)
+                       for e in control.expects}
         checks = tuple(check_gate(e, records.get(e.gate)) for e in control.expects)
         if not device:
             checks = judged_without_device(checks)
@@ -363,42 +361,5 @@ def _classify(control: Control, run: GateRun, compiled: tuple[str, ...], seconds
     return ControlResult(
         control.name, control.description, control.why, control.edits,
         verdict=verdict, matches=matches, checks=checks, kill_row=run.red,
-        seconds=seconds, compiled=compiled, note=run.note(), log=run.log,
+        seconds=seconds, compiled=compiled, note=run.note(), log=Path(run.log) if run.log else None,
     )
-
-
-# ---------------------------------------------------------------- parallel controls
-
-
-def _parallel(controls: list[Control], targets: dict, jobs: int, one) -> list[ControlResult]:
-    """Run up to `jobs` controls at once, in file order; with several GPUs each job gets its
-    own (CUDA_VISIBLE_DEVICES). Controls whose gate modules overlap run at once too: each
-    has its own sandbox copy of the kernel root, its own pytest process (with its own pool
-    of worker processes and CUDA contexts) and its own report folder, and the one thing they
-    share, the cubin cache, is content-addressed and written by atomic rename."""
-    from harness.device import assignable_devices
-
-    devices = assignable_devices()
-    slots = list(range(jobs))
-    pending = list(controls)
-    running: dict = {}  # future -> (control, slot)
-    results: dict[str, ControlResult] = {}
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="control") as pool:
-        try:
-            while pending or running:
-                while pending and slots:
-                    control = pending.pop(0)
-                    slot = slots.pop(0)
-                    device = devices[slot % len(devices)] if len(devices) > 1 else None
-                    running[pool.submit(one, control, device)] = (control, slot)
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for future in done:
-                    control, slot = running.pop(future)
-                    results[control.name] = future.result()
-                    slots.append(slot)
-        except BaseException:
-            child.kill_all()
-            for future in running:
-                future.cancel()
-            raise
-    return [results[c.name] for c in controls]

@@ -154,6 +154,7 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
     from harness.mutate.cli import (UsageError, _executor_factory, _positive_int, build_parser, config_from,
                                     positive_seconds)
     from harness.runs.fresh import FreshProcessExecutor
+    from harness.runs.result import Executors
 
     parser = build_parser(prog="python -m harness bench mutate",
                           description="The mutation campaign against the naive way (a fresh pytest per mutant, "
@@ -195,7 +196,7 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
             for ex in executors.values():
                 ex.close()
         worker_lines = [ex.summary() for ex in executors.values()]
-        time_lines = [ex.timing() for ex in executors.values() if hasattr(ex, "timing")]  # where the slots' time went
+        time_lines = [ex.timing() for ex in executors.values()]  # where the slots' time went
         if warm.baseline is None or not warm.baseline.ok:
             print(f"error: the baseline is red; see {warm.baseline.log if warm.baseline else tmp}", file=sys.stderr)
             kept = True  # its logs are what the error names
@@ -218,9 +219,9 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
         # with SIGINT ignored (a background job of a non-interactive shell, nohup).
         int_handler = signal.signal(signal.SIGINT, signal.default_int_handler) if naive_seconds else None
         try:
-            naive = run_campaign(naive_config, listener=clock, executor_factory=lambda report, cache, arch, device=None:
-                                 FreshProcessExecutor(config.rootdir, report, cold, arch=arch,
-                                                      require_gpu=config.require_gpu, device=device))
+            naive = run_campaign(naive_config, listener=clock, executor_factory=Executors(
+                lambda report, cache, arch, device: FreshProcessExecutor(config.rootdir, report, cold, arch=arch,
+                                                                         require_gpu=config.require_gpu, device=device)))
             clock.cancel()
             n, naive_results = _summary(naive), naive.results
         except KeyboardInterrupt:  # the rate over the mutants it finished, and their verdicts

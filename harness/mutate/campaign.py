@@ -19,14 +19,15 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from harness import _settings
 from harness.pool import controller
 from harness.device import slot_devices
 from harness.mutate.execute import run_mutant
-from harness.runs.fresh import FreshProcessExecutor
-from harness.runs.result import Executor
+from harness.runs.fresh import FreshExecutors
+from harness.runs.result import Baseline, Executor, ExecutorFactory, GatePlan
+from harness.runs.slots import run_in_slots
 from harness.mutate.generate import Mutant, changed_lines, generate, select_files
 from harness.mutate.select import Coverage
 from harness.mutate.verdicts import MutantResult, Verdict, append_result, read_results
@@ -102,21 +103,6 @@ class _Quiet:
 
 
 @dataclass
-class Baseline:
-    gates: int
-    red: list[str]
-    seconds: float
-    arch: str | None
-    device: str | None
-    log: str | None
-    note: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.red and self.note is None
-
-
-@dataclass
 class MutationCampaign:
     config: MutateConfig
     kernel_root: Path
@@ -175,14 +161,8 @@ def run_baseline(config: MutateConfig, cache_dir: Path) -> tuple[Baseline, Cover
     run = run_gates(list(config.gates), kernel_root=config.path(config.kernel_root), rootdir=config.rootdir,
                     report_dir=report, deadline=deadline, cache_dir=cache_dir,
                     require_gpu=config.require_gpu and not config.static, arch=config.arch, env=_recording(folder))
-    data = run.report or {}
-    note = run.note()
-    if note is None and not run.records:
-        note = f"the baseline ran no gate; see {run.log}"
-    baseline = Baseline(len(run.records), [r.nodeid for r in run.red], run.seconds, data.get("arch"),
-                        data.get("device"), str(run.log), note)
-    coverage = Coverage.from_report(report / "gates.json", folder) if run.report is not None else None
-    return baseline, coverage
+    coverage = Coverage.from_report(report / "gates.json", folder) if run.facts is not None else None
+    return Baseline.of(run), coverage
 
 
 def dependents_of(root: Path, files: set[str]) -> dict[str, tuple[str, ...]]:
@@ -192,7 +172,7 @@ def dependents_of(root: Path, files: set[str]) -> dict[str, tuple[str, ...]]:
 
 
 def run_campaign(config: MutateConfig, listener: Listener | None = None,
-                 executor_factory: Callable[[Path, Path, str | None], Executor] | None = None) -> MutationCampaign:
+                 executor_factory: ExecutorFactory | None = None) -> MutationCampaign:
     from harness.compile import resolve_arch
     from harness.runs.compilecheck import declared_names
     from harness.mutate import screen
@@ -223,10 +203,10 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     # The gate stage's workers start while the baseline runs (an executor factory that can:
     # the warm one): their server collecting the gates, the probe and the spares' contexts
     # take seconds that a campaign otherwise spends before its first mutant.
-    prestart = getattr(executor_factory, "prestart", None)
+    factory = executor_factory or FreshExecutors(config.rootdir, config.require_gpu)
     early = None
-    if prestart is not None and not config.static and any(m.id not in results for m in mutants):
-        early = prestart(cache_dir, config.arch, slot_devices(max(1, config.gpu_jobs)))
+    if not config.static and any(m.id not in results for m in mutants):
+        early = factory.prestart(cache_dir, config.arch, slot_devices(max(1, config.gpu_jobs)))
     baseline, coverage = run_baseline(config, cache_dir)
     if early is not None:
         early.join()  # its failure, if any, is the first slot's to raise again (the executor starts then)
@@ -255,8 +235,6 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
         # passes the screen, so the GPUs work while the CPUs still compile.
         listener.phase(f"screening {len(todo)} mutants on {config.jobs} CPU worker(s), running the gates of "
                        f"each that passes, {config.gpu_jobs} at once", len(todo))
-        factory = executor_factory or (lambda report, cache, a, device=None: FreshProcessExecutor(
-            config.rootdir, report, cache, arch=a, require_gpu=config.require_gpu, device=device))
         screened = ScreenFeed(ctx, interleave_mutants(todo), config.jobs, source_read)
         screened.start()
         try:
@@ -273,14 +251,8 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
 
 def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listener, make_executor) -> None:
     """Record every result the feed (a ScreenFeed, still screening) gives: final ones at
-    once, pending ones after their gate runs, `config.gpu_jobs` at once. Each slot has its
-    own executor; with several GPUs visible, slot i gets GPU i % n. A warm executor is
-    given each gate's own deadline here, once."""
-    import queue as queue_mod
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-
-    from harness.runs import fresh as child
-
+    once, pending ones after their gate runs, `config.gpu_jobs` at once (`harness.runs.slots`).
+    Each slot has its own executor, on its slot's GPU, armed here once."""
     root = campaign.kernel_root
     jobs = max(1, config.gpu_jobs)
     executors = [make_executor(device) for device in slot_devices(jobs)]
@@ -288,58 +260,40 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
         arm(ex, config, coverage)
     if config.trap_shadow:
         campaign.trap_shadow = wire_trap_shadow(executors, root)
-    free = list(range(jobs))
-    running: dict = {}
-    ended = False
     finished_at: dict[str, float] = {}
     history = KillHistory()
     for done_result in campaign.results.values():  # resumed: what killed its file's mutants so far
         history.record(done_result)
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="mutant") as pool:
-        try:
-            while not ended or running:
-                while free and not ended:
-                    try:
-                        r = feed.get(block=not running)  # wait for the screen only when nothing runs
-                    except queue_mod.Empty:
-                        break
-                    if r is None:
-                        ended = True
-                    elif r.verdict is not Verdict.PENDING:
-                        _finish(campaign, results_path, r, listener)  # screened out: final now
-                        listener.advance()
-                    else:
-                        slot = free.pop(0)
-                        running[pool.submit(gate_stage, r, root, coverage, deps, executors[slot], config,
-                                            history)] = slot
-                if not running:
-                    continue
-                # while the screen still feeds and a slot is free, look back at it soon
-                timeout = 0.05 if free and not ended else None
-                done, _ = wait(list(running), timeout=timeout, return_when=FIRST_COMPLETED)
-                for future in done:
-                    free.append(running.pop(future))
-                    try:
-                        result = future.result()
-                    except controller.DeviceLost as exc:
-                        _take_back_after_loss(campaign, results_path, finished_at)
-                        raise DeviceLostError(
-                            f"the device stopped answering after {len(campaign.results)} mutants ({exc}); the "
-                            f"faults and timeouts of the last {LOST_WINDOW:.0f} s were taken back: check the GPU "
-                            "(nvidia-smi), then continue with --resume") from None
-                    finished_at[result.mutant.id] = time.monotonic()
-                    history.record(result)
-                    _finish(campaign, results_path, result, listener)
-                    listener.advance()
-        except BaseException:
-            child.kill_all()  # every gate run in flight dies with its process group
-            for ex in executors:  # ... and every warm worker, so no slot waits out its deadline
-                close = getattr(ex, "close", None)
-                if close is not None:
-                    close()
-            for future in running:
-                future.cancel()
-            raise
+
+    def take(block: bool):
+        while True:
+            r = feed.get(block=block)
+            if r is None or r.verdict is Verdict.PENDING:
+                return r
+            _finish(campaign, results_path, r, listener)  # screened out: final now
+            listener.advance()
+
+    def work(r: MutantResult, slot: int) -> MutantResult:
+        return gate_stage(r, root, coverage, deps, executors[slot], config, history)
+
+    def done(r: MutantResult, result: MutantResult) -> None:
+        finished_at[result.mutant.id] = time.monotonic()
+        history.record(result)
+        _finish(campaign, results_path, result, listener)
+        listener.advance()
+
+    def close_all() -> None:
+        for ex in executors:
+            ex.close()
+
+    try:
+        run_in_slots(take, jobs, work, done, on_abort=close_all, name="mutant")
+    except controller.DeviceLost as exc:
+        _take_back_after_loss(campaign, results_path, finished_at)
+        raise DeviceLostError(
+            f"the device stopped answering after {len(campaign.results)} mutants ({exc}); the "
+            f"faults and timeouts of the last {LOST_WINDOW:.0f} s were taken back: check the GPU "
+            "(nvidia-smi), then continue with --resume") from None
 
 
 def _rewrite_results(path: Path, results) -> None:
@@ -416,10 +370,10 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
             skipped = coverage.unreached_trap_gates(sel.all, reaching)
             sel = dataclasses.replace(sel, direct=tuple(g for g in sel.direct if g not in skipped),
                                       siblings=tuple(g for g in sel.siblings if g not in skipped))
-    per_gate = bool(getattr(executor, "gate_deadlines", None))
+    per_gate = bool(executor.gate_deadlines)
     with sandbox(root, f"mutant-{m.id}-{os.getpid()}") as copy:  # named as the screen's (screen.ScreenContext)
         write(copy, m.file, m.apply((copy / m.file).read_bytes()).decode("utf-8"))
-        deadline = mutant_deadline(config, coverage, sel, per_gate) + getattr(executor, "start_seconds", 0.0)
+        deadline = mutant_deadline(config, coverage, sel, per_gate) + executor.start_seconds
         j = run_mutant(executor, copy, coverage.batches(sel), deadline, config.all_gates,
                        coverage.memory_safety_gates())
     verdict, reason = j.verdict, j.reason
@@ -449,19 +403,14 @@ def _reaching(root: Path) -> dict[str, frozenset[str]]:
     return kernels_reaching(root)
 
 
-def arm(executor, config: MutateConfig, coverage: Coverage | None) -> None:
-    """Give an executor that watches each gate (the warm one) each gate's own deadline and
-    the memory-safety gates its fault cap spares; an executor without them is left as is."""
+def arm(executor: Executor, config: MutateConfig, coverage: Coverage | None) -> None:
+    """Tell an executor what the baseline says of each gate: its own deadline (auto), the
+    memory-safety gates its fault cap spares, the fault-naming and the trap gates."""
     if coverage is None:
         return
-    if hasattr(executor, "gate_deadlines"):
-        executor.gate_deadlines = gate_deadlines(config, coverage)
-    if hasattr(executor, "memory_safety"):
-        executor.memory_safety = coverage.memory_safety_gates()
-    if hasattr(executor, "names_faults"):
-        executor.names_faults = coverage.fault_naming_gates()
-    if hasattr(executor, "trap_gates"):
-        executor.trap_gates = frozenset(g for g in coverage.gates if coverage.place(g)[0])
+    executor.arm(GatePlan(gate_deadlines(config, coverage), coverage.memory_safety_gates(),
+                          coverage.fault_naming_gates(),
+                          frozenset(g for g in coverage.gates if coverage.place(g)[0])))
 
 
 def wire_trap_shadow(executors: list, root: Path) -> dict | None:
@@ -471,7 +420,7 @@ def wire_trap_shadow(executors: list, root: Path) -> dict | None:
     verdicts: dict = {}
     seen: set[int] = set()
     for ex in executors:
-        if id(ex) in seen or not hasattr(ex, "check_trap_shadow") or not getattr(ex, "trap_gates", None):
+        if id(ex) in seen or not ex.trap_gates:
             continue
         seen.add(id(ex))
         why_not = ex.check_trap_shadow(root)

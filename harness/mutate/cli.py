@@ -118,62 +118,18 @@ def _survivors(campaign) -> bool:
     return any(r.verdict.value == "survived" for r in campaign.ordered())
 
 
-def _executor_factory(config, kind: str):
-    """(factory for run_campaign, the executors it made, to close). Warm: one executor per GPU,
-    shared by the campaign's slots on that GPU; its spares cover every slot."""
-    from harness.runs.fresh import FreshProcessExecutor
+def _executor_factory(config, kind: str, reuse: bool = True):
+    """(the campaign's executor factory, the executors it made, to close): fresh processes, or
+    (warm) one executor per GPU, shared by the campaign's slots on that GPU, its spares
+    covering every slot."""
+    from harness.runs.fresh import FreshExecutors
+    from harness.runs.warm import WarmExecutors
 
-    made: dict = {}
-
-    def factory(report, cache, arch, device=None):
-        if kind == "fresh":
-            return FreshProcessExecutor(config.rootdir, report, cache, arch=arch, require_gpu=config.require_gpu,
-                                        device=device)
-        if device not in made:
-            made[device] = _warm_executor(config, cache, arch, device)
-        return made[device]
-
-    def prestart(cache, arch, devices):
-        """Make each GPU's warm executor now and start it in a thread (returned, started), so
-        its server, probe and spares come up while the baseline runs. The executors are in
-        `made` at once: closing them (an interrupt, a red baseline) ends a start under way.
-        A start that fails here is tried again, and its error raised, by the first slot."""
-        import threading
-
-        todo = [factory(None, cache, arch, device) for device in dict.fromkeys(devices)]
-
-        def run():
-            for ex in todo:
-                try:
-                    ex.start_ahead()
-                except Exception:  # noqa: BLE001 - the first slot starts it again and says why
-                    pass
-
-        thread = threading.Thread(target=run, name="prestart", daemon=True)
-        thread.start()
-        return thread
-
-    if kind != "fresh":
-        factory.prestart = prestart
-    return factory, made
-
-
-def _warm_executor(config, cache, arch, device: str | None, reuse: bool = True):
-    """The warm executor of one GPU (`device`, a slot's), its spares covering that GPU's slots."""
-    from harness.device import ordinal_of
-    from harness.runs.warm import WarmExecutor
-
-    return WarmExecutor(config.rootdir, config.gates, config.path(config.kernel_root), cache, arch=arch,
-                        device_ordinal=ordinal_of(device), spares=spares_for(config.gpu_jobs, device),
-                        stop_on_kill=not config.all_gates, reuse=reuse)
-
-
-def spares_for(jobs: int, device: str | None) -> int:
-    """Spare workers of one GPU's executor: one for each slot on that GPU, plus two (a slot
-    whose worker a fault or a trap ended takes a spare that is already up)."""
-    from harness.device import slot_devices
-
-    return sum(1 for d in slot_devices(jobs) if d == device) + 2
+    if kind == "fresh":
+        return FreshExecutors(config.rootdir, config.require_gpu), {}
+    warm = WarmExecutors(config.rootdir, config.gates, config.path(config.kernel_root), config.gpu_jobs,
+                         stop_on_kill=not config.all_gates, reuse=reuse)
+    return warm, warm.made
 
 
 class _Progress:
@@ -327,8 +283,9 @@ def _fresh_worker_slots(config, cache, campaign, executors: dict) -> list:
         ex.close()
     executors.clear()
     devices = slot_devices(config.gpu_jobs)
+    fresh_workers, _ = _executor_factory(config, "warm", reuse=False)
     for device in dict.fromkeys(devices):
-        ex = executors[("recheck", device)] = _warm_executor(config, cache, campaign.arch, device, reuse=False)
+        ex = executors[("recheck", device)] = fresh_workers(None, cache, campaign.arch, device)
         arm(ex, config, campaign.coverage)  # the same deadlines and fault cap as the campaign's own run
     return [executors[("recheck", device)] for device in devices]
 
@@ -359,7 +316,9 @@ def _worker_lines(config, executors) -> list[str]:
     then the `worker time:` lines (where the slots' time went)."""
     if config.static:
         return []
-    warm = [ex for ex in (executors or {}).values() if hasattr(ex, "timing")]
+    from harness.runs.warm import WarmExecutor
+
+    warm = [ex for ex in (executors or {}).values() if isinstance(ex, WarmExecutor)]
     return [f"workers: {ex.summary()}" for ex in warm] + [f"worker time: {ex.timing()}" for ex in warm]
 
 
@@ -405,12 +364,10 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
         err.print(f"[yellow]warning:[/] {escape(w)}")
     b = campaign.baseline
     if b is not None and not b.ok:
-        err.print(f"[bold red]baseline red[/]: the unmutated gates must pass before mutants prove anything "
-                  f"({b.gates} gates ran; log {escape(str(b.log))})")
-        if b.note:
-            err.print(escape(b.note))
-        for nodeid in b.red:
-            err.print(f"  {escape(nodeid)}")
+        head, *rest = b.lines()
+        err.print(f"[bold red]baseline red[/]: {escape(head)}")
+        for line in rest:
+            err.print(line, markup=False)
         return ExitStatus.BASELINE_RED
     json_path, html_path = report.write(config.path(config.report_dir), campaign)
     out.print(report.table(campaign))
@@ -425,13 +382,13 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
         out.print(line, markup=False)
     from harness.mutate.campaign import trap_shadow_line
 
-    shadow = trap_shadow_line(getattr(campaign, "trap_shadow", None))
+    shadow = trap_shadow_line(campaign.trap_shadow)
     if shadow:
         out.print(shadow, markup=False)
     for key, ex in (executors or {}).items():
         if isinstance(key, tuple) and key[0] == "recheck":
             out.print(f"re-check workers: {ex.summary()}", markup=False)
-    if getattr(campaign, "recheck", None) is not None:
+    if campaign.recheck is not None:
         line = campaign.recheck.line()
         where = "a fresh pytest" if args.recheck_in == "pytest" else "a fresh worker no other mutant used"
         out.print(f"verdict integrity: {line} (every survivor and a sample, each in {where})"

@@ -78,7 +78,7 @@ def run_mutant(executor: Executor, sandbox: Path, batches: list[tuple[str, ...]]
     start = time.perf_counter()
     if executor.per_gate:
         batches = [(g,) for b in batches for g in b]
-    elif all_gates or getattr(executor, "one_call", False):
+    elif all_gates or executor.one_call:
         batches = [tuple(g for b in batches for g in b)]
     runs: list[GateRuns] = []
     for batch in batches:

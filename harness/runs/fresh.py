@@ -17,35 +17,12 @@ import tempfile
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from harness.records import GateRecord
-from harness.runs.result import GateOutcome, GateRuns
-
-
-@dataclass(frozen=True)
-class GateRun:
-    """What one child pytest process did."""
-
-    records: dict  # nodeid -> GateRecord
-    returncode: int | None  # None when killed at the deadline
-    timed_out: bool
-    seconds: float
-    log: Path
-    report: dict | None  # gates.json as read, None when the child wrote none
-
-    @property
-    def red(self) -> tuple[GateRecord, ...]:
-        return tuple(r for r in self.records.values() if r.red)
-
-    def note(self) -> str | None:
-        if self.timed_out:
-            return f"killed at the deadline after {self.seconds:.0f} s; see {self.log}"
-        if self.report is None:
-            return f"pytest exited with status {self.returncode} and wrote no gates.json; see {self.log}"
-        return None
+from harness.records import GateRecord, Outcome
+from harness.runs.result import Executor, ExecutorFactory, GateOutcome, GateRuns
 
 
 # Every child process alive now, so an interrupted campaign can kill them all.
@@ -157,10 +134,11 @@ def run_gates(
     arch: str | None = None,
     device: str | None = None,
     env: dict[str, str] | None = None,
-) -> GateRun:
-    """Run pytest over `targets` (node ids or files relative to `rootdir`) in a fresh process;
-    `env`: variables set for that process alone (this process's environment is not touched:
-    other threads start processes of their own meanwhile)."""
+) -> GateRuns:
+    """Run pytest over `targets` (node ids or files relative to `rootdir`) in a fresh process:
+    every gate its gates.json names, in its order; `env`: variables set for that process alone
+    (this process's environment is not touched: other threads start processes of their own
+    meanwhile)."""
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     gates_json = report_dir / "gates.json"
@@ -208,17 +186,21 @@ def run_gates(
             _kill_group(proc)
             shutil.rmtree(child_tmp, ignore_errors=True)
     seconds = time.perf_counter() - start
-    report = None
+    if timed_out:
+        return GateRuns((), True, None, seconds, str(log))
+    if not gates_json.is_file():
+        return GateRuns((), False, f"the pytest process exited {proc.returncode} without a report; see {log}",
+                        seconds, str(log))
+    report = json.loads(gates_json.read_text())
     records: dict[str, GateRecord] = {}
-    if gates_json.is_file() and not timed_out:
-        report = json.loads(gates_json.read_text())
-        for gate in report.get("gates", []):
-            rec = GateRecord.from_json(gate)
-            previous = records.get(rec.nodeid)
-            # setup/teardown errors can add a second line for a gate: keep the red one
-            if previous is None or (rec.red and not previous.red):
-                records[rec.nodeid] = rec
-    return GateRun(records, None if timed_out else proc.returncode, timed_out, seconds, log, report)
+    for gate in report.get("gates", []):
+        rec = GateRecord.from_json(gate)
+        previous = records.get(rec.nodeid)
+        # setup/teardown errors can add a second line for a gate: keep the red one
+        if previous is None or (rec.red and not previous.red):
+            records[rec.nodeid] = rec
+    facts = {k: v for k, v in report.items() if k != "gates"}
+    return GateRuns(tuple(records.values()), False, None, seconds, str(log), facts=facts)
 
 
 # A fresh pytest pays for its start (interpreter, imports, collection, a server, a CUDA
@@ -228,8 +210,10 @@ FRESH_START_SECONDS = 45.0
 
 
 @dataclass
-class FreshProcessExecutor:
-    """One fresh `pytest` per call over the given node ids, `--kernel-root=<sandbox>`."""
+class FreshProcessExecutor(Executor):
+    """One fresh `pytest` per call over the given node ids, `--kernel-root=<sandbox>`. It
+    watches no gate on its own: the whole call has one deadline, and it has no trap shadow
+    (the plugin in the child isolates its trap gates)."""
 
     rootdir: Path
     report_dir: Path
@@ -241,6 +225,9 @@ class FreshProcessExecutor:
     start_seconds: float = FRESH_START_SECONDS  # added to a mutant's deadline
     _counter: itertools.count = field(default_factory=itertools.count, repr=False)
 
+    def close(self) -> None:
+        pass  # its processes end with each call; an interrupt kills them all (kill_all)
+
     def run(self, mutant_sandbox: Path, gates: Sequence[str], deadline: float) -> GateRuns:
         run = run_gates(
             list(gates), kernel_root=mutant_sandbox, rootdir=self.rootdir,
@@ -248,11 +235,19 @@ class FreshProcessExecutor:
             deadline=deadline, cache_dir=self.cache_dir, require_gpu=self.require_gpu, arch=self.arch,
             device=self.device,
         )
-        outcomes = tuple(
-            GateOutcome(g, run.records[g].outcome, run.records[g].route, run.records[g].first_failure_line)
-            if g in run.records else GateOutcome(g, "not run") for g in gates
-        )
-        crashed = None
-        if not run.timed_out and run.report is None:
-            crashed = f"the pytest process exited {run.returncode} without a report; see {run.log}"
-        return GateRuns(outcomes, run.timed_out, crashed, run.seconds, str(run.log))
+        records = run.records
+        outcomes = tuple(records.get(g) or GateOutcome(g, Outcome.NOT_RUN) for g in gates)
+        return replace(run, outcomes=outcomes)
+
+
+@dataclass(frozen=True)
+class FreshExecutors(ExecutorFactory):
+    """The factory of fresh-process executors, one a campaign slot; nothing starts ahead."""
+
+    rootdir: Path
+    require_gpu: bool = True
+
+    def __call__(self, report_dir: Path, cache_dir: Path, arch: str | None,
+                 device: str | None = None) -> FreshProcessExecutor:
+        return FreshProcessExecutor(self.rootdir, report_dir, cache_dir, arch=arch, require_gpu=self.require_gpu,
+                                    device=device)

@@ -28,7 +28,9 @@ from typing import Sequence
 
 from harness import _settings
 from harness.pool import controller, exits, worker as pool_worker, server
-from harness.runs.result import GateOutcome, GateRuns
+from harness.device import ordinal_of, slot_devices
+from harness.records import Outcome
+from harness.runs.result import Executor, ExecutorFactory, GateOutcome, GatePlan, GateRuns
 
 MAX_SERVED = 200  # mutants one worker serves before it retires
 # A mutant whose kernel faults in this many gates is not run further (unless every gate is
@@ -65,7 +67,7 @@ def server_args(rootdir: Path, gates: Sequence[str], kernel_root: Path, cache_di
 
 
 @dataclass
-class WarmExecutor:
+class WarmExecutor(Executor):
     rootdir: Path
     gates: tuple[str, ...]
     kernel_root: Path
@@ -106,6 +108,12 @@ class WarmExecutor:
     # what they cost, and each run_set's wall time against what its worker spent in the gates
     times: Counter = field(default_factory=Counter, repr=False)
     _exits: exits.Exits | None = field(default=None, repr=False)  # the pool's killed workers (kept past close)
+
+    def arm(self, plan: GatePlan) -> None:
+        self.gate_deadlines = plan.gate_deadlines
+        self.memory_safety = plan.memory_safety
+        self.names_faults = plan.names_faults
+        self.trap_gates = plan.trap_gates
 
     def start_ahead(self) -> None:
         """`start` from another thread (while the campaign's baseline runs), under the pool's
@@ -167,8 +175,8 @@ class WarmExecutor:
                 self.gpu_wait = self.gpu_wait or worker.device.get("gpu_wait")
                 with self._lock:
                     self.times["fresh"] += 1
-                    self.times["fresh_start_s"] += getattr(worker, "start_s", 0.0)
-                    for phase, seconds in getattr(worker, "start_phases", {}).items():
+                    self.times["fresh_start_s"] += worker.start_s
+                    for phase, seconds in worker.start_phases.items():
                         self.times[f"fresh_phase_{phase}"] += float(seconds)
                     self.times["fresh_wait_s"] += time.monotonic() - asked
                 return worker
@@ -232,10 +240,10 @@ class WarmExecutor:
             t = self.times
             t[f"{kind}_sets"] += 1
             t[f"{kind}_gates"] += len(got)
-            t[f"{kind}_wall_s"] += getattr(worker, "set_seconds", 0.0)
+            t[f"{kind}_wall_s"] += worker.set_seconds
             t[f"{kind}_reports_s"] += sum(float(o.get("duration") or 0.0) for o in got)
-            t[f"{kind}_protocol_s"] += getattr(worker, "set_phases", {}).get("protocol_s", 0.0)
-            t[f"{kind}_reset_s"] += getattr(worker, "set_phases", {}).get("reset_s", 0.0)
+            t[f"{kind}_protocol_s"] += worker.set_phases.get("protocol_s", 0.0)
+            t[f"{kind}_reset_s"] += worker.set_phases.get("reset_s", 0.0)
 
     def timing(self) -> str:
         """One line: where the slots' time went (fresh workers, and each kind of run_set:
@@ -344,7 +352,7 @@ class WarmExecutor:
                            f"({len(remaining) - len(kept)} gate(s) not run)")
                 remaining = kept
         ran = {o.nodeid for o in outcomes}
-        outcomes += [GateOutcome(g, "not run") for g in gates if g not in ran]
+        outcomes += [GateOutcome(g, Outcome.NOT_RUN) for g in gates if g not in ran]
         return GateRuns(tuple(outcomes), timed_out, None if timed_out else crashed, time.monotonic() - start,
                         waited=waited, timeout_note=note, stop_note=stopped)
 
@@ -363,6 +371,52 @@ class WarmExecutor:
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
+
+
+def spares_for(jobs: int, device: str | None) -> int:
+    """Spare workers of one GPU's executor: one for each of the `jobs` slots on that GPU, plus
+    two (a slot whose worker a fault or a trap ended takes a spare that is already up)."""
+    return sum(1 for d in slot_devices(jobs) if d == device) + 2
+
+
+@dataclass
+class WarmExecutors(ExecutorFactory):
+    """One warm executor per GPU, shared by the campaign's `jobs` slots on that GPU, its spares
+    covering them; `made` holds them ({device: executor}) for closing and their summaries."""
+
+    rootdir: Path
+    gates: tuple[str, ...]
+    kernel_root: Path
+    jobs: int
+    stop_on_kill: bool = True
+    reuse: bool = True  # False: a fresh worker for every mutant (the re-check's)
+    made: dict = field(default_factory=dict)
+
+    def __call__(self, report_dir: Path | None, cache_dir: Path, arch: str | None,
+                 device: str | None = None) -> WarmExecutor:
+        if device not in self.made:
+            self.made[device] = WarmExecutor(self.rootdir, self.gates, self.kernel_root, cache_dir, arch=arch,
+                                             device_ordinal=ordinal_of(device), spares=spares_for(self.jobs, device),
+                                             stop_on_kill=self.stop_on_kill, reuse=self.reuse)
+        return self.made[device]
+
+    def prestart(self, cache_dir: Path, arch: str | None, devices) -> threading.Thread:
+        """Make each GPU's executor now and start it in a thread (returned, started), so its
+        server, probe and spares come up while the baseline runs. The executors are in `made`
+        at once: closing them (an interrupt, a red baseline) ends a start under way. A start
+        that fails here is tried again, and its error raised, by the first slot."""
+        todo = [self(None, cache_dir, arch, device) for device in dict.fromkeys(devices)]
+
+        def run():
+            for ex in todo:
+                try:
+                    ex.start_ahead()
+                except Exception:  # noqa: BLE001 - the first slot starts it again and says why
+                    pass
+
+        thread = threading.Thread(target=run, name="prestart", daemon=True)
+        thread.start()
+        return thread
 
 
 def default_cache_dir() -> Path:
