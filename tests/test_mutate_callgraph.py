@@ -70,7 +70,7 @@ def test_only_isolated_trap_gates_whose_kernels_cannot_run_the_function_are_skip
 
 def test_a_mutant_skips_the_trap_gates_its_function_cannot_reach(tmp_path):
     from harness.mutate.campaign import MutateConfig, gate_stage
-    from harness.runs.result import GateOutcome, GateRuns
+    from harness.runs.result import Executor, GateOutcome, GateRuns
     from harness.mutate.generate import generate
     from harness.mutate.verdicts import MutantResult, Verdict
 
@@ -81,8 +81,7 @@ def test_a_mutant_skips_the_trap_gates_its_function_cannot_reach(tmp_path):
     cov = Coverage([_gate("g.py::trap_a", ["k.cu:kern_a"]), _gate("g.py::trap_b", ["k.cu:kern_b"]),
                     _gate("g.py::anchor_b", ["k.cu:kern_b"], isolated=False)])
 
-    class Recording:
-        per_gate = False
+    class Recording(Executor):
         gates: list = []
 
         def run(self, sandbox, gates, deadline):

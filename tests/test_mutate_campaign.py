@@ -211,7 +211,7 @@ def test_scores_exclude_screened_out_mutants():
 
 
 def test_recheck_counts_agreement(suite):
-    from harness.mutate.campaign import recheck
+    from harness.mutate.recheck import recheck
 
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped")),
                             executor_factory=Executors(lambda *a: FakeExecutor()))
@@ -242,7 +242,7 @@ def test_a_recheck_timeout_under_load_runs_once_more_with_fewer_at_once(suite):
     # past their deadline: those, and only those, run again, at most RETRY_JOBS at once.
     import threading
 
-    from harness.mutate.campaign import RECHECKED, RETRY_JOBS, recheck
+    from harness.mutate.recheck import RECHECKED, RETRY_JOBS, recheck
     from harness.mutate.operators import OPERATORS
 
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=tuple(OPERATORS)),
@@ -314,7 +314,7 @@ def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite, monk
 
 
 def test_the_recheck_runs_about_four_cores_a_fresh_pytest():
-    from harness.mutate.campaign import recheck_jobs
+    from harness.mutate.recheck import recheck_jobs
 
     assert recheck_jobs(12, cpus=16) == 4
     assert recheck_jobs(2, cpus=64) == 2

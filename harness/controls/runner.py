@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from harness import _settings
 from harness.device import slot_devices
 from harness.runs import fresh as child
 from harness.runs.fresh import run_gates
@@ -28,6 +27,7 @@ from harness.controls.edits import EditError, apply
 from harness.controls.results import CampaignResult, ControlResult
 from harness.controls.spec import Control, load_controls
 from harness.records import GateRecord, Outcome, Route
+from harness.runs.config import RunConfig
 from harness.runs.compilecheck import compile_perturbed, declared_names
 from harness.runs.result import Baseline, GateRuns
 from harness.runs.slots import from_list, run_in_slots
@@ -42,26 +42,16 @@ KILL_ROWS = ("modules", "campaign")
 BASELINE_DEADLINE_FACTOR = 4
 
 
-@dataclass(frozen=True)
-class CampaignConfig:
-    rootdir: Path  # where pytest runs; node ids are relative to it
-    kernel_root: Path
+@dataclass(frozen=True, kw_only=True)
+class CampaignConfig(RunConfig):
     controls_dir: Path
-    report_dir: Path
     names: tuple[str, ...] = ()
-    arch: str | None = None
     deadline: float = 300.0  # seconds per control
-    jobs: int = 1
+    jobs: int = 1  # controls at once
     static: bool = False
     naive: bool = False
-    require_gpu: bool = True  # False: --no-require-gpu, GPU gates skipped and controls judged by the rest
     kill_row: str = "modules"  # run the expected gates' modules, or every module of the campaign
-    cache_dir: Path | None = None  # default: HARNESS_CACHE_DIR or the harness' cache
-    executor: str = "fresh"  # fresh: a pytest per control; warm: a fresh forked worker per control (the mutants' way)
-
-    def path(self, p: Path) -> Path:
-        p = Path(p)
-        return (p if p.is_absolute() else self.rootdir / p).resolve()
+    executor: str = "fresh"  # fresh: a pytest per control; warm: the mutants' warm workers
 
 
 class Listener(Protocol):
@@ -111,7 +101,7 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
     controls = validate(config)
     listener.total(len(controls))
     root = config.path(config.kernel_root)
-    cache_dir = config.path(config.cache_dir) if config.cache_dir else _settings.current().cache_dir
+    cache_dir = config.cache()
     if config.static:
         from harness.compile import resolve_arch
 

@@ -17,20 +17,20 @@ import dataclasses
 import functools
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from harness import _settings
 from harness.pool import controller
 from harness.device import slot_devices
 from harness.mutate.execute import run_mutant
+from harness.runs.config import RunConfig
 from harness.runs.fresh import FreshExecutors
 from harness.runs.result import Baseline, Executor, ExecutorFactory, GatePlan
 from harness.runs.slots import run_in_slots
 from harness.mutate.generate import Mutant, changed_lines, generate, select_files
 from harness.mutate.select import Coverage
-from harness.mutate.verdicts import MutantResult, Verdict, append_result, read_results
+from harness.mutate.verdicts import MutantResult, Recheck, Verdict, append_result, read_results
 
 RESULTS_FILE = "mutants.jsonl"
 BASELINE_DEADLINE_FACTOR = 4
@@ -57,11 +57,8 @@ class DeviceLostError(RuntimeError):
     """The campaign stopped because the device stopped answering; its results are kept."""
 
 
-@dataclass(frozen=True)
-class MutateConfig:
-    rootdir: Path
-    kernel_root: Path
-    report_dir: Path
+@dataclass(frozen=True, kw_only=True)
+class MutateConfig(RunConfig):
     paths: tuple[str, ...] = ()
     operators: tuple[str, ...] = ()
     since: str | None = None
@@ -73,16 +70,9 @@ class MutateConfig:
     seed: int = 0
     max_per_file: int | None = None
     resume: bool = False
-    arch: str | None = None
-    cache_dir: Path | None = None
     gates: tuple[str, ...] = ("gates",)  # what the baseline runs, relative to rootdir
-    require_gpu: bool = True  # False only in the harness's own tests and --static
     trap_gates: str = "all"  # "reached": skip trap gates whose kernels cannot run the mutated function
     trap_shadow: bool = True  # trap gates that pass the wiring check run in the trap shadow, in warm workers
-
-    def path(self, p) -> Path:
-        p = Path(p)
-        return (p if p.is_absolute() else self.rootdir / p).resolve()
 
 
 class Listener(Protocol):
@@ -116,7 +106,7 @@ class MutationCampaign:
     screen_seconds: float = 0.0
     gpu_seconds: float = 0.0
     resumed: int = 0
-    recheck: "Recheck | None" = None  # verdict integrity: re-runs in fresh processes
+    recheck: Recheck | None = None  # verdict integrity: re-runs in fresh processes
     # the trap shadow's wiring check: {trap gate: None when it runs in the shadow, else why not}
     trap_shadow: dict | None = None
 
@@ -183,7 +173,7 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     start = time.perf_counter()
     child.reset()  # an earlier interrupted campaign in this process refused new children
     root = config.path(config.kernel_root)
-    cache_dir = config.path(config.cache_dir) if config.cache_dir else _settings.current().cache_dir
+    cache_dir = config.cache()
     report_dir = config.path(config.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     listener.phase("generating mutants")
@@ -235,7 +225,7 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
         # passes the screen, so the GPUs work while the CPUs still compile.
         listener.phase(f"screening {len(todo)} mutants on {config.jobs} CPU worker(s), running the gates of "
                        f"each that passes, {config.gpu_jobs} at once", len(todo))
-        screened = ScreenFeed(ctx, interleave_mutants(todo), config.jobs, source_read)
+        screened = screen.ScreenFeed(ctx, interleave_mutants(todo), config.jobs, source_read)
         screened.start()
         try:
             run_gate_stage(campaign, screened, coverage, deps, config, results_path, listener,
@@ -471,155 +461,8 @@ def interleave_mutants(mutants: list) -> list:
     return out
 
 
-def recheck_jobs(gpu_jobs: int, cpus: int | None = None) -> int:
-    """How many fresh pytests the re-check runs at once: each starts a server, a probe and
-    workers with their own CUDA contexts, so about four cores each, and never more than
-    the campaign's own slots."""
-    cpus = cpus or os.cpu_count() or 1
-    return max(1, min(gpu_jobs, cpus // 4))
-
-
-class _Stop(Exception):
-    """Raised in the screen's callback to end it early (the gate stage was interrupted)."""
-
-
-class ScreenFeed:
-    """The CPU screen in a background thread, yielding each mutant's screening result as
-    its compile finishes (pending ones go to the GPU, the others are final). The twin of
-    identical mutants is the first whose compile finished."""
-
-    def __init__(self, ctx, mutants: list, jobs: int, source_read):
-        import queue
-        import threading
-
-        self.ctx, self.mutants, self.jobs, self.source_read = ctx, mutants, jobs, source_read
-        self.inbox: queue.Queue = queue.Queue()
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="screen", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        from harness.mutate import screen
-
-        start = time.perf_counter()
-        by_id = {m.id: m for m in self.mutants}
-        try:
-            classifier = screen.Classifier(screen.original_fingerprints(self.ctx), self.source_read)
-
-            def done(c):
-                if self._stop.is_set():
-                    raise _Stop()
-                self.inbox.put(classifier.add(by_id[c.mutant_id], c))
-
-            screen.compile_all(self.mutants, self.ctx, self.jobs, on_done=done)
-        except _Stop:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the consuming thread
-            self.error = exc
-        finally:
-            self.seconds = time.perf_counter() - start
-            self.inbox.put(None)
-
-    def get(self, block: bool):
-        """The next result, None at the end; raises queue.Empty when not blocking and none is ready."""
-        item = self.inbox.get(block=block)
-        if item is None and self.error is not None:
-            raise self.error
-        return item
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def resolve_duplicates(results: dict[str, MutantResult]) -> None:
     """A duplicate takes its twin's verdict (as `effective`)."""
     for r in results.values():
         if r.verdict is Verdict.DUPLICATE and r.duplicate_of in results:
             r.effective = results[r.duplicate_of].verdict
-
-
-@dataclass
-class Recheck:
-    """Verdict integrity: mutants run again through another executor (a fresh process)."""
-
-    checked: list[str]
-    agreed: int
-    disagreements: dict  # id -> (first verdict, second verdict, the second run's reason)
-    # re-runs that hit the deadline where the campaign had a verdict, run once more with
-    # fewer at once (RETRY_JOBS): their ids, and how many agreed then
-    retried: list[str] = field(default_factory=list)
-    agreed_on_retry: int = 0
-
-    def line(self) -> str:
-        text = f"{self.agreed} of {len(self.checked)} re-run verdicts agreed"
-        if self.retried:
-            text += (f" ({len(self.retried)} re-run(s) hit the deadline where the campaign had a verdict and ran "
-                     f"once more, at most {RETRY_JOBS} at once: {self.agreed_on_retry} agreed then)")
-        return text
-
-
-# A re-run that hits its deadline where the campaign's run had a verdict is run once more,
-# this many at once. The re-check runs every trap gate for real, each in a fresh worker, a
-# dozen mutants at once, and every CUDA context made or torn down and every trap handled
-# waits for the driver's lock, so a trap gate can run past its deadline in a burst. A timeout
-# there says how loaded the driver was, not what the mutant does; run alone with a few others
-# it says what the mutant does. The line says how many agreed only then.
-RETRY_JOBS = 4
-
-
-RECHECKED = (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT, Verdict.SURVIVED)
-
-
-def recheck(campaign: MutationCampaign, executor: Executor | list, *, sample: int = 10, seed: int = 0,
-            on_result=None) -> Recheck:
-    """Run every survivor and `sample` other gate-run mutants again through `executor` (for
-    a warm-worker campaign: fresh processes, either workers never reused or a
-    FreshProcessExecutor) and count how many verdicts agree. A list of executors runs that
-    many mutants at once, one on each (an executor may appear more than once).
-    `on_result(first, second)` is called as each re-run ends (from the re-run's thread), so
-    a re-check cut short still leaves what it measured."""
-    import random
-    from concurrent.futures import ThreadPoolExecutor
-    from queue import Queue
-
-    ran = [r for r in campaign.ordered() if r.verdict in RECHECKED]
-    survivors = [r for r in ran if r.verdict is Verdict.SURVIVED]
-    rest = sorted((r for r in ran if r.verdict is not Verdict.SURVIVED), key=lambda r: r.mutant.id)
-    chosen = survivors + random.Random(seed).sample(rest, min(sample, len(rest)))
-    deps = dependents_of(campaign.kernel_root, {r.mutant.file for r in chosen})
-    free: Queue = Queue()
-    for ex in (executor if isinstance(executor, list) else [executor]):
-        free.put(ex)
-
-    def again(r: MutantResult) -> MutantResult:
-        ex = free.get()
-        try:
-            second = gate_stage(r, campaign.kernel_root, campaign.coverage, deps, ex, campaign.config)
-        finally:
-            free.put(ex)
-        if on_result is not None:
-            on_result(r, second)
-        return second
-
-    with ThreadPoolExecutor(max_workers=free.qsize(), thread_name_prefix="recheck") as pool:
-        second = list(pool.map(again, chosen))
-    loaded = [i for i, (r, a) in enumerate(zip(chosen, second))
-              if a.verdict is Verdict.TIMEOUT and r.verdict is not Verdict.TIMEOUT]
-    if loaded:
-        with ThreadPoolExecutor(max_workers=min(RETRY_JOBS, free.qsize()), thread_name_prefix="recheck-again") as pool:
-            for i, third in zip(loaded, pool.map(again, [chosen[i] for i in loaded])):
-                second[i] = third
-    agreed, disagreements = 0, {}
-    for r, a in zip(chosen, second):
-        if a.verdict is r.verdict:
-            agreed += 1
-        else:
-            disagreements[r.mutant.id] = (r.verdict.value, a.verdict.value, a.reason)
-    return Recheck([r.mutant.id for r in chosen], agreed, disagreements,
-                   retried=[chosen[i].mutant.id for i in loaded],
-                   agreed_on_retry=sum(1 for i in loaded if second[i].verdict is chosen[i].verdict))

@@ -293,7 +293,7 @@ def _fresh_worker_slots(config, cache, campaign, executors: dict) -> list:
 def _recheck_log(path: Path):
     """A re-check callback appending one JSON line a re-run mutant to `path` (started empty):
     id, both verdicts, whether they agree and the second run's reason. A re-run that hit the
-    deadline where the campaign had a verdict runs once more (campaign.RETRY_JOBS): its id
+    deadline where the campaign had a verdict runs once more (harness.mutate.recheck.RETRY_JOBS): its id
     has a second line, the one that counts."""
     import json
     import threading
@@ -335,13 +335,13 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
             worker_lines = _worker_lines(config, executors)
             if not config.static and args.executor == "warm" and (recheck_n or _survivors(campaign)):
                 from harness.device import slot_devices
-                from harness.mutate.campaign import recheck, recheck_jobs
+                from harness.mutate.recheck import recheck, recheck_jobs
                 from harness.runs.fresh import FreshProcessExecutor
 
                 if campaign.baseline is not None and campaign.baseline.ok:
                     report.write(config.path(config.report_dir), campaign)  # kept if the re-run is cut short
                 progress.phase("re-running survivors and a sample in fresh processes")
-                cache = config.path(config.cache_dir) if config.cache_dir else _settings.current().cache_dir
+                cache = config.cache()
                 if args.recheck_in == "pytest":
                     fresh = [FreshProcessExecutor(config.rootdir, config.path(config.report_dir) / "runs" / "recheck",
                                                   cache, arch=campaign.arch, require_gpu=config.require_gpu,

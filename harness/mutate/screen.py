@@ -202,3 +202,58 @@ def classify(mutants: list[Mutant], compiled: dict[str, Compiled], originals: di
     the twin)."""
     classifier = Classifier(originals, source_read)
     return {m.id: classifier.add(m, compiled[m.id]) for m in mutants}
+
+
+class _Stop(Exception):
+    """Raised in the screen's callback to end it early (the gate stage was interrupted)."""
+
+
+class ScreenFeed:
+    """The CPU screen in a background thread, yielding each mutant's screening result as
+    its compile finishes (pending ones go to the GPU, the others are final). The twin of
+    identical mutants is the first whose compile finished."""
+
+    def __init__(self, ctx, mutants: list, jobs: int, source_read):
+        import queue
+        import threading
+
+        self.ctx, self.mutants, self.jobs, self.source_read = ctx, mutants, jobs, source_read
+        self.inbox: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="screen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        by_id = {m.id: m for m in self.mutants}
+        try:
+            classifier = Classifier(original_fingerprints(self.ctx), self.source_read)
+
+            def done(c):
+                if self._stop.is_set():
+                    raise _Stop()
+                self.inbox.put(classifier.add(by_id[c.mutant_id], c))
+
+            compile_all(self.mutants, self.ctx, self.jobs, on_done=done)
+        except _Stop:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the consuming thread
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - start
+            self.inbox.put(None)
+
+    def get(self, block: bool):
+        """The next result, None at the end; raises queue.Empty when not blocking and none is ready."""
+        item = self.inbox.get(block=block)
+        if item is None and self.error is not None:
+            raise self.error
+        return item
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -49,6 +49,27 @@ class MutantResult:
         return cls(**d)
 
 
+@dataclass
+class Recheck:
+    """Verdict integrity: mutants run again through another executor (a fresh process)."""
+
+    checked: list[str]
+    agreed: int
+    disagreements: dict  # id -> (first verdict, second verdict, the second run's reason)
+    # re-runs that hit the deadline where the campaign had a verdict, run once more with
+    # fewer at once (retry_jobs): their ids, and how many agreed then
+    retried: list[str] = field(default_factory=list)
+    agreed_on_retry: int = 0
+    retry_jobs: int = 0  # how many of those ran at once
+
+    def line(self) -> str:
+        text = f"{self.agreed} of {len(self.checked)} re-run verdicts agreed"
+        if self.retried:
+            text += (f" ({len(self.retried)} re-run(s) hit the deadline where the campaign had a verdict and ran "
+                     f"once more, at most {self.retry_jobs} at once: {self.agreed_on_retry} agreed then)")
+        return text
+
+
 # ---------------------------------------------------------------- results file (for --resume)
 
 
