@@ -10,6 +10,8 @@ import warnings
 
 
 def compile_parser() -> argparse.ArgumentParser:
+    from harness.usage import add_project_options
+
     parser = argparse.ArgumentParser(prog="python -m harness compile",
                                      description="Compile every .cu under the kernel root with NVRTC and "
                                                  "print each kernel's ptxas resource usage. Templates are "
@@ -18,12 +20,7 @@ def compile_parser() -> argparse.ArgumentParser:
                                                  "pytest run reads (ini kernel_root and harness_cache_dir of "
                                                  "the project found from the working folder up, and "
                                                  "HARNESS_KERNEL_ROOT, HARNESS_CACHE_DIR, HARNESS_ARCH).")
-    parser.add_argument("--kernel-root", default=None, metavar="DIR",
-                        help="default: HARNESS_KERNEL_ROOT, else ini kernel_root, else kernels_cu")
-    parser.add_argument("--arch", default=None, metavar="sm_XX",
-                        help="default: HARNESS_ARCH, else the device's arch, else sm_90")
-    parser.add_argument("--cache-dir", default=None, metavar="DIR",
-                        help="default: ini harness_cache_dir, else HARNESS_CACHE_DIR, else ~/.cache/harness/cubin")
+    add_project_options(parser, rootdir=False)
     parser.add_argument("--no-cache", action="store_true", help="compile even when the cache has the cubin")
     parser.add_argument("--include-dir", action="append", default=[], metavar="DIR",
                         help="an extra include directory (repeatable), searched before ini harness_include_dirs")

@@ -53,6 +53,34 @@ def positive_int(text: str, option: str, example: str) -> int:
     return value
 
 
+def add_project_options(parser, *, rootdir: bool = True,
+                        arch_help: str = "default: HARNESS_ARCH, else the device's arch, else sm_90") -> None:
+    """The options every command reads its project by, each resolved as the pytest run does
+    (`harness._settings.resolve`: the option, else the variable, else the ini key, else the default)."""
+    if rootdir:
+        parser.add_argument("--rootdir", default=None, metavar="DIR",
+                            help="where pytest runs and gate node ids start (default: the project's rootdir, found "
+                                 "as pytest finds it: the first folder from the working folder up with a pytest "
+                                 "configuration)")
+    parser.add_argument("--kernel-root", default=None, metavar="DIR",
+                        help="folder of the .cu files (default: HARNESS_KERNEL_ROOT, else ini kernel_root, else "
+                             "kernels_cu)")
+    parser.add_argument("--arch", default=None, metavar="sm_XX", help=arch_help)
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help="the cubin cache, shared with the gate runs (default: HARNESS_CACHE_DIR, else ini "
+                             "harness_cache_dir, else ~/.cache/harness/cubin)")
+
+
+def say_baseline_red(console, baseline) -> None:
+    """A red baseline (`harness.runs.result.Baseline`) on a rich console: why nothing ran over it."""
+    from rich.markup import escape
+
+    head, *rest = baseline.lines()
+    console.print(f"[bold red]baseline red[/]: {escape(head)}")
+    for line in rest:
+        console.print(line, markup=False)
+
+
 def _blocking_file(path: Path) -> Path | None:
     """The first of `path` and its parents that exists and is not a folder."""
     for p in (path, *path.parents):

@@ -9,7 +9,7 @@ from pathlib import Path
 from harness import _settings
 from harness.controls.runner import KILL_ROWS, CampaignConfig, run_campaign
 from harness.controls.spec import ControlSpecError
-from harness.usage import ExitStatus
+from harness.usage import ExitStatus, add_project_options, say_baseline_red
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,26 +19,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "prove each named gate goes red by its own assertion.",
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="controls to run (file stems); default: all")
-    p.add_argument("--rootdir", default=None, metavar="DIR",
-                   help="where pytest runs and gate node ids start (default: the project's rootdir, found as "
-                        "pytest finds it: the first folder from the working folder up with a pytest configuration)")
-    p.add_argument("--kernel-root", default=None, metavar="DIR",
-                   help="folder of the .cu files (default: HARNESS_KERNEL_ROOT, else ini kernel_root, else kernels_cu)")
+    add_project_options(p, arch_help="compile target passed to every run (default: HARNESS_ARCH, else the "
+                                     "device's arch, else sm_90)")
     p.add_argument("--controls-dir", default=None, metavar="DIR",
                    help="folder of control .toml files (default: ini controls_dir, else controls in the rootdir)")
     p.add_argument("--report", default=None, metavar="DIR",
                    help="where controls.json, controls.md and each run's log go (default: harness-report in the "
                         "rootdir)")
-    p.add_argument("--cache-dir", default=None, metavar="DIR",
-                   help="cubin cache shared with the gate runs (default: HARNESS_CACHE_DIR, else ini "
-                        "harness_cache_dir, else ~/.cache/harness/cubin)")
     p.add_argument("--static", action="store_true",
                    help="validate, apply and compile every control; run no gate (no GPU needed)")
     p.add_argument("--deadline", default="300", metavar="SECONDS",
                    help="per-control deadline; a run past it is killed and recorded as timeout (default 300)")
     p.add_argument("--jobs", default="1", metavar="N",
                    help="controls run at once, each in its own sandbox and processes (default 1)")
-    p.add_argument("--arch", default=None, metavar="sm_XX", help="compile target passed to every run")
     p.add_argument("--kill-row", choices=KILL_ROWS, default="modules",
                    help="which gates each control runs: its expected gates' modules (default), or every "
                         "module of the campaign")
@@ -192,10 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     json_path, md_path = report.write(config.path(config.report_dir), campaign)
     b = campaign.baseline
     if b is not None and not b.ok:
-        head, *rest = b.lines()
-        err.print(f"[bold red]baseline red[/]: {escape(head)}")
-        for line in rest:
-            err.print(line, markup=False)
+        say_baseline_red(err, b)
         err.print(f"report: {escape(str(json_path))}")
         return ExitStatus.BASELINE_RED
     out.print(report.table(campaign))

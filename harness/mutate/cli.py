@@ -10,7 +10,7 @@ from pathlib import Path
 
 from harness import _settings
 from harness.interrupt import sigterm_as_interrupt
-from harness.usage import ExitStatus, UsageError, positive_seconds
+from harness.usage import ExitStatus, UsageError, add_project_options, positive_seconds, say_baseline_red
 from harness.usage import positive_int as _positive_int
 
 
@@ -44,18 +44,10 @@ def build_parser(prog: str = "python -m harness mutate", description: str = DESC
                    help="where mutation.json, mutation.html and mutants.jsonl go (default: harness-report/mutation "
                         "in the rootdir)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted campaign from DIR/mutants.jsonl")
-    p.add_argument("--kernel-root", default=None, metavar="DIR",
-                   help="folder of the .cu files (default: HARNESS_KERNEL_ROOT, else ini kernel_root, else kernels_cu)")
-    p.add_argument("--rootdir", default=None, metavar="DIR",
-                   help="where pytest runs and gate node ids start (default: the project's rootdir, found as pytest "
-                        "finds it: the first folder from the working folder up with a pytest configuration)")
+    add_project_options(p, arch_help="compile target (default: HARNESS_ARCH, else the baseline's)")
     p.add_argument("--gates", action="append", default=None, metavar="PATH",
                    help="what the baseline runs, relative to the rootdir (repeatable; default: ini harness_gates, "
                         "else gates)")
-    p.add_argument("--arch", default=None, metavar="sm_XX", help="compile target (default: the baseline's)")
-    p.add_argument("--cache-dir", default=None, metavar="DIR",
-                   help="the cubin cache (default: HARNESS_CACHE_DIR, else ini harness_cache_dir, else "
-                        "~/.cache/harness/cubin)")
     p.add_argument("--executor", choices=("warm", "fresh"), default="warm",
                    help="warm: workers forked from a server that collected the gates, each with its CUDA context "
                         "made ahead, serving mutant after mutant and reset between them (default); fresh: a new "
@@ -364,10 +356,7 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
         err.print(f"[yellow]warning:[/] {escape(w)}")
     b = campaign.baseline
     if b is not None and not b.ok:
-        head, *rest = b.lines()
-        err.print(f"[bold red]baseline red[/]: {escape(head)}")
-        for line in rest:
-            err.print(line, markup=False)
+        say_baseline_red(err, b)
         return ExitStatus.BASELINE_RED
     json_path, html_path = report.write(config.path(config.report_dir), campaign)
     out.print(report.table(campaign))

@@ -63,13 +63,18 @@ def boundary(node, text):
     return _swap(node, _BOUNDARY) if node.type == "binary_expression" else []
 
 
+def _unary_dropped(node, op: str):
+    """`op x` -> `(x)`, for the unary operator `op`."""
+    if node.type == "unary_expression" and _op_child(node) is not None and _text(_op_child(node)) == op:
+        arg = node.child_by_field_name("argument")
+        return [(node.start_byte, node.end_byte, f"({_text(arg)})", f"{op} dropped")]
+    return []
+
+
 def logical(node, text):
     if node.type == "binary_expression":
         return _swap(node, _LOGICAL)
-    if node.type == "unary_expression" and _op_child(node) is not None and _text(_op_child(node)) == "!":
-        arg = node.child_by_field_name("argument")
-        return [(node.start_byte, node.end_byte, f"({_text(arg)})", "! dropped")]
-    return []
+    return _unary_dropped(node, "!")
 
 
 def bitwise(node, text):
@@ -77,10 +82,7 @@ def bitwise(node, text):
         return _swap(node, _BITWISE)
     if node.type == "assignment_expression":
         return _swap(node, _BITWISE_ASSIGN)
-    if node.type == "unary_expression" and _op_child(node) is not None and _text(_op_child(node)) == "~":
-        arg = node.child_by_field_name("argument")
-        return [(node.start_byte, node.end_byte, f"({_text(arg)})", "~ dropped")]
-    return []
+    return _unary_dropped(node, "~")
 
 
 # ---------------------------------------------------------------- literals
