@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.records import GateRecord
+from harness.records import GateRecord, Outcome
 from harness.controls.spec import Expect, Route
 from harness.runs.verdict import Verdict
 
@@ -31,13 +31,13 @@ def check_gate(expect: Expect, record: GateRecord | None) -> GateCheck:
         return GateCheck(expect.gate, expect.route, expect.message, outcome, route, line, met, reason)
 
     if record is None:
-        return result("not run", None, None, False, "the gate did not run: it is missing from the run's gates.json")
+        return result(Outcome.NOT_RUN, None, None, False, "the gate did not run: it is missing from the run's gates.json")
     line = record.first_failure_line
-    if record.outcome == "skipped":
-        return result("skipped", None, None, False, "the gate was skipped: it caught nothing (run with --require-gpu on a device)")
+    if record.outcome == Outcome.SKIPPED:
+        return result(Outcome.SKIPPED, None, None, False, "the gate was skipped: it caught nothing (run with --require-gpu on a device)")
     if not record.red:
         return result(record.outcome, None, None, False, f"the gate {record.outcome}: it does not catch this perturbation")
-    route = record.route or "error"
+    route = record.route or Route.ERROR
     if route != expect.route.value:
         return result(record.outcome, route, line, False, f"red by {route}, not by {expect.route.value}")
     if expect.message is not None:
@@ -53,7 +53,7 @@ NOT_JUDGED = "not judged here: the gate was skipped (no GPU; --no-require-gpu); 
 def judged_without_device(checks: tuple[GateCheck, ...]) -> tuple[GateCheck, ...]:
     """A run with no device (--no-require-gpu) skips the GPU gates: such a check says it was
     not judged instead of "caught nothing"; `decide` leaves it out."""
-    return tuple(replace(c, reason=NOT_JUDGED) if c.outcome == "skipped" else c for c in checks)
+    return tuple(replace(c, reason=NOT_JUDGED) if c.outcome == Outcome.SKIPPED else c for c in checks)
 
 
 def decide(checks: tuple[GateCheck, ...], device: bool = True) -> tuple[Verdict, bool]:
@@ -65,14 +65,14 @@ def decide(checks: tuple[GateCheck, ...], device: bool = True) -> tuple[Verdict,
     gates that ran, and is `skipped` when none did.
     """
     if not device:
-        checks = tuple(c for c in checks if c.outcome != "skipped")
+        checks = tuple(c for c in checks if c.outcome != Outcome.SKIPPED)
         if not checks:
             return Verdict.SKIPPED, False
-    if any(c.outcome in ("passed", "skipped", "not run") for c in checks):
+    if any(c.outcome in (Outcome.PASSED, Outcome.SKIPPED, Outcome.NOT_RUN) for c in checks):
         return Verdict.SURVIVED, False
-    if any(c.route == "compile" for c in checks):
+    if any(c.route == Route.COMPILE for c in checks):
         return Verdict.COMPILE_ERROR, False
-    if any(c.route == "timeout" for c in checks):
+    if any(c.route == Route.TIMEOUT for c in checks):
         return Verdict.TIMEOUT, False
     if all(c.met for c in checks):
         if any(c.expected_route is Route.TRAP for c in checks):

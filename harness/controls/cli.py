@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from harness import _settings
+from harness.records import Outcome
 from harness.controls.runner import KILL_ROWS, CampaignConfig, run_campaign
 from harness.controls.spec import ControlSpecError
 from harness.usage import ExitStatus, add_project_options, say_baseline_red
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if unjudged:
         out.print(f"[yellow]{unjudged} control(s) skipped[/]: every gate they expect needs a GPU, and "
                   "--no-require-gpu ran none; run them on a machine with a GPU")
-    not_judged = sum(1 for r in judged for c in r.checks if c.outcome == "skipped")
+    not_judged = sum(1 for r in judged for c in r.checks if c.outcome == Outcome.SKIPPED)
     if not_judged and not config.require_gpu:
         out.print(f"{not_judged} expected GPU gate(s) not judged (no GPU): those controls were decided by the "
                   "gates that ran")

@@ -334,7 +334,7 @@ def _classify(control: Control, run: GateRuns, compiled: tuple[str, ...], second
               device: bool = True) -> ControlResult:
     if run.timed_out:
         checks = tuple(
-            GateCheck(e.gate, e.route, e.message, "timeout", "timeout", None, False, "the run hit the deadline")
+            GateCheck(e.gate, e.route, e.message, Route.TIMEOUT, Route.TIMEOUT, None, False, "the run hit the deadline")
             for e in control.expects
         )
         verdict, matches = Verdict.TIMEOUT, False

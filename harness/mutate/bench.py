@@ -26,7 +26,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-GPU_VERDICTS = ("killed", "killed-by-trap", "timeout", "survived")
+from harness.mutate.verdicts import SCREENED_OUT
+from harness.runs.verdict import Verdict
+
+GPU_VERDICTS = (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT, Verdict.SURVIVED)
 # The naive way's deadline a mutant, when --deadline is not given: a fresh pytest over a whole
 # family's gates, a dozen or more at once on one GPU, is slow for reasons that are not the
 # mutant's. The campaign's own bound would cut naive runs short under that load, and the
@@ -54,7 +57,7 @@ def compare(warm: dict[str, str], naive: dict[str, str]) -> tuple[dict, dict, di
     both = {k: (warm[k], naive[k]) for k in warm if k in naive and warm[k] in GPU_VERDICTS and naive[k] in GPU_VERDICTS}
     # a naive run cut by its deadline where the warm one finished says how loaded the naive
     # way was, not what the mutant is: counted apart, never as agreement
-    naive_cut = {k: v for k, v in both.items() if v[1] == "timeout" and v[0] != "timeout"}
+    naive_cut = {k: v for k, v in both.items() if v[1] == Verdict.TIMEOUT and v[0] != Verdict.TIMEOUT}
     both = {k: v for k, v in both.items() if k not in naive_cut}
     # The campaign stops at a mutant's first kill; the naive way runs every gate of the family.
     # A first kill by a trap or fault and an assertion among all the gates is the same kill:
@@ -72,12 +75,12 @@ def _summary(campaign) -> dict:
 
 
 def _counts(results, seconds: float, screen_seconds: float, mutants: int) -> dict:
-    ran = [r for r in results if r.verdict.value in GPU_VERDICTS]
-    screened = [r for r in results if r.verdict.value in ("equivalent", "duplicate", "compile-error")]
+    ran = [r for r in results if r.verdict in GPU_VERDICTS]
+    screened = [r for r in results if r.verdict in SCREENED_OUT]
     return {"mutants": mutants, "reached_gpu": len(ran), "screened_out_on_cpu": len(screened),
             "gpu_stage_s": round(seconds, 2), "screen_s": round(screen_seconds, 2),
             "mutants_per_minute": round(60 * len(ran) / seconds, 1) if seconds > 0 else None,
-            "verdicts": {v: sum(1 for r in ran if r.verdict.value == v) for v in GPU_VERDICTS}}
+            "verdicts": {v.value: sum(1 for r in ran if r.verdict is v) for v in GPU_VERDICTS}}
 
 
 class _Clock:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from harness import _settings
+from harness.runs.verdict import Verdict
 from harness.interrupt import sigterm_as_interrupt
 from harness.usage import ExitStatus, UsageError, add_project_options, positive_seconds, say_baseline_red
 from harness.usage import positive_int as _positive_int
@@ -107,7 +108,7 @@ def config_from(args):
 
 
 def _survivors(campaign) -> bool:
-    return any(r.verdict.value == "survived" for r in campaign.ordered())
+    return any(r.verdict is Verdict.SURVIVED for r in campaign.ordered())
 
 
 def _executor_factory(config, kind: str, reuse: bool = True):
@@ -385,5 +386,5 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
                   markup=False)
     if config.static:
         return ExitStatus.OK
-    bad = [r for r in campaign.ordered() if r.verdict.value in ("survived", "no-coverage")]
+    bad = [r for r in campaign.ordered() if r.verdict in (Verdict.SURVIVED, Verdict.NO_COVERAGE)]
     return ExitStatus.SURVIVORS if bad else ExitStatus.OK

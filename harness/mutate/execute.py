@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.mutate.verdicts import Verdict
+from harness.records import Outcome, Route
 from harness.runs.result import Executor, GateRuns
 
 
@@ -36,12 +37,12 @@ def judge(runs: list[GateRuns], memory_safety: frozenset[str] = frozenset()) -> 
 
 
 def _judge(runs: list[GateRuns], outcomes: list, seconds: float, memory_safety: frozenset[str]) -> Judgement:
-    ran = tuple(o.nodeid for o in outcomes if o.outcome != "not run")
-    assertion = [o for o in outcomes if o.red and o.route == "assertion"]
+    ran = tuple(o.nodeid for o in outcomes if o.outcome != Outcome.NOT_RUN)
+    assertion = [o for o in outcomes if o.red and o.route == Route.ASSERTION]
     if assertion:
         return Judgement(Verdict.KILLED, f"{assertion[0].nodeid}: {assertion[0].first_failure_line or ''}".strip(),
                          tuple(o.nodeid for o in assertion), ran, seconds)
-    if any(r.timed_out for r in runs) or any(o.red and o.route == "timeout" for o in outcomes):
+    if any(r.timed_out for r in runs) or any(o.red and o.route == Route.TIMEOUT for o in outcomes):
         notes = [r.timeout_note for r in runs if r.timed_out and r.timeout_note]
         return Judgement(Verdict.TIMEOUT, "the gate run hit the deadline" + (f": {notes[0]}" if notes else ""),
                          (), ran, seconds)
@@ -57,11 +58,11 @@ def _judge(runs: list[GateRuns], outcomes: list, seconds: float, memory_safety: 
     crashed = [r.crashed for r in runs if r.crashed]
     if crashed:
         return Judgement(Verdict.KILLED_BY_TRAP, f"killed by a trap only: {crashed[0]}", (), ran, seconds)
-    not_passed = [o for o in outcomes if o.outcome != "passed"]
+    not_passed = [o for o in outcomes if o.outcome != Outcome.PASSED]
     if not_passed and len(not_passed) == len(outcomes):
         return Judgement(Verdict.SURVIVED, f"no selected gate passed or failed ({not_passed[0].outcome}): "
                          "run with --require-gpu on a device", (), ran, seconds)
-    passed = sum(1 for o in outcomes if o.outcome == "passed")
+    passed = sum(1 for o in outcomes if o.outcome == Outcome.PASSED)
     if not_passed:  # a survivor some of whose selected gates never judged it: say which
         first = not_passed[0]
         return Judgement(Verdict.SURVIVED, f"{passed} gate(s) stayed green; {len(not_passed)} selected gate(s) "

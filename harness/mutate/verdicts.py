@@ -14,6 +14,7 @@ from harness.runs.verdict import Verdict
 
 
 SCREENED_OUT = (Verdict.EQUIVALENT, Verdict.DUPLICATE, Verdict.COMPILE_ERROR)
+DETECTED = (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT)  # what Stryker counts as detected
 
 
 @dataclass
@@ -123,12 +124,12 @@ class Score:
     def score(self) -> float | None:
         """Killed by assertion (or by a fault in a gate written for that memory-safety
         property: a trap gate, an invalid-entry gate) over valid mutants."""
-        return (self.counts.get("killed", 0) + self.safety) / self.valid if self.valid else None
+        return (self.counts.get(Verdict.KILLED.value, 0) + self.safety) / self.valid if self.valid else None
 
     @property
     def stryker_score(self) -> float | None:
         """Killed (assertion or trap) and timeouts over valid mutants, as Stryker counts."""
-        detected = sum(self.counts.get(v, 0) for v in ("killed", "killed-by-trap", "timeout"))
+        detected = sum(self.counts.get(v.value, 0) for v in DETECTED)
         return detected / self.valid if self.valid else None
 
     def to_json(self) -> dict:

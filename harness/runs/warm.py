@@ -29,7 +29,7 @@ from typing import Sequence
 from harness import _settings
 from harness.pool import controller, exits, worker as pool_worker, server
 from harness.device import ordinal_of, slot_devices
-from harness.records import Outcome
+from harness.records import RED, Outcome, Route
 from harness.runs.result import Executor, ExecutorFactory, GateOutcome, GatePlan, GateRuns
 
 MAX_SERVED = 200  # mutants one worker serves before it retires
@@ -212,10 +212,10 @@ class WarmExecutor(Executor):
                                                      trap_shadow=gates)
             self._give_back(worker)
             for o in got:
-                if o["outcome"] == "passed" and o.get("shadow_hits"):
+                if o["outcome"] == Outcome.PASSED and o.get("shadow_hits"):
                     passed.add(o["nodeid"])
-                elif o["outcome"] == "not run":
-                    why_not[o["nodeid"]] = o.get("first_failure_line") or "not run"
+                elif o["outcome"] == Outcome.NOT_RUN:
+                    why_not[o["nodeid"]] = o.get("first_failure_line") or Outcome.NOT_RUN.value
                 else:
                     why_not[o["nodeid"]] = (f"{o['outcome']} in the shadow with "
                                             f"{o.get('shadow_hits')} guard(s) counted"
@@ -236,7 +236,7 @@ class WarmExecutor(Executor):
         kind = "cut" if cut else "poisoned" if any(o.get("poisoned") for o in got) else "clean"
         with self._lock:
             self.times["shadowed"] += sum(1 for o in got if o["nodeid"] in self.shadow_gates
-                                          and o.get("outcome") != "not run")
+                                          and o.get("outcome") != Outcome.NOT_RUN)
             t = self.times
             t[f"{kind}_sets"] += 1
             t[f"{kind}_gates"] += len(got)
@@ -323,9 +323,9 @@ class WarmExecutor(Executor):
                 outcomes.append(GateOutcome(o["nodeid"], o["outcome"], o["route"], o["first_failure_line"],
                                             o.get("failure_message"), duration=float(o.get("duration") or 0.0)))
             done = {o["nodeid"] for o in got}
-            faulted = [o["nodeid"] for o in got if o["poisoned"] and o["outcome"] in ("failed", "error")]
+            faulted = [o["nodeid"] for o in got if o["poisoned"] and o["outcome"] in RED]
             # a fault in a gate written for memory safety is a kill (the score): stop there too
-            killed = any(o["outcome"] == "failed" and o["route"] == "assertion" for o in got) or \
+            killed = any(o["outcome"] == Outcome.FAILED and o["route"] == Route.ASSERTION for o in got) or \
                 any(g in self.memory_safety for g in faulted)
             poisoned = any(o["poisoned"] for o in got)
             faults += len(faulted)
