@@ -893,3 +893,21 @@ def _parent_chain_has(pid: int, ancestor: int) -> bool:
         if pid == ancestor:
             return True
     return False
+
+
+def test_clearing_the_project_caches_loads_no_lazily_loaded_module(tmp_path, monkeypatch):
+    # a lazily loaded module (importlib's LazyLoader, as CuPy loads cupyx) in sys.modules is
+    # read without being loaded: a reset must not import what no gate imported
+    import importlib.util
+    import sys
+
+    from harness.pool.worker import clear_project_caches
+
+    (tmp_path / "lazy_mod.py").write_text("raise RuntimeError('loaded by the reset')\n")
+    spec = importlib.util.spec_from_file_location("lazy_mod", tmp_path / "lazy_mod.py")
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setitem(sys.modules, "lazy_mod", mod)
+    assert clear_project_caches(tmp_path / "elsewhere") == 0
+    assert type(mod).__name__ == "_LazyModule", "the module was loaded"

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             report.write(config.report_dir, campaign)
             results[mode] = campaign
             out.print(f"{mode}: {campaign.seconds:.1f} s, {len(campaign.controls)} controls")
-            if campaign.baseline is not None and not campaign.baseline.ok:
+            if campaign.baseline_red:
                 out.print(f"[bold red]baseline red in {mode} mode[/]: {escape(str(campaign.baseline.log))}")
                 return ExitStatus.BASELINE_RED
     except ControlSpecError as exc:

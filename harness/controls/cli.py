@@ -184,9 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({escape(str(exc))}): check it (nvidia-smi) and run the controls again")
         return ExitStatus.DEVICE_LOST
     json_path, md_path = report.write(config.path(config.report_dir), campaign)
-    b = campaign.baseline
-    if b is not None and not b.ok:
-        say_baseline_red(err, b)
+    if campaign.baseline_red:
+        say_baseline_red(err, campaign.baseline)
         err.print(f"report: {escape(str(json_path))}")
         return ExitStatus.BASELINE_RED
     out.print(report.table(campaign))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.records import GateRecord
-from harness.runs.result import Baseline
+from harness.runs.result import CampaignRun
 from harness.runs.verdict import Verdict
 from harness.controls.classify import GateCheck
 from harness.controls.edits import Edit
@@ -29,14 +29,10 @@ class ControlResult:
     log: Path | None = None  # the child's pytest output
 
 
-@dataclass(frozen=True)
-class CampaignResult:
+@dataclass(kw_only=True)
+class CampaignResult(CampaignRun):
     mode: str  # "campaign", "naive" or "static"
-    kernel_root: Path
-    arch: str | None
-    baseline: Baseline | None
     controls: tuple[ControlResult, ...]
-    seconds: float
 
     @property
     def judged(self) -> tuple[ControlResult, ...]:
@@ -45,6 +41,6 @@ class CampaignResult:
 
     @property
     def ok(self) -> bool:
-        if self.baseline is not None and not self.baseline.ok:
+        if self.baseline_red:
             return False
         return all(c.matches for c in self.judged)

@@ -113,7 +113,8 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
             result = _static(control, root, arch, cache_dir, names)
             listener.finished(result)
             results.append(result)
-        return CampaignResult("static", root, arch, None, tuple(results), time.perf_counter() - start)
+        return CampaignResult(mode="static", kernel_root=root, arch=arch, baseline=None, controls=tuple(results),
+                              seconds=time.perf_counter() - start)
 
     mode = "naive" if config.naive else "campaign"
     targets = {c.name: _targets(c, controls, config) for c in controls}
@@ -121,7 +122,8 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
     listener.phase(f"baseline: {len(baseline_targets)} module(s), unperturbed")
     baseline = _baseline(baseline_targets, root, config, cache_dir)
     if not baseline.ok:
-        return CampaignResult(mode, root, config.arch, baseline, (), time.perf_counter() - start)
+        return CampaignResult(mode=mode, kernel_root=root, arch=config.arch, baseline=baseline, controls=(),
+                              seconds=time.perf_counter() - start)
     arch = config.arch or baseline.arch
     names = declared_names(root)
     warm = (_warm_controls(config, root, cache_dir, baseline_targets, arch)
@@ -148,8 +150,8 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
     finally:
         if warm is not None:
             warm.close()
-    return CampaignResult(mode, root, arch, baseline, tuple(results[c.name] for c in controls),
-                          time.perf_counter() - start)
+    return CampaignResult(mode=mode, kernel_root=root, arch=arch, baseline=baseline,
+                          controls=tuple(results[c.name] for c in controls), seconds=time.perf_counter() - start)
 
 
 def _targets(control: Control, controls: list[Control], config: CampaignConfig) -> tuple[str, ...]:

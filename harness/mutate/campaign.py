@@ -26,7 +26,7 @@ from harness.device import slot_devices
 from harness.mutate.execute import run_mutant
 from harness.runs.config import RunConfig
 from harness.runs.fresh import FreshExecutors
-from harness.runs.result import Baseline, Executor, ExecutorFactory, GatePlan
+from harness.runs.result import Baseline, CampaignRun, Executor, ExecutorFactory, GatePlan
 from harness.runs.slots import run_in_slots
 from harness.mutate.generate import Mutant, changed_lines, generate, select_files
 from harness.mutate.select import Coverage
@@ -92,17 +92,13 @@ class _Quiet:
         pass
 
 
-@dataclass
-class MutationCampaign:
+@dataclass(kw_only=True)
+class MutationCampaign(CampaignRun):
     config: MutateConfig
-    kernel_root: Path
-    arch: str | None
     mutants: list[Mutant]
     results: dict[str, MutantResult]
     warnings: list[str]
-    baseline: Baseline | None
     coverage: Coverage | None
-    seconds: float
     screen_seconds: float = 0.0
     gpu_seconds: float = 0.0
     resumed: int = 0
@@ -185,7 +181,8 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     done = {k: v for k, v in done.items() if k in ids and (config.static or v.verdict is not Verdict.PENDING)}
     _rewrite_results(results_path, done.values())  # resume: what was read, so a torn last line goes
     results: dict[str, MutantResult] = dict(done)
-    campaign = MutationCampaign(config, root, None, mutants, results, warnings, None, None, 0.0, resumed=len(done))
+    campaign = MutationCampaign(config=config, kernel_root=root, arch=None, mutants=mutants, results=results,
+                                warnings=warnings, baseline=None, coverage=None, seconds=0.0, resumed=len(done))
     for r in done.values():
         listener.finished(r)
 

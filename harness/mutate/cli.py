@@ -255,8 +255,9 @@ def _report_only(config, mutants, warnings, out, err) -> int:
                   "--max-per-file")
         return ExitStatus.USAGE
     resolve_duplicates(results)
-    campaign = MutationCampaign(config, config.path(config.kernel_root), config.arch, mutants, results, warnings,
-                                None, None, 0.0, resumed=len(results))
+    campaign = MutationCampaign(config=config, kernel_root=config.path(config.kernel_root), arch=config.arch,
+                                mutants=mutants, results=results, warnings=warnings, baseline=None, coverage=None,
+                                seconds=0.0, resumed=len(results))
     json_path, html_path = report.write(directory, campaign)
     out.print(report.table(campaign))
     out.print(f"{len(results)} of {len(mutants)} mutants have a result (reported from {escape(str(results_path))}, "
@@ -355,9 +356,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
         return ExitStatus.DEVICE_LOST
     for w in campaign.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
-    b = campaign.baseline
-    if b is not None and not b.ok:
-        say_baseline_red(err, b)
+    if campaign.baseline_red:
+        say_baseline_red(err, campaign.baseline)
         return ExitStatus.BASELINE_RED
     json_path, html_path = report.write(config.path(config.report_dir), campaign)
     out.print(report.table(campaign))

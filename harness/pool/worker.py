@@ -431,6 +431,16 @@ def reset_for_next_mutant(session) -> str | None:
     return None
 
 
+def _own_file(mod) -> str | None:
+    """A module's __file__, read without loading a lazily loaded module (importlib's
+    LazyLoader loads on the first attribute read through the module)."""
+    try:
+        f = object.__getattribute__(mod, "__dict__").get("__file__")
+    except (AttributeError, TypeError):
+        return None
+    return f if isinstance(f, str) else None
+
+
 def clear_project_caches(rootdir: Path) -> int:
     """Clear every functools cache defined in a module under `rootdir` (not an installed
     package, not the harness itself) unless marked `harness.host_cache`; returns how many
@@ -438,7 +448,7 @@ def clear_project_caches(rootdir: Path) -> int:
     root = str(rootdir.resolve())
     cleared = 0
     for name, mod in list(sys.modules.items()):
-        f = getattr(mod, "__file__", None)
+        f = _own_file(mod)
         if not f or not f.startswith(root) or "site-packages" in f:
             continue
         if name == "harness" or name.startswith("harness."):

@@ -79,6 +79,22 @@ class Baseline:
         return [head, *([self.note] if self.note else []), *red]
 
 
+@dataclass(kw_only=True)
+class CampaignRun:
+    """What every campaign returns: the kernel root it perturbed, the arch, the baseline (None
+    where none ran) and the wall time; each campaign adds its perturbations' results."""
+
+    kernel_root: Path
+    arch: str | None
+    baseline: Baseline | None
+    seconds: float
+
+    @property
+    def baseline_red(self) -> bool:
+        """A baseline ran and was red: nothing over it proves anything."""
+        return self.baseline is not None and not self.baseline.ok
+
+
 @dataclass(frozen=True)
 class GatePlan:
     """What the campaign knows of each gate from the baseline, for an executor that watches
