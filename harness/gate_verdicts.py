@@ -45,18 +45,21 @@ def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bo
                 "raise the deadline with @pytest.mark.deadline(S) or --harness-deadline S only if the gate is "
                 "just slow.")
         line = f"timeout after {deadline:g} s ({source}); last kernel launched: {result.last_launch or 'none'}"
-        return synthetic(item, "failed", text, facts + [("route", "timeout"), ("first_failure_line", line)],
-                          duration=result.seconds)
+        return synthetic(item, Outcome.FAILED.value, text,
+                         facts + [("route", Route.TIMEOUT.value), ("first_failure_line", line)],
+                         duration=result.seconds)
     if result.died is not None:
         tail = st.pool.log_tail() if st.pool is not None else ""
         text = f"{result.died}; the worker's output ended:\n{tail}" if tail else result.died
-        return synthetic(item, "failed", text, facts + [("route", "error"), ("first_failure_line", result.died)],
-                          duration=result.seconds)
+        return synthetic(item, Outcome.FAILED.value, text,
+                         facts + [("route", Route.ERROR.value), ("first_failure_line", result.died)],
+                         duration=result.seconds)
     config = item.config
     reports = [config.hook.pytest_report_from_serializable(config=config, data=d) for d in result.reports]
     if not reports:
         text = f"the worker did not collect {item.nodeid}: its collection differs from this process's"
-        return synthetic(item, "failed", text, facts + [("route", "error"), ("first_failure_line", text)])
+        return synthetic(item, Outcome.FAILED.value, text,
+                         facts + [("route", Route.ERROR.value), ("first_failure_line", text)])
     st.launches += result.launches
     if not trap:
         for rep in reports:
@@ -79,16 +82,17 @@ def judge_trap(item: pytest.Item, reports: list, facts: list, duration: float) -
         return reports
     outcome, judged_route, judged = trap_verdict(call.outcome, route)
     if judged and outcome == Outcome.FAILED:
-        return synthetic(item, "failed", f"AssertionError: {GUARD_DID_NOT_FIRE}",
+        return synthetic(item, Outcome.FAILED.value, f"AssertionError: {GUARD_DID_NOT_FIRE}",
                           facts + [("route", judged_route), ("first_failure_line", GUARD_DID_NOT_FIRE)],
                           duration=duration)
     if judged:
-        return synthetic(item, "passed", None, facts, duration=duration)
+        return synthetic(item, Outcome.PASSED.value, None, facts, duration=duration)
     line = props.get("first_failure_line") or "the trap gate failed in its fresh worker process"
     text = (f"the device guard did not fire as a trap; the gate failed by route {route}: {line}\n\n"
             f"{call.longrepr}")
-    return synthetic(item, "failed", text, facts + [("route", route or "error"), ("first_failure_line", line)],
-                      duration=duration, message=getattr(call, "harness_failure_message", None))
+    return synthetic(item, Outcome.FAILED.value, text,
+                     facts + [("route", route or Route.ERROR.value), ("first_failure_line", line)],
+                     duration=duration, message=getattr(call, "harness_failure_message", None))
 
 
 def synthetic(item: pytest.Item, outcome: str, longrepr, props: list, duration: float = 0.0,
@@ -97,12 +101,12 @@ def synthetic(item: pytest.Item, outcome: str, longrepr, props: list, duration: 
     trap = item.get_closest_marker("trap") is not None
     all_props = properties(item) + ([("isolated", "true")] if trap else []) + list(props)
     keywords = {k: 1 for k in item.keywords}
-    failure = (message or str(longrepr))[:MESSAGE_LIMIT] if outcome == "failed" else None
+    failure = (message or str(longrepr))[:MESSAGE_LIMIT] if outcome == Outcome.FAILED else None
     return [
         pytest.TestReport(item.nodeid, item.location, keywords, outcome=o, longrepr=lr, when=when,
                           duration=d, user_properties=list(all_props), harness_failure_message=failure)
-        for when, o, lr, d in (("setup", "passed", None, 0.0), ("call", outcome, longrepr, duration),
-                               ("teardown", "passed", None, 0.0))
+        for when, o, lr, d in (("setup", Outcome.PASSED.value, None, 0.0), ("call", outcome, longrepr, duration),
+                               ("teardown", Outcome.PASSED.value, None, 0.0))
     ]
 
 

@@ -24,7 +24,7 @@ from harness._settings import GATES_INI
 from harness.gate_verdicts import Recorder, is_gpu, properties, props_of, run_facts, synthetic, worker_reports
 from harness.kinds import MARKERS, REQUIRE_GPU_ENV, check_kinds, is_gate, opt_in_reason
 from harness.plugin_pool import new_pool, refuse_without_device, start_pool
-from harness.records import GateRecord
+from harness.records import GateRecord, Outcome, Route
 from harness.report import classify_route, failure_message, first_line, write_reports
 
 if TYPE_CHECKING:
@@ -423,8 +423,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
         worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
         _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
     except controller.PoolError as exc:
-        reports = synthetic(item, "failed", str(exc), [("route", "error"),
-                                                        ("first_failure_line", str(exc).splitlines()[0])])
+        reports = synthetic(item, Outcome.FAILED.value, str(exc), [("route", Route.ERROR.value),
+                                                                   ("first_failure_line", str(exc).splitlines()[0])])
     else:
         if ahead is None:
             worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None)
@@ -566,7 +566,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         _trace("reports written")
     if st.require_gpu and not config.option.collectonly and exitstatus not in (pytest.ExitCode.INTERRUPTED,
                                                                                pytest.ExitCode.USAGE_ERROR):
-        executed = sum(1 for r in records if r.gpu and r.outcome in ("passed", "failed"))
+        executed = sum(1 for r in records if r.gpu and r.outcome in (Outcome.PASSED, Outcome.FAILED))
         if executed == 0:
             st.no_gpu_executed = True
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

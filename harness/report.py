@@ -8,7 +8,7 @@ from pathlib import Path
 
 # The gate vocabulary: every gate carries exactly one of these markers. `compile` is the kind of
 # the items harness.cufiles collects, one per `.cu` under the kernel root.
-from harness.records import MESSAGE_LIMIT, RECORD_VERSION, GateRecord, Route  # noqa: F401  (re-exported)
+from harness.records import MESSAGE_LIMIT, RECORD_VERSION, GateRecord, Outcome, Route  # noqa: F401  (re-exported)
 
 KINDS = ("anchor", "link", "refusal", "trap", "structural", "compile")
 
@@ -67,12 +67,13 @@ class RunFacts:
 
 
 def summarize(records: list[GateRecord]) -> dict:
-    out = {"passed": 0, "failed": 0, "skipped": 0, "error": 0, "gpu_executed": 0, "gpu_skipped": 0}
+    out = {Outcome.PASSED.value: 0, Outcome.FAILED.value: 0, Outcome.SKIPPED.value: 0, Outcome.ERROR.value: 0,
+           "gpu_executed": 0, "gpu_skipped": 0}
     for r in records:
         out[r.outcome] += 1
-        if r.gpu and r.outcome in ("passed", "failed"):
+        if r.gpu and r.outcome in (Outcome.PASSED, Outcome.FAILED):
             out["gpu_executed"] += 1
-        if r.gpu and r.outcome == "skipped":
+        if r.gpu and r.outcome == Outcome.SKIPPED:
             out["gpu_skipped"] += 1
     return out
 
@@ -117,7 +118,7 @@ def summary_markdown(records: list[GateRecord], facts: RunFacts) -> str:
         lines.append(f"- `{facts.poisoned_by}` poisoned the CUDA context; later GPU gates ran in fresh processes")
     if s["gpu_skipped"] and not s["gpu_executed"]:
         lines += ["", f"> **{s['gpu_skipped']} GPU gates were skipped: this run proves nothing about the kernels.**"]
-    red = [r for r in records if r.outcome in ("failed", "error")]
+    red = [r for r in records if r.red]
     if red:
         lines += ["", "## Red gates", "", "| gate | kind | route | first failure line |", "| --- | --- | --- | --- |"]
         for r in red:

@@ -21,6 +21,8 @@ import shutil
 import stat
 from pathlib import Path
 
+from harness.records import Outcome, Route
+
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 ENV_BINARY = "HARNESS_SANITIZER"
 INSTALL_HINT = ("install the CUDA toolkit (it ships compute-sanitizer), or `pip install nvidia-cuda-sanitizer-api`, "
@@ -168,7 +170,7 @@ class LogWatch:
             text = f"{text}\n\nThe gate's own failure:\n{call.longrepr}"
             call.user_properties[:] = [(k, v) for k, v in call.user_properties
                                        if k not in ("route", "first_failure_line")]
-        call.outcome = "failed"
+        call.outcome = Outcome.FAILED.value
         call.longrepr = text
-        call.user_properties.extend([("route", "sanitizer"), ("first_failure_line", line)])
+        call.user_properties.extend([("route", Route.SANITIZER.value), ("first_failure_line", line)])
         call.harness_failure_message = text[:4000]

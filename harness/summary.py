@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import io
 
+from harness.records import Outcome, Route
 from harness.report import KINDS, GateRecord, summarize
 
-OUTCOMES = ("passed", "failed", "error", "skipped")
-STYLE = {"passed": "green", "failed": "bold red", "error": "bold red", "skipped": "yellow"}
+OUTCOMES = (Outcome.PASSED, Outcome.FAILED, Outcome.ERROR, Outcome.SKIPPED)
+STYLE = {Outcome.PASSED: "green", Outcome.FAILED: "bold red", Outcome.ERROR: "bold red", Outcome.SKIPPED: "yellow"}
 
 
 def _console(terminalreporter):
@@ -57,7 +58,7 @@ def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
     table = Table(title="harness: gates by kind", title_justify="left")
     table.add_column("kind")
     for o in OUTCOMES:
-        table.add_column(o, justify="right")
+        table.add_column(o.value, justify="right")
     for kind in (*KINDS, None):
         rows = [r for r in records if r.kind == kind]
         if not rows:
@@ -70,7 +71,7 @@ def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
     console.print(table)
     if others:
         console.print(others)
-    red = [r for r in records if r.outcome in ("failed", "error")]
+    red = [r for r in records if r.red]
     if red:
         t = Table(title="red gates", title_justify="left")
         t.add_column("gate", overflow="fold")
@@ -82,7 +83,7 @@ def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
     if st.poisoned_by:
         console.print(f"[bold red]{st.poisoned_by} poisoned the CUDA context[/]; its worker process was replaced, "
                       "so later GPU gates' verdicts are their own.")
-    timeouts = [r for r in records if r.route == "timeout"]
+    timeouts = [r for r in records if r.route == Route.TIMEOUT]
     if timeouts:
         console.print(f"[bold red]{len(timeouts)} GPU gate(s) ran past their deadline[/]; each one's worker was "
                       "killed and replaced, and every other gate kept its own verdict.")

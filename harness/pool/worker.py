@@ -308,7 +308,7 @@ def _outcome(item, reports: list, shadow_hits: int | None = None) -> dict:
     """One gate's outcome from its phase reports, folded and judged as the plugin does
     (`harness.records.fold_report`, and `trap_verdict` for a trap gate, with the guards it
     counted when it ran in the trap shadow)."""
-    from harness.records import GUARD_DID_NOT_FIRE, GateRecord, fold_report, trap_verdict
+    from harness.records import GUARD_DID_NOT_FIRE, GateRecord, Route, fold_report, trap_verdict
 
     rec = GateRecord(item.nodeid)
     props = {}
@@ -318,7 +318,7 @@ def _outcome(item, reports: list, shadow_hits: int | None = None) -> dict:
     if item.get_closest_marker("trap") is not None:
         outcome, route, judged = trap_verdict(rec.outcome, rec.route, shadow_hits)
         if judged:
-            line = GUARD_DID_NOT_FIRE if route == "assertion" else None
+            line = GUARD_DID_NOT_FIRE if route == Route.ASSERTION else None
             message = None if shadow_hits else rec.failure_message
             rec.outcome, rec.route, rec.first_failure_line, rec.failure_message = outcome, route, line, message
     return {"nodeid": item.nodeid, "outcome": rec.outcome, "route": rec.route,
@@ -333,6 +333,7 @@ def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) ->
     poisoned the context (the rest go to another fresh worker). The trap gates named in
     `trap_shadow` run in the trap shadow, here, their guards counted instead of trapping."""
     from harness import _settings
+    from harness.records import Outcome, Route
 
     _settings.configure(kernel_root=msg["kernel_root"])
     gates = list(msg["gates"])
@@ -342,7 +343,7 @@ def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) ->
     for i, nodeid in enumerate(gates):
         item = items.get(nodeid)
         if item is None:
-            outcomes.append({"nodeid": nodeid, "outcome": "not run", "route": None,
+            outcomes.append({"nodeid": nodeid, "outcome": Outcome.NOT_RUN.value, "route": None,
                              "first_failure_line": "not collected by the campaign's workers", "poisoned": False})
             continue
         nxt = items.get(gates[i + 1]) if i + 1 < len(gates) else None
@@ -365,7 +366,8 @@ def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) ->
         protocol += time.monotonic() - began
         out = _outcome(item, sink.reports, shadow_hits=hits)
         outcomes.append(out)
-        if out["poisoned"] or (msg.get("stop_on_kill") and out["outcome"] == "failed" and out["route"] == "assertion"):
+        killed = out["outcome"] == Outcome.FAILED and out["route"] == Route.ASSERTION
+        if out["poisoned"] or (msg.get("stop_on_kill") and killed):
             break
     return {"op": "done_set", "outcomes": outcomes, "protocol_s": round(protocol, 4)}
 
