@@ -1,4 +1,5 @@
-"""Bad input found before any work starts: one line naming what was wrong and what to do.
+"""The commands' shared layer: their exit status, their project options, and bad input found
+before any work starts, as one line naming what was wrong and what to do.
 
 The pytest plugin calls `check_configuration` from `pytest_configure`; the commands call
 the single checks. Each check returns the message, or None when the input is fine.

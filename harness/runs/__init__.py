@@ -1,12 +1,14 @@
-"""The run layer every engine stands on: what runs a perturbed tree's gates and what it
-returns.
+"""The run layer both campaigns stand on: a perturbed tree, what runs its gates, and what it
+returns. `controls/` and `mutate/` sit on it side by side and differ only in where their
+perturbations come from and how they report them.
 
-- `result`: the one run result (`GateRuns` of `GateRecord`s) and the `Executor` protocol;
-- `fresh`: a fresh pytest process over some gates, with a deadline (`run_gates`), and the
-  executor made of it;
-- `warm`: the executor on the warm pool's workers (forked from a server that collected the
-  gates, contexts made ahead, reset between trees).
-
-The controls engine and the mutation engine differ only in where their perturbed trees come
-from and how they report.
+- `config`: what every campaign is told (`RunConfig`);
+- `sandbox`: a fresh copy of the kernel root, the only place a perturbation is written;
+- `compilecheck`: compiling a perturbed tree's modules once, into the cache its gates read;
+- `result`: the one run result (`GateRuns`), the `Baseline`, `CampaignRun`, and the
+  `Executor` / `ExecutorFactory` protocols;
+- `verdict`: the one verdict vocabulary;
+- `slots`: the one slot scheduler (`run_in_slots`);
+- `fresh`: a fresh pytest over some gates with a deadline, and its executor;
+- `warm`: the executor on the warm pool's workers, one per GPU.
 """

@@ -1,0 +1,120 @@
+"""The house's layout holds: no import circle inside `harness/`, and no import from a lower
+layer up to a higher one. Read from the sources (every import, also those inside functions),
+so a new module that breaks the layering fails here, not in review."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+HARNESS = Path(__file__).resolve().parent.parent / "harness"
+
+# Top to bottom: a module may import its own layer's modules and those of lower layers.
+LAYERS = [
+    {"harness.__main__", "harness.bench", "harness.startup"},
+    {"harness.controls", "harness.mutate"},  # the two campaigns, side by side
+    {"harness.runs"},  # the run layer both campaigns stand on
+    {"harness.plugin", "harness.plugin_pool", "harness.gate_verdicts", "harness._serve", "harness.kinds",
+     "harness.summary", "harness.report", "harness.cufiles"},
+    {"harness.pool"},  # the warm pool's processes
+]
+# Everything else in harness/ is the base: records, compile, kernels, device, usage, ...
+SIDE_BY_SIDE = [("harness.controls", "harness.mutate")]  # may not import each other
+
+
+def module_name(path: Path, root: Path = HARNESS) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, root: Path = HARNESS) -> set[str]:
+    """Every harness module `path` (under `root`, the harness folder) imports, anywhere in it."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    modules = {module_name(p, root) for p in root.rglob("*.py")}
+    return {m for m in found if m in modules and m != name}
+
+
+def layer(module: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return i
+    return len(LAYERS)
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in HARNESS.rglob("*.py")}
+
+
+def upward(g: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, ts in g.items() for t in ts if layer(t) < layer(m))
+
+
+def crossing(g: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, ts in g.items() for t in ts for a, b in SIDE_BY_SIDE
+                  if (m.startswith(a) and t.startswith(b)) or (m.startswith(b) and t.startswith(a)))
+
+
+def circles(g: dict[str, set[str]]) -> list[str]:
+    """Each loop found by a depth-first walk (a package and its own modules aside)."""
+    state: dict[str, int] = {}
+    found = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(g.get(m, ())):
+            if state.get(t) == 1 and t in path and not (m.startswith(t + ".") or t.startswith(m + ".")):
+                found.append(" -> ".join(path[path.index(t):] + [t]))
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+    return found
+
+
+def test_no_import_from_a_lower_layer_up_to_a_higher_one():
+    assert upward(graph()) == [], "imports that run back up:\n" + "\n".join(upward(graph()))
+
+
+def test_the_two_campaigns_import_nothing_of_each_other():
+    assert crossing(graph()) == [], "\n".join(crossing(graph()))
+
+
+def test_no_import_circle():
+    assert circles(graph()) == [], "\n".join(circles(graph()))
+
+
+def test_each_check_notices_what_it_forbids():
+    g = graph()
+    assert "harness.runs.sandbox" in g and "harness.records" in g and "harness.mutate.campaign" in g
+    assert upward({**g, "harness.runs.sandbox": g["harness.runs.sandbox"] | {"harness.mutate.campaign"}}) == [
+        "harness.runs.sandbox -> harness.mutate.campaign"]
+    assert crossing({**g, "harness.controls.runner": g["harness.controls.runner"] | {"harness.mutate.execute"}}) == [
+        "harness.controls.runner -> harness.mutate.execute"]
+    looped = {**g, "harness.records": g["harness.records"] | {"harness.device"},
+              "harness.device": g["harness.device"] | {"harness.records"}}
+    assert any("harness.device" in c and "harness.records" in c for c in circles(looped))
+
+
+def test_imports_are_read_also_inside_functions_and_relative(tmp_path):
+    root = tmp_path / "harness"
+    for rel in ("__init__.py", "records.py", "device.py", "runs/__init__.py", "runs/result.py"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    probe = root / "runs" / "probe.py"
+    probe.write_text("def f():\n    from harness.records import Outcome\n    import harness.device\n"
+                     "    from .result import GateRuns\n")
+    assert imports(probe, root) == {"harness.records", "harness.device", "harness.runs.result"}
