@@ -107,7 +107,7 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
     root = config.path(config.kernel_root)
     cache_dir = config.path(config.cache_dir) if config.cache_dir else _settings.current().cache_dir
     if config.static:
-        from harness.compile import resolve_arch
+        from harness.arch import resolve_arch
 
         arch = resolve_arch(config.arch)
         names = declared_names(root)

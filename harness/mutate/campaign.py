@@ -193,7 +193,7 @@ def dependents_of(root: Path, files: set[str]) -> dict[str, tuple[str, ...]]:
 
 def run_campaign(config: MutateConfig, listener: Listener | None = None,
                  executor_factory: Callable[[Path, Path, str | None], Executor] | None = None) -> MutationCampaign:
-    from harness.compile import resolve_arch
+    from harness.arch import resolve_arch
     from harness.controls.compilecheck import declared_names
     from harness.mutate import screen
 
