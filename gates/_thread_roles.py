@@ -118,7 +118,7 @@ def analysed(kernel_root, file: str, names, check, *args):
     structural gate runs first for every mutant of its file: computed afresh each time, it
     would take a large share of each mutant's time.)
     `check` must be a pure function of what it is given; it may fail the gate."""
-    from harness.compile import source_closure
+    from harness.includes import source_closure
     from harness.source import read_source
 
     text = read_source(kernel_root / file)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "ArchError": "harness.compile",
+    "ArchError": "harness.arch",
     "BitsMismatch": "harness.bits",
     "CompileError": "harness.compile",
     "CompiledModule": "harness.compile",

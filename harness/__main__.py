@@ -33,7 +33,9 @@ def _compile_main(argv: list[str]) -> int:
     from rich.table import Table
 
     from harness import _settings
-    from harness.compile import ArchError, CompileError, LauncherError, compile_file, find_sources, resolve_arch
+    from harness.arch import ArchError, resolve_arch
+    from harness.compile import CompileError, compile_file, find_sources
+    from harness.modsettings import LauncherError
     from harness.toolchain import IncludeDirError, NvccNotFound
     from harness.usage import folder_problem, kernel_root_problem
 

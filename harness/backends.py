@@ -1,7 +1,7 @@
-"""The two compilers behind `harness.compile.compile_file`: NVRTC (through cuda.bindings,
-with exactly the option list that is recorded) and `nvcc --cubin`. Each takes the device
-view's text and the option list, and returns (cubin, {name expression: symbol}, log), or
-raises `_Failed` carrying the compiler's log."""
+"""The two compilers behind `harness.compile.compile_file`, and the rule that picks one for a
+module: NVRTC (through cuda.bindings, with exactly the option list that is recorded) and
+`nvcc --cubin`. Each takes the device view's text and the option list, and returns
+(cubin, {name expression: symbol}, log), or raises `_Failed` carrying the compiler's log."""
 
 from __future__ import annotations
 
@@ -9,7 +9,24 @@ import re
 import tempfile
 from pathlib import Path
 
-_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+from harness.modsettings import ModuleSettings
+from harness.ptxas import ENTRY
+
+NVCC_HEADERS = re.compile(r"^(cub/cub\.cuh|cub/device/.*|cub/agent/.*|cub/dispatch/.*|thrust/.*)$")
+
+
+def choose_backend(ms: ModuleSettings, view_includes: list[str], closure_headers: list[str]) -> tuple[str, str]:
+    """(backend, why). The rule: COMPILER = "nvrtc" or "nvcc" in the launcher decides;
+    "auto" (the default) is NVRTC unless the device view of the `.cu`, or a kernel-root
+    header it includes, keeps an include of a CCCL header that pulls in host-side
+    device-wide algorithms (`cub/cub.cuh`, `cub/device/...`, `cub/agent/...`,
+    `cub/dispatch/...`, `thrust/...`), which NVRTC cannot compile: then nvcc."""
+    if ms.compiler != "auto":
+        return ms.compiler, f"COMPILER = {ms.compiler!r} in {ms.declared_in}"
+    for name in [*view_includes, *closure_headers]:
+        if NVCC_HEADERS.match(name):
+            return "nvcc", f"auto: <{name}> needs nvcc (NVRTC cannot compile CCCL's host-side algorithms)"
+    return "nvrtc", "auto"
 
 
 class _Failed(Exception):
@@ -72,7 +89,7 @@ def _compile_nvcc(nvcc: Path, path: Path, text: str, options: list[str], name_ex
         if proc.returncode != 0 or not out.is_file():
             raise _Failed(log or f"nvcc exited with {proc.returncode}")
         cubin = out.read_bytes()
-    symbols = _ENTRY.findall(log)
+    symbols = ENTRY.findall(log)
     mapping = {}
     if name_expressions:
         demangled = toolchain.demangle(symbols)

@@ -71,7 +71,8 @@ class CompileItem(pytest.Item):
                                                        f"set aside: {mod_set_aside(mod)}")
 
     def repr_failure(self, excinfo, style=None):
-        from harness.compile import CompileError, LauncherError
+        from harness.compile import CompileError
+        from harness.modsettings import LauncherError
 
         exc = excinfo.value
         if isinstance(exc, CompileError):

@@ -167,7 +167,8 @@ class Recorder:
 
 def run_facts(st, records: list[GateRecord]) -> RunFacts:
     """The run's facts for its reports (`st`: the plugin's HarnessState)."""
-    from harness.compile import recorded_options, resolve_arch
+    from harness.arch import resolve_arch
+    from harness.compile_options import recorded_options
 
     try:
         arch = resolve_arch(st.arch)

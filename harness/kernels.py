@@ -48,7 +48,7 @@ class Module:
             return None
         import cupy
 
-        from harness.compile import TRAP_SHADOW_SYMBOL
+        from harness.trap_shadow import TRAP_SHADOW_SYMBOL
 
         raw = self._module.get_global_var(TRAP_SHADOW_SYMBOL)  # its address (cuModuleGetGlobal)
         raw = raw[0] if isinstance(raw, tuple) else raw
@@ -126,7 +126,7 @@ def load(compiled: CompiledModule) -> Module:
     return mod
 
 
-_trap_shadow = False  # module() compiles with the trap shadow (harness.compile.TRAP_SHADOW_PREAMBLE)
+_trap_shadow = False  # module() compiles with the trap shadow (harness.trap_shadow.TRAP_SHADOW_PREAMBLE)
 
 
 def set_trap_shadow(on: bool) -> None:

@@ -12,7 +12,7 @@ controls and campaigns) reads them here, so they all build the same cubin:
     FMAD = True            # --fmad
     EXTRA_FLAGS = ()       # more compiler flags, verbatim (e.g. "--maxrregcount=64")
     INCLUDE_DIRS = ()      # extra include folders, relative to the launcher's folder
-    COMPILER = "auto"      # "auto", "nvrtc" or "nvcc" (harness.compile: the backend rule)
+    COMPILER = "auto"      # "auto", "nvrtc" or "nvcc" (harness.backends: the backend rule)
     DEVICE_VIEW = True     # compile the device-only view of the file (harness.deviceview)
 
 A `.cu` with no launcher compiles with the defaults. A constant of the wrong type is a

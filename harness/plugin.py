@@ -218,7 +218,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
         if problem:
             raise pytest.UsageError(f"harness: {problem}")
     if config.option.arch:
-        from harness.compile import ArchError, check_arch
+        from harness.arch import ArchError, check_arch
 
         try:
             check_arch(config.option.arch)

@@ -1,5 +1,6 @@
-"""Where the compilers and the headers outside the kernel root are: CCCL, the user's include
-directories, the NVRTC shims for C++ standard headers, and nvcc.
+"""Where the compilers and the headers outside the kernel root are, and their versions: NVRTC
+and the CUDA headers, CCCL, the user's include directories, the NVRTC shims for C++ standard
+headers, and nvcc.
 
 CCCL (cub, thrust, libcu++ `<cuda/std/...>`, `<nv/target>`, which `<cooperative_groups.h>`
 needs) is found by default, first match wins:
@@ -44,6 +45,47 @@ class IncludeSet:
     label: str  # how recorded options spell it: "@cuda", "@cccl", "@shims", "@include0"
     dirs: tuple[Path, ...]
     version: str  # a version string, or the content hash for user dirs (filled per module)
+
+
+# ------------------------------------------------------------------ NVRTC and the CUDA headers
+
+
+@lru_cache(maxsize=None)
+def nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    if int(err) != 0:
+        raise RuntimeError(f"nvrtcVersion failed: {err}")
+    return f"{major}.{minor}"
+
+
+@lru_cache(maxsize=None)
+def cuda_include_dir() -> Path:
+    from cuda.pathfinder import find_nvidia_header_directory
+
+    found = find_nvidia_header_directory("cudart")
+    if not found:
+        raise RuntimeError(
+            "the CUDA runtime headers (cuda_runtime.h, cuda_bf16.h) were not found: "
+            "install nvidia-cuda-runtime (pip) or set CUDA_HOME to a CUDA toolkit"
+        )
+    return Path(found)
+
+
+@lru_cache(maxsize=None)
+def cuda_headers_version() -> str:
+    """CUDART_VERSION of the CUDA headers NVRTC compiles against (in the cache key and labels)."""
+    header = cuda_include_dir() / "cuda_runtime_api.h"
+    try:
+        text = header.read_text(errors="replace")
+    except OSError:
+        return "unknown"
+    m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
+    return m.group(1) if m else "unknown"
+
+
+# ------------------------------------------------------------------ CCCL, the shims, include directories
 
 
 @lru_cache(maxsize=None)

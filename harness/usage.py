@@ -124,7 +124,7 @@ def kernel_root_problem(root: str | os.PathLike, option: str, needs_cu: bool = T
 def arch_problem(arch: str | None, source: str) -> str | None:
     if not arch:
         return None
-    from harness.compile import ArchError, check_arch
+    from harness.arch import ArchError, check_arch
 
     try:
         check_arch(arch, source)

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import (ArchError, CacheNotWritable, CompileError, LauncherError, _warned_caches, check_arch,
-                             compile_file, declared_name_expressions)
+from harness.arch import ArchError, check_arch
+from harness.compile import CompileError, compile_file, declared_name_expressions
+from harness.cubin_cache import CacheNotWritable, _warned_caches
+from harness.modsettings import LauncherError
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = Path(__file__).parent / "fixtures" / "controls_suite"
@@ -291,7 +293,7 @@ def test_commands_resolve_settings_by_the_rules_pytest_uses(tmp_path, monkeypatc
 def test_pytest_reads_harness_arch_too(tree):
     project = tree.parent
     (project / "test_x.py").write_text(
-        "import pytest\nfrom harness import _settings\nfrom harness.compile import resolve_arch\n\n"
+        "import pytest\nfrom harness import _settings\nfrom harness.arch import resolve_arch\n\n"
         "@pytest.mark.structural\ndef test_x():\n    assert _settings.current().arch == 'sm_80'\n"
         "    assert resolve_arch() == 'sm_80'\n")
     result = run_pytest("test_x.py", cwd=project, env={"HARNESS_ARCH": "sm_80"})

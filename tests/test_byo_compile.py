@@ -14,7 +14,9 @@ import pytest
 
 from harness import _settings, compile as hc
 from harness.compile import CompileError, compile_file
+from harness.compile_options import normalise_options
 from harness.deviceview import DeviceViewError, device_view
+from harness.includes import include_path
 from harness.modsettings import LauncherError, ModuleSettings
 from harness.toolchain import IncludeDirError, NvccNotFound
 
@@ -272,8 +274,8 @@ def test_the_declared_settings_are_what_nvrtc_receives_and_what_is_recorded(tmp_
 
     monkeypatch.setattr(hc, "_compile_nvrtc", spy)
     mod = compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", cache_dir=cache)
-    inc = hc.include_path(tmp_path / "k.cu", tmp_path)
-    assert mod.options == hc.normalise_options(received["options"], inc)
+    inc = include_path(tmp_path / "k.cu", tmp_path)
+    assert mod.options == normalise_options(received["options"], inc)
     for o in ("--use_fast_math", "--ftz=true", "--fmad=false", "--define-macro=SCALE=3", "--maxrregcount=32"):
         assert o in mod.options
     assert mod.symbol_mapping == {"tiled<2>": "_Z5tiledILi2EEvPf"}

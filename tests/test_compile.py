@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import ArchError, CompileError, LauncherError, compile_file, recorded_options, source_closure
+from harness.arch import ArchError
+from harness.compile import CompileError, compile_file
+from harness.compile_options import recorded_options
+from harness.includes import source_closure
+from harness.modsettings import LauncherError
 
 REPO = Path(__file__).resolve().parents[1]
 

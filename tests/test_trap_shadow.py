@@ -1,4 +1,4 @@
-"""The trap shadow a mutation campaign runs its trap gates in (harness.compile.TRAP_SHADOW_PREAMBLE),
+"""The trap shadow a mutation campaign runs its trap gates in (harness.trap_shadow.TRAP_SHADOW_PREAMBLE),
 checked where no GPU is: every subject file that has a guard compiles in it, its `__trap()`s
 are gone from the code and count into the module global instead, its cache entry is its own,
 and NVRTC's line numbers still name the file's own lines."""
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import TRAP_SHADOW_PREAMBLE, TRAP_SHADOW_SYMBOL, CompileError, compile_file
+from harness.compile import CompileError, compile_file
+from harness.trap_shadow import TRAP_SHADOW_PREAMBLE, TRAP_SHADOW_SYMBOL
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "kernels_cu"

@@ -103,7 +103,7 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
     root = config.path(config.kernel_root)
     cache_dir = config.cache()
     if config.static:
-        from harness.compile import resolve_arch
+        from harness.arch import resolve_arch
 
         arch = resolve_arch(config.arch)
         names = declared_names(root)

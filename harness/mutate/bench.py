@@ -38,7 +38,8 @@ NAIVE_DEADLINE = 600.0
 
 
 def _precompile_originals(kernel_root: Path, cache: Path, arch: str | None) -> int:
-    from harness.compile import compile_file, find_sources, resolve_arch
+    from harness.arch import resolve_arch
+    from harness.compile import compile_file, find_sources
     from harness.runs.compilecheck import declared_names
 
     declared = declared_names(kernel_root)

@@ -159,7 +159,7 @@ def dependents_of(root: Path, files: set[str]) -> dict[str, tuple[str, ...]]:
 
 def run_campaign(config: MutateConfig, listener: Listener | None = None,
                  executor_factory: ExecutorFactory | None = None) -> MutationCampaign:
-    from harness.compile import resolve_arch
+    from harness.arch import resolve_arch
     from harness.runs.compilecheck import declared_names
     from harness.mutate import screen
 

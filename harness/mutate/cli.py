@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, UnknownOperator) as exc:
         return usage(str(exc))
     if config.arch:
-        from harness.compile import ArchError, check_arch
+        from harness.arch import ArchError, check_arch
 
         try:
             check_arch(config.arch)

@@ -20,7 +20,8 @@ from pathlib import Path
 from dataclasses import replace
 
 from harness import _settings
-from harness.compile import CompileError, compile_file, find_sources, source_closure
+from harness.compile import CompileError, compile_file, find_sources
+from harness.includes import source_closure
 from harness.modsettings import LauncherError, ModuleSettings, declared_settings
 from harness.toolchain import IncludeDirError, NvccNotFound
 

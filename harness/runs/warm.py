@@ -87,7 +87,7 @@ class WarmExecutor(Executor):
     # a fault they are not moved first, and past MAX_FAULTS they do not run (a fault there is
     # what they expect, not a kill)
     trap_gates: frozenset = frozenset()
-    # trap gates that run in the trap shadow (harness.compile.TRAP_SHADOW_PREAMBLE) in the
+    # trap gates that run in the trap shadow (harness.trap_shadow.TRAP_SHADOW_PREAMBLE) in the
     # mutant's own warm worker instead of a fresh one each: those whose guards the shadow
     # counted on the original kernels (`check_trap_shadow`, the campaign's wiring check)
     shadow_gates: frozenset = frozenset()

@@ -1,0 +1,71 @@
+"""The GPU arch a module is compiled for: `--arch` or HARNESS_ARCH when given, checked against
+what NVRTC targets, else the device's arch, else the default for a machine with no GPU."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from cuda.core import Program, ProgramOptions  # at import: a first import from several threads races
+
+from harness import _settings
+from harness.toolchain import nvrtc_version
+
+
+class ArchError(ValueError):
+    """An arch NVRTC cannot target."""
+
+
+@lru_cache(maxsize=None)
+def supported_arches() -> tuple[str, ...]:
+    from cuda.bindings import nvrtc
+
+    err, arches = nvrtc.nvrtcGetSupportedArchs()
+    if int(err) != 0:
+        raise RuntimeError(f"nvrtcGetSupportedArchs failed: {err}")
+    return tuple(f"sm_{a}" for a in arches)
+
+
+_ARCH_VARIANT = re.compile(r"sm_(\d+)([a-z])")
+
+
+@lru_cache(maxsize=None)
+def _nvrtc_compiles_for(arch: str) -> bool:
+    """Whether NVRTC compiles an empty kernel for `arch` (asked once per arch and process)."""
+    try:
+        Program('extern "C" __global__ void harness_arch_probe() {}', "c++",
+                ProgramOptions(arch=arch)).compile("cubin")
+    except Exception:
+        return False
+    return True
+
+
+def check_arch(arch: str, source: str = "--arch") -> str:
+    """`arch` when NVRTC targets it: one of NVRTC's supported arches, or an arch-specific or
+    family variant of one (`sm_90a`, `sm_100f`) that a trial compile accepts. `source` names
+    where the value came from (`--arch`, `HARNESS_ARCH`) for the error message."""
+    arch = str(arch).strip()
+    known = supported_arches()
+    if arch in known:
+        return arch
+    m = _ARCH_VARIANT.fullmatch(arch)
+    if m and f"sm_{m.group(1)}" in known and _nvrtc_compiles_for(arch):
+        return arch
+    fix = ("set HARNESS_ARCH to one of them, or unset it to use the device's arch"
+           if source == "HARNESS_ARCH" else f"pass one of them (e.g. {source} sm_90)")
+    raise ArchError(
+        f"unknown {source} {arch!r}: NVRTC {nvrtc_version()} targets {', '.join(known)} and the "
+        f"arch-specific variants it accepts (e.g. sm_90a); {fix}"
+    )
+
+
+def resolve_arch(arch: str | None = None) -> str:
+    """`arch`, else the settings' arch, else the device's, else sm_90."""
+    if arch:
+        return check_arch(arch)
+    settings = _settings.current()
+    if settings.arch:
+        return check_arch(settings.arch, settings.arch_source)
+    from harness import device
+
+    return check_arch(device.device_arch() or _settings.DEFAULT_ARCH_WITHOUT_DEVICE)
