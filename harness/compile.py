@@ -63,6 +63,8 @@ _LOG_ERROR_LINE = re.compile(r"^(.+?)\((\d+)\): (?:catastrophic )?error: ?(.*)$"
 
 @dataclass(frozen=True)
 class CompiledModule:
+    """One compiled `.cu`: what it was compiled from and with, its cache key and its cubin."""
+
     source: Path
     arch: str
     options: tuple[str, ...]

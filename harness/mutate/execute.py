@@ -14,6 +14,8 @@ from harness.runs.result import Executor, GateRuns
 
 @dataclass(frozen=True)
 class Judgement:
+    """A mutant's verdict over the runs of its gates, why, and where its time went."""
+
     verdict: Verdict
     reason: str
     killed_by: tuple[str, ...]
