@@ -21,6 +21,7 @@ _EXPORTS = {
     "host_cache": "harness.caching",
     "kernel_root": "harness.kernels",
     "module": "harness.kernels",
+    "record": "harness.arms",
     "rel_rms": "harness.bits",
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness import arms
 from harness.dtypes import _host, bits_of
 
 TABLE_ROWS = 8
@@ -90,7 +91,9 @@ def bits_mismatch_lines(label: str, got, expected, dtype=None) -> list[str] | No
 
 def assert_bits_eq(label: str, got, expected, *, dtype=None) -> None:
     """Raise `BitsMismatch` unless `got` and `expected` have the same shape, item size
-    and bits. `dtype` names how values are shown (default: `expected`'s dtype)."""
+    and bits. `dtype` names how values are shown (default: `expected`'s dtype). `got` is an
+    arm output of the running gate (`harness.arms`)."""
+    arms.note(label, got)
     lines = bits_mismatch_lines(label, got, expected, dtype)
     if lines:
         raise BitsMismatch("\n".join(lines))
@@ -107,7 +110,9 @@ def rel_rms(got, expected) -> float:
 
 def assert_close(label: str, got, expected, *, atol: float, rtol: float) -> None:
     """|got - expected| <= atol + rtol * |expected| everywhere (NaN never close).
-    Anchors only, with the reason for the tolerance written beside the call."""
+    Anchors only, with the reason for the tolerance written beside the call. `got` is an arm
+    output of the running gate (`harness.arms`)."""
+    arms.note(label, got)
     got, expected = _host(got), _host(expected)
     if got.shape != expected.shape:
         raise NotClose(f"{label}: shapes differ: got {got.shape}, expected {expected.shape}")

@@ -168,6 +168,11 @@ def module(
 _used: dict[str, tuple[str, ...]] = {}
 
 
+def used() -> dict[str, list[str]]:
+    """{module: its options} loaded through `module` since the last `take_used`, left in place."""
+    return {k: list(v) for k, v in _used.items()}
+
+
 def take_used() -> dict[str, list[str]]:
     """{module: the options it was compiled with} for every module loaded through `module`
     since the last call (the plugin records them on the gate that loaded them)."""

@@ -23,6 +23,8 @@ def server_args(st, config: pytest.Config, files: list[str]) -> list[str]:
     if st.arch:
         args.append(f"--arch={st.arch}")
     args += [f"--include-dir={d}" for d in _settings.current().include_dirs]
+    if config.getoption("snapshot_update", False):
+        args.append("--snapshot-update")  # the workers store the snapshots
     for plugin in getattr(config.option, "plugins", None) or []:
         if plugin not in ("no:cacheprovider",):
             args += ["-p", plugin]

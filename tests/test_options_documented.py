@@ -53,10 +53,15 @@ class _Recorder:
 
 
 def plugin_options() -> _Recorder:
+    """What the plugin adds, and the feature plugins it names in `pytest_plugins`."""
+    import importlib
+
     from harness import plugin
 
     rec = _Recorder()
     plugin.pytest_addoption(rec)
+    for name in plugin.pytest_plugins:
+        importlib.import_module(name).pytest_addoption(rec)
     return rec
 
 

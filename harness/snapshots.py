@@ -1,0 +1,168 @@
+"""Bit snapshots: each gate's arm outputs (`harness.arms`) stored beside the gates and held to
+their bits on later runs, the regression record between commits.
+
+`--snapshot-update` (syrupy's flag) stores them; a run where a gate's module has a
+`__snapshots__` folder checks them. A gate's snapshot lives at
+`<gate module's folder>/__snapshots__/<module stem>/<toolchain>/<test name>.npz`: the
+toolchain folder is keyed by what may legitimately change bits (the NVRTC version and the
+options of every module the gate loaded, the arch among them), and `key.json` in it says so.
+Small arrays are kept whole (their raw bits), large ones as a digest of their bits. A moved
+bit fails the gate by assertion, naming the arm (and, for a kept array, the first differing
+element); a toolchain with no snapshot yet is one line in the summary, not a failure.
+
+Syrupy and pytest-regressions were weighed: both hang a snapshot on a fixture the test
+asserts against, and compare by value (pytest-regressions with tolerances); arm outputs are
+recorded without a fixture, inside pool workers, and compared bit for bit with the first
+difference named, so the store is this module's and only syrupy's conventions are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.kinds import is_gate
+
+SNAPSHOT_DIR = "__snapshots__"
+KEEP_WHOLE = 4096  # elements: an arm this small is stored whole, a larger one as a digest of its bits
+PROPERTY = "snapshot"  # the user property (JUnit, gates.json) that says what the check did
+
+
+class SnapshotMoved(AssertionError):
+    """An arm output's bits differ from its snapshot's."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("harness").addoption(
+        "--snapshot-update", action="store_true", default=False,
+        help="store each gate's arm outputs as its bit snapshot (beside the gate module, under __snapshots__)")
+
+
+def folder_of(item: pytest.Item) -> Path:
+    return Path(item.path).parent / SNAPSHOT_DIR / Path(item.path).stem
+
+
+def _active(item: pytest.Item) -> bool:
+    from harness.plugin import state_key
+
+    st = item.config.stash.get(state_key, None)
+    return st is not None and st.active and is_gate(item, st.gate_paths)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    update = bool(item.config.getoption("snapshot_update", False))
+    if not _active(item) or not (update or folder_of(item).is_dir()):
+        return (yield)
+    from harness import arms
+
+    arms.begin(item.nodeid)
+    try:
+        result = yield
+    finally:
+        outputs = arms.end()
+    if outputs:
+        item.user_properties.append((PROPERTY, settle(item, outputs, update)))
+    return result
+
+
+def toolchain_key(modules: dict[str, list[str]]) -> tuple[str, dict]:
+    """(folder name, what it stands for) of the modules a gate loaded ({module: options})."""
+    if not modules:
+        return "host", {"modules": {}}
+    from harness.toolchain import nvrtc_version
+
+    what = {"nvrtc": nvrtc_version(), "modules": {m: modules[m] for m in sorted(modules)}}
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
+    return f"nvrtc{what['nvrtc']}-{digest}", what
+
+
+def file_name(item: pytest.Item) -> str:
+    name = item.nodeid.split("::", 1)[-1]
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
+    return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}.npz"
+
+
+def settle(item: pytest.Item, outputs: dict, update: bool) -> str:
+    """Store (update) or check the gate's arm outputs; the line that says what was done.
+    Raises SnapshotMoved when a checked arm's bits moved."""
+    from harness.kernels import used
+
+    key, what = toolchain_key(used())
+    folder = folder_of(item) / key
+    path = folder / file_name(item)
+    if update:
+        write(folder, path, what, outputs)
+        return f"stored {len(outputs)} arm(s) in {path}"
+    if not path.is_file():
+        others = sorted(p.name for p in folder_of(item).iterdir() if p.is_dir() and p.name != key)
+        held = f" (snapshots held: {', '.join(others)})" if others else ""
+        return f"no snapshot for this toolchain yet ({key}){held}: run with --snapshot-update to record one"
+    lines = compare(read(path), outputs)
+    if lines:
+        raise SnapshotMoved("\n".join([f"bit snapshot {path}: the bits moved", *lines,
+                                       "accept the new bits with --snapshot-update"]))
+    return f"{len(outputs)} arm(s) the same bits as {path}"
+
+
+def _entry(name: str, array) -> tuple[dict, object]:
+    from harness.dtypes import bits_of
+
+    bits = bits_of(array)
+    meta = {"name": name, "dtype": str(array.dtype), "shape": list(array.shape),
+            "sha256": hashlib.sha256(bits.tobytes()).hexdigest(), "whole": bits.size <= KEEP_WHOLE}
+    return meta, (bits if meta["whole"] else None)
+
+
+def write(folder: Path, path: Path, what: dict, outputs: dict) -> None:
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "key.json").write_text(json.dumps(what, indent=1, sort_keys=True) + "\n")
+    metas, arrays = [], {}
+    for i, (name, array) in enumerate(outputs.items()):
+        meta, bits = _entry(name, array)
+        metas.append(meta)
+        if bits is not None:
+            arrays[f"arm{i}"] = bits
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, meta=np.array(json.dumps(metas)), **arrays)
+    tmp.replace(path)
+
+
+def read(path: Path) -> dict[str, tuple[dict, object]]:
+    """{arm name: (meta, its bits or None)} of a stored snapshot."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as data:
+        metas = json.loads(str(data["meta"]))
+        return {m["name"]: (m, data[f"arm{i}"] if m["whole"] else None) for i, m in enumerate(metas)}
+
+
+def compare(stored: dict, outputs: dict) -> list[str]:
+    """What moved, one or more lines an arm; empty when every arm has its stored bits."""
+    from harness.bits import bits_mismatch_lines
+    from harness.dtypes import from_bits
+
+    lines = []
+    for name in stored.keys() - outputs.keys():
+        lines.append(f"{name}: in the snapshot, not recorded by this run")
+    for name, array in outputs.items():
+        if name not in stored:
+            lines.append(f"{name}: recorded by this run, not in the snapshot")
+            continue
+        meta, bits = stored[name]
+        now, _ = _entry(name, array)
+        if (meta["dtype"], meta["shape"]) != (now["dtype"], now["shape"]):
+            lines.append(f"{name}: not comparable: stored {meta['dtype']}{tuple(meta['shape'])}, "
+                         f"now {now['dtype']}{tuple(now['shape'])}")
+        elif meta["sha256"] != now["sha256"]:
+            if bits is None:
+                lines.append(f"{name}: the bits moved ({array.size} elements, kept as a digest: no element named)")
+            else:
+                lines += bits_mismatch_lines(name, array, from_bits(bits, array.dtype).reshape(array.shape)) or []
+    return lines
