@@ -47,7 +47,7 @@ OPT_IN_OPTIONS = {"require_gpu": "--require-gpu", "kernel_root": "--kernel-root"
                   "harness_report": "--harness-report", "harness_cache_dir": "--harness-cache-dir",
                   "harness_deadline": "--harness-deadline", "sanitize": "--sanitize", "include_dir": "--include-dir",
                   "no_fail_fast": "--no-fail-fast", "harness_serve": "--harness-serve",
-                  "snapshot_update": "--snapshot-update"}
+                  "snapshot_update": "--snapshot-update", "compare_to": "--compare-to"}
 OPT_IN_ENV = (REQUIRE_GPU_ENV, KERNEL_ROOT_ENV)
 OPT_IN_INI = ("kernel_root", GATES_INI, "controls_dir", "harness_cache_dir", INCLUDE_DIRS_INI,
               "harness_deadline")

@@ -27,7 +27,7 @@ from harness.plugin_pool import new_pool, refuse_without_device, start_pool
 from harness.records import GateRecord, Outcome, Route
 from harness.report import classify_route, failure_message, first_line, write_reports
 
-pytest_plugins = ["harness.snapshots"]  # bit snapshots, a feature of its own
+pytest_plugins = ["harness.snapshots", "harness.compare"]  # bit snapshots and comparisons, features of their own
 if TYPE_CHECKING:
     from harness.pool import controller
 

@@ -30,6 +30,9 @@ from harness.kinds import is_gate
 SNAPSHOT_DIR = "__snapshots__"
 KEEP_WHOLE = 4096  # elements: an arm this small is stored whole, a larger one as a digest of its bits
 PROPERTY = "snapshot"  # the user property (JUnit, gates.json) that says what the check did
+# Set by a comparison run (`harness.compare`) for the runs it starts: each gate's arm outputs
+# are written under it, in a folder of the kernel root the gate ran over (`side_folder`).
+ARMS_OUT_ENV = "HARNESS_ARMS_OUT"
 
 
 class SnapshotMoved(AssertionError):
@@ -53,10 +56,18 @@ def _active(item: pytest.Item) -> bool:
     return st is not None and st.active and is_gate(item, st.gate_paths)
 
 
+def side_folder(out: Path, kernel_root: Path) -> Path:
+    """Where a comparison run's gates over `kernel_root` write their arm outputs."""
+    return Path(out) / hashlib.sha256(str(Path(kernel_root).resolve()).encode()).hexdigest()[:16]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
+    import os
+
     update = bool(item.config.getoption("snapshot_update", False))
-    if not _active(item) or not (update or folder_of(item).is_dir()):
+    out = os.environ.get(ARMS_OUT_ENV)
+    if not _active(item) or not (update or out or folder_of(item).is_dir()):
         return (yield)
     from harness import arms
 
@@ -65,7 +76,12 @@ def pytest_runtest_call(item: pytest.Item):
         result = yield
     finally:
         outputs = arms.end()
-    if outputs:
+    if out:
+        from harness.kernels import kernel_root, used
+
+        folder = side_folder(Path(out), kernel_root())
+        write(folder, folder / dump_name(item.nodeid), toolchain_key(used())[1], outputs)
+    elif outputs:
         item.user_properties.append((PROPERTY, settle(item, outputs, update)))
     return result
 
@@ -81,8 +97,14 @@ def toolchain_key(modules: dict[str, list[str]]) -> tuple[str, dict]:
     return f"nvrtc{what['nvrtc']}-{digest}", what
 
 
-def file_name(item: pytest.Item) -> str:
-    name = item.nodeid.split("::", 1)[-1]
+def dump_name(nodeid: str) -> str:
+    """A gate's file in a comparison run's side folder (node ids of every module share it)."""
+    return hashlib.sha256(nodeid.encode()).hexdigest()[:20] + ".npz"
+
+
+def file_name(nodeid: str) -> str:
+    """A gate's snapshot file name, from its node id."""
+    name = nodeid.split("::", 1)[-1]
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
     return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}.npz"
 
@@ -94,7 +116,7 @@ def settle(item: pytest.Item, outputs: dict, update: bool) -> str:
 
     key, what = toolchain_key(used())
     folder = folder_of(item) / key
-    path = folder / file_name(item)
+    path = folder / file_name(item.nodeid)
     if update:
         write(folder, path, what, outputs)
         return f"stored {len(outputs)} arm(s) in {path}"

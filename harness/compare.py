@@ -1,0 +1,300 @@
+"""`--compare-to REF`: did this change move any bits against REF, on every input the gates use?
+
+REF is a git revision of the repository holding the kernel root, or a folder holding a kernel
+tree. Its kernel tree is materialised in a temporary folder (the working tree and the index
+are only read) and removed on every way out. Every selected gate then runs over REF's tree and
+over today's, through the run layer's executor (warm workers where a device is, a fresh
+pytest otherwise), with its arm outputs (`harness.arms`) written per side; each arm of the two
+sides is compared bit for bit. The report says per gate and arm: `same bits`, or `differs`
+with the count, the first difference and the distances in ULPs, or `only in REF` / `only
+today` / `not comparable`; and each side's verdict of the gate. Red when an arm differs,
+unless `--compare-allow-differ`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness.kinds import is_gate
+from harness.usage import UsageError
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness")
+    group.addoption("--compare-to", default=None, metavar="REF",
+                    help="run every selected gate over REF's kernel tree (a git revision, or a folder) and over "
+                         "today's, and compare every arm output bit for bit (docs/regression.md)")
+    group.addoption("--compare-allow-differ", action="store_true", default=False,
+                    help="with --compare-to: report arms that differ without failing the run (a study run)")
+
+
+# ---------------------------------------------------------------- REF's kernel tree
+
+
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=120)
+
+
+@contextlib.contextmanager
+def kernel_tree_at(ref: str, kernel_root: Path):
+    """Yield REF's kernel tree: the folder REF itself, or the kernel root as of git revision
+    REF, written into a temporary folder removed on every way out. Raises UsageError."""
+    kernel_root = Path(kernel_root).resolve()
+    folder = Path(ref).expanduser()
+    if folder.is_dir():
+        if not any(folder.rglob("*.cu")):
+            raise UsageError(f"--compare-to {ref}: the folder holds no .cu file; pass a kernel tree or a git revision")
+        yield folder.resolve()
+        return
+    top = _git(kernel_root, "rev-parse", "--show-toplevel")
+    if top.returncode != 0:
+        raise UsageError(f"--compare-to {ref}: not a folder, and the kernel root {kernel_root} is not in a git "
+                         "repository; pass a folder holding the old kernel tree")
+    repo = Path(top.stdout.decode().strip())
+    if _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
+        shallow = _git(repo, "rev-parse", "--is-shallow-repository").stdout.decode().strip() == "true"
+        hint = (" (this clone is shallow: fetch the history, e.g. git fetch --unshallow, or git fetch origin "
+                f"{ref})" if shallow else "; name a branch, tag or commit of this repository")
+        raise UsageError(f"--compare-to {ref}: no such revision in {repo}{hint}")
+    rel = kernel_root.relative_to(repo).as_posix()
+    tmp = Path(tempfile.mkdtemp(prefix="harness-compare-"))
+    try:
+        archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", ref, "--", rel],
+                                 capture_output=True, timeout=300)
+        if archive.returncode != 0:
+            raise UsageError(f"--compare-to {ref}: {ref} has no {rel}/ (git archive: "
+                             f"{archive.stderr.decode().strip()}); compare with a revision that has the kernel root")
+        with tarfile.open(fileobj=_bytes(archive.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        yield tmp / rel
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bytes(data: bytes):
+    import io
+
+    return io.BytesIO(data)
+
+
+# ---------------------------------------------------------------- comparing arms
+
+
+def ordered(bits, kind: str):
+    """Bits as integers ordered as the values they encode (floats: sign-magnitude folded), so
+    that the distance between two is their distance in ULPs."""
+    import numpy as np
+
+    x = bits.astype(np.int64)
+    if kind != "f":
+        return x
+    width = bits.dtype.itemsize * 8
+    sign = np.int64(1) << (width - 1)
+    return np.where(x & sign, -(x & (sign - 1)), x)
+
+
+@dataclass
+class ArmComparison:
+    arm: str
+    status: str  # same bits | differs | only in REF | only today | not comparable
+    elements: int = 0
+    differing: int = 0
+    first: dict | None = None  # index, both values, both bit patterns
+    ulps: dict | None = None  # max, median, histogram {"1": n, "2-3": n, ...}
+    note: str | None = None
+
+
+def compare_arm(name: str, ref, now) -> ArmComparison:
+    import numpy as np
+
+    from harness.bits import _hex, _index, _value_text
+    from harness.dtypes import bits_of
+
+    if ref.shape != now.shape or ref.dtype != now.dtype:
+        return ArmComparison(name, "not comparable", note=f"REF {ref.dtype}{ref.shape}, today {now.dtype}{now.shape}")
+    a, b = bits_of(ref).reshape(-1), bits_of(now).reshape(-1)
+    bad = np.flatnonzero(a != b)
+    if not bad.size:
+        return ArmComparison(name, "same bits", elements=a.size)
+    i = int(bad[0])
+    size = ref.dtype.itemsize
+    first = {"index": _index(i, ref.shape), "ref": _value_text(a[i], ref.dtype), "today": _value_text(b[i], ref.dtype),
+             "ref_bits": _hex(a[i], size), "today_bits": _hex(b[i], size)}
+    kind = "f" if ref.dtype.kind == "f" or "float" in str(ref.dtype) else "i"
+    dist = np.abs(ordered(a[bad], kind) - ordered(b[bad], kind))
+    edges = [1, 2, 4, 16, 256, 65536]
+    hist, lo = {}, 1
+    for hi in edges[1:] + [None]:
+        n = int(((dist >= lo) & (dist < hi)).sum()) if hi else int((dist >= lo).sum())
+        if n:
+            hist[f"{lo}" if hi == lo + 1 else (f"{lo}-{hi - 1}" if hi else f">={lo}")] = n
+        lo = hi
+    ulps = {"max": int(dist.max()), "median": float(np.median(dist)), "histogram": hist}
+    return ArmComparison(name, "differs", elements=a.size, differing=int(bad.size), first=first, ulps=ulps)
+
+
+@dataclass
+class GateComparison:
+    nodeid: str
+    ref_outcome: str
+    today_outcome: str
+    arms: list[ArmComparison] = field(default_factory=list)
+
+    @property
+    def differs(self) -> bool:
+        return any(a.status != "same bits" for a in self.arms)
+
+
+def compare_sides(nodeid: str, ref: dict, today: dict, ref_outcome: str, today_outcome: str) -> GateComparison:
+    """Every arm of one gate, REF's against today's ({name: array} each)."""
+    gate = GateComparison(nodeid, ref_outcome, today_outcome)
+    for name in ref:
+        gate.arms.append(compare_arm(name, ref[name], today[name]) if name in today
+                         else ArmComparison(name, "only in REF"))
+    gate.arms += [ArmComparison(name, "only today") for name in today if name not in ref]
+    return gate
+
+
+# ---------------------------------------------------------------- the run
+
+
+def read_side(folder: Path, nodeid: str) -> dict:
+    """{arm: array} a gate wrote in a side folder (empty when it wrote none)."""
+    from harness.dtypes import from_bits
+    from harness.snapshots import dump_name, read
+
+    path = folder / dump_name(nodeid)
+    if not path.is_file():
+        return {}
+    out = {}
+    for name, (meta, bits) in read(path).items():
+        out[name] = from_bits(bits, _dtype(meta["dtype"])).reshape(meta["shape"])
+    return out
+
+
+def _dtype(name: str):
+    """numpy's dtype of that name, or ml_dtypes' (bfloat16, float8_e4m3fn, ...)."""
+    import numpy as np
+
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def _executors(st, config, gates: list[str], kernel_root: Path):
+    from harness.runs.fresh import FreshExecutors
+    from harness.runs.warm import WarmExecutors
+
+    files = sorted({g.split("::", 1)[0] for g in gates})
+    if st.pool is not None:
+        return WarmExecutors(config.rootpath, tuple(files), kernel_root, 1, stop_on_kill=False)
+    return FreshExecutors(config.rootpath, require_gpu=st.require_gpu)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session):
+    config = session.config
+    ref = config.getoption("compare_to", None)
+    if not ref or config.option.collectonly:
+        return None
+    from harness import _settings
+    from harness.plugin import state_key
+    from harness.snapshots import ARMS_OUT_ENV, side_folder
+
+    st = config.stash[state_key]
+    if st.serving:
+        return None
+    gates = [item.nodeid for item in session.items if is_gate(item, st.gate_paths)]
+    today = _settings.current().kernel_root
+    report_dir = Path(st.report_dir or _settings.report_root(config.rootpath))
+    out = Path(tempfile.mkdtemp(prefix="harness-arms-"))
+    previous = os.environ.get(ARMS_OUT_ENV)
+    os.environ[ARMS_OUT_ENV] = str(out)
+    try:
+        with kernel_tree_at(ref, today) as ref_root:
+            factory = _executors(st, config, gates, today)
+            cache = _settings.current().cache_dir
+            runs = {}
+            for side, root in (("ref", ref_root), ("today", today)):
+                executor = factory(report_dir / "compare" / side, cache, st.arch)
+                try:
+                    runs[side] = (root, executor.run(root, gates, max(60.0, st.deadline * len(gates))))
+                finally:
+                    executor.close()
+            result = [compare_sides(g, read_side(side_folder(out, runs["ref"][0]), g),
+                                    read_side(side_folder(out, runs["today"][0]), g),
+                                    _outcome(runs["ref"][1], g), _outcome(runs["today"][1], g)) for g in gates]
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    finally:
+        if previous is None:
+            os.environ.pop(ARMS_OUT_ENV, None)
+        else:
+            os.environ[ARMS_OUT_ENV] = previous
+        shutil.rmtree(out, ignore_errors=True)
+    write_reports(report_dir, ref, result)
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    for line in table(ref, result):
+        (tr.write_line(line) if tr is not None else print(line))
+    differ = [g for g in result if g.differs]
+    if differ and not config.getoption("compare_allow_differ"):
+        session.testsfailed = len(differ)
+    return True
+
+
+def _outcome(runs, nodeid: str) -> str:
+    rec = runs.records.get(nodeid)
+    if rec is None:
+        return "not run" + (f" ({runs.note()})" if runs.note() else "")
+    return rec.outcome + (f" by {rec.route}" if rec.red else "")
+
+
+def table(ref: str, gates: list[GateComparison]) -> list[str]:
+    arms = [a for g in gates for a in g.arms]
+    lines = [f"compare to {ref}: {len(gates)} gate(s), {len(arms)} arm(s): "
+             f"{sum(a.status == 'same bits' for a in arms)} same bits, {sum(a.status == 'differs' for a in arms)} "
+             f"differ, {sum(a.status not in ('same bits', 'differs') for a in arms)} do not pair up"]
+    for g in gates:
+        lines.append(f"{g.nodeid} (REF: {g.ref_outcome}; today: {g.today_outcome})")
+        if not g.arms:
+            lines.append("  no arm output recorded on either side")
+        for a in g.arms:
+            lines.append(f"  {a.arm}: {_arm_text(a)}")
+    return lines
+
+
+def _arm_text(a: ArmComparison) -> str:
+    if a.status == "differs":
+        f = a.first
+        return (f"differs: {a.differing} of {a.elements} elements; first at {f['index']}: REF {f['ref']} "
+                f"({f['ref_bits']}), today {f['today']} ({f['today_bits']}); ULPs max {a.ulps['max']}, median "
+                f"{a.ulps['median']:g}, {a.ulps['histogram']}")
+    return a.status + (f" ({a.note})" if a.note else "")
+
+
+def write_reports(report_dir: Path, ref: str, gates: list[GateComparison]) -> tuple[Path, Path]:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    data = {"ref": ref, "gates": [{**asdict(g), "differs": g.differs} for g in gates]}
+    json_path = report_dir / "compare.json"
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
+    md = [f"# Compared with {ref}", "", "| gate | arm | REF | today | bits |", "| --- | --- | --- | --- | --- |"]
+    for g in gates:
+        for a in g.arms or [ArmComparison("(none)", "no arm output")]:
+            md.append(f"| `{g.nodeid}` | {a.arm} | {g.ref_outcome} | {g.today_outcome} | "
+                      f"{_arm_text(a).replace('|', '/')} |")
+    md_path = report_dir / "compare.md"
+    md_path.write_text("\n".join(md) + "\n")
+    return json_path, md_path

@@ -1,0 +1,153 @@
+"""`--compare-to REF`: REF's kernel tree materialised and removed, every gate run over both
+trees, each arm output compared bit for bit. Host gates that read the kernel tree stand in
+for GPU gates (the same executor runs them: a fresh pytest each side, with no device)."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.compare import compare_arm, compare_sides, ordered
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN = ("-p", "harness.plugin")
+
+GATE = """
+import re
+
+import numpy as np
+import pytest
+
+import harness
+from harness.kernels import kernel_root
+
+
+def scale():
+    return float(re.search(r"#define SCALE ([0-9.]+)", (kernel_root() / "k.cu").read_text()).group(1))
+
+
+@pytest.mark.structural
+def test_scaled():
+    got = (np.arange(8, dtype=np.float32) * np.float32(scale())).astype(np.float32)
+    harness.record("y", got)
+
+
+@pytest.mark.structural
+def test_unscaled():
+    harness.record("z", np.arange(3, dtype=np.int32))
+"""
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def project(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    for var in ("HARNESS_REQUIRE_GPU", "HARNESS_KERNEL_ROOT", "HARNESS_ARMS_OUT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    pytester.makeini("[pytest]\nharness_gates = gates\nkernel_root = kernels\n")
+    (pytester.mkdir("gates") / "test_k.py").write_text(GATE)
+    (pytester.mkdir("kernels") / "k.cu").write_text('#define SCALE 3\nextern "C" __global__ void k() {}\n')
+    git(pytester.path, "init", "-q", "-b", "main")
+    git(pytester.path, "-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
+    git(pytester.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "scale 3")
+    git(pytester.path, "tag", "v1")
+    return pytester
+
+
+def compare(pytester, *args):
+    return pytester.runpytest_subprocess(*PLUGIN, "gates", "--harness-report=report", *args)
+
+
+def report(pytester) -> dict:
+    return json.loads((pytester.path / "report" / "compare.json").read_text())
+
+
+def set_scale(pytester, value: str) -> None:
+    (pytester.path / "kernels" / "k.cu").write_text(f'#define SCALE {value}\nextern "C" __global__ void k() {{}}\n')
+
+
+@pytest.mark.parametrize("ref", ["HEAD", "main", "v1", "sha"])
+def test_an_unchanged_tree_has_the_same_bits_against_any_kind_of_revision(project, ref):
+    ref = git(project.path, "rev-parse", "HEAD").strip() if ref == "sha" else ref
+    result = compare(project, f"--compare-to={ref}")
+    assert result.ret == 0, result.stdout.str()
+    data = report(project)
+    assert [(g["nodeid"].split("::")[1], [a["status"] for a in g["arms"]]) for g in data["gates"]] == [
+        ("test_scaled", ["same bits"]), ("test_unscaled", ["same bits"])]
+    result.stdout.fnmatch_lines([f"*compare to {ref}: 2 gate(s), 2 arm(s): 2 same bits, 0 differ*"])
+    assert git(project.path, "status", "--porcelain", "--", "kernels", "gates") == "", "the working tree was touched"
+    assert git(project.path, "diff", "--cached", "--name-only") == "", "the index was touched"
+
+
+def test_a_changed_kernel_is_red_naming_the_first_difference_and_the_ulps(project):
+    set_scale(project, "3.0000002")  # one float32 ulp above 3 scales every element but 0
+    result = compare(project, "--compare-to=HEAD")
+    assert result.ret == 1
+    (scaled,) = [g for g in report(project)["gates"] if g["nodeid"].endswith("test_scaled")]
+    (arm,) = scaled["arms"]
+    assert arm["status"] == "differs" and arm["differing"] == 7 and arm["elements"] == 8
+    assert arm["first"]["index"] == "[1]" and arm["first"]["ref"] == "3.0" and arm["first"]["ref_bits"] == "0x40400000"
+    assert arm["ulps"]["max"] >= 1 and scaled["ref_outcome"] == scaled["today_outcome"] == "passed"
+    assert "| `gates/test_k.py::test_scaled` | y | passed | passed | differs: 7 of 8" in \
+        (project.path / "report" / "compare.md").read_text()
+    assert compare(project, "--compare-to=HEAD", "--compare-allow-differ").ret == 0
+
+
+def test_a_folder_is_a_ref_and_the_materialised_tree_is_removed(project, tmp_path):
+    old = tmp_path / "old"
+    (old / "sub").mkdir(parents=True)
+    (old / "k.cu").write_text('#define SCALE 5\n')
+    result = compare(project, f"--compare-to={old}")
+    assert result.ret == 1 and report(project)["gates"][0]["arms"][0]["status"] == "differs"
+    assert list((tmp_path / "tmp").glob("harness-compare-*")) == [] and list((tmp_path / "tmp").glob("harness-arms-*")) == []
+
+
+@pytest.mark.parametrize("ref, says", [
+    ("no-such-branch", "--compare-to no-such-branch: no such revision in"),
+    ("EMPTY", "the folder holds no .cu file"),
+])
+def test_a_bad_ref_is_one_clear_line(project, tmp_path, ref, says):
+    if ref == "EMPTY":
+        (tmp_path / "empty").mkdir()
+        ref = str(tmp_path / "empty")
+    result = compare(project, f"--compare-to={ref}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert says in result.stderr.str()
+
+
+def test_a_shallow_clone_without_the_ref_says_to_fetch_it(project, tmp_path):
+    git(project.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "two")
+    clone = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{project.path}", str(clone)], check=True)
+    result = subprocess.run(["python", "-m", "pytest", *PLUGIN, "gates", "--compare-to=v1~0"], cwd=clone,
+                            capture_output=True, text=True)
+    assert "this clone is shallow" in result.stderr, result.stderr
+
+
+def test_arms_that_do_not_pair_up_and_shapes_that_changed():
+    g = compare_sides("g::t", {"a": np.zeros(2, np.float32), "b": np.zeros(2, np.int32)},
+                      {"a": np.zeros(3, np.float32), "c": np.zeros(1)}, "passed", "failed by assertion")
+    assert [(a.arm, a.status) for a in g.arms] == [("a", "not comparable"), ("b", "only in REF"), ("c", "only today")]
+    assert g.differs and g.arms[0].note == "REF float32(2,), today float32(3,)"
+
+
+def test_ulps_count_across_zero_and_in_low_precision_floats():
+    import ml_dtypes
+
+    a = np.array([1.0, -0.0, 2.0], np.float32)
+    b = np.nextafter(a, np.float32(np.inf)).astype(np.float32)
+    c = compare_arm("x", a, b)
+    assert c.differing == 3 and c.ulps["max"] == 1 and c.ulps["histogram"] == {"1": 3}
+    zero = compare_arm("z", np.array([0.0], np.float32), np.array([-0.0], np.float32))
+    assert zero.status == "differs" and zero.ulps["max"] == 0  # +0 and -0: other bits, no distance
+    bf = compare_arm("bf", np.array([1.0], ml_dtypes.bfloat16), np.array([1.0078125], ml_dtypes.bfloat16))
+    assert bf.ulps["max"] == 1 and bf.first["today_bits"] == "0x3f81"
+    assert ordered(np.array([0x80000001], np.uint32), "f").tolist() == [-1]
