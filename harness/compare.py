@@ -225,15 +225,15 @@ def pytest_runtestloop(session: pytest.Session):
     os.environ[ARMS_OUT_ENV] = str(out)
     try:
         with kernel_tree_at(ref, today) as ref_root:
-            factory = _executors(st, config, gates, today)
-            cache = _settings.current().cache_dir
+            # one executor for both sides: the warm one runs each side's gates on the same workers
+            executor = _executors(st, config, gates, today)(report_dir / "compare", _settings.current().cache_dir,
+                                                            st.arch)
             runs = {}
-            for side, root in (("ref", ref_root), ("today", today)):
-                executor = factory(report_dir / "compare" / side, cache, st.arch)
-                try:
+            try:
+                for side, root in (("ref", ref_root), ("today", today)):
                     runs[side] = (root, executor.run(root, gates, max(60.0, st.deadline * len(gates))))
-                finally:
-                    executor.close()
+            finally:
+                executor.close()
             result = [compare_sides(g, read_side(side_folder(out, runs["ref"][0]), g),
                                     read_side(side_folder(out, runs["today"][0]), g),
                                     _outcome(runs["ref"][1], g), _outcome(runs["today"][1], g)) for g in gates]
@@ -249,10 +249,25 @@ def pytest_runtestloop(session: pytest.Session):
     tr = config.pluginmanager.get_plugin("terminalreporter")
     for line in table(ref, result):
         (tr.write_line(line) if tr is not None else print(line))
+    red = _record_today(st, session, runs["today"][1])
     differ = [g for g in result if g.differs]
-    if differ and not config.getoption("compare_allow_differ"):
-        session.testsfailed = len(differ)
+    session.testsfailed = red + (0 if config.getoption("compare_allow_differ") else len(differ))
     return True
+
+
+def _record_today(st, session: pytest.Session, runs) -> int:
+    """Today's verdicts are the run's gate records (the summary, gates.json, the require-gpu
+    rule); how many gates are red today."""
+    import dataclasses
+
+    from harness.gate_verdicts import is_gpu, kind_of
+
+    for item in session.items:
+        rec = runs.records.get(item.nodeid)
+        if rec is not None:
+            st.records[item.nodeid] = dataclasses.replace(rec, gpu=is_gpu(item), kind=kind_of(item),
+                                                          module=item.nodeid.split("::", 1)[0])
+    return sum(1 for r in st.records.values() if r.red)
 
 
 def _outcome(runs, nodeid: str) -> str:

@@ -37,6 +37,11 @@ def test_scaled():
 @pytest.mark.structural
 def test_unscaled():
     harness.record("z", np.arange(3, dtype=np.int32))
+
+
+@pytest.mark.structural
+def test_asserts_scale_three():
+    harness.assert_bits_eq("w", np.full(4, scale(), np.float32), np.full(4, 3.0, np.float32))
 """
 
 
@@ -81,8 +86,9 @@ def test_an_unchanged_tree_has_the_same_bits_against_any_kind_of_revision(projec
     assert result.ret == 0, result.stdout.str()
     data = report(project)
     assert [(g["nodeid"].split("::")[1], [a["status"] for a in g["arms"]]) for g in data["gates"]] == [
-        ("test_scaled", ["same bits"]), ("test_unscaled", ["same bits"])]
-    result.stdout.fnmatch_lines([f"*compare to {ref}: 2 gate(s), 2 arm(s): 2 same bits, 0 differ*"])
+        ("test_scaled", ["same bits"]), ("test_unscaled", ["same bits"]), ("test_asserts_scale_three", ["same bits"])]
+    result.stdout.fnmatch_lines([f"*compare to {ref}: 3 gate(s), 3 arm(s): 3 same bits, 0 differ*"])
+    assert json.loads((project.path / "report" / "gates.json").read_text())["summary"]["passed"] == 3
     assert git(project.path, "status", "--porcelain", "--", "kernels", "gates") == "", "the working tree was touched"
     assert git(project.path, "diff", "--cached", "--name-only") == "", "the index was touched"
 
@@ -98,7 +104,9 @@ def test_a_changed_kernel_is_red_naming_the_first_difference_and_the_ulps(projec
     assert arm["ulps"]["max"] >= 1 and scaled["ref_outcome"] == scaled["today_outcome"] == "passed"
     assert "| `gates/test_k.py::test_scaled` | y | passed | passed | differs: 7 of 8" in \
         (project.path / "report" / "compare.md").read_text()
-    assert compare(project, "--compare-to=HEAD", "--compare-allow-differ").ret == 0
+    assert compare(project, "--compare-to=HEAD", "--compare-allow-differ").ret == 1  # today's own gate is red
+    (project.path / "gates" / "test_k.py").write_text(GATE.replace("np.full(4, 3.0,", "np.full(4, scale(),"))
+    assert compare(project, "--compare-to=HEAD", "--compare-allow-differ").ret == 0  # a study: differs, not red
 
 
 def test_a_folder_is_a_ref_and_the_materialised_tree_is_removed(project, tmp_path):
@@ -106,7 +114,12 @@ def test_a_folder_is_a_ref_and_the_materialised_tree_is_removed(project, tmp_pat
     (old / "sub").mkdir(parents=True)
     (old / "k.cu").write_text('#define SCALE 5\n')
     result = compare(project, f"--compare-to={old}")
-    assert result.ret == 1 and report(project)["gates"][0]["arms"][0]["status"] == "differs"
+    gates = {g["nodeid"].split("::")[1]: g for g in report(project)["gates"]}
+    assert result.ret == 1 and gates["test_scaled"]["arms"][0]["status"] == "differs"
+    # red by its own assertion over REF's tree: its arm is still compared, and is the difference
+    three = gates["test_asserts_scale_three"]
+    assert three["ref_outcome"] == "failed by assertion" and three["today_outcome"] == "passed"
+    assert three["arms"][0]["status"] == "differs" and three["arms"][0]["first"]["ref"] == "5.0"
     assert list((tmp_path / "tmp").glob("harness-compare-*")) == [] and list((tmp_path / "tmp").glob("harness-arms-*")) == []
 
 
