@@ -15,8 +15,6 @@ import queue
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Callable, TypeVar
 
-from harness.runs import fresh
-
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -60,6 +58,8 @@ def run_in_slots(take: Callable[[bool], Item | None], jobs: int, work: Callable[
                     free.append(slot)
                     done(item, future.result())
         except BaseException:
+            from harness.runs import fresh  # the module as it is now (a test may stand in for kill_all)
+
             fresh.kill_all()  # every gate run in flight dies with its process group
             if on_abort is not None:
                 on_abort()
