@@ -249,25 +249,39 @@ def pytest_runtestloop(session: pytest.Session):
     tr = config.pluginmanager.get_plugin("terminalreporter")
     for line in table(ref, result):
         (tr.write_line(line) if tr is not None else print(line))
-    red = _record_today(st, session, runs["today"][1])
+    _report_today(session, runs["today"][1], {g.nodeid: g for g in result})
     differ = [g for g in result if g.differs]
-    session.testsfailed = red + (0 if config.getoption("compare_allow_differ") else len(differ))
+    if not config.getoption("compare_allow_differ"):
+        session.testsfailed += len(differ)
     return True
 
 
-def _record_today(st, session: pytest.Session, runs) -> int:
-    """Today's verdicts are the run's gate records (the summary, gates.json, the require-gpu
-    rule); how many gates are red today."""
-    import dataclasses
-
-    from harness.gate_verdicts import is_gpu, kind_of
+def _report_today(session: pytest.Session, runs, compared: dict) -> None:
+    """Each gate's report is today's verdict, with what the comparison found as properties
+    (`compare <arm>`: JUnit, gates.json): the summary, pytest's counts and the require-gpu rule
+    read them as those of any run."""
+    from harness.gate_verdicts import synthetic
+    from harness.records import Outcome
 
     for item in session.items:
         rec = runs.records.get(item.nodeid)
-        if rec is not None:
-            st.records[item.nodeid] = dataclasses.replace(rec, gpu=is_gpu(item), kind=kind_of(item),
-                                                          module=item.nodeid.split("::", 1)[0])
-    return sum(1 for r in st.records.values() if r.red)
+        if rec is None:
+            continue
+        gate = compared.get(item.nodeid)
+        props = [(f"compare {a.arm}", _arm_text(a)) for a in (gate.arms if gate else [])]
+        if rec.red:
+            props += [("route", str(rec.route or "error")), ("first_failure_line", rec.first_failure_line or "")]
+            longrepr = rec.failure_message or rec.first_failure_line or "red"
+        elif rec.outcome == Outcome.SKIPPED:
+            longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {rec.skip_reason or 'skipped today'}")
+        else:
+            longrepr = None
+        outcome = Outcome.FAILED.value if rec.red else str(rec.outcome)
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        for report in synthetic(item, outcome, longrepr, props, duration=rec.duration,
+                                message=rec.failure_message):
+            item.ihook.pytest_runtest_logreport(report=report)
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
 
 def _outcome(runs, nodeid: str) -> str:

@@ -89,6 +89,7 @@ def test_an_unchanged_tree_has_the_same_bits_against_any_kind_of_revision(projec
         ("test_scaled", ["same bits"]), ("test_unscaled", ["same bits"]), ("test_asserts_scale_three", ["same bits"])]
     result.stdout.fnmatch_lines([f"*compare to {ref}: 3 gate(s), 3 arm(s): 3 same bits, 0 differ*"])
     assert json.loads((project.path / "report" / "gates.json").read_text())["summary"]["passed"] == 3
+    result.assert_outcomes(passed=3)  # pytest's own counts: today's verdicts
     assert git(project.path, "status", "--porcelain", "--", "kernels", "gates") == "", "the working tree was touched"
     assert git(project.path, "diff", "--cached", "--name-only") == "", "the index was touched"
 
@@ -104,7 +105,13 @@ def test_a_changed_kernel_is_red_naming_the_first_difference_and_the_ulps(projec
     assert arm["ulps"]["max"] >= 1 and scaled["ref_outcome"] == scaled["today_outcome"] == "passed"
     assert "| `gates/test_k.py::test_scaled` | y | passed | passed | differs: 7 of 8" in \
         (project.path / "report" / "compare.md").read_text()
-    assert compare(project, "--compare-to=HEAD", "--compare-allow-differ").ret == 1  # today's own gate is red
+    result = compare(project, "--compare-to=HEAD", "--compare-allow-differ", "--junitxml=junit.xml")
+    assert result.ret == 1  # today's own gate is red
+    result.assert_outcomes(passed=2, failed=1)
+    import xml.etree.ElementTree as ET
+
+    props = {p.get("name"): p.get("value") for p in ET.parse(project.path / "junit.xml").iter("property")}
+    assert props["compare y"].startswith("differs: 7 of 8 elements") and props["compare z"] == "same bits"
     (project.path / "gates" / "test_k.py").write_text(GATE.replace("np.full(4, 3.0,", "np.full(4, scale(),"))
     assert compare(project, "--compare-to=HEAD", "--compare-allow-differ").ret == 0  # a study: differs, not red
 
