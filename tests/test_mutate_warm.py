@@ -723,7 +723,7 @@ def test_a_mutation_bench_with_naive_seconds_cuts_its_naive_half_and_bounds_the_
         def cancel(self):
             self.cancelled = True
 
-    interrupted = threading.Event()  # the campaign took its Ctrl-C path: every run under way is killed
+    interrupted = threading.Event()  # the cut killed every run under way (the campaign's Ctrl-C path does too)
     real_kill_all = child.kill_all
 
     def kill_all():

@@ -110,9 +110,13 @@ class _Clock:
 
     @staticmethod
     def cut() -> None:
-        """End the gate stage now: SIGINT at the main thread, as `timeout -s INT` would send it
-        (the campaign's Ctrl-C path kills the runs under way)."""
+        """End the gate stage now: SIGINT at the main thread, as `timeout -s INT` would send it,
+        and the runs under way killed at once, as the campaign's Ctrl-C path kills them: a
+        main thread that takes the signal only when its wait ends is then woken at once."""
+        from harness.runs import fresh
+
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        fresh.kill_all()
 
     def seconds(self) -> float:
         """How long the gate stage has run (0 before it began)."""
