@@ -14,6 +14,7 @@ unless `--compare-allow-differ`.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.gitref import is_shallow, names_a_commit, repo_of
 from harness.kinds import is_gate
 from harness.usage import UsageError
 
@@ -41,10 +43,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # ---------------------------------------------------------------- REF's kernel tree
 
 
-def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=120)
-
-
 @contextlib.contextmanager
 def kernel_tree_at(ref: str, kernel_root: Path):
     """Yield REF's kernel tree: the folder REF itself, or the kernel root as of git revision
@@ -56,15 +54,13 @@ def kernel_tree_at(ref: str, kernel_root: Path):
             raise UsageError(f"--compare-to {ref}: the folder holds no .cu file; pass a kernel tree or a git revision")
         yield folder.resolve()
         return
-    top = _git(kernel_root, "rev-parse", "--show-toplevel")
-    if top.returncode != 0:
+    repo = repo_of(kernel_root)
+    if repo is None:
         raise UsageError(f"--compare-to {ref}: not a folder, and the kernel root {kernel_root} is not in a git "
                          "repository; pass a folder holding the old kernel tree")
-    repo = Path(top.stdout.decode().strip())
-    if _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
-        shallow = _git(repo, "rev-parse", "--is-shallow-repository").stdout.decode().strip() == "true"
+    if not names_a_commit(repo, ref):
         hint = (" (this clone is shallow: fetch the history, e.g. git fetch --unshallow, or git fetch origin "
-                f"{ref})" if shallow else "; name a branch, tag or commit of this repository")
+                f"{ref})" if is_shallow(repo) else "; name a branch, tag or commit of this repository")
         raise UsageError(f"--compare-to {ref}: no such revision in {repo}{hint}")
     rel = kernel_root.relative_to(repo).as_posix()
     tmp = Path(tempfile.mkdtemp(prefix="harness-compare-"))
@@ -74,17 +70,11 @@ def kernel_tree_at(ref: str, kernel_root: Path):
         if archive.returncode != 0:
             raise UsageError(f"--compare-to {ref}: {ref} has no {rel}/ (git archive: "
                              f"{archive.stderr.decode().strip()}); compare with a revision that has the kernel root")
-        with tarfile.open(fileobj=_bytes(archive.stdout)) as tar:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tmp, filter="data")
         yield tmp / rel
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _bytes(data: bytes):
-    import io
-
-    return io.BytesIO(data)
 
 
 # ---------------------------------------------------------------- comparing arms

@@ -77,10 +77,10 @@ def pytest_runtest_call(item: pytest.Item):
     finally:
         outputs = arms.end()
         if out:  # a comparison keeps a red gate's arms too: its own assertion may be the difference
-            from harness.kernels import kernel_root, used
+            from harness.kernels import kernel_root
 
             folder = side_folder(Path(out), kernel_root())
-            write(folder, folder / dump_name(item.nodeid), toolchain_key(used())[1], outputs)
+            write(folder, folder / dump_name(item.nodeid), outputs)
     if outputs and not out:
         item.user_properties.append((PROPERTY, settle(item, outputs, update)))
     return result
@@ -118,7 +118,7 @@ def settle(item: pytest.Item, outputs: dict, update: bool) -> str:
     folder = folder_of(item) / key
     path = folder / file_name(item.nodeid)
     if update:
-        write(folder, path, what, outputs)
+        write(folder, path, outputs, key=what)
         return f"stored {len(outputs)} arm(s) in {path}"
     if not path.is_file():
         others = sorted(p.name for p in folder_of(item).iterdir() if p.is_dir() and p.name != key)
@@ -140,11 +140,14 @@ def _entry(name: str, array) -> tuple[dict, object]:
     return meta, (bits if meta["whole"] else None)
 
 
-def write(folder: Path, path: Path, what: dict, outputs: dict) -> None:
+def write(folder: Path, path: Path, outputs: dict, key: dict | None = None) -> None:
+    """The arm outputs at `path` in `folder`, and what the folder's toolchain key stands for
+    in its `key.json` (a snapshot's; a comparison's dump has none)."""
     import numpy as np
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "key.json").write_text(json.dumps(what, indent=1, sort_keys=True) + "\n")
+    if key is not None:
+        (folder / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n")
     metas, arrays = [], {}
     for i, (name, array) in enumerate(outputs.items()):
         meta, bits = _entry(name, array)
@@ -171,7 +174,7 @@ def compare(stored: dict, outputs: dict) -> list[str]:
     from harness.dtypes import from_bits
 
     lines = []
-    for name in stored.keys() - outputs.keys():
+    for name in sorted(stored.keys() - outputs.keys()):
         lines.append(f"{name}: in the snapshot, not recorded by this run")
     for name, array in outputs.items():
         if name not in stored:

@@ -155,16 +155,14 @@ class SinceError(ValueError):
 
 def changed_lines(kernel_root: Path, ref: str) -> dict[str, set[int]]:
     """{kernel-root-relative file: lines changed since `ref`} from `git diff -U0`."""
+    from harness.gitref import names_a_commit, repo_of
+
     root = Path(kernel_root).resolve()
-    try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    top = repo_of(root)
+    if top is None:
         raise SinceError(f"--since needs a git checkout, and {root} is not in one; drop --since or run from "
-                         "a clone") from None
-    check = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=root,
-                           capture_output=True, text=True)
-    if check.returncode != 0:
+                         "a clone")
+    if not names_a_commit(root, ref):
         raise SinceError(f"--since {ref}: git knows no commit by that name; pass a branch, tag or commit "
                          "(e.g. --since origin/main)")
     diff = subprocess.run(["git", "diff", "-U0", "--no-color", "--no-ext-diff", ref, "--", str(root)], cwd=root,
