@@ -28,6 +28,7 @@ import pytest
 
 from harness.gitref import is_shallow, names_a_commit, repo_of
 from harness.kinds import is_gate
+from harness.ref_launchers import LAUNCHERS_OF_ENV
 from harness.usage import UsageError
 
 
@@ -75,6 +76,32 @@ def kernel_tree_at(ref: str, kernel_root: Path):
         yield tmp / rel
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_launchers(ref: str, today: Path, ref_root: Path, rootdir: Path) -> None:
+    """REF's launchers (those in its kernel root) import here, or one UsageError line: executed
+    once in this process, today's put back at once, before any gate runs."""
+    from harness import ref_launchers
+
+    try:
+        ref_launchers.swap(today, ref_root, rootdir)
+    except ref_launchers.LauncherImportError as exc:
+        raise UsageError(f"--compare-to {ref}: {exc}; fix the launcher at REF, or compare with a REF whose "
+                         "launchers import") from None
+    finally:
+        ref_launchers.restore()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A side of a comparison run as a fresh pytest over another kernel tree: its launchers are
+    that tree's (`harness.ref_launchers`)."""
+    if os.environ.get(LAUNCHERS_OF_ENV):
+        from harness import _settings, ref_launchers
+
+        try:
+            ref_launchers.use(_settings.current().kernel_root, session.config.rootpath)
+        except ref_launchers.LauncherImportError as exc:
+            raise pytest.UsageError(str(exc)) from None
 
 
 # ---------------------------------------------------------------- comparing arms
@@ -211,10 +238,12 @@ def pytest_runtestloop(session: pytest.Session):
     today = _settings.current().kernel_root
     report_dir = Path(st.report_dir or _settings.report_root(config.rootpath))
     out = Path(tempfile.mkdtemp(prefix="harness-arms-"))
-    previous = os.environ.get(ARMS_OUT_ENV)
+    previous = {k: os.environ.get(k) for k in (ARMS_OUT_ENV, LAUNCHERS_OF_ENV)}
     os.environ[ARMS_OUT_ENV] = str(out)
+    os.environ[LAUNCHERS_OF_ENV] = str(today)
     try:
         with kernel_tree_at(ref, today) as ref_root:
+            check_launchers(ref, today, ref_root, config.rootpath)
             # one executor for both sides: the warm one runs each side's gates on the same workers
             executor = _executors(st, config, gates, today)(report_dir / "compare", _settings.current().cache_dir,
                                                             st.arch)
@@ -230,10 +259,11 @@ def pytest_runtestloop(session: pytest.Session):
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     finally:
-        if previous is None:
-            os.environ.pop(ARMS_OUT_ENV, None)
-        else:
-            os.environ[ARMS_OUT_ENV] = previous
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         shutil.rmtree(out, ignore_errors=True)
     write_reports(report_dir, ref, result)
     tr = config.pluginmanager.get_plugin("terminalreporter")

@@ -171,3 +171,73 @@ def test_ulps_count_across_zero_and_in_low_precision_floats():
     bf = compare_arm("bf", np.array([1.0], ml_dtypes.bfloat16), np.array([1.0078125], ml_dtypes.bfloat16))
     assert bf.ulps["max"] == 1 and bf.first["today_bits"] == "0x3f81"
     assert ordered(np.array([0x80000001], np.uint32), "f").tolist() == [-1]
+
+
+LAUNCHER = "FACTOR = {factor}\n\n\ndef factor():\n    return FACTOR\n"
+LAUNCHER_GATE = """
+import numpy as np
+import pytest
+
+import harness
+from kernels import launch
+from kernels.launch import factor
+
+
+@pytest.mark.structural
+def test_launcher():
+    harness.record("module", np.full(2, launch.FACTOR, np.int32))
+    harness.record("bound", np.full(2, factor(), np.int32))
+"""
+
+
+def test_ref_runs_its_own_launchers_and_a_broken_one_is_one_line(project, tmp_path):
+    # Launchers in the kernel root belong to the kernel tree: REF's side runs REF's, both through
+    # the module (`from kernels import launch`) and through a name bound from it.
+    (project.path / "kernels" / "__init__.py").write_text("")
+    (project.path / "kernels" / "launch.py").write_text(LAUNCHER.format(factor=2))
+    (project.path / "gates" / "test_launcher.py").write_text(LAUNCHER_GATE)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "k.cu").write_text('#define SCALE 3\n')
+    (old / "launch.py").write_text(LAUNCHER.format(factor=7))
+    result = compare(project, f"--compare-to={old}", "--compare-allow-differ", "gates/test_launcher.py")
+    assert result.ret == 0, result.stdout.str()
+    (gate,) = [g for g in report(project)["gates"] if g["nodeid"].endswith("test_launcher")]
+    assert [(a["arm"], a["first"]["ref"], a["first"]["today"]) for a in gate["arms"]] == [
+        ("module", "7", "2"), ("bound", "7", "2")]
+    (old / "launch.py").write_text("from kernels.nowhere import thing\n")
+    result = compare(project, f"--compare-to={old}", "gates/test_launcher.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "the launcher launch.py of" in result.stderr.str() and "ModuleNotFoundError" in result.stderr.str()
+    assert "fix the launcher at REF" in result.stderr.str()
+    assert (project.path / "kernels" / "launch.py").read_text() == LAUNCHER.format(factor=2)
+
+
+def test_launchers_swap_in_place_and_back(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    from harness import ref_launchers
+
+    today, other = tmp_path / "proj" / "kpkg", tmp_path / "other"
+    today.mkdir(parents=True)
+    other.mkdir()
+    (today / "__init__.py").write_text("")
+    (today / "launch.py").write_text(LAUNCHER.format(factor=2))
+    (today / "only_today.py").write_text("X = 1\n")
+    (other / "launch.py").write_text(LAUNCHER.format(factor=7))
+    (tmp_path / "proj" / "user.py").write_text("from kpkg import launch\nfrom kpkg.launch import factor\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "proj"))
+    monkeypatch.setenv(ref_launchers.LAUNCHERS_OF_ENV, str(today))
+    user = importlib.import_module("user")
+    importlib.import_module("kpkg.only_today")
+    try:
+        ref_launchers.use(other, tmp_path / "proj")
+        assert user.launch.FACTOR == 7 and user.factor() == 7 and user.launch.__file__ == str(other / "launch.py")
+        assert sys.modules["kpkg"].launch is user.launch and sys.modules["kpkg.only_today"].X == 1
+        ref_launchers.use(today, tmp_path / "proj")  # back to today's
+        assert user.launch.FACTOR == 2 and user.factor() == 2 and user.launch.__file__ == str(today / "launch.py")
+    finally:
+        ref_launchers.restore()
+        for name in ("user", "kpkg", "kpkg.launch", "kpkg.only_today"):
+            sys.modules.pop(name, None)

@@ -335,8 +335,16 @@ def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) ->
     from harness import _settings
     from harness.records import Outcome, Route
 
+    from harness import ref_launchers
+
     _settings.configure(kernel_root=msg["kernel_root"])
     gates = list(msg["gates"])
+    try:  # a comparison's side over another kernel tree runs that tree's launchers
+        ref_launchers.use(Path(msg["kernel_root"]), Path(session.config.rootpath))
+    except ref_launchers.LauncherImportError as exc:
+        return {"op": "done_set", "protocol_s": 0.0, "outcomes": [
+            {"nodeid": g, "outcome": Outcome.ERROR.value, "route": Route.ERROR.value, "first_failure_line": str(exc),
+             "failure_message": str(exc), "poisoned": False} for g in gates]}
     shadowed = set(msg.get("trap_shadow") or ())
     outcomes = []
     protocol = 0.0  # seconds inside pytest's run-test protocol (the gates' reports time less of it)
