@@ -29,6 +29,7 @@ import pytest
 from harness.gitref import is_shallow, names_a_commit, repo_of
 from harness.kinds import is_gate
 from harness.ref_launchers import LAUNCHERS_OF_ENV
+from harness.timing import DEFAULT_REPEAT, DEFAULT_WARMUP, TIMING_ENV
 from harness.usage import UsageError
 
 
@@ -39,6 +40,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "today's, and compare every arm output bit for bit (docs/regression.md)")
     group.addoption("--compare-allow-differ", action="store_true", default=False,
                     help="with --compare-to: report arms that differ without failing the run (a study run)")
+    group.addoption("--compare-timing", action="store_true", default=False,
+                    help="with --compare-to: time each kernel launch of the gates on both sides with CUDA events "
+                         "(warm-up, then the median and spread of --compare-repeat launches)")
+    group.addoption("--compare-repeat", type=int, default=None, metavar="N",
+                    help=f"with --compare-timing: timed launches of each kernel launch (default {DEFAULT_REPEAT})")
 
 
 # ---------------------------------------------------------------- REF's kernel tree
@@ -166,10 +172,60 @@ class GateComparison:
     ref_outcome: str
     today_outcome: str
     arms: list[ArmComparison] = field(default_factory=list)
+    launches: dict = field(default_factory=dict)  # {"ref": {kernel: count}, "today": {...}}
+    timing: list[KernelTiming] = field(default_factory=list)
+    timing_notes: list[str] = field(default_factory=list)
 
     @property
     def differs(self) -> bool:
         return any(a.status != "same bits" for a in self.arms)
+
+    @property
+    def bits(self) -> str:
+        return "bits differ" if self.differs else "same bits"
+
+
+@dataclass
+class KernelTiming:
+    """One kernel's launches in one gate, timed on both sides: sums over its launches paired by
+    order (`kernel#i`) of each launch's median, lower and upper quartile, in microseconds."""
+
+    kernel: str
+    launches: int
+    repeat: int
+    ref_us: float
+    today_us: float
+    ref_quartiles: tuple[float, float]
+    today_quartiles: tuple[float, float]
+    speed: str  # faster | slower | same speed (their middle halves overlap)
+
+    @property
+    def ratio(self) -> float:
+        return self.ref_us / self.today_us if self.today_us else float("inf")
+
+
+def compare_timing(ref: dict, today: dict) -> tuple[list[KernelTiming], list[str]]:
+    """Each kernel's timed launches of one gate ({"kernel#i": {"ms": [...]}, ...} a side),
+    REF's against today's; and a note for launches timed on one side only."""
+    import numpy as np
+
+    kernels: dict[str, list[str]] = {}
+    for key in ref:
+        if key in today:
+            kernels.setdefault(key.rpartition("#")[0], []).append(key)
+    notes = [f"{k}: timed {'in REF only' if k in ref else 'today only'}" for k in sorted(ref.keys() ^ today.keys())]
+    out = []
+    for kernel, keys in kernels.items():
+        sums = {}
+        for side, data in (("ref", ref), ("today", today)):
+            q = np.array([np.percentile(np.asarray(data[k]["ms"]) * 1000.0, (25, 50, 75)) for k in keys]).sum(axis=0)
+            sums[side] = q
+        r, t = sums["ref"], sums["today"]
+        speed = "faster" if t[2] < r[0] else "slower" if t[0] > r[2] else "same speed"
+        out.append(KernelTiming(kernel, len(keys), min(len(ref[k]["ms"]) for k in keys), round(float(r[1]), 3),
+                                round(float(t[1]), 3), (round(float(r[0]), 3), round(float(r[2]), 3)),
+                                (round(float(t[0]), 3), round(float(t[2]), 3)), speed))
+    return out, notes
 
 
 def compare_sides(nodeid: str, ref: dict, today: dict, ref_outcome: str, today_outcome: str) -> GateComparison:
@@ -199,6 +255,25 @@ def read_side(folder: Path, nodeid: str) -> dict:
     return out
 
 
+def read_launches(folder: Path, nodeid: str) -> dict:
+    """A gate's launch counts and timings in a side folder (`harness.timing.end`)."""
+    from harness.snapshots import launches_name
+
+    path = folder / launches_name(nodeid)
+    return json.loads(path.read_text()) if path.is_file() else {"launches": {}, "timed": {}, "notes": []}
+
+
+def compare_gate(nodeid: str, folders: dict, runs: dict) -> GateComparison:
+    """One gate's arms, launches and timings, REF's side against today's."""
+    gate = compare_sides(nodeid, read_side(folders["ref"], nodeid), read_side(folders["today"], nodeid),
+                         _outcome(runs["ref"], nodeid), _outcome(runs["today"], nodeid))
+    sides = {side: read_launches(folders[side], nodeid) for side in ("ref", "today")}
+    gate.launches = {side: sides[side]["launches"] for side in sides}
+    gate.timing, gate.timing_notes = compare_timing(sides["ref"]["timed"], sides["today"]["timed"])
+    gate.timing_notes += [f"{side}: {n}" for side in sides for n in sides[side]["notes"]]
+    return gate
+
+
 def _dtype(name: str):
     """numpy's dtype of that name, or ml_dtypes' (bfloat16, float8_e4m3fn, ...)."""
     import numpy as np
@@ -221,6 +296,17 @@ def _executors(st, config, gates: list[str], kernel_root: Path):
     return FreshExecutors(config.rootpath, require_gpu=st.require_gpu)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("compare_to", None):
+        return
+    for flag, given in (("--compare-allow-differ", config.getoption("compare_allow_differ", False)),
+                        ("--compare-timing", config.getoption("compare_timing", False)),
+                        ("--compare-repeat", config.getoption("compare_repeat", None) is not None)):
+        if given:
+            raise pytest.UsageError(f"{flag} belongs to a comparison: add --compare-to REF (a git revision, "
+                                    "or a folder holding the old kernel tree)")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session):
     config = session.config
@@ -237,10 +323,14 @@ def pytest_runtestloop(session: pytest.Session):
     gates = [item.nodeid for item in session.items if is_gate(item, st.gate_paths)]
     today = _settings.current().kernel_root
     report_dir = Path(st.report_dir or _settings.report_root(config.rootpath))
+    timed = f"{timing_repeat(config)},{DEFAULT_WARMUP}" if config.getoption("compare_timing") else None
     out = Path(tempfile.mkdtemp(prefix="harness-arms-"))
-    previous = {k: os.environ.get(k) for k in (ARMS_OUT_ENV, LAUNCHERS_OF_ENV)}
+    previous = {k: os.environ.get(k) for k in (ARMS_OUT_ENV, LAUNCHERS_OF_ENV, TIMING_ENV)}
     os.environ[ARMS_OUT_ENV] = str(out)
     os.environ[LAUNCHERS_OF_ENV] = str(today)
+    os.environ.pop(TIMING_ENV, None)
+    if timed:
+        os.environ[TIMING_ENV] = timed
     try:
         with kernel_tree_at(ref, today) as ref_root:
             check_launchers(ref, today, ref_root, config.rootpath)
@@ -253,9 +343,8 @@ def pytest_runtestloop(session: pytest.Session):
                     runs[side] = (root, executor.run(root, gates, max(60.0, st.deadline * len(gates))))
             finally:
                 executor.close()
-            result = [compare_sides(g, read_side(side_folder(out, runs["ref"][0]), g),
-                                    read_side(side_folder(out, runs["today"][0]), g),
-                                    _outcome(runs["ref"][1], g), _outcome(runs["today"][1], g)) for g in gates]
+            folders = {side: side_folder(out, root) for side, (root, _) in runs.items()}
+            result = [compare_gate(g, folders, {side: run for side, (_, run) in runs.items()}) for g in gates]
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     finally:
@@ -274,6 +363,17 @@ def pytest_runtestloop(session: pytest.Session):
     if not config.getoption("compare_allow_differ"):
         session.testsfailed += len(differ)
     return True
+
+
+def timing_repeat(config) -> int:
+    """--compare-repeat, checked: one UsageError line when it is not a positive count."""
+    repeat = config.getoption("compare_repeat")
+    if repeat is None:
+        return DEFAULT_REPEAT
+    if repeat < 1:
+        raise pytest.UsageError(f"--compare-repeat {repeat}: give a count of timed launches of at least 1 "
+                                f"(default {DEFAULT_REPEAT})")
+    return repeat
 
 
 def _report_today(session: pytest.Session, runs, compared: dict) -> None:
@@ -316,13 +416,36 @@ def table(ref: str, gates: list[GateComparison]) -> list[str]:
     lines = [f"compare to {ref}: {len(gates)} gate(s), {len(arms)} arm(s): "
              f"{sum(a.status == 'same bits' for a in arms)} same bits, {sum(a.status == 'differs' for a in arms)} "
              f"differ, {sum(a.status not in ('same bits', 'differs') for a in arms)} do not pair up"]
+    timings = [t for g in gates for t in g.timing]
+    if timings:
+        lines.append(f"timing: {len(timings)} kernel(s) in {sum(bool(g.timing) for g in gates)} gate(s): "
+                     + ", ".join(f"{sum(t.speed == w for t in timings)} {w}" for w in ("faster", "slower", "same speed")))
     for g in gates:
         lines.append(f"{g.nodeid} (REF: {g.ref_outcome}; today: {g.today_outcome})")
         if not g.arms:
-            lines.append("  no arm output recorded on either side")
+            lines.append(f"  {nothing_compared(g)}")
         for a in g.arms:
             lines.append(f"  {a.arm}: {_arm_text(a)}")
+        for t in g.timing:
+            lines.append(f"  time {t.kernel}: {_timing_text(t)}, {g.bits}")
+        lines += [f"  time {n}" for n in g.timing_notes]
     return lines
+
+
+def nothing_compared(g: GateComparison) -> str:
+    """What to do about a gate with no arm output on either side."""
+    launched = sum(g.launches.get("today", {}).values()) + sum(g.launches.get("ref", {}).values())
+    if not launched:
+        return ("no arm output, and no kernel launched on either side: nothing to compare (a host-only gate; "
+                "select the GPU gates, e.g. -m gpu)")
+    return (f"no arm output recorded on either side, though it launched {launched} kernel(s): check a value "
+            "with assert_bits_eq / assert_close, or record one with harness.record(label, array)")
+
+
+def _timing_text(t: KernelTiming) -> str:
+    return (f"REF {t.ref_us:.2f} us, today {t.today_us:.2f} us (median of {t.repeat}, summed over "
+            f"{t.launches} launch(es); quartiles REF {t.ref_quartiles[0]:.2f}-{t.ref_quartiles[1]:.2f}, today "
+            f"{t.today_quartiles[0]:.2f}-{t.today_quartiles[1]:.2f}): {t.ratio:.2f}x, {t.speed}")
 
 
 def _arm_text(a: ArmComparison) -> str:
@@ -336,14 +459,26 @@ def _arm_text(a: ArmComparison) -> str:
 
 def write_reports(report_dir: Path, ref: str, gates: list[GateComparison]) -> tuple[Path, Path]:
     report_dir.mkdir(parents=True, exist_ok=True)
-    data = {"ref": ref, "gates": [{**asdict(g), "differs": g.differs} for g in gates]}
+    data = {"ref": ref, "gates": [{**asdict(g), "differs": g.differs,
+                                   "timing": [{**asdict(t), "ratio": round(t.ratio, 4)} for t in g.timing]}
+                                  for g in gates]}
     json_path = report_dir / "compare.json"
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     md = [f"# Compared with {ref}", "", "| gate | arm | REF | today | bits |", "| --- | --- | --- | --- | --- |"]
     for g in gates:
-        for a in g.arms or [ArmComparison("(none)", "no arm output")]:
+        for a in g.arms or [ArmComparison("(none)", nothing_compared(g))]:
             md.append(f"| `{g.nodeid}` | {a.arm} | {g.ref_outcome} | {g.today_outcome} | "
                       f"{_arm_text(a).replace('|', '/')} |")
+    timed = [(g, t) for g in gates for t in g.timing]
+    if timed:
+        md += ["", "| gate | kernel | launches | REF us | today us | REF / today | verdict |",
+               "| --- | --- | --- | --- | --- | --- | --- |"]
+        md += [f"| `{g.nodeid}` | `{t.kernel}` | {t.launches} | {t.ref_us:.2f} ({t.ref_quartiles[0]:.2f}-"
+               f"{t.ref_quartiles[1]:.2f}) | {t.today_us:.2f} ({t.today_quartiles[0]:.2f}-{t.today_quartiles[1]:.2f}) | "
+               f"{t.ratio:.2f}x | {t.speed}, {g.bits} |" for g, t in timed]
+        md += ["", f"Median of {timed[0][1].repeat} timed launches after {DEFAULT_WARMUP} warm-up ones, CUDA events, "
+                   "summed over the kernel's launches in the gate; quartiles in brackets. Faster or slower: the "
+                   "middle halves of the two sides do not overlap."]
     md_path = report_dir / "compare.md"
     md_path.write_text("\n".join(md) + "\n")
     return json_path, md_path

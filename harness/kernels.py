@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness import _settings, coverage
+from harness import _settings, coverage, timing
 from harness.compile import CompiledModule, compile_file
 from harness.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, allow_dynamic_shared
 
@@ -102,6 +102,8 @@ class Launch:
             self.shared_allowed = int(shared)
         note_launch(self.name)
         coverage.note_kernel(self.name)  # which gates run which kernel: a campaign's finer selection
+        if timing.armed():  # a comparison run: counted, and timed for --compare-timing
+            timing.before_launch(self, grid, block, args, rest, kwargs)
         return self.function(grid, block, args, *rest, **kwargs)
 
     def __getattr__(self, attr):

@@ -69,9 +69,11 @@ def pytest_runtest_call(item: pytest.Item):
     out = os.environ.get(ARMS_OUT_ENV)
     if not _active(item) or not (update or out or folder_of(item).is_dir()):
         return (yield)
-    from harness import arms
+    from harness import arms, timing
 
     arms.begin(item.nodeid)
+    if out:  # a comparison counts the gate's launches, and times them for --compare-timing
+        timing.begin(*timing.from_environment(os.environ.get(timing.TIMING_ENV)))
     try:
         result = yield
     finally:
@@ -81,6 +83,7 @@ def pytest_runtest_call(item: pytest.Item):
 
             folder = side_folder(Path(out), kernel_root())
             write(folder, folder / dump_name(item.nodeid), outputs)
+            (folder / launches_name(item.nodeid)).write_text(json.dumps(timing.end()) + "\n")
     if outputs and not out:
         item.user_properties.append((PROPERTY, settle(item, outputs, update)))
     return result
@@ -100,6 +103,11 @@ def toolchain_key(modules: dict[str, list[str]]) -> tuple[str, dict]:
 def dump_name(nodeid: str) -> str:
     """A gate's file in a comparison run's side folder (node ids of every module share it)."""
     return hashlib.sha256(nodeid.encode()).hexdigest()[:20] + ".npz"
+
+
+def launches_name(nodeid: str) -> str:
+    """A gate's launch counts and timings in a comparison run's side folder."""
+    return dump_name(nodeid)[:-4] + ".launches.json"
 
 
 def file_name(nodeid: str) -> str:

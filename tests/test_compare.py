@@ -241,3 +241,23 @@ def test_launchers_swap_in_place_and_back(tmp_path, monkeypatch):
         ref_launchers.restore()
         for name in ("user", "kpkg", "kpkg.launch", "kpkg.only_today"):
             sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--compare-timing"], "--compare-timing belongs to a comparison: add --compare-to REF"),
+    (["--compare-allow-differ"], "--compare-allow-differ belongs to a comparison"),
+    (["--compare-to=HEAD", "--compare-timing", "--compare-repeat=0"], "--compare-repeat 0: give a count"),
+])
+def test_timing_options_out_of_place_are_one_line(project, args, says):
+    result = compare(project, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert says in result.stderr.str()
+
+
+def test_a_host_gate_that_launches_nothing_and_records_nothing_says_so(project):
+    (project.path / "gates" / "test_host.py").write_text(
+        "import pytest\n\n\n@pytest.mark.structural\ndef test_nothing():\n    assert True\n")
+    result = compare(project, "--compare-to=HEAD", "--compare-timing", "gates/test_host.py")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*no kernel launched on either side: nothing to compare*"])
+    assert "nothing to compare" in (project.path / "report" / "compare.md").read_text()
