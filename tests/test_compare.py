@@ -261,3 +261,55 @@ def test_a_host_gate_that_launches_nothing_and_records_nothing_says_so(project):
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*no kernel launched on either side: nothing to compare*"])
     assert "nothing to compare" in (project.path / "report" / "compare.md").read_text()
+
+
+SLEEPER = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.structural
+def test_sleeps():
+    mark = Path(os.environ["MARK"])
+    if mark.exists():
+        return  # the side after the one stopped
+    mark.write_text(str(os.getpid()))
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "killed worker"])
+def test_the_materialised_tree_goes_on_ctrl_c_and_a_killed_worker(project, tmp_path, stop):
+    import os
+    import signal
+    import sys
+    import time
+
+    (project.path / "gates" / "test_sleep.py").write_text(SLEEPER)
+    mark = tmp_path / "mark"
+    env = {**os.environ, "MARK": str(mark)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", *PLUGIN, "gates/test_sleep.py", "--compare-to=HEAD",
+                             "--harness-report=report", "-p", "no:cacheprovider"], cwd=project.path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(600):
+            if mark.is_file() and mark.read_text():
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the gate never started")
+        assert list((tmp_path / "tmp").glob("harness-compare-*")), "REF's tree should be there while the gate runs"
+        if stop == "ctrl-c":
+            proc.send_signal(signal.SIGINT)
+        else:
+            os.kill(int(mark.read_text()), signal.SIGKILL)  # the side's pytest: the comparison goes on
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    if stop == "killed worker":
+        assert "compare to HEAD: 1 gate(s)" in out, out
+    assert list((tmp_path / "tmp").glob("harness-compare-*")) == [], out
+    assert list((tmp_path / "tmp").glob("harness-arms-*")) == [], out
