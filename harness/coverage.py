@@ -22,6 +22,7 @@ class GateCoverage:
     modules: set[str] = field(default_factory=set)
     sources: set[str] = field(default_factory=set)
     kernels: set[str] = field(default_factory=set)  # "file.cu:name" of every kernel it launched
+    tried: list[str] = field(default_factory=list)  # what its invariance and determinism checks tried
 
 
 _current = GateCoverage(None)
@@ -32,6 +33,7 @@ def begin(nodeid: str | None) -> GateCoverage:
     """Start recording for gate `nodeid` (notes before the first `begin` go to `None`)."""
     global _current
     _current = _all.setdefault(nodeid, GateCoverage(nodeid))
+    _current.tried.clear()  # what this run of the gate tried (the sets above are unions over runs)
     return _current
 
 
@@ -57,6 +59,11 @@ def note_module(relpath: str | os.PathLike) -> None:
 def note_kernel(name: str) -> None:
     """The current gate launched kernel `name` ("file.cu:name", as harness.kernels names it)."""
     _current.kernels.add(name)
+
+
+def note_tried(line: str) -> None:
+    """What an invariance or determinism check of the current gate tried (`harness.invariance`)."""
+    _current.tried.append(line)
 
 
 def note_source(path: str | os.PathLike) -> None:

@@ -7,8 +7,8 @@ A gate is an item the harness owns: a `.cu` compile item, an item under one of t
 `gpu_device`). Every other item is an ordinary test: the harness neither checks nor
 records it, and pytest runs it as it would without the plugin.
 
-Every gate carries exactly one kind marker (`anchor`, `link`, `refusal`, `trap`,
-`structural`; `compile` items carry theirs), as `--strict-markers` enforces known markers.
+Every gate carries exactly one kind marker (`anchor`, `link`, `invariance`, `determinism`,
+`refusal`, `trap`, `structural`; `compile` items carry theirs), as `--strict-markers` enforces known markers.
 A gate with none or with two is a usage error naming each offender and the fix.
 """
 
@@ -25,6 +25,10 @@ MARKERS = {
     "gpu": "the gate needs a CUDA device; skipped without one unless --require-gpu, which fails instead",
     "anchor": "compares a GPU arm with closed-form host math (a tolerance only with a written reason)",
     "link": "compares one GPU arm with another, bit for bit",
+    "invariance": "asserts a row's bits do not depend on the batch around it: its size, its place, the launch "
+                  "variants a serving engine varies (harness.invariance.assert_batch_invariant)",
+    "determinism": "asserts a repeated launch gives the same bits every time (harness.invariance."
+                   "assert_deterministic)",
     "refusal": "asserts a host launcher rejects bad arguments with a pinned message, before any launch",
     "trap": "asserts the kernel's device guard fires; runs in a fresh child process",
     "memory_safety": "the gate exists for a memory-safety property (an entry that must never be followed, a "

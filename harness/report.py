@@ -10,7 +10,7 @@ from pathlib import Path
 # the items harness.cufiles collects, one per `.cu` under the kernel root.
 from harness.records import MESSAGE_LIMIT, RECORD_VERSION, GateRecord, Outcome, Route  # noqa: F401  (re-exported)
 
-KINDS = ("anchor", "link", "refusal", "trap", "structural", "compile")
+KINDS = ("anchor", "link", "invariance", "determinism", "refusal", "trap", "structural", "compile")
 
 
 def classify_route(exc: BaseException) -> Route:
