@@ -16,6 +16,14 @@ from oracles.quant_gemv import fp8_chunk_sums, fp8_gemv_case, fp8_gemv_positiona
 # rows a block (the last block has one live warp) and the segment edges fall inside blocks.
 POS_T, POS_K, POS_SEGMENTS, POS_SEED, POS_TOKEN_SCALES = 3, 592, (13, 7, 5), 3, (0.5, 2.0, 0.25)
 
+# The decode-shaped anchor: a fused QKV projection of a model 8192 wide (64 query heads and 8
+# KV heads of 128) for a decode step of 4 tokens. Its 10240 x 8192 e4m3 weights (84 MB) do not
+# fit the H200's 50 MB L2, so every pass over them streams from HBM and the launch time
+# follows the weight bytes read; the other gates' shapes fit in L2 and take a few us, where no
+# change of speed shows. Still exact: 9 K stays below 2^24 units of 1/64 (K < ~29000).
+DECODE_T, DECODE_K, DECODE_SEGMENTS, DECODE_SEED = 4, 8192, (8192, 1024, 1024), 5
+DECODE_TOKEN_SCALES = (0.5, 2.0, 0.25, 4.0)
+
 
 @pytest.mark.gpu
 @pytest.mark.anchor
@@ -67,6 +75,18 @@ def test_fp8_gemv_reads_nothing_outside_its_inputs():
     y, tail = run_fp8_gemv_fenced(case)
     assert_bits_eq("fp8_gemv y (inputs between NaN fences)", y, case.expected)
     assert_untouched("fp8_gemv past y[T - 1, N - 1]", tail, SENTINEL)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_fp8_gemv_at_a_decode_shape_pairs_every_element():
+    # The position-dependent design at the decode shape above: every token its own x, every
+    # row of every segment its own weights, row scales along N and a power-of-two scale a
+    # token, so the expected bits are exact (38727 of the 40960 outputs round, 1575 of them
+    # ties). Builds in well under a second on the host (the weights are drawn as codes).
+    case = fp8_gemv_positional_case(DECODE_T, DECODE_K, DECODE_SEGMENTS, DECODE_SEED, DECODE_TOKEN_SCALES)
+    assert_bits_eq("fp8_gemv y (decode shape: T = 4, K = 8192, N = 8192 + 1024 + 1024)", run_fp8_gemv(case),
+                   case.expected)
 
 
 def _args(t=2, k=64, rows=(8,)):

@@ -102,6 +102,9 @@ FP8_CHUNK = 16  # e4m3 bytes one lane loads a step (FP8_GEMV_BYTES_PER_LANE)
 # bit is 0 and a kernel that drops it (a mask 0xfffe where 0xffff belongs) is invisible.
 FP8_SET = (-3.0, -2.0, -1.5, -1.375, -1.0, -0.75, -0.5, 0.5, 0.75, 1.0, 1.125, 1.5, 2.0, 3.0)
 FP8_GRANULE = 1.0 / 64  # every product of two FP8_SET values is a multiple of it
+# Weight rows decoded to float64 at once for the host dot: a decode-sized segment (8192 rows
+# of K = 8192) would be 0.5 GB of float64 and seconds of page faults; 1024 rows are 64 MB.
+FP8_DOT_ROWS = 1024
 
 
 def rne_bf16_of_exact_f32(values) -> np.ndarray:
@@ -132,18 +135,23 @@ def fp8_gemv_positional_case(t: int, k: int, segment_rows: tuple[int, ...], seed
     _check_f32_exact(np.asarray([9.0 * k]), FP8_GRANULE, "fp8_gemv_positional_case")
     rng = np.random.default_rng(seed)
     values = np.asarray(FP8_SET)
-    x = rng.choice(values, size=(t, k))
+    codes = e4m3_bits(values)
+    # Each element is drawn as an index into FP8_SET (the draws of rng.choice(values)) and
+    # stored as its code; the float64 weights exist only FP8_DOT_ROWS rows at a time.
+    xi = rng.choice(len(values), size=(t, k))
+    x = values[xi]
     segments, cols = [], []
     row_base = 0
     for rows in segment_rows:
-        w = rng.choice(values, size=(rows, k))
+        wi = rng.choice(len(values), size=(rows, k))
         ws = 2.0 ** ((np.arange(rows) * 3 + row_base) % 5 - 2)  # 1/4 .. 4 along N
         row_base += rows
-        segments.append((e4m3_bits(w), ws.astype(np.float32)))
-        cols.append((x @ w.T) * ws[None, :])
+        segments.append((codes[wi], ws.astype(np.float32)))
+        dots = np.concatenate([x @ values[wi[r:r + FP8_DOT_ROWS]].T for r in range(0, rows, FP8_DOT_ROWS)], axis=1)
+        cols.append(dots * ws[None, :])
     xs = np.asarray(token_scales, dtype=np.float32)
     expected = rne_bf16_of_exact_f32(np.concatenate(cols, axis=1) * xs.astype(np.float64)[:, None])
-    return Fp8GemvCase(x=e4m3_bits(x), xs=xs, segments=tuple(segments), expected=expected)
+    return Fp8GemvCase(x=codes[xi], xs=xs, segments=tuple(segments), expected=expected)
 
 
 def fp8_chunk_sums(case: Fp8GemvCase) -> np.ndarray:
