@@ -16,6 +16,10 @@ from oracles.quant_gemv import fp8_chunk_sums, fp8_gemv_case, fp8_gemv_positiona
 # rows a block (the last block has one live warp) and the segment edges fall inside blocks.
 POS_T, POS_K, POS_SEGMENTS, POS_SEED, POS_TOKEN_SCALES = 3, 592, (13, 7, 5), 3, (0.5, 2.0, 0.25)
 
+# Two tiles of tokens: a whole one of FP8_GEMV_TOKENS_PER_BLOCK = 4 (blockIdx.y = 0) and a
+# partial one of 2 (blockIdx.y = 1). Every other gate's T is at most 4: one tile, starting at token 0.
+TILES_T, TILES_SEED, TILES_TOKEN_SCALES = 6, 7, (0.5, 2.0, 0.25, 4.0, 1.0, 0.125)
+
 # The decode-shaped anchor: a fused QKV projection of a model 8192 wide (64 query heads and 8
 # KV heads of 128) for a decode step of 4 tokens. Its 10240 x 8192 e4m3 weights (84 MB) do not
 # fit the H200's 50 MB L2, so every pass over them streams from HBM and the launch time
@@ -58,6 +62,21 @@ def test_fp8_gemv_pairs_every_element_of_every_token_and_segment_row():
     assert (fp8_chunk_sums(case) != 0).any(axis=(0, 1)).all(), "a chunk contributes nothing anywhere"
     y, tail = run_fp8_gemv_with_tail(case)
     assert_bits_eq("fp8_gemv y (position-dependent x and rows, N = 25, 37 chunks)", y, case.expected)
+    assert_untouched("fp8_gemv past y[T - 1, N - 1]", tail, SENTINEL)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_fp8_gemv_pairs_every_token_of_a_whole_and_a_partial_tile():
+    # The position-dependent design above (K = 592, N = 25) for six tokens, each its own x and
+    # power-of-two scale, in two tiles. A tile that starts at the wrong token, reads another
+    # tile's activations or scales, writes another tile's rows, or computes the tokens past T
+    # in its partial tile (their rows land in the sentinel tail) changes the bits.
+    assert TILES_T // fp8_gemv.TOKENS_PER_BLOCK == 1 and TILES_T % fp8_gemv.TOKENS_PER_BLOCK, \
+        "the design needs one whole tile of tokens and one partial tile"
+    case = fp8_gemv_positional_case(TILES_T, POS_K, POS_SEGMENTS, TILES_SEED, TILES_TOKEN_SCALES)
+    y, tail = run_fp8_gemv_with_tail(case)
+    assert_bits_eq("fp8_gemv y (two tiles of tokens, 4 + 2; N = 25)", y, case.expected)
     assert_untouched("fp8_gemv past y[T - 1, N - 1]", tail, SENTINEL)
 
 

@@ -76,6 +76,7 @@ def test_fp8_gemv_launcher_constants_equal_the_cu_defines(kernel_root):
         "FP8_GEMV_THREADS": fp8_gemv.THREADS,
         "FP8_GEMV_ROWS_PER_BLOCK": fp8_gemv.ROWS_PER_BLOCK,
         "FP8_GEMV_BYTES_PER_LANE": fp8_gemv.BYTES_PER_LANE,
+        "FP8_GEMV_TOKENS_PER_BLOCK": fp8_gemv.TOKENS_PER_BLOCK,
     })
 
 

@@ -17,7 +17,8 @@ section 9):
   off every multiple. A step of 0 never ends (a hang); a bound one past reads and writes one
   element past the row.
 - **A warp's work is the warp's.** Where a warp's 32 lanes work on one row or one expert
-  with full-mask shuffles after a warp-uniform exit (`fp8_gemv`'s row `n`, `moe_router`'s
+  with full-mask shuffles after a warp-uniform exit (`fp8_gemv`'s row `n`, its tile's first
+  token `t0` and live `tokens`, `moe_router`'s
   expert `e`, paged attention's split, head, row and tile), the value that picks it is the same across each hardware warp, for every
   block; lanes that pick different work leave the shuffle apart and the warp never returns.
 - **One lane stores a warp's result, its first.** Where lane 0 stores what a shift-down sum
@@ -51,7 +52,7 @@ KERNELS = {
 DATA_BOUND_LOOPS = {("paged_attention.cu", "paged_decode"): ("p",)}
 # (file, kernel) -> the locals that pick a hardware warp's shared work
 WARP_WORK = {
-    ("fp8_gemv.cu", "fp8_gemv"): ("warp", "n"),
+    ("fp8_gemv.cu", "fp8_gemv"): ("warp", "n", "t0", "tokens"),
     ("moe_decode.cu", "moe_router"): ("warp", "e"),
     ("paged_attention.cu", "paged_decode"): ("warp", "split", "h", "row"),
     ("paged_attention.cu", "paged_prefill"): ("warp", "tile", "h"),

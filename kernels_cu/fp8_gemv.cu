@@ -3,15 +3,21 @@
 //   y[t, n] = bf16(ws[n] * xs[t] * sum_k x[t, k] * w[n, k])      f32 accumulation
 //
 // x: e4m3 [T, K], xs: f32 [T]; segment s: w_s e4m3 [n_s, K], ws_s f32 [n_s]; y: bf16 [T, sum n_s].
-// Unused segments have end == the previous end. One warp an output row, 16 e4m3 bytes a lane
-// a step (one uint4 load of x, one of w); the Python launcher (fp8_gemv.py) owns the grid:
-// (ceil(N / FP8_GEMV_ROWS_PER_BLOCK), T) blocks of FP8_GEMV_THREADS threads.
+// Unused segments have end == the previous end. One warp an output row for a tile of up to
+// FP8_GEMV_TOKENS_PER_BLOCK tokens, 16 e4m3 bytes a lane a step: each uint4 of the row's
+// weights is loaded once and dotted with the same uint4 of every live token of the tile, one
+// f32 accumulator a token, so a decode step reads its weights once per tile, not once per
+// token. Each token's sum is the one a block of that token alone would make: the same fmaf
+// sequence a lane, the same warp sum, the same scaling. The Python launcher (fp8_gemv.py) owns
+// the grid: (ceil(N / FP8_GEMV_ROWS_PER_BLOCK), ceil(T / FP8_GEMV_TOKENS_PER_BLOCK)) blocks of
+// FP8_GEMV_THREADS threads; the last tile of tokens may be partial.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #define FP8_GEMV_THREADS 256
 #define FP8_GEMV_ROWS_PER_BLOCK 8
 #define FP8_GEMV_BYTES_PER_LANE 16
+#define FP8_GEMV_TOKENS_PER_BLOCK 4
 
 static_assert(FP8_GEMV_ROWS_PER_BLOCK * 32 == FP8_GEMV_THREADS, "one warp an output row");
 
@@ -55,12 +61,14 @@ fp8_gemv(__nv_bfloat16* __restrict__ y,
          const unsigned char* __restrict__ w0, const float* __restrict__ ws0, int end0,
          const unsigned char* __restrict__ w1, const float* __restrict__ ws1, int end1,
          const unsigned char* __restrict__ w2, const float* __restrict__ ws2, int end2,
-         int K)
+         int T, int K)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = blockIdx.x * FP8_GEMV_ROWS_PER_BLOCK + warp;
-    const int t = blockIdx.y;
+    const int t0 = blockIdx.y * FP8_GEMV_TOKENS_PER_BLOCK;  // the tile's first token
     if (n >= end2) return;  // end2 is the total N
+    // The tile's live tokens: all FP8_GEMV_TOKENS_PER_BLOCK but in a partial last tile.
+    const int tokens = T - t0 < FP8_GEMV_TOKENS_PER_BLOCK ? T - t0 : FP8_GEMV_TOKENS_PER_BLOCK;
 
     const unsigned char* w;
     const float* ws;
@@ -73,11 +81,22 @@ fp8_gemv(__nv_bfloat16* __restrict__ y,
         w = w2; ws = ws2; row = n - end1;
     }
 
-    const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)t * K);
+    const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)t0 * K);
     const uint4* wr = reinterpret_cast<const uint4*>(w + (long long)row * K);
     const int chunks = K / FP8_GEMV_BYTES_PER_LANE;
-    float acc = 0.f;
-    for (int c = lane; c < chunks; c += 32) acc = fp8_gemv_dot16(__ldg(xr + c), __ldg(wr + c), acc);
-    acc = fp8_gemv_warp_sum(acc);
-    if (lane == 0) y[(long long)t * end2 + n] = __float2bfloat16_rn(ws[row] * xs[t] * acc);
+    float accs[FP8_GEMV_TOKENS_PER_BLOCK] = {};  // this lane's sum for each token of the tile, from +0
+    for (int c = lane; c < chunks; c += 32) {
+        const uint4 wc = __ldg(wr + c);
+#pragma unroll
+        for (int j = 0; j < FP8_GEMV_TOKENS_PER_BLOCK; ++j)
+            if (j < tokens) accs[j] = fp8_gemv_dot16(__ldg(xr + j * chunks + c), wc, accs[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < FP8_GEMV_TOKENS_PER_BLOCK; ++j) {
+        if (j < tokens) {  // block-uniform: every lane takes part in the warp sum
+            const int t = t0 + j;
+            const float acc = fp8_gemv_warp_sum(accs[j]);
+            if (lane == 0) y[(long long)t * end2 + n] = __float2bfloat16_rn(ws[row] * xs[t] * acc);
+        }
+    }
 }

@@ -16,6 +16,7 @@ SOURCE = "fp8_gemv.cu"
 THREADS = 256  # FP8_GEMV_THREADS
 ROWS_PER_BLOCK = 8  # FP8_GEMV_ROWS_PER_BLOCK: one warp an output row
 BYTES_PER_LANE = 16  # FP8_GEMV_BYTES_PER_LANE: one uint4 of e4m3 a lane a step
+TOKENS_PER_BLOCK = 4  # FP8_GEMV_TOKENS_PER_BLOCK: the tokens a block takes, each weight row read once for them
 MAX_SEGMENTS = 3
 
 
@@ -48,12 +49,18 @@ def check_fp8_gemv_args(y, x, xs, segments) -> tuple[int, int, int]:
 
 
 def grid(n_total: int, t: int) -> tuple[int, int, int]:
-    return (-(-n_total // ROWS_PER_BLOCK), t, 1)
+    """(ceil(N / ROWS_PER_BLOCK), ceil(T / TOKENS_PER_BLOCK), 1): a block takes ROWS_PER_BLOCK
+    rows (one a warp) for a tile of TOKENS_PER_BLOCK tokens; the last tile may be partial."""
+    return (-(-n_total // ROWS_PER_BLOCK), -(-t // TOKENS_PER_BLOCK), 1)
 
 
 def run_fp8_gemv(y, x, xs, segments) -> None:
     """y[t, n] = bf16(ws[n] * xs[t] * sum_k x[t, k] * w[n, k]); `segments` is a list of
-    (w e4m3 [n_s, K], ws f32 [n_s]) whose outputs are concatenated along N."""
+    (w e4m3 [n_s, K], ws f32 [n_s]) whose outputs are concatenated along N.
+
+    Kernel arguments: y, x, xs, then (w, ws, end) for each of MAX_SEGMENTS segments (end the
+    running row count; an unused segment repeats the last one with the same end), then T and K.
+    Grid: `grid(N, T)`, FP8_GEMV_THREADS threads a block."""
     t, k, n_total = check_fp8_gemv_args(y, x, xs, segments)
     check_aligned("fp8_gemv", "x", x, BYTES_PER_LANE)
     for i, (w, _) in enumerate(segments):
@@ -67,5 +74,5 @@ def run_fp8_gemv(y, x, xs, segments) -> None:
         else:  # an unused segment: empty, its end the previous end; the kernel never selects it
             w, ws = segments[-1]
         args += [w, ws, np.int32(end)]
-    args.append(np.int32(k))
+    args += [np.int32(t), np.int32(k)]
     module(SOURCE).get("fp8_gemv")(grid(n_total, t), (THREADS, 1, 1), tuple(args))
