@@ -420,26 +420,33 @@ def table(ref: str, gates: list[GateComparison]) -> list[str]:
     if timings:
         lines.append(f"timing: {len(timings)} kernel(s) in {sum(bool(g.timing) for g in gates)} gate(s): "
                      + ", ".join(f"{sum(t.speed == w for t in timings)} {w}" for w in ("faster", "slower", "same speed")))
+    idle: dict[str, list[str]] = {}  # what to do -> the gates with nothing to compare
     for g in gates:
+        if not g.arms and not g.timing:
+            idle.setdefault(nothing_compared(g), []).append(g.nodeid)
+            continue
         lines.append(f"{g.nodeid} (REF: {g.ref_outcome}; today: {g.today_outcome})")
-        if not g.arms:
-            lines.append(f"  {nothing_compared(g)}")
         for a in g.arms:
             lines.append(f"  {a.arm}: {_arm_text(a)}")
         for t in g.timing:
             lines.append(f"  time {t.kernel}: {_timing_text(t)}, {g.bits}")
         lines += [f"  time {n}" for n in g.timing_notes]
+    for what, nodeids in idle.items():
+        shown = ", ".join(nodeids[:3]) + (f", ... ({len(nodeids)} in all)" if len(nodeids) > 3 else "")
+        lines.append(f"{len(nodeids)} gate(s) with {what}: {shown}")
     return lines
 
 
 def nothing_compared(g: GateComparison) -> str:
-    """What to do about a gate with no arm output on either side."""
-    launched = sum(g.launches.get("today", {}).values()) + sum(g.launches.get("ref", {}).values())
-    if not launched:
-        return ("no arm output, and no kernel launched on either side: nothing to compare (a host-only gate; "
+    """What to do about a gate with no arm output on either side (one line, the same for every
+    such gate of one cause)."""
+    if g.ref_outcome.startswith("skipped") and g.today_outcome.startswith("skipped"):
+        return "no arm output: skipped on both sides"
+    if not sum(g.launches.get("today", {}).values()) + sum(g.launches.get("ref", {}).values()):
+        return ("no arm output, and no kernel launched on either side: nothing to compare (host-only gates; "
                 "select the GPU gates, e.g. -m gpu)")
-    return (f"no arm output recorded on either side, though it launched {launched} kernel(s): check a value "
-            "with assert_bits_eq / assert_close, or record one with harness.record(label, array)")
+    return ("no arm output on either side, though kernels were launched: check a value with assert_bits_eq / "
+            "assert_close, or record one with harness.record(label, array)")
 
 
 def _timing_text(t: KernelTiming) -> str:
@@ -465,10 +472,15 @@ def write_reports(report_dir: Path, ref: str, gates: list[GateComparison]) -> tu
     json_path = report_dir / "compare.json"
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     md = [f"# Compared with {ref}", "", "| gate | arm | REF | today | bits |", "| --- | --- | --- | --- | --- |"]
+    idle: dict[str, int] = {}
     for g in gates:
-        for a in g.arms or [ArmComparison("(none)", nothing_compared(g))]:
+        if not g.arms:
+            idle[nothing_compared(g)] = idle.get(nothing_compared(g), 0) + 1
+        for a in g.arms:
             md.append(f"| `{g.nodeid}` | {a.arm} | {g.ref_outcome} | {g.today_outcome} | "
                       f"{_arm_text(a).replace('|', '/')} |")
+    if idle:
+        md += [""] + [f"- {n} gate(s) with {what}" for what, n in idle.items()]
     timed = [(g, t) for g in gates for t in g.timing]
     if timed:
         md += ["", "| gate | kernel | launches | REF us | today us | REF / today | verdict |",
