@@ -82,7 +82,7 @@ def pytest_runtest_call(item: pytest.Item):
             from harness.kernels import kernel_root
 
             folder = side_folder(Path(out), kernel_root())
-            write(folder, folder / dump_name(item.nodeid), outputs)
+            write(folder, folder / dump_name(item.nodeid), outputs, whole=True)
             (folder / launches_name(item.nodeid)).write_text(json.dumps(timing.end()) + "\n")
     if outputs and not out:
         item.user_properties.append((PROPERTY, settle(item, outputs, update)))
@@ -139,18 +139,19 @@ def settle(item: pytest.Item, outputs: dict, update: bool) -> str:
     return f"{len(outputs)} arm(s) the same bits as {path}"
 
 
-def _entry(name: str, array) -> tuple[dict, object]:
+def _entry(name: str, array, whole: bool = False) -> tuple[dict, object]:
     from harness.dtypes import bits_of
 
     bits = bits_of(array)
     meta = {"name": name, "dtype": str(array.dtype), "shape": list(array.shape),
-            "sha256": hashlib.sha256(bits.tobytes()).hexdigest(), "whole": bits.size <= KEEP_WHOLE}
+            "sha256": hashlib.sha256(bits.tobytes()).hexdigest(), "whole": whole or bits.size <= KEEP_WHOLE}
     return meta, (bits if meta["whole"] else None)
 
 
-def write(folder: Path, path: Path, outputs: dict, key: dict | None = None) -> None:
+def write(folder: Path, path: Path, outputs: dict, key: dict | None = None, whole: bool = False) -> None:
     """The arm outputs at `path` in `folder`, and what the folder's toolchain key stands for
-    in its `key.json` (a snapshot's; a comparison's dump has none)."""
+    in its `key.json` (a snapshot's; a comparison's dump has none). A snapshot keeps arms over
+    KEEP_WHOLE elements as a digest; `whole` (a comparison's dump) keeps every arm whole."""
     import numpy as np
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -158,7 +159,7 @@ def write(folder: Path, path: Path, outputs: dict, key: dict | None = None) -> N
         (folder / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n")
     metas, arrays = [], {}
     for i, (name, array) in enumerate(outputs.items()):
-        meta, bits = _entry(name, array)
+        meta, bits = _entry(name, array, whole)
         metas.append(meta)
         if bits is not None:
             arrays[f"arm{i}"] = bits

@@ -313,3 +313,19 @@ def test_the_materialised_tree_goes_on_ctrl_c_and_a_killed_worker(project, tmp_p
         assert "compare to HEAD: 1 gate(s)" in out, out
     assert list((tmp_path / "tmp").glob("harness-compare-*")) == [], out
     assert list((tmp_path / "tmp").glob("harness-arms-*")) == [], out
+
+
+def test_an_arm_too_large_for_a_snapshot_is_still_compared_whole(project, tmp_path):
+    (project.path / "gates" / "test_large.py").write_text(GATE.split("@pytest.mark.structural")[0] + '''
+@pytest.mark.structural
+def test_large():
+    harness.record("big", np.arange(5000, dtype=np.float32) * np.float32(scale()))
+''')
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "k.cu").write_text('#define SCALE 5\n')
+    result = compare(project, f"--compare-to={old}", "gates/test_large.py")
+    (gate,) = [g for g in report(project)["gates"] if g["nodeid"].endswith("test_large")]
+    (arm,) = gate["arms"]
+    assert result.ret == 1 and arm["status"] == "differs" and arm["differing"] == 4999, arm
+    assert arm["first"]["index"] == "[1]" and arm["first"]["ref"] == "5.0" and arm["first"]["today"] == "3.0"
