@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from harness.gitref import is_shallow, names_a_commit, repo_of
-from harness.kinds import is_gate
+from harness.kinds import is_gate, kinds_of
 from harness.ref_launchers import LAUNCHERS_OF_ENV
 from harness.timing import DEFAULT_REPEAT, DEFAULT_WARMUP, TIMING_ENV
 from harness.usage import UsageError
@@ -175,6 +175,7 @@ class GateComparison:
     launches: dict = field(default_factory=dict)  # {"ref": {kernel: count}, "today": {...}}
     timing: list[KernelTiming] = field(default_factory=list)
     timing_notes: list[str] = field(default_factory=list)
+    kind: str = ""  # the gate's kind marker
 
     @property
     def differs(self) -> bool:
@@ -345,6 +346,8 @@ def pytest_runtestloop(session: pytest.Session):
                 executor.close()
             folders = {side: side_folder(out, root) for side, (root, _) in runs.items()}
             result = [compare_gate(g, folders, {side: run for side, (_, run) in runs.items()}) for g in gates]
+        for g, kinds in zip(result, (kinds_of(i) for i in session.items if is_gate(i, st.gate_paths))):
+            g.kind = kinds[0] if kinds else ""
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     finally:
@@ -442,6 +445,8 @@ def nothing_compared(g: GateComparison) -> str:
     such gate of one cause)."""
     if g.ref_outcome.startswith("skipped") and g.today_outcome.startswith("skipped"):
         return "no arm output: skipped on both sides"
+    if g.kind in ("trap", "refusal"):
+        return f"no arm output: {g.kind} gates give their verdict by a fault or a refusal, not by a value"
     if not sum(g.launches.get("today", {}).values()) + sum(g.launches.get("ref", {}).values()):
         return ("no arm output, and no kernel launched on either side: nothing to compare (host-only gates; "
                 "select the GPU gates, e.g. -m gpu)")

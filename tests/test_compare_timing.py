@@ -127,6 +127,9 @@ def test_the_table_says_faster_same_bits_and_what_a_gate_without_arms_should_do(
                for line in lines), lines
     assert "record one with harness.record(label, array)" in nothing_compared(gate)
     assert "no kernel launched on either side" in nothing_compared(GateComparison("g.py::h", "passed", "passed"))
+    trap = GateComparison("g.py::t", "passed", "passed", kind="trap")
+    trap.launches = gate.launches
+    assert nothing_compared(trap) == "no arm output: trap gates give their verdict by a fault or a refusal, not by a value"
     skipped = GateComparison("g.py::s", "skipped", "skipped")
     assert nothing_compared(skipped) == "no arm output: skipped on both sides"
     assert table("main", [skipped, skipped])[-1] == "2 gate(s) with no arm output: skipped on both sides: g.py::s, g.py::s"
