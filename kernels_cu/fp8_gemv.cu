@@ -38,33 +38,15 @@ __device__ __forceinline__ float2 fp8_gemv_pair(unsigned int bits16)
     return __half22float2(__half2(h));
 }
 
-// 16 e4m3 weights decoded to floats, in element order (exact): once a chunk, for every token
-// of the tile.
-struct Fp8GemvW16 {
-    float2 p[8];
-};
-
-__device__ __forceinline__ Fp8GemvW16 fp8_gemv_decode16(uint4 wa)
-{
-    const unsigned int ww[4] = {wa.x, wa.y, wa.z, wa.w};
-    Fp8GemvW16 d;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 w0 = fp8_gemv_pair(ww[i] & 0xffffu), w1 = fp8_gemv_pair(ww[i] >> 16);
-        d.p[2 * i] = w0;
-        d.p[2 * i + 1] = w1;
-    }
-    return d;
-}
-
-// acc + dot of 16 e4m3 activations with 16 decoded weights, in element order.
-__device__ __forceinline__ float fp8_gemv_dot16(uint4 xa, const Fp8GemvW16& wd, float acc)
+// acc + dot of 16 e4m3 activations with 16 e4m3 weights, in element order.
+__device__ __forceinline__ float fp8_gemv_dot16(uint4 xa, uint4 wa, float acc)
 {
     const unsigned int xw[4] = {xa.x, xa.y, xa.z, xa.w};
+    const unsigned int ww[4] = {wa.x, wa.y, wa.z, wa.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const float2 x0 = fp8_gemv_pair(xw[i] & 0xffffu), x1 = fp8_gemv_pair(xw[i] >> 16);
-        const float2 w0 = wd.p[2 * i], w1 = wd.p[2 * i + 1];
+        const float2 w0 = fp8_gemv_pair(ww[i] & 0xffffu), w1 = fp8_gemv_pair(ww[i] >> 16);
         acc = fmaf(x0.x, w0.x, acc);
         acc = fmaf(x0.y, w0.y, acc);
         acc = fmaf(x1.x, w1.x, acc);
@@ -104,10 +86,10 @@ fp8_gemv(__nv_bfloat16* __restrict__ y,
     const int chunks = K / FP8_GEMV_BYTES_PER_LANE;
     float accs[FP8_GEMV_TOKENS_PER_BLOCK] = {};  // this lane's sum for each token of the tile, from +0
     for (int c = lane; c < chunks; c += 32) {
-        const Fp8GemvW16 wd = fp8_gemv_decode16(__ldg(wr + c));
+        const uint4 wc = __ldg(wr + c);
 #pragma unroll
         for (int j = 0; j < FP8_GEMV_TOKENS_PER_BLOCK; ++j)
-            if (j < tokens) accs[j] = fp8_gemv_dot16(__ldg(xr + j * chunks + c), wd, accs[j]);
+            if (j < tokens) accs[j] = fp8_gemv_dot16(__ldg(xr + j * chunks + c), wc, accs[j]);
     }
 #pragma unroll
     for (int j = 0; j < FP8_GEMV_TOKENS_PER_BLOCK; ++j) {
