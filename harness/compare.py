@@ -179,7 +179,9 @@ class GateComparison:
 
     @property
     def differs(self) -> bool:
-        return any(a.status != "same bits" for a in self.arms)
+        """An arm's bits, shape or dtype moved (an arm only one side recorded is reported, not
+        red: a gate new today has no REF arm, and a gate red today is red by its own verdict)."""
+        return any(a.status in ("differs", "not comparable") for a in self.arms)
 
     @property
     def bits(self) -> str:

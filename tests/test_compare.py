@@ -157,6 +157,8 @@ def test_arms_that_do_not_pair_up_and_shapes_that_changed():
                       {"a": np.zeros(3, np.float32), "c": np.zeros(1)}, "passed", "failed by assertion")
     assert [(a.arm, a.status) for a in g.arms] == [("a", "not comparable"), ("b", "only in REF"), ("c", "only today")]
     assert g.differs and g.arms[0].note == "REF float32(2,), today float32(3,)"
+    new = compare_sides("g::n", {}, {"c": np.zeros(1)}, "failed by error", "passed")
+    assert [a.status for a in new.arms] == ["only today"] and not new.differs  # a gate new today is not red
 
 
 def test_ulps_count_across_zero_and_in_low_precision_floats():
