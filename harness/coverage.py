@@ -76,6 +76,17 @@ def current() -> GateCoverage:
     return _current
 
 
+def properties(nodeid: str) -> list[tuple[str, str]]:
+    """The report properties of gate `nodeid` when it is the one being recorded (none else):
+    what it loaded, read and launched, and what its invariance checks tried."""
+    cov = _current
+    if cov.nodeid != nodeid or not (cov.modules or cov.sources or cov.kernels or cov.tried):
+        return []
+    props = [("modules_loaded", " ".join(sorted(cov.modules))), ("sources_read", " ".join(sorted(cov.sources))),
+             ("kernels_launched", " ".join(sorted(cov.kernels)))]
+    return props + ([("tried", " | ".join(cov.tried))] if cov.tried else [])
+
+
 def recorded() -> dict[str | None, GateCoverage]:
     """Every record of this process, keyed by node id."""
     return dict(_all)

@@ -482,12 +482,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     rep = outcome.get_result()
     if call.when == "teardown":
         # What the gate loaded and read, in the process that ran it (a worker, for GPU gates).
-        cov = coverage.current()
-        if cov.nodeid == item.nodeid and (cov.modules or cov.sources or cov.kernels or cov.tried):
-            rep.user_properties.extend([("modules_loaded", " ".join(sorted(cov.modules))),
-                                        ("sources_read", " ".join(sorted(cov.sources))),
-                                        ("kernels_launched", " ".join(sorted(cov.kernels)))]
-                                       + [("tried", " | ".join(cov.tried))] * bool(cov.tried))
+        rep.user_properties.extend(coverage.properties(item.nodeid))
     if "harness.kernels" in sys.modules:  # the options each module this gate loaded was compiled with
         used = sys.modules["harness.kernels"].take_used()
         if used:

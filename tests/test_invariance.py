@@ -116,3 +116,41 @@ def test_a_deterministic_launch_passes_and_a_repeat_that_differs_is_named():
         "y repeat 3: 1 of 40 elements differ bitwise (float32)",
         "first difference at flat index 11, index [2, 1]:",
     ]
+
+
+HOST_GATES = """
+import numpy as np
+import pytest
+
+from harness.invariance import assert_batch_invariant, assert_deterministic
+
+DATA = np.arange(12, dtype=np.float32).reshape(6, 2)
+
+
+@pytest.mark.invariance
+def test_rows():
+    assert_batch_invariant("y", lambda ids, v: DATA[ids] * np.float32(3), [0, 5], batch_sizes=[1, 4])
+
+
+@pytest.mark.determinism
+def test_repeats():
+    assert_deterministic("y", lambda i, v: DATA * np.float32(2), repeats=3)
+"""
+
+
+def test_what_a_check_tried_is_in_the_gate_report_and_the_kinds_are_counted(pytester, monkeypatch):
+    import xml.etree.ElementTree as ET
+    from pathlib import Path
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    pytester.makeini("[pytest]\nharness_gates = gates\n")
+    (pytester.mkdir("gates") / "test_host.py").write_text(HOST_GATES)
+    result = pytester.runpytest_subprocess("-p", "harness.plugin", "gates", "--junitxml=junit.xml",
+                                           "--harness-report=report")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*invariance*1*", "*determinism*1*"])  # the kinds table's rows
+    tried = [p.get("value") for p in ET.parse(pytester.path / "junit.xml").iter("property") if p.get("name") == "tried"]
+    assert tried == [
+        "batch invariance of y: rows [0, 5] alone, then in batches of [1, 4] at positions [0, 'middle', -1], "
+        "variants ['default']: 8 batches, 26 rows compared",
+        "determinism of y: 3 repeats under variants ['default'] on the current stream"]
