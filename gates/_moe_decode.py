@@ -72,16 +72,14 @@ def _bf16(shape):
     return filled(shape, bf16, BF16_SENTINEL)
 
 
-def _f32(shape):
-    return filled(shape, np.float32, F32_SENTINEL)
-
-
 def _bytes(shape):
     return filled(shape, np.uint8, BYTE_SENTINEL)
 
 
-def _ids(shape):
-    return filled(shape, np.int32, ID_SENTINEL)
+def _out(shape, dtype, zeroed: bool):
+    """An output buffer holding its dtype's sentinel, or zeros with `zeroed` (what an engine
+    hands a kernel that accumulates into its output; the determinism gate's buffers)."""
+    return filled(shape, dtype, 0 if zeroed else sentinel_of(dtype))
 
 
 def sentinel_of(dtype) -> int:
@@ -115,10 +113,9 @@ def _post_attn_outputs(t: int, h: int):
             ("gq", (t, h // 2), np.uint8), ("gsc", (t, h // od.GROUP), np.uint8))
 
 
-def run_post_attn(x, o, w_pa, w_router, *, act_g: float, eps: float) -> PostAttnOut:
+def run_post_attn(x, o, w_pa, w_router, *, act_g: float, eps: float, zeroed: bool = False) -> PostAttnOut:
     t, h = x.shape
-    out = PostAttnOut(**{name: filled(shape, dtype, sentinel_of(dtype))
-                         for name, shape, dtype in _post_attn_outputs(t, h)})
+    out = PostAttnOut(**{name: _out(shape, dtype, zeroed) for name, shape, dtype in _post_attn_outputs(t, h)})
     moe.run_post_attn(out.mid, out.rr, out.fq, out.fs, out.gq, out.gsc, put(x), put(o), put(w_pa), put(w_router),
                       act_g=act_g, eps=eps)
     return out
@@ -131,32 +128,36 @@ class RouterOut:
     wts: object
 
 
-def run_router(rr, wr, pes, *, k: int, kcap: int, ticket=None) -> RouterOut:
+def run_router(rr, wr, pes, *, k: int, kcap: int, ticket=None, zeroed: bool = False) -> RouterOut:
     t = rr.shape[0]
     e = wr.shape[0]
-    out = RouterOut(logits=_f32((t, e)), ids=_ids((t, kcap)), wts=_f32((t, kcap)))
+    out = RouterOut(logits=_out((t, e), np.float32, zeroed), ids=_out((t, kcap), np.int32, zeroed),
+                    wts=_out((t, kcap), np.float32, zeroed))
     moe.run_router(out.logits, out.ids, out.wts, zero_ticket() if ticket is None else ticket,
                    put(rr), put(wr), put(pes), k=k)
     return out
 
 
-def run_glu(ids, gq, gsc, experts: moe.Experts, *, act_g: float, act_h: float, k: int, i: int):
-    """(hq, hs, gu) device arrays; gu holds the bf16 g/u rows."""
+def run_glu(ids, gq, gsc, experts: moe.Experts, *, act_g: float, act_h: float, k: int, i: int,
+            gu_rows: bool = True, zeroed: bool = False):
+    """(hq, hs, gu) device arrays; gu holds the bf16 g/u rows (None without `gu_rows`: the
+    production launch, whose gu pointer is null)."""
     t, kcap = ids.shape
-    hq, hs, gu = _bytes((t, kcap, i // 2)), _bytes((t, kcap, i // od.GROUP)), _bf16((t, kcap, 2 * i))
+    hq, hs = _out((t, kcap, i // 2), np.uint8, zeroed), _out((t, kcap, i // od.GROUP), np.uint8, zeroed)
+    gu = _out((t, kcap, 2 * i), bf16, zeroed) if gu_rows else None
     moe.run_glu(hq, hs, put(ids), put(gq), put(gsc), experts, act_g=act_g, act_h=act_h, k=k, gu=gu)
     return hq, hs, gu
 
 
-def run_down(ids, hq, hs, experts: moe.Experts, *, act_h: float, k: int, h: int):
+def run_down(ids, hq, hs, experts: moe.Experts, *, act_h: float, k: int, h: int, zeroed: bool = False):
     t, kcap = ids.shape
-    opair = _bf16((t, kcap, h))
+    opair = _out((t, kcap, h), bf16, zeroed)
     moe.run_down(opair, put(ids), put(hq), put(hs), experts, act_h=act_h, k=k)
     return opair
 
 
-def run_final(dense, opair, wts, mid, w_d, w_m, *, layer_scalar: float, eps: float, k: int):
-    out = _bf16(mid.shape)
+def run_final(dense, opair, wts, mid, w_d, w_m, *, layer_scalar: float, eps: float, k: int, zeroed: bool = False):
+    out = _out(mid.shape, bf16, zeroed)
     moe.run_final(out, put(dense), put(opair), put(wts), put(mid), put(w_d), put(w_m),
                   layer_scalar=layer_scalar, eps=eps, k=k)
     return out

@@ -1,0 +1,208 @@
+"""NVFP4 MoE decode: batch invariance and run-to-run determinism of the whole chain
+(post_attn -> router -> glu -> down -> final), every intermediate read back.
+
+A row is a token. The only batch parameter the launcher takes is T, the tokens of a launch
+(1 to MOE_MAX_T = 8); from it come the post_attn and final grids (T blocks), the router's
+accumulators and selection warps (token t's logits in acc[t], its top K in warp t of the
+last CTA: T = 8 takes every warp) and the expert grids' T * K slot blocks. Nothing else is
+derived from T: no split count, no block size, no tile. So the invariance gate runs every T
+the launcher accepts (1 to 8), which crosses any threshold a launcher could derive from T,
+at the first, middle and last place of each batch, under both launch layouts the family
+has (LAYOUTS): a token's bits must be its bits alone.
+
+The pool of tokens (`_pool`) holds random tokens, one token twice (the pair picks the same K
+experts, so each of those experts gets two tokens of the batch) and a zero token (rr = 0:
+every logit is +0 and the top K is all ties, ids 0..K-1). Distinct tokens of a batch share
+experts by pigeonhole from 5 tokens at E 13, K 3 and from 3 at E 16, K 8 (the gate checks it
+on its batch of 8): an expert's slots then come from several tokens, at slot places that
+move with the batch.
+
+The determinism gate repeats the chain at decode's largest batch (T 8, K 8: 64 slots, a
+token's 8 expert rows of `opair` computed by 8 different blocks of moe_down, 11,264 blocks in
+all) with the seed's H and I, on fresh zeroed buffers each repeat (an engine's zeroed
+buffers: a kernel that accumulates into its output then shows the order of its additions,
+where a NaN sentinel would read as the same NaN every repeat), alternating the current
+stream with fresh non-blocking streams, and every other repeat first overwriting a 128 MiB
+scratch buffer (more than the H200's L2), so the blocks' loads hit and miss differently
+between repeats and any race is run with other timings.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from gates import _moe_decode as g
+from harness.invariance import assert_batch_invariant, assert_deterministic
+from kernels_cu import moe_decode as moe
+from oracles import moe_decode as od
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A launch variant: slots a token past K (the slot stride kcap is K + spare), whether
+    moe_glu also writes its bf16 g/u rows, and whether the experts sit at a permuted table's
+    storage slots. The chain's bits must not depend on any of them."""
+
+    spare_slots: int
+    gu_rows: bool
+    permuted_table: bool
+
+
+LAYOUTS = {
+    "kcap K+2, g/u rows, identity table": Layout(spare_slots=2, gu_rows=True, permuted_table=False),
+    "kcap K, no g/u rows (production), permuted table": Layout(spare_slots=0, gu_rows=False, permuted_table=True),
+}
+
+# Every intermediate a token owns, in pipeline order: the first one whose bits differ names
+# the stage that made the difference. Slot buffers are read at slots 0..K-1 (kcap differs
+# between the layouts); fs is one value a token.
+OUTPUTS = ("post_attn mid", "post_attn rr", "post_attn fq", "post_attn fs", "post_attn gq", "post_attn gsc",
+           "router logits", "router ids", "router wts", "glu g/u", "glu hq", "glu hs", "down opair", "final out")
+
+# The pool: tokens 0..6 random, token 7 = token 0 (its twin), token 8 = the zero token.
+POOL_TOKENS = 9
+TWIN, ZERO = 7, 8
+ROWS = (0, TWIN, ZERO, 3)  # checked: a random token, its twin, the zero token, another random token
+FILLERS = (1, 2, 4, 5, 6)  # computed around them, not checked
+BATCH_SIZES = tuple(range(1, moe.MAX_T + 1))
+POSITIONS = (0, "middle", -1)
+
+SHAPES = {
+    # The contract's small shape (E not a multiple of the router's 8 experts a block, H three
+    # 64-lane sweeps, K odd): 3 experts a token among 13.
+    "small-E13-H192-I128-K3": g.Shape(t=POOL_TOKENS, h=192, i=128, e=13, k=3),
+    # The seed's H and I with decode's largest K (8 of 16 experts: every expert serves several
+    # tokens of a batch); H 2816 is 11 of the router's 16-byte chunks a lane and 2 full 64-lane
+    # sweeps plus a tail in glu. All 16 experts are filled (48 MB).
+    "seed-H2816-I704-E16-K8": g.Shape(t=POOL_TOKENS, h=2816, i=704, e=16, k=8),
+}
+DETERMINISM_SHAPE = "seed-H2816-I704-E16-K8"
+DETERMINISM_TOKENS = tuple(range(moe.MAX_T))  # T 8: the seven random tokens and the twin
+REPEATS = 30
+L2_EVICT_BYTES = 128 << 20
+
+
+@dataclass
+class Case:
+    shape: g.Shape
+    inputs: od.LayerInputs  # the pool, one row a token
+    experts: dict  # permuted_table -> moe.Experts
+    weights: dict  # the shared weights on the device, by LayerInputs field
+    ticket: object  # one ticket counter for every launch of the case, as an engine keeps one
+
+
+def _pool(s: g.Shape) -> od.LayerInputs:
+    inp = od.random_layer(s.t, s.h, s.e, seed=s.h + s.e)
+    x, o, dense = inp.x.copy(), inp.o.copy(), inp.dense.copy()
+    x[TWIN], o[TWIN], dense[TWIN] = x[0], o[0], dense[0]
+    x[ZERO], o[ZERO] = 0, 0
+    return od.LayerInputs(**{**vars(inp), "x": x, "o": o, "dense": dense})
+
+
+@functools.lru_cache(maxsize=None)
+def _case(shape_id: str) -> Case:
+    s = SHAPES[shape_id]
+    inp = _pool(s)
+    weights = od.random_experts(np.arange(s.e), s.h, s.i, seed=s.e + s.h)
+    experts = {False: g.device_experts(s, weights, np.arange(s.e, dtype=np.int32)),
+               True: g.device_experts(s, weights, od.permuted_table(s.e, seed=s.e))}
+    shared = {name: g.put(getattr(inp, name)) for name in ("w_pa", "w_router", "wr", "pes", "w_d", "w_m")}
+    return Case(shape=s, inputs=inp, experts=experts, weights=shared, ticket=g.zero_ticket())
+
+
+def _layer(case: Case, tokens, layout: Layout, *, zeroed: bool = False) -> dict:
+    """The chain on the pool's `tokens` as one batch (T = len(tokens)) under `layout`: every
+    output a token owns, on the host, first axis the batch."""
+    s, inp, w = case.shape, case.inputs, case.weights
+    rows = np.asarray(tokens, dtype=np.int64)
+    experts = case.experts[layout.permuted_table]
+    post = g.run_post_attn(inp.x[rows], inp.o[rows], w["w_pa"], w["w_router"], act_g=inp.act_g, eps=inp.eps,
+                           zeroed=zeroed)
+    router = g.run_router(post.rr, w["wr"], w["pes"], k=s.k, kcap=s.k + layout.spare_slots, ticket=case.ticket,
+                          zeroed=zeroed)
+    hq, hs, gu = g.run_glu(router.ids, post.gq, post.gsc, experts, act_g=inp.act_g, act_h=inp.act_h, k=s.k, i=s.i,
+                           gu_rows=layout.gu_rows, zeroed=zeroed)
+    opair = g.run_down(router.ids, hq, hs, experts, act_h=inp.act_h, k=s.k, h=s.h, zeroed=zeroed)
+    out = g.run_final(inp.dense[rows], opair, router.wts, post.mid, w["w_d"], w["w_m"],
+                      layer_scalar=inp.layer_scalar, eps=inp.eps, k=s.k, zeroed=zeroed)
+    k = s.k
+    got = {"post_attn mid": post.mid, "post_attn rr": post.rr, "post_attn fq": post.fq,
+           "post_attn fs": post.fs.reshape(-1, 1), "post_attn gq": post.gq, "post_attn gsc": post.gsc,
+           "router logits": router.logits, "router ids": router.ids[:, :k], "router wts": router.wts[:, :k],
+           "glu hq": hq[:, :k], "glu hs": hs[:, :k], "down opair": opair[:, :k], "final out": out}
+    if gu is not None:
+        got["glu g/u"] = gu[:, :k]
+    return {name: g.host(v) for name, v in got.items()}
+
+
+def _layouts_with(name: str) -> dict:
+    """The layouts under which output `name` exists (the g/u rows only where glu writes them)."""
+    return {n: lay for n, lay in LAYOUTS.items() if name != "glu g/u" or lay.gu_rows}
+
+
+def _assert_the_pool_collides(case: Case, full: dict) -> None:
+    """Non-vacuity: the batch of every checked row and filler writes every output, the twin
+    picks its token's experts, the zero token's top K is all ties (ids 0..K-1), and two
+    different tokens share an expert."""
+    s, tokens = case.shape, ROWS + FILLERS[:moe.MAX_T - len(ROWS)]
+    for name, a in full.items():
+        g.assert_fully_written(f"{name} (a batch of {len(tokens)})", a)
+    ids = full["router ids"]
+    pos = {tok: i for i, tok in enumerate(tokens)}
+    assert np.array_equal(ids[pos[TWIN]], ids[pos[0]]), f"the twin picked {ids[pos[TWIN]]}, token 0 {ids[pos[0]]}"
+    assert np.array_equal(ids[pos[ZERO]], np.arange(s.k)), f"the zero token picked {ids[pos[ZERO]]}, not 0..K-1 (all ties)"
+    distinct = [set(ids[pos[tok]].tolist()) for tok in tokens if tok not in (TWIN, ZERO)]
+    shared = any(a & b for i, a in enumerate(distinct) for b in distinct[i + 1:])
+    assert shared, f"no two different tokens share an expert: {ids.tolist()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.invariance
+@pytest.mark.parametrize("shape_id", list(SHAPES))
+def test_a_tokens_outputs_do_not_depend_on_its_batch_its_place_or_the_layout(shape_id):
+    # Bitwise: every stage reduces within a token (over H, over its K slots) in an order fixed
+    # by H, K and the block size; no stage reads another token's data or derives anything
+    # from T but the grid. Each token alone (T = 1, first layout) is the reference.
+    case = _case(shape_id)
+    runs = {}
+
+    def chain(tokens, layout):
+        key = (tuple(tokens), layout)
+        if key not in runs:
+            runs[key] = _layer(case, tokens, layout)
+        return runs[key]
+
+    _assert_the_pool_collides(case, chain(ROWS + FILLERS[:moe.MAX_T - len(ROWS)], LAYOUTS[next(iter(LAYOUTS))]))
+    for name in OUTPUTS:
+        assert_batch_invariant(f"moe decode {name}", lambda tokens, layout, name=name: chain(tokens, layout)[name],
+                               ROWS, batch_sizes=BATCH_SIZES, positions=POSITIONS, variants=_layouts_with(name),
+                               fillers=FILLERS)
+
+
+@pytest.mark.gpu
+@pytest.mark.determinism
+def test_the_chain_gives_the_same_bits_on_every_repeat():
+    # Bitwise: the only atomic of the chain is the router's ticket (a counter; the last CTA's
+    # selection reads logits every block published before it took its ticket); every float
+    # reduction has a fixed order. See the module docstring for what changes between repeats.
+    import cupy
+
+    case = _case(DETERMINISM_SHAPE)
+    scratch = cupy.empty(L2_EVICT_BYTES, dtype=np.uint8)
+    runs = {}
+
+    def chain(repeat, layout):
+        key = (repeat, layout)
+        if key not in runs:
+            if repeat % 2:
+                scratch.fill(repeat & 0xFF)
+            runs[key] = _layer(case, DETERMINISM_TOKENS, layout, zeroed=True)
+        return runs[key]
+
+    for name in OUTPUTS:
+        assert_deterministic(f"moe decode {name}", lambda repeat, layout, name=name: chain(repeat, layout)[name],
+                             repeats=REPEATS, variants=_layouts_with(name))
