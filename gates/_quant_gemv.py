@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness import host_cache
-from harness.buffers import BF16_SENTINEL, fenced, filled, to_host
+from harness.buffers import BF16_SENTINEL, fenced, filled, to_device, to_host
 from harness.dtypes import bf16, to_bf16
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
-from oracles.quant_gemv import (Fp8GemvCase, LmHeadCase, Nvfp4Case, lm_head_block_partials, lm_head_edge_case,
-                                lm_head_positional_case)
+from oracles.quant_gemv import (Fp8GemvCase, Fp8Inputs, LmHeadCase, Nvfp4Case, lm_head_block_partials,
+                                lm_head_edge_case, lm_head_positional_case)
 
 SENTINEL = BF16_SENTINEL  # bf16 NaN with a payload; a kernel's NaN would be 0x7fc0 or 0x7fff
 TAIL = 16  # sentinel outputs past N
@@ -216,3 +216,104 @@ def run_nvfp4(dev: Nvfp4Device, *, single_warp: bool):
     y = bf16_sentinels((dev.n + TAIL,))
     nvfp4_gemv.run_nvfp4_gemv(y, dev.x, dev.w, dev.s, dev.gs, single_warp=single_warp)
     return y
+
+
+# The invariance and determinism gates (gates/test_gemv_invariance.py): inputs stay on the
+# device; a run gathers the rows it computes (tokens, or NVFP4 weight rows) into one batch and
+# launches it once. Outputs start filled with `fill` bits; the determinism gates vary them
+# from repeat to repeat, so an output the kernel leaves unwritten differs between repeats.
+
+
+@dataclass(frozen=True)
+class Fp8Device:
+    x: object  # uint8 e4m3 [T, K]
+    xs: object  # f32 [T]
+    w: object  # uint8 e4m3 [N, K], every segment's rows in turn
+    ws: object  # f32 [N]
+
+
+def fp8_inputs_to_device(inputs: Fp8Inputs) -> Fp8Device:
+    import cupy
+
+    return Fp8Device(x=cupy.asarray(inputs.x), xs=cupy.asarray(inputs.xs), w=cupy.asarray(inputs.w),
+                     ws=cupy.asarray(inputs.ws))
+
+
+def run_fp8_gemv_tokens(dev: Fp8Device, tokens, segment_rows: tuple[int, ...], fill: int = SENTINEL):
+    """y [len(tokens), N] on the device: the tokens `tokens` of `dev` as one batch (T =
+    len(tokens)), the weight rows split into segments of `segment_rows` rows (views of one
+    allocation, so each segment's first row is where the one before it ends)."""
+    import cupy
+
+    n = int(dev.w.shape[0])
+    if sum(segment_rows) != n:
+        raise ValueError(f"segments {segment_rows} do not add up to the {n} weight rows")
+    ids = cupy.asarray(list(tokens), dtype=cupy.int64)
+    segments, start = [], 0
+    for rows in segment_rows:
+        segments.append((dev.w[start:start + rows], dev.ws[start:start + rows]))
+        start += rows
+    y = filled((len(tokens), n), bf16, fill)
+    fp8_gemv.run_fp8_gemv(y, dev.x[ids], dev.xs[ids], segments)
+    return y
+
+
+def run_nvfp4_rows(dev: Nvfp4Device, rows, *, single_warp: bool, fill: int = SENTINEL):
+    """y [len(rows)] on the device: the weight rows `rows` of `dev` (their outputs) as one
+    launch, N = len(rows), by the base or the single-warp arm."""
+    import cupy
+
+    ids = cupy.asarray(list(rows), dtype=cupy.int64)
+    y = filled((len(rows),), bf16, fill)
+    nvfp4_gemv.run_nvfp4_gemv(y, dev.x, dev.w[ids], dev.s[ids], dev.gs, single_warp=single_warp)
+    return y
+
+
+@dataclass(frozen=True)
+class LmHeadDevice:
+    h: object  # bf16 bits (uint16) [T, H]
+    E: object  # uint8 e4m3 [V, H]
+    rs: object  # f32 [V]
+    softcap: float
+
+
+def lm_head_to_device(case: LmHeadCase) -> LmHeadDevice:
+    import cupy
+
+    return LmHeadDevice(h=to_device(case.h, bits=True), E=cupy.asarray(case.E), rs=cupy.asarray(case.rs),
+                        softcap=case.softcap)
+
+
+def run_lm_head_tokens(dev: LmHeadDevice, tokens, *, excluded: int, shards: tuple[int, ...] = (0,),
+                       scratch_fill: tuple[int, int] | None = None) -> np.ndarray:
+    """float64 [len(tokens), 2] on the host: each token's argmax index and its f32 value (both
+    exact in float64, and distinct f32 bits stay distinct), for the tokens `tokens` of `dev`
+    as one batch. `shards` are the first vocabulary
+    rows of the shards the vocabulary is cut into (the first is 0): each shard is one launch
+    over its rows, as the ranks of a vocabulary-parallel engine, and the shards' answers meet
+    here by the contract's rule (the larger value; a tie to the lower index, which is the
+    earlier shard's). `scratch_fill` (value bits, index bits): the launch takes a caller's
+    scratch filled with them; None: the launcher allocates its own."""
+    import cupy
+
+    ids = cupy.asarray(list(tokens), dtype=cupy.int64)
+    h = dev.h[ids]
+    v = int(dev.E.shape[0])
+    if shards[0] != 0 or list(shards) != sorted(set(shards)) or shards[-1] >= v:
+        raise ValueError(f"shards {shards} must start at 0 and increase below V={v}")
+    best = None
+    for lo, hi in zip(shards, [*shards[1:], v]):
+        scratch = None
+        if scratch_fill is not None:
+            shape = (len(tokens), lm_head.partial_blocks(hi - lo))
+            scratch = (filled(shape, np.float32, scratch_fill[0]), filled(shape, np.int32, scratch_fill[1]))
+        local = excluded - lo if lo <= excluded < hi else lm_head.NONE
+        idx, val = lm_head.run_lm_head_argmax(h, dev.E[lo:hi], dev.rs[lo:hi], excluded=local,
+                                              softcap=dev.softcap, scratch=scratch)
+        idx, val = to_host(idx) + np.int32(lo), to_host(val)
+        if best is None:
+            best = idx, val
+        else:
+            take = val > best[1]
+            best = np.where(take, idx, best[0]), np.where(take, val, best[1])
+    return np.stack([best[0].astype(np.float64), best[1].astype(np.float64)], axis=1)

@@ -465,3 +465,119 @@ def nvfp4_expected(case: Nvfp4Case) -> np.ndarray:
         raise ValueError("nvfp4_expected is exact only on nvfp4_designed inputs; link other inputs to a certified arm")
     _check_f32_exact(np.abs(terms).sum(axis=1), 1.0 / 16, "nvfp4_expected")
     return to_bf16(case.gs * terms.sum(axis=1)).reshape(n)
+
+
+# ------------------------------------------------------------------ order-sensitive inputs
+#
+# The invariance and determinism gates compare GPU arms with each other, bit for bit, so their
+# inputs need no closed form. They need the opposite of the anchors' designs: outputs whose
+# bits move when the order of the f32 additions moves. Plain random inputs hide such a change
+# behind the bf16 output rounding (a few f32 ulps of the dot rarely cross a bf16 boundary).
+# Outlier channels do not: a few channels carry values 2^10 or more above the rest (as the
+# outlier features of real activations do), in pairs whose products cancel, so a partial sum
+# that holds an outlier keeps only its high bits while the dot itself is small: the output's
+# bf16 bits carry the rounding of the order in which the partial sums met.
+
+
+def _signed_fp(rng, size, exponents, mantissa_bits: int) -> np.ndarray:
+    """+-(1 + m / 2^mantissa_bits) * 2^e, e drawn from `exponents`, m from all the mantissas."""
+    e = rng.choice(np.asarray(exponents), size=size)
+    m = rng.integers(0, 2**mantissa_bits, size=size)
+    return rng.choice((-1.0, 1.0), size=size) * (1.0 + m / 2.0**mantissa_bits) * 2.0**e
+
+
+def _outlier_pairs(rng, slots: int, pairs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two disjoint sets of `pairs` slots of range(slots): pair i is (a[i], b[i])."""
+    if 2 * pairs > slots:
+        raise ValueError(f"{pairs} outlier pairs need {2 * pairs} slots, there are {slots}")
+    chosen = rng.permutation(slots)[:2 * pairs]
+    return chosen[:pairs], chosen[pairs:]
+
+
+@dataclass(frozen=True)
+class Fp8Inputs:
+    """FP8 GEMV inputs with no expected output: the weights of every segment as one matrix
+    (a gate splits it into segments as it likes)."""
+
+    x: np.ndarray  # uint8 e4m3 bits [T, K]
+    xs: np.ndarray  # f32 [T]
+    w: np.ndarray  # uint8 e4m3 bits [N, K]
+    ws: np.ndarray  # f32 [N]
+
+
+FP8_ORDINARY_EXPONENTS = tuple(range(-6, 0))  # 2^-6 .. 2^-1 (e4m3 normals)
+FP8_OUTLIER_EXPONENTS = (5, 6, 7, 8)  # 32 .. 448 (at 2^8 only mantissas up to 1.75)
+
+
+def fp8_outlier_case(t: int, k: int, n: int, seed: int, pairs: int = 32) -> Fp8Inputs:
+    """x [T, K] and w [N, K] from e4m3 values +-2^-6 .. 2^-1 (every mantissa), except `pairs`
+    pairs of outlier channels (a, b), the same for every token as activation outliers are:
+    x[:, a] = x[:, b] and w[:, b] = -w[:, a], both +-32 .. 448. The pair's products cancel
+    exactly, products up to 2^17.6 sit beside ordinary ones down to 2^-12, so a partial sum
+    holding one rounds every ordinary product added to it; the dot is of order 1. Token and
+    row scales are arbitrary f32 (not powers of two). Every value is exact in e4m3 (checked)."""
+    if k % FP8_CHUNK:
+        raise ValueError(f"K={k} is not a multiple of {FP8_CHUNK}")
+    rng = np.random.default_rng(seed)
+    x = _signed_fp(rng, (t, k), FP8_ORDINARY_EXPONENTS, 3)
+    w = _signed_fp(rng, (n, k), FP8_ORDINARY_EXPONENTS, 3)
+    a, b = _outlier_pairs(rng, k, pairs)
+    big = _signed_fp(rng, (t + n, pairs), FP8_OUTLIER_EXPONENTS, 3)
+    big = np.clip(big, -448.0, 448.0)  # 2^8 * 1.875 -> 448, still an e4m3 value
+    x[:, a] = x[:, b] = big[:t]
+    w[:, a] = big[t:]
+    w[:, b] = -big[t:]
+    xs = (2.0 ** rng.uniform(-3.0, 0.0, size=t)).astype(np.float32)
+    ws = (2.0 ** rng.uniform(-4.0, -1.0, size=n)).astype(np.float32)
+    return Fp8Inputs(x=e4m3_bits(x), xs=xs, w=e4m3_bits(w), ws=ws)
+
+
+NVFP4_ORDINARY_EXPONENTS = tuple(range(-10, -5))  # x: 2^-10 .. 2^-6
+NVFP4_OUTLIER_EXPONENTS = tuple(range(10, 15))  # x: 2^10 .. 2^14
+NVFP4_OUTLIER_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)  # e4m3 block scales
+
+
+def nvfp4_outlier_case(n: int, k: int, seed: int, pairs: int = 32) -> Nvfp4Case:
+    """x bf16 [K] of +-2^-10 .. 2^-6 (every bf16 mantissa), all 16 e2m1 codes, block scales
+    from NVFP4_OUTLIER_SCALES, global scale 0.0123; except `pairs` pairs of outlier channels
+    (a, b) in distinct groups: x[a] = x[b] = +-2^10 .. 2^14, the weight code at b the code at
+    a with its sign flipped (nonzero), the block scale of b's group that of a's. Each pair's
+    products cancel exactly; the group and lane sums holding one keep only their high bits
+    (about 2^-5 against an output of order 2^-5 / 0.0123 before scaling)."""
+    if k % NVFP4_GROUP:
+        raise ValueError(f"K={k} is not a multiple of {NVFP4_GROUP}")
+    rng = np.random.default_rng(seed)
+    groups = k // NVFP4_GROUP
+    x = _signed_fp(rng, k, NVFP4_ORDINARY_EXPONENTS, 7)
+    codes = rng.integers(0, 16, size=(n, k), dtype=np.uint8)
+    scales = rng.choice(np.asarray(NVFP4_OUTLIER_SCALES), size=(n, groups))
+    ga, gb = _outlier_pairs(rng, groups, pairs)
+    a = ga * NVFP4_GROUP + rng.integers(0, NVFP4_GROUP, size=pairs)
+    b = gb * NVFP4_GROUP + rng.integers(0, NVFP4_GROUP, size=pairs)
+    x[a] = x[b] = _signed_fp(rng, pairs, NVFP4_OUTLIER_EXPONENTS, 7)
+    codes[:, a] = rng.integers(1, 8, size=(n, pairs), dtype=np.uint8) | (rng.integers(0, 2, size=(n, pairs),
+                                                                                        dtype=np.uint8) << 3)
+    codes[:, b] = codes[:, a] ^ 8
+    scales[:, gb] = scales[:, ga]
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    return Nvfp4Case(x=exact_bf16(x), w=packed, s=e4m3_bits(scales), gs=0.0123)
+
+
+LM_OUTLIER_EXPONENTS = tuple(range(8, 11))  # h: 2^8 .. 2^10
+
+
+def lm_head_outlier_case(t: int, v: int, hdim: int, seed: int, pairs: int = 8, softcap: float = 30.0) -> LmHeadCase:
+    """h bf16 [T, H] standard normal, E e4m3 [V, H] of normal values (rounded to e4m3), row
+    scales uniform in [0.01, 0.1), except `pairs` pairs of outlier channels (a, b):
+    h[:, a] = h[:, b] = +-2^8 .. 2^10, E[:, b] = -E[:, a]. The pair's products cancel exactly;
+    a lane's partial holding one is of order 2^11 while the logit is of order 1, so even the
+    argmax row's value (the largest logit, the least cancelled on plain random inputs) carries
+    the rounding of the order its dot was summed in."""
+    rng = np.random.default_rng(seed)
+    h = rng.standard_normal((t, hdim))
+    E = decode_e4m3(to_fp8_e4m3(rng.standard_normal((v, hdim))).view(np.uint8)).astype(np.float64)
+    a, b = _outlier_pairs(rng, hdim, pairs)
+    h[:, a] = h[:, b] = _signed_fp(rng, (t, pairs), LM_OUTLIER_EXPONENTS, 7)
+    E[:, b] = -E[:, a]
+    rs = rng.uniform(0.01, 0.1, size=v).astype(np.float32)
+    return LmHeadCase(h=to_bf16(h), E=e4m3_bits(E), rs=rs, softcap=softcap)
