@@ -60,13 +60,25 @@ def prefill_rows_per_tile(hd: int) -> int:
     return _ROWS_PER_TILE[hd]
 
 
-def choose_splits(kv_len: int, rows: int, nh: int) -> int:
+def choose_splits(kv_len: int, rows: int, nh: int, *, fixed: int | None = None) -> int:
     """Deterministic split count for decode: enough CTAs to fill about two waves of
     SM_TARGET SMs, at least MIN_PAGES_PER_SPLIT pages per split, at most MAX_SPLITS.
-    `kv_len` is the longest visible range (min(ctx, window) for sliding layers)."""
+    `kv_len` is the longest visible range (min(ctx, window) for sliding layers).
+
+    That count depends on the batch (its rows, and its longest row), and a row's output bits
+    depend on its split count (the f32 sums are grouped by split): the same row decoded alone
+    and in a batch may differ in the last bits. `fixed` is the batch-invariant mode: an engine
+    that needs a row's bits not to depend on the batch around it pins one count per model (say
+    choose_splits(longest context, 1, nh)) and passes it here; it is checked and returned
+    whatever the batch. docs/paged_attention.md, "Batch invariance and determinism"."""
     for name, v in (("kv_len", kv_len), ("rows", rows), ("nh", nh)):
         if not isinstance(v, (int, np.integer)) or v <= 0:
             raise Refusal(f"choose_splits: {name} must be a positive int, got {v!r}")
+    if fixed is not None:
+        if isinstance(fixed, bool) or not isinstance(fixed, (int, np.integer)) or not 1 <= fixed <= MAX_SPLITS:
+            raise Refusal(f"choose_splits: fixed={fixed!r} must be an int in 1..{MAX_SPLITS} (the split count "
+                          f"every batch uses, the batch-invariant mode); pass None for the count chosen per batch")
+        return int(fixed)
     want = -(-2 * SM_TARGET // (rows * nh))
     by_pages = -(-(-(-kv_len // PAGE)) // MIN_PAGES_PER_SPLIT)
     return int(max(1, min(MAX_SPLITS, want, by_pages)))
