@@ -158,22 +158,28 @@ def new_counters(case: ora.Case):
     return cupy.zeros(case.rows * case.nh, dtype=cupy.int32)
 
 
-def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = "last_cta",
-                     counters=None, pool: DevicePool | None = None, partials: bool = False, scale: float = 1.0,
-                     out=None):
-    """One split-K decode launch; `merge` is 'last_cta' (ticket counters) or 'combine'.
-    partials=True returns (out, scratch as f32 [rows, nh, splits, hd + 2]). `out`: the output
-    buffer (uint16 bf16 bits, holding OUT_SENTINEL) if not a fresh one."""
+def new_scratch(case: ora.Case, splits: int):
+    """A split-K scratch for `case` at `splits`, every float the NaN SCRATCH_SENTINEL."""
     import cupy
 
+    return cupy.full(pa.decode_scratch_floats(case.rows, case.nh, splits, case.hd), SCRATCH_SENTINEL,
+                     dtype=cupy.uint32).view(cupy.float32)
+
+
+def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = "last_cta",
+                     counters=None, pool: DevicePool | None = None, partials: bool = False, scale: float = 1.0,
+                     out=None, scratch=None):
+    """One split-K decode launch; `merge` is 'last_cta' (ticket counters) or 'combine'.
+    partials=True returns (out, scratch as f32 [rows, nh, splits, hd + 2]). `out`: the output
+    buffer (uint16 bf16 bits, holding OUT_SENTINEL) if not a fresh one; `scratch`: the split-K
+    scratch (f32, at least decode_scratch_floats) if not a fresh NaN one (`new_scratch`)."""
     case = dc.host
     splits = chosen_splits(case) if splits is None else splits
     if merge == "last_cta" and counters is None:
         counters = new_counters(case)
     elif merge == "combine":
         counters = None
-    scratch = cupy.full(pa.decode_scratch_floats(case.rows, case.nh, splits, case.hd), SCRATCH_SENTINEL,
-                        dtype=cupy.uint32).view(cupy.float32)
+    scratch = new_scratch(case, splits) if scratch is None else scratch
     out = _out(case) if out is None else out
     pa.paged_decode(out, dc.q, pool.k_pool if pool else dc.k_pool, pool.v_pool if pool else dc.v_pool,
                     dc.bt, dc.off, dc.qpos, scratch=scratch, splits=splits, counters=counters,
@@ -191,10 +197,12 @@ def run_paged_decode_guarded(dc: DeviceCase, *, merge: str) -> tuple[np.ndarray,
     return run_paged_decode(dc, merge=merge, out=out), whole
 
 
-def run_paged_prefill(dc: DeviceCase, *, pool: DevicePool | None = None, scale: float = 1.0) -> np.ndarray:
+def run_paged_prefill(dc: DeviceCase, *, pool: DevicePool | None = None, scale: float = 1.0,
+                      tiles: pa.Tiles | None = None) -> np.ndarray:
+    """One prefill launch over `tiles` (default: make_tiles at the kernel's rows per tile)."""
     case = dc.host
     out = _out(case)
-    tiles = pa.make_tiles(case.off, pa.prefill_rows_per_tile(case.hd))
+    tiles = pa.make_tiles(case.off, pa.prefill_rows_per_tile(case.hd)) if tiles is None else tiles
     pa.paged_prefill(out, dc.q, pool.k_pool if pool else dc.k_pool, pool.v_pool if pool else dc.v_pool,
                      dc.bt, dc.off, dc.qpos, tiles, pmap=pool.pmap if pool else None, window=case.window,
                      scale=scale)

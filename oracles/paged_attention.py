@@ -512,3 +512,93 @@ def split_partials(case: Case, splits: int) -> np.ndarray:
             parts[r, :, s, 1] = 1.0
             parts[r, :, s, 2:] = case.v_pool[page, heads, slot].astype(np.float32)
     return parts
+
+
+# ------------------------------------------------------------------ inputs whose bits show any change of order
+#
+# Batch invariance and determinism are claims about bits, and a reordered f32 sum usually
+# moves its result by an ulp of f32, which the bf16 output rounds away: on uniform random
+# inputs a regrouped accumulation changes about one output element in two thousand (host
+# emulation of the decode kernel, 16 against 11 splits), too few for a gate to rely on. The
+# cancelling case makes a regrouping visible: on pairs of pages every row of the sequence sees
+# in full, the even slots hold V values +B m in the first page and -B m in the second
+# (B = CANCEL_BIG, m in [1, 2) with 8 significant bits: exact in bf16) under equal K rows, so
+# the two keys score alike and their exact contributions cancel. The f32 sums still carry
+# values of size B on the way, so each addition leaves a rounding of the order of B 2^-24
+# against outputs of the order of 0.1: the output's low bits are that residue, and another
+# grouping or order of the additions changes most of them (emulated: 16 against 11 splits
+# changes about 1700 of a row's 2048 elements; one CTA adding its four warps in another order
+# changes 10 to 150 elements of its head). The output is still attention: rel_rms against the
+# float64 reference about 2e-2 (emulated). The odd slots and every other page hold
+# uniform(-1, 1) values.
+
+CANCEL_BIG = 2.0 ** 16
+
+
+def cancelling_case(hd: int, nh: int, nkv: int, window: int, seqs, seed: int) -> Case:
+    """One block-table row per sequence (pages shuffled through the table, one spare page past
+    each sequence's last query page); `seqs` holds the query positions of each sequence's rows,
+    in row order. q, K and V uniform(-1, 1), then the cancelling pairs above on the pages every
+    row of the sequence sees in full, paired from the first such page on."""
+    rng = np.random.default_rng(seed)
+    seqs = [tuple(int(x) for x in s) for s in seqs]
+    seq_pages = [max(s) // PAGE + 2 for s in seqs]
+    total = sum(seq_pages)
+    bt = rng.permutation(total).astype(np.int32)
+    starts = np.concatenate([[0], np.cumsum(seq_pages)[:-1]]).astype(np.int32)
+    k = rng.uniform(-1, 1, (total, nkv, PAGE, hd)).astype(np.float32)
+    v = rng.uniform(-1, 1, (total, nkv, PAGE, hd)).astype(np.float32)
+    for o, s in zip(starts, seqs):
+        first_full = -(-int(first_visible(np.asarray(s), window).max()) // PAGE)
+        last_full = (min(s) + 1) // PAGE - 1
+        for p in range(first_full, last_full, 2):          # pairs (p, p + 1), both seen in full
+            a, b = bt[o + p], bt[o + p + 1]
+            mant = 1 + rng.integers(0, 128, (nkv, PAGE // 2, hd)) / 128
+            big = np.where(rng.random(mant.shape) < 0.5, -1.0, 1.0) * CANCEL_BIG * mant
+            v[a, :, 0::2], v[b, :, 0::2] = big, -big
+            k[b, :, 0::2] = k[a, :, 0::2]
+    off = np.concatenate([[o] * len(s) for o, s in zip(starts, seqs)]).astype(np.int32)
+    qpos = np.concatenate([np.asarray(s) for s in seqs]).astype(np.int32)
+    return Case(_bf16(rng.uniform(-1, 1, (qpos.size, nh, hd))), _bf16(k), _bf16(v), bt, off, qpos, window)
+
+
+def sequences(case: Case) -> list[tuple[np.ndarray, int, int]]:
+    """Per sequence of a case whose sequences own consecutive block-table ranges, in table order
+    (cancelling_case, needle_case): (its rows, its table start, its number of table entries)."""
+    starts = np.unique(case.off)
+    ends = np.append(starts[1:], case.bt.size)
+    return [(np.flatnonzero(case.off == o), int(o), int(e - o)) for o, e in zip(starts, ends)]
+
+
+def batch_case(case: Case, seqs, table=None) -> Case:
+    """The batch an engine would launch for the sequences `seqs` (indexes into sequences(case),
+    repeats allowed): their rows in that order, each occurrence with its own copy of its
+    block-table row (placed one after the other, so a row's offset depends on its place), read
+    from `table` (case.bt renumbered for another placement of the pool; default case.bt)."""
+    table = case.bt if table is None else np.asarray(table)
+    layout = sequences(case)
+    rows, offs, bts, at = [], [], [], 0
+    for s in seqs:
+        r, start, n = layout[int(s)]
+        rows.append(r)
+        offs.append(np.full(r.size, at, np.int32))
+        bts.append(table[start:start + n])
+        at += n
+    rows = np.concatenate(rows)
+    return Case(case.q[rows], case.k_pool, case.v_pool, np.concatenate(bts).astype(np.int32),
+                np.concatenate(offs), case.qpos[rows].astype(np.int32), case.window)
+
+
+def moved_pool(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(k, v, table): the case's pool with its pages moved to other places (a permutation
+    without fixed points) and its block table renumbered to match: the same sequences at other
+    physical pages, as a serving engine's allocator would place them for another batch."""
+    rng = np.random.default_rng(seed)
+    n = case.k_pool.shape[0]
+    while True:
+        perm = rng.permutation(n)
+        if not np.any(perm == np.arange(n)):
+            break
+    k, v = np.empty_like(case.k_pool), np.empty_like(case.v_pool)
+    k[perm], v[perm] = case.k_pool, case.v_pool
+    return k, v, perm[case.bt].astype(np.int32)
