@@ -53,8 +53,9 @@ PREFILL_ROWS, PREFILL_FILLERS = (0, 1, 2, 3), (4, 5)
 PREFILL_WINDOW = {256: 0, 512: 200}
 PREFILL_BATCH_SIZES = (1, 2, 3, 5, 9)
 
-DETERMINISM_ROWS = 32             # decode rows: the six sequences cycled (1024 CTAs at 4 splits)
-DETERMINISM_SPLITS = 4            # long rows: 6 to 8 pages a warp at hd 256, 2 in hd 512's 32-page window
+DETERMINISM_ROWS = 64             # decode rows: the six sequences cycled; the launcher's count is 1
+DETERMINISM_SPLITS = 2            # 1024 CTAs; a long row's warps take 11 to 16 pages each at hd 256, 4
+                                  # in hd 512's 32-page window (at the launcher's 1 split, twice that)
 DETERMINISM_REPEATS = 30
 
 DECODE_VARIANTS = {
@@ -233,8 +234,8 @@ def test_prefill_rows_are_batch_invariant(hd):
 @pytest.mark.determinism
 @pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
 def test_decode_and_prefill_repeat_bit_for_bit(hd):
-    # 30 repeats of one decode batch (32 rows, 1024 CTAs at 4 splits, the long rows' warps with
-    # several pages each) in both merges and at the launcher's count, and of one prefill batch.
+    # 30 repeats of one decode batch (64 rows: 1024 CTAs at 2 fixed splits, 512 at the launcher's
+    # 1; the long rows' warps walk 4 to 32 pages each) in both merges, and of one prefill batch.
     # Every second decode repeat reuses the last one's scratch, stale partials in it, and every
     # last-CTA repeat reuses the ticket counters the last one reset; the helper puts two repeats
     # in three on fresh non-blocking streams.
