@@ -527,7 +527,7 @@ def split_partials(case: Case, splits: int) -> np.ndarray:
 # values of size B on the way, so each addition leaves a rounding of the order of B 2^-24
 # against outputs of the order of 0.1: the output's low bits are that residue, and another
 # grouping or order of the additions changes most of them (emulated: 16 against 11 splits
-# changes about 1700 of a row's 2048 elements; one CTA adding its four warps in another order
+# changes 1600 to 1900 of a row's 2048 elements; one CTA adding its four warps in another order
 # changes 10 to 150 elements of its head). The output is still attention: rel_rms against the
 # float64 reference about 2e-2 (emulated). The odd slots and every other page hold
 # uniform(-1, 1) values.
