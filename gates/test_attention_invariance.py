@@ -252,7 +252,9 @@ def test_decode_and_prefill_repeat_bit_for_bit(hd):
         if kind == "prefill":
             return run_paged_prefill(pc, scale=scale)
         splits = pa.choose_splits(kv_len(decode), decode.rows, decode.nh, fixed=splits)
-        counters, scratch = kept.get(variant, (new_counters(decode), None))
+        if variant not in kept:
+            kept[variant] = (new_counters(decode), None)
+        counters, scratch = kept[variant]
         if scratch is None or repeat % 2 == 0:
             scratch = new_scratch(decode, splits)
         kept[variant] = (counters, scratch)
