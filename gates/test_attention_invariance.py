@@ -174,7 +174,7 @@ def test_decode_rows_are_batch_invariant_at_a_fixed_split_count(hd):
 
 
 LAUNCHER_SPLITS_REASON = (
-    "not invariant by design: choose_splits derives the split count from the batch, min(16, ceil(264 / (rows x "
+    "issue 30: not invariant by design: choose_splits derives the split count from the batch, min(16, ceil(264 / (rows x "
     "nh)), ceil(longest row's pages / 4)), and the count groups a row's f32 sums by split. At nh 8 a row alone "
     "gets up to 16 splits, in a batch of 3 rows 11, 5: 7, 9: 4, 17: 2, 33: 1, and a short row next to a long one "
     "takes the long one's count. First seen (host emulation of the kernel's arithmetic): hd 256, row 1 (37 pages) "
