@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+from harness.project_modules import module_file, project_modules
+
 LAUNCHERS_OF_ENV = "HARNESS_LAUNCHERS_OF"
 
 
@@ -32,21 +34,13 @@ _rebound: list[tuple[dict, str, object]] = []  # (namespace, name, today's objec
 _active: Path | None = None  # the other root in place, None when today's is
 
 
-def _file_of(mod) -> str | None:
-    try:
-        f = object.__getattribute__(mod, "__dict__").get("__file__")
-    except (AttributeError, TypeError):
-        return None
-    return f if isinstance(f, str) else None
-
-
 def launcher_modules(today_root: Path) -> dict[str, tuple[object, str]]:
     """{module name: (module, its file relative to the kernel root)} for every loaded module
     whose file lies under today's kernel root."""
     root = Path(today_root).resolve()
     out = {}
     for name, mod in list(sys.modules.items()):
-        f = _file_of(mod)
+        f = module_file(mod)
         if not f or not f.endswith(".py"):
             continue
         path = Path(f).resolve()
@@ -114,13 +108,7 @@ def swap(today_root: Path, other_root: Path, rootdir: Path) -> list[str]:
 def _rebind(objects: dict[int, tuple[str, str]], rootdir: Path) -> None:
     """Bind every name a project module (a launcher among them) took from a swapped launcher to
     the other tree's object of that name (or leave it, when the other tree has none)."""
-    root = Path(rootdir).resolve()
-    for name, mod in list(sys.modules.items()):
-        f = _file_of(mod)
-        if not f or name == "harness" or name.startswith("harness."):
-            continue
-        if "site-packages" in f or not Path(f).resolve().is_relative_to(root):
-            continue
+    for _, mod in project_modules(rootdir):
         space = mod.__dict__
         for k, v in list(space.items()):
             origin = objects.get(id(v))

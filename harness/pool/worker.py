@@ -332,10 +332,8 @@ def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) ->
     stopping at the first kill by assertion unless told to run them all, and at a gate that
     poisoned the context (the rest go to another fresh worker). The trap gates named in
     `trap_shadow` run in the trap shadow, here, their guards counted instead of trapping."""
-    from harness import _settings
+    from harness import _settings, ref_launchers
     from harness.records import Outcome, Route
-
-    from harness import ref_launchers
 
     _settings.configure(kernel_root=msg["kernel_root"])
     gates = list(msg["gates"])
@@ -441,28 +439,15 @@ def reset_for_next_mutant(session) -> str | None:
     return None
 
 
-def _own_file(mod) -> str | None:
-    """A module's __file__, read without loading a lazily loaded module (importlib's
-    LazyLoader loads on the first attribute read through the module)."""
-    try:
-        f = object.__getattribute__(mod, "__dict__").get("__file__")
-    except (AttributeError, TypeError):
-        return None
-    return f if isinstance(f, str) else None
-
-
 def clear_project_caches(rootdir: Path) -> int:
     """Clear every functools cache defined in a module under `rootdir` (not an installed
     package, not the harness itself) unless marked `harness.host_cache`; returns how many
     were cleared."""
-    root = str(rootdir.resolve())
+    from harness.project_modules import project_modules
+
     cleared = 0
-    for name, mod in list(sys.modules.items()):
-        f = _own_file(mod)
-        if not f or not f.startswith(root) or "site-packages" in f:
-            continue
-        if name == "harness" or name.startswith("harness."):
-            continue  # the harness's own caches (toolchain, compile settings, parsers) hold no kernel output
+    # the harness's own caches (toolchain, compile settings, parsers) hold no kernel output: not visited
+    for _, mod in project_modules(rootdir):
         for obj in list(vars(mod).values()):
             # A module holds no cache of its own to clear here (its functions are visited as its
             # own entry of sys.modules); and touching a lazily loaded one (importlib's
