@@ -266,10 +266,11 @@ def read_launches(folder: Path, nodeid: str) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {"launches": {}, "timed": {}, "notes": []}
 
 
-def compare_gate(nodeid: str, folders: dict, runs: dict) -> GateComparison:
+def compare_gate(nodeid: str, kind: str, folders: dict, runs: dict) -> GateComparison:
     """One gate's arms, launches and timings, REF's side against today's."""
     gate = compare_sides(nodeid, read_side(folders["ref"], nodeid), read_side(folders["today"], nodeid),
                          _outcome(runs["ref"], nodeid), _outcome(runs["today"], nodeid))
+    gate.kind = kind
     sides = {side: read_launches(folders[side], nodeid) for side in ("ref", "today")}
     gate.launches = {side: sides[side]["launches"] for side in sides}
     gate.timing, gate.timing_notes = compare_timing(sides["ref"]["timed"], sides["today"]["timed"])
@@ -323,7 +324,8 @@ def pytest_runtestloop(session: pytest.Session):
     st = config.stash[state_key]
     if st.serving:
         return None
-    gates = [item.nodeid for item in session.items if is_gate(item, st.gate_paths)]
+    kinds = {item.nodeid: kinds_of(item) for item in session.items if is_gate(item, st.gate_paths)}
+    gates = list(kinds)
     today = _settings.current().kernel_root
     report_dir = Path(st.report_dir or _settings.report_root(config.rootpath))
     timed = f"{timing_repeat(config)},{DEFAULT_WARMUP}" if config.getoption("compare_timing") else None
@@ -347,9 +349,8 @@ def pytest_runtestloop(session: pytest.Session):
             finally:
                 executor.close()
             folders = {side: side_folder(out, root) for side, (root, _) in runs.items()}
-            result = [compare_gate(g, folders, {side: run for side, (_, run) in runs.items()}) for g in gates]
-        for g, kinds in zip(result, (kinds_of(i) for i in session.items if is_gate(i, st.gate_paths))):
-            g.kind = kinds[0] if kinds else ""
+            result = [compare_gate(g, (kinds[g] or [""])[0], folders, {side: run for side, (_, run) in runs.items()})
+                      for g in gates]
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     finally:
@@ -425,10 +426,8 @@ def table(ref: str, gates: list[GateComparison]) -> list[str]:
     if timings:
         lines.append(f"timing: {len(timings)} kernel(s) in {sum(bool(g.timing) for g in gates)} gate(s): "
                      + ", ".join(f"{sum(t.speed == w for t in timings)} {w}" for w in ("faster", "slower", "same speed")))
-    idle: dict[str, list[str]] = {}  # what to do -> the gates with nothing to compare
     for g in gates:
         if not g.arms and not g.timing:
-            idle.setdefault(nothing_compared(g), []).append(g.nodeid)
             continue
         lines.append(f"{g.nodeid} (REF: {g.ref_outcome}; today: {g.today_outcome})")
         for a in g.arms:
@@ -436,10 +435,19 @@ def table(ref: str, gates: list[GateComparison]) -> list[str]:
         for t in g.timing:
             lines.append(f"  time {t.kernel}: {_timing_text(t)}, {g.bits}")
         lines += [f"  time {n}" for n in g.timing_notes]
-    for what, nodeids in idle.items():
+    for what, nodeids in idle_gates([g for g in gates if not g.timing]).items():  # a timed gate has its block
         shown = ", ".join(nodeids[:3]) + (f", ... ({len(nodeids)} in all)" if len(nodeids) > 3 else "")
         lines.append(f"{len(nodeids)} gate(s) with {what}: {shown}")
     return lines
+
+
+def idle_gates(gates: list[GateComparison]) -> dict[str, list[str]]:
+    """{what to do: the node ids} of the gates with no arm output on either side."""
+    idle: dict[str, list[str]] = {}
+    for g in gates:
+        if not g.arms:
+            idle.setdefault(nothing_compared(g), []).append(g.nodeid)
+    return idle
 
 
 def nothing_compared(g: GateComparison) -> str:
@@ -479,15 +487,13 @@ def write_reports(report_dir: Path, ref: str, gates: list[GateComparison]) -> tu
     json_path = report_dir / "compare.json"
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     md = [f"# Compared with {ref}", "", "| gate | arm | REF | today | bits |", "| --- | --- | --- | --- | --- |"]
-    idle: dict[str, int] = {}
     for g in gates:
-        if not g.arms:
-            idle[nothing_compared(g)] = idle.get(nothing_compared(g), 0) + 1
         for a in g.arms:
             md.append(f"| `{g.nodeid}` | {a.arm} | {g.ref_outcome} | {g.today_outcome} | "
                       f"{_arm_text(a).replace('|', '/')} |")
+    idle = idle_gates(gates)
     if idle:
-        md += [""] + [f"- {n} gate(s) with {what}" for what, n in idle.items()]
+        md += [""] + [f"- {len(nodeids)} gate(s) with {what}" for what, nodeids in idle.items()]
     timed = [(g, t) for g in gates for t in g.timing]
     if timed:
         md += ["", "| gate | kernel | launches | REF us | today us | REF / today | verdict |",
