@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.dtypes import bf16, to_bf16
+from harness.dtypes import bf16, bits_of, to_bf16
 
 EPS = 1e-6
 MAGNITUDES = (0.5, 1.0, 1.5, 2.0, 3.0, 0.75)  # bf16-exact, m^2 has few significant bits
@@ -202,3 +202,174 @@ ORIGIN0_SCENARIO = PagedScenario(start_pos=1, num_tokens=11, page_origin=0, wind
 # last page 13 unreferenced.
 PAGE1_SCENARIO = PagedScenario(page_size=1, num_pages=14, start_pos=1, num_tokens=11, page_origin=0,
                                window=(12, 0, 7, 3, 9, 1, 11, 4, 8, 2, 10, 6), junk_page=5)
+
+
+# ------------------------------------------------------------------ order-sensitive design (invariance)
+#
+# The designs above make every output independent of the f32 evaluation order, which is what
+# an anchor needs and exactly what an invariance gate must not have: a kernel whose sum of
+# squares is reassociated for some batches would pass. Here the inputs are random, the RoPE
+# table holds the usual angles, and each rotary pair's partner is chosen so that one of its two
+# rotated outputs nearly cancels (x_lo w_lo c ~ x_hi w_hi s): that output is a small difference
+# of two products, so the f32 rounding of n = x * inv_rms * w, and with it the last bit of
+# inv_rms, shows in its bf16 bits. Another order of the 256 or 512 squares moves inv_rms by an
+# ulp for many heads, and the cancelling outputs of those heads by a bf16 bit.
+
+ROPE_BASE = 10000.0
+WARP = 32  # qk_rope.cu's kWarp
+VEC = 8  # qk_rope.cu's kVec: bf16 values in a lane's 16-byte vector
+
+
+def rope_tables_generic(cos_max_pos: int, rotary_dim: int, base: float = ROPE_BASE) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin), f32 [cos_max_pos, rotary_dim / 2], of the usual angles pos * base^(-2j / rotary_dim)."""
+    half = rotary_dim // 2
+    inv_freq = base ** (-2.0 * np.arange(half) / rotary_dim)
+    angle = np.arange(cos_max_pos)[:, None] * inv_freq[None, :]
+    return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+
+
+def lane_dims(head_dim: int) -> np.ndarray:
+    """[32, HD / 32]: the head dimension in lane l's register i, qk_rope.cu's `dim_of`: chunk i / 8
+    covers 256 contiguous values, 8 a lane. gates/test_qk_rope_invariance.py checks this against
+    the kernel source: the order-sensitivity claims below are claims about that layout."""
+    lane = np.arange(WARP)[:, None]
+    i = np.arange(head_dim // WARP)[None, :]
+    return (i // VEC) * (WARP * VEC) + lane * VEC + (i % VEC)
+
+
+def sum_of_squares(x, order: str = "kernel") -> np.ndarray:
+    """f32 sum of squares over the last axis (HD) in a named order: `kernel`, as qk_rope.cu's
+    inv_rms (each lane adds its registers in turn, then the xor butterfly: every lane ends with the
+    same value); `two accumulators`, each lane's even and odd registers summed apart and then added
+    (a control's batch-dependent path); `sequential`, d = 0, 1, ... in one accumulator. A square
+    of a bf16 value is exact in f32, so a fused multiply-add and a multiply then add agree."""
+    x = np.asarray(x).astype(np.float32)
+    sq = x * x
+    if order == "sequential":
+        acc = np.zeros(sq.shape[:-1], np.float32)
+        for d in range(sq.shape[-1]):
+            acc = acc + sq[..., d]
+        return acc
+    regs = sq[..., lane_dims(sq.shape[-1])]  # [..., 32, per_lane]
+    per_lane = regs.shape[-1]
+    if order == "kernel":
+        acc = np.zeros(regs.shape[:-1], np.float32)
+        for i in range(per_lane):
+            acc = acc + regs[..., i]
+    elif order == "two accumulators":
+        even = np.zeros(regs.shape[:-1], np.float32)
+        odd = np.zeros(regs.shape[:-1], np.float32)
+        for i in range(0, per_lane, 2):
+            even = even + regs[..., i]
+            odd = odd + regs[..., i + 1]
+        acc = even + odd
+    else:
+        raise ValueError(f"unknown order {order!r}: kernel, two accumulators or sequential")
+    offset = WARP // 2
+    while offset:
+        acc = acc + acc[..., np.arange(WARP) ^ offset]
+        offset //= 2
+    return acc[..., 0]
+
+
+def model_outputs(x, w, positions, cos, sin, rotary_dim: int, eps: float = EPS, order: str = "kernel") -> np.ndarray:
+    """A host model of the kernel's Q/K path in f32 (the sum of squares in `order`, inv_rms, n =
+    x * inv * w, the rotation as a multiply and a subtract), rounded to bf16: [T, H, HD]. Not an
+    anchor (the kernel may contract the rotation into a fused multiply-add); it tells which
+    outputs another order of the squares moves, for the design's claims."""
+    x = np.asarray(x).astype(np.float32)
+    hd = x.shape[-1]
+    total = sum_of_squares(x, order)
+    inv = np.float32(1.0) / np.sqrt(total / np.float32(hd) + np.float32(eps))
+    n = (x * inv[..., None]) * np.asarray(w).astype(np.float32)
+    half = rotary_dim // 2
+    c = np.asarray(cos)[np.asarray(positions)][:, None, :]
+    s = np.asarray(sin)[np.asarray(positions)][:, None, :]
+    out = n.copy()
+    lo, hi = n[..., :half], n[..., half:rotary_dim]
+    out[..., :half] = lo * c - hi * s
+    out[..., half:rotary_dim] = lo * s + hi * c
+    return out.astype(bf16)
+
+
+def cancelling_partners(x, w, positions, cos, sin, rotary_dim: int) -> np.ndarray:
+    """x [T, H, HD] bf16 with x[..., half:rotary_dim] replaced so that, for each pair, the rotated
+    output whose coefficients are the larger pair nearly cancels: out_hi = n_lo s + n_hi c ~ 0
+    where |s| <= |c| (x_hi = -x_lo w_lo s / (w_hi c)), else out_lo = n_lo c - n_hi s ~ 0
+    (x_hi = x_lo w_lo c / (w_hi s)). The partner is never larger than x_lo times w_lo / w_hi."""
+    x64 = np.asarray(x).astype(np.float64)
+    w64 = np.asarray(w).astype(np.float64)
+    half = rotary_dim // 2
+    c = np.asarray(cos, np.float64)[np.asarray(positions)][:, None, :]
+    s = np.asarray(sin, np.float64)[np.asarray(positions)][:, None, :]
+    lo = x64[..., :half] * w64[:half]
+    cancel_hi = np.abs(s) <= np.abs(c)
+    partner = np.where(cancel_hi, -lo * s / np.where(cancel_hi, c, 1.0), lo * c / np.where(cancel_hi, 1.0, s))
+    out = x64.copy()
+    out[..., half:rotary_dim] = partner / w64[half:rotary_dim]
+    return to_bf16(out)
+
+
+@dataclass(frozen=True)
+class OrderSensitiveCase:
+    """Inputs of the invariance and determinism gates, host arrays: q [T, nq, HD], k and v
+    [T, nkv, HD] (v None at HD 512), the weights, the generic RoPE tables and each token's
+    position (never 0, where sin is 0 and nothing cancels)."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray | None
+    q_w: np.ndarray
+    k_w: np.ndarray
+    cos: np.ndarray
+    sin: np.ndarray
+    positions: np.ndarray
+    rotary_dim: int
+
+    def moved_by(self, order: str, eps: float = EPS) -> np.ndarray:
+        """[T]: how many of each token's Q and K outputs the model rounds otherwise when the
+        squares are summed in `order` instead of the kernel's."""
+        moved = np.zeros(len(self.positions), dtype=np.int64)
+        for x, w in ((self.q, self.q_w), (self.k, self.k_w)):
+            a = model_outputs(x, w, self.positions, self.cos, self.sin, self.rotary_dim, eps)
+            b = model_outputs(x, w, self.positions, self.cos, self.sin, self.rotary_dim, eps, order=order)
+            moved += np.count_nonzero(bits_of(a) != bits_of(b), axis=(1, 2))
+        return moved
+
+
+# Magnitudes (log2) of the order-sensitive heads. Each head has one outlier, the first value of
+# one lane's 8-value vector (lane_dims; a dimension 8 L below rotary_dim / 2, so its rotary
+# partner is computed from it), whose square (2^10 .. 2^12) dominates the sum and leaves an f32
+# ulp of 2^-13 .. 2^-11 there, far above the low bits of the small squares (2^-8 .. 2^-4, 16
+# significant bits): the outlier's lane rounds at nearly every addition, and at the scale of the
+# whole sum, so another grouping of that lane's registers (or of the dimensions) gives another
+# sum of squares. With an outlier in every lane the lanes' rounding would drown in the butterfly.
+OUTLIER_EXPONENTS = (5.0, 6.0)
+SMALL_EXPONENTS = (-4.0, -2.0)
+
+
+def order_sensitive_case(num_tokens: int, nq: int, nkv: int, head_dim: int, rotary_dim: int, cos_max_pos: int,
+                         seed: int) -> OrderSensitiveCase:
+    """Random heads (bf16, random signs, log-uniform magnitudes: SMALL_EXPONENTS but for one
+    outlier a head, OUTLIER_EXPONENTS), weights in [0.5, 1.5), the usual RoPE angles, token t at
+    position 1 + (7 t + 3) % (cos_max_pos - 1), and each rotary pair cancelling
+    (cancelling_partners). V is random and weightless (no rotation, nothing cancels)."""
+    if cos_max_pos < 2:
+        raise ValueError("order_sensitive_case needs a cos table of at least 2 positions (position 0 cancels nothing)")
+    rng = np.random.default_rng([seed, num_tokens, nq, nkv, head_dim, rotary_dim])
+    positions = (1 + (7 * np.arange(num_tokens) + 3) % (cos_max_pos - 1)).astype(np.int32)
+    cos, sin = rope_tables_generic(cos_max_pos, rotary_dim)
+    q_w = to_bf16(rng.uniform(0.5, 1.5, head_dim))
+    k_w = to_bf16(rng.uniform(0.5, 1.5, head_dim))
+    def heads(n):
+        shape = (num_tokens, n, head_dim)
+        exponent = rng.uniform(*SMALL_EXPONENTS, shape)
+        lanes = max(1, (rotary_dim // 2) // VEC)  # an outlier at 8 L < rotary_dim / 2
+        outlier = VEC * rng.integers(0, lanes, shape[:2])
+        np.put_along_axis(exponent, outlier[..., None], rng.uniform(*OUTLIER_EXPONENTS, (*shape[:2], 1)), axis=-1)
+        return to_bf16(rng.choice([-1.0, 1.0], shape) * 2.0**exponent)
+
+    q = cancelling_partners(heads(nq), q_w, positions, cos, sin, rotary_dim)
+    k = cancelling_partners(heads(nkv), k_w, positions, cos, sin, rotary_dim)
+    v = heads(nkv) if head_dim == 256 else None
+    return OrderSensitiveCase(q, k, v, q_w, k_w, cos, sin, positions, rotary_dim)

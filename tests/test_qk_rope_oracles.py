@@ -299,3 +299,57 @@ def test_eps_anchor_data_builds_on_the_host_with_zero_and_tiny_heads_and_a_spare
     assert np.all(bits_of(cleared)[zero] == 0), "zero heads compare as +0 whatever their sign"
     np.testing.assert_array_equal(bits_of(cleared)[~zero], bits_of(out)[~zero])
     assert np.all(bits_of(out)[~zero] & 0x7FFF), "tiny heads give no zero output"
+
+
+# ------------------------------------------------------------------ order-sensitive design (invariance gates)
+
+from gates import test_qk_rope_invariance as inv  # noqa: E402
+
+
+def test_lane_dims_is_each_lanes_16_byte_vectors():
+    for hd in (256, 512):
+        dims = design.lane_dims(hd)
+        assert sorted(dims.ravel().tolist()) == list(range(hd)), "every dimension in exactly one register"
+        assert dims[0, :8].tolist() == list(range(8)) and dims[1, 0] == 8 and dims[0, 8 % dims.shape[1]] in (0, 256)
+
+
+def test_sum_of_squares_orders_agree_to_rounding_and_kernel_order_is_the_butterfly():
+    rng = np.random.default_rng(3)
+    x = design.to_bf16(rng.standard_normal((5, 256)))
+    exact = (x.astype(np.float64) ** 2).sum(-1)
+    for order in ("kernel", "two accumulators", "sequential"):
+        got = design.sum_of_squares(x, order)
+        assert got.dtype == np.float32 and np.allclose(got, exact, rtol=1e-5), order
+    # integers: every order is exact, so all agree bit for bit
+    ints = design.to_bf16(rng.integers(-8, 9, (3, 512)).astype(np.float64))
+    ref = design.sum_of_squares(ints)
+    for order in ("two accumulators", "sequential"):
+        assert np.array_equal(design.sum_of_squares(ints, order), ref)
+    with pytest.raises(ValueError, match="unknown order"):
+        design.sum_of_squares(x, "tree")
+
+
+@pytest.mark.parametrize("config", list(inv.CONFIGS))
+def test_order_sensitive_design_moves_the_gates_rows_under_another_order(config):
+    # The invariance gate's power: on its rows another order of the squares must change output
+    # bits. Sequential order moves every row; the two-accumulator grouping (one lane's registers
+    # regrouped, the smallest change) moves at least one of them.
+    case = inv.case(*inv.CONFIGS[config])
+    rows = list(inv.ROWS)
+    seq = case.moved_by("sequential")[rows]
+    two = case.moved_by("two accumulators")[rows]
+    assert (seq > 0).all(), f"sequential order leaves rows {np.flatnonzero(seq == 0).tolist()} unmoved"
+    assert (two > 0).any(), "two accumulators move none of the gate's rows"
+    # the cancelling pairs: one of each rotary pair's outputs is far smaller than the pair's products
+    hd, rot = inv.CONFIGS[config]
+    out = design.model_outputs(case.q, case.q_w, case.positions, case.cos, case.sin, rot).astype(np.float64)
+    half = rot // 2
+    small = np.minimum(np.abs(out[..., :half]), np.abs(out[..., half:rot]))
+    big = np.maximum(np.abs(out[..., :half]), np.abs(out[..., half:rot]))
+    assert np.median(small / np.maximum(big, 1e-30)) < 2.0**-6
+    assert not (case.positions == 0).any(), "position 0 has sin 0: nothing cancels there"
+
+
+def test_order_sensitive_case_refuses_a_table_too_short():
+    with pytest.raises(ValueError, match="at least 2 positions"):
+        design.order_sensitive_case(4, 4, 2, 256, 256, 1, 0)

@@ -1,0 +1,165 @@
+"""Batch invariance and determinism of QK RMSNorm + RoPE (flat and paged decode arms).
+
+A token's Q, K and V rows must not depend on the batch it is launched in: how many tokens
+share the launch (the grid, which block of 4 warps its 6 jobs fall in, whether they straddle
+two), where it sits among them, the flat arm's row offset, or the paged decode arm's page size
+and the pages the allocator gave it. And a repeated launch must give the same bits.
+
+The anchors' designed inputs make every output independent of the f32 evaluation order, so a
+kernel that reassociates its sum of squares for some batches passes them. These gates run on
+the order-sensitive design instead (oracles.qk_rope.order_sensitive_case): one outlier a head in
+one lane's registers, so that lane's running sum rounds at the scale of the whole sum, and
+rotary pairs that nearly cancel, so the last bit of inv_rms shows in the bf16 outputs.
+
+What holds: docs/qk_rope.md, "Batch invariance and determinism".
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from gates._qk_rope import NKV, NQ
+from harness import buffers, host_cache
+from harness.dtypes import bf16
+from harness.invariance import assert_batch_invariant, assert_deterministic
+from harness.source import constexpr_int, function, read_source
+from kernels_cu import qk_rope as launcher
+from oracles import qk_rope as design
+from oracles.paged_layout import K, V, PagedKvLayout
+
+# (head_dim, rotary_dim): the production configurations of the two head sizes.
+CONFIGS = {"hd256": (256, 256), "hd512": (512, 128)}
+TOKENS, COS_MAX_POS, SEED = 16, 64, 7
+# Rows 0-3 are checked, the other 12 tokens fill the larger batches. A token is 6 jobs
+# (4 Q heads, 2 KV heads), a block 4 warps: a token alone is 2 blocks (2 idle warps); its jobs
+# start a block or half-way into one by its place; batches of 1, 2 (3 blocks), 3, 5, 8, 11 and 16
+# tokens (24 blocks) cross every block count from 2 to 24 on the way.
+ROWS, FILLERS = (0, 1, 2, 3), tuple(range(4, TOKENS))
+BATCH_SIZES = (1, 2, 3, 5, 8, 11, 16)
+POSITIONS = (0, 1, "middle", -1)
+# The flat arm at row offset 0 and 5; the paged decode arm with pages of 4 and 16 positions, each
+# batch slot b in pool page n - b of n + 1 (the allocator's choice, which must not matter).
+VARIANTS = {"flat": ("flat", 0), "flat, row offset 5": ("flat", 5), "paged decode, pages of 4": ("decode", 4),
+            "paged decode, pages of 16": ("decode", 16)}
+DETERMINISM_TOKENS, DETERMINISM_REPEATS = 64, 20  # 384 jobs, 96 blocks a launch
+DETERMINISM_VARIANTS = {"flat": ("flat", 0), "paged decode, pages of 16": ("decode", 16)}
+# What an output holds before the launch, repeat r taking fill r % 4: the sentinel NaN, +0, a
+# negative NaN, 1.0 (an element left unwritten differs between repeats).
+FILLS = (buffers.BF16_SENTINEL, 0x0000, 0xFFFF, 0x3F80)
+NUM_LAYERS, LAYER = 2, 1
+
+
+@host_cache
+def case(head_dim: int, rotary_dim: int, tokens: int = TOKENS) -> design.OrderSensitiveCase:
+    return design.order_sensitive_case(tokens, NQ, NKV, head_dim, rotary_dim, COS_MAX_POS, SEED)
+
+
+class DeviceCase:
+    """The case's inputs on the device, and one launch of any subset of its tokens."""
+
+    def __init__(self, c: design.OrderSensitiveCase):
+        self.c = c
+        self.head_dim = c.q.shape[-1]
+        self.q, self.k = buffers.to_device(c.q), buffers.to_device(c.k)
+        self.v = None if c.v is None else buffers.to_device(c.v)
+        self.q_w, self.k_w = buffers.to_device(c.q_w), buffers.to_device(c.k_w)
+        self.cos, self.sin = buffers.to_device(c.cos), buffers.to_device(c.sin)
+
+    def run(self, ids, variant, fill: int = FILLS[0]) -> np.ndarray:
+        """[len(ids), (NQ + 2 NKV) * HD] bf16: each token's Q rows, then its K and V rows."""
+        import cupy
+
+        arm, param = variant
+        sel = cupy.asarray(np.asarray(ids, dtype=np.int64))
+        q, k = self.q[sel], self.k[sel]
+        v = None if self.v is None else self.v[sel]
+        positions = self.c.positions[list(ids)]
+        n, hd = len(ids), self.head_dim
+        if arm == "flat":
+            rows = param + n
+            outs = [buffers.filled((rows, heads, hd), bf16, fill) for heads in (NQ, NKV, NKV)]
+            launcher.run_flat(q, k, v, self.q_w, self.k_w, self.cos, self.sin, positions, *outs,
+                              rotary_dim=self.c.rotary_dim, eps=design.EPS, row_offset=param)
+            parts = [buffers.to_host(o)[param:].reshape(n, -1) for o in outs]
+        else:
+            page_size, pages = param, n + 1
+            layout = PagedKvLayout(page_size=page_size, num_layers=NUM_LAYERS, nkv=NKV, head_dim=hd, num_pages=pages)
+            slot_page = pages - 1 - np.arange(n)  # slot b in page n - b; page 0 unused
+            q_out = buffers.filled((n, NQ, hd), bf16, fill)
+            pool = buffers.filled((layout.pool_elements,), bf16, fill)
+            launcher.run_paged_decode(
+                q, k, v, self.q_w, self.k_w, self.cos, self.sin, q_out, pool, page_size=page_size,
+                num_layers=NUM_LAYERS, layer=LAYER, positions=positions,
+                page_indptr=buffers.to_device(np.arange(n + 1, dtype=np.int32)),
+                page_indices=buffers.to_device(slot_page.astype(np.int32)),
+                page_origins=buffers.to_device((positions // page_size).astype(np.int32)),
+                rotary_dim=self.c.rotary_dim, eps=design.EPS)
+            image = buffers.to_host(pool)
+            d = np.arange(hd)
+            kv = [image[layout.index(slot_page[:, None, None], LAYER, kind, positions[:, None, None],
+                                     np.arange(NKV)[None, :, None], d)].reshape(n, -1) for kind in (K, V)]
+            parts = [buffers.to_host(q_out).reshape(n, -1), *kv]
+        return np.concatenate(parts, axis=1)
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def dev(request):
+    return DeviceCase(case(*CONFIGS[request.param]))
+
+
+@pytest.mark.gpu
+@pytest.mark.invariance
+def test_a_token_has_its_bits_in_every_batch_place_row_offset_and_page_size(dev):
+    # Each job is one warp that reads only its own token's rows, positions and page: a token's
+    # 4 Q rows, K and V rows alone (a launch of 2 blocks) must equal its rows in batches of up to
+    # 16 tokens (24 blocks), first, second, middle or last, through the flat arm at two row
+    # offsets and the paged decode arm at two page sizes (the first variant alone is the reference
+    # for all of them: the arms' agreement is a link too).
+    assert_batch_invariant(f"qk_rope (hd {dev.head_dim}, rotary {dev.c.rotary_dim}) token rows", dev.run, ROWS,
+                           batch_sizes=BATCH_SIZES, positions=POSITIONS, variants=VARIANTS, fillers=FILLERS)
+
+
+@pytest.mark.gpu
+@pytest.mark.determinism
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_qk_rope_gives_the_same_bits_on_every_repeat(config):
+    # 64 tokens (96 blocks), 20 repeats an arm, on the current stream and on fresh ones, every
+    # output (and the pool) prefilled with other bits each repeat.
+    d = DeviceCase(case(*CONFIGS[config], tokens=DETERMINISM_TOKENS))
+    ids = list(range(DETERMINISM_TOKENS))
+
+    def run(repeat, variant):
+        return d.run(ids, variant, fill=FILLS[repeat % len(FILLS)])
+
+    assert_deterministic(f"qk_rope (hd {d.head_dim}, rotary {d.c.rotary_dim}) token rows", run,
+                         repeats=DETERMINISM_REPEATS, variants=DETERMINISM_VARIANTS)
+
+
+@pytest.mark.structural
+def test_order_sensitive_rows_follow_the_kernels_lane_layout(kernel_root):
+    # The design's outlier sits in one lane's registers only because oracles.qk_rope.lane_dims
+    # is the kernel's dim_of; a kernel whose lanes held other dimensions would spread it, and
+    # the invariance gate would go on passing with far less power. Evaluate dim_of's return
+    # expression from the source for every (lane, register) and compare.
+    path = kernel_root / launcher.SOURCE
+    text = read_source(path)
+    body = function(text, "dim_of").body
+    ret = re.fullmatch(r"\{\s*return ([^;]*);\s*\}", body.strip())
+    assert ret, f"{launcher.SOURCE}: dim_of is no longer one return statement: the lane layout moved ({body.strip()})"
+    expr = " ".join(ret.group(1).split())
+    assert re.fullmatch(r"[\w\s()*/%+-]+", expr), f"{launcher.SOURCE}: dim_of returns `{expr}`, not integer arithmetic"
+    consts = {name: constexpr_int(path, name) for name in ("kWarp", "kVec")}
+    assert (design.WARP, design.VEC) == (consts["kWarp"], consts["kVec"]), \
+        f"{launcher.SOURCE}: kWarp, kVec = {consts['kWarp']}, {consts['kVec']}; oracles.qk_rope has {design.WARP}, {design.VEC}"
+    py = expr.replace("/", "//")
+    for hd in (256, 512):
+        want = design.lane_dims(hd)
+        got = np.array([[eval(py, {"__builtins__": {}}, {**consts, "lane": lane, "i": i})  # an integer expression
+                         for i in range(hd // design.WARP)] for lane in range(design.WARP)])
+        moved = np.argwhere(got != want)
+        assert not moved.size, (f"{launcher.SOURCE}: dim_of ({expr}) puts lane {moved[0][0]}'s register "
+                                f"{moved[0][1]} on dimension {got[tuple(moved[0])]}, oracles.qk_rope.lane_dims on "
+                                f"{want[tuple(moved[0])]} (hd {hd}): change the design's lane_dims with the kernel")
