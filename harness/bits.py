@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness import arms
-from harness.dtypes import _host, bits_of
+from harness import arms, coverage
+from harness.dtypes import _host, as_dtype, bits_of
 
 TABLE_ROWS = 8
 
@@ -55,9 +55,9 @@ def _check_shapes(label: str, got: np.ndarray, expected: np.ndarray, exc) -> Non
 
 def bits_mismatch_lines(label: str, got, expected, dtype=None) -> list[str] | None:
     """The message lines, or None when the bits agree."""
-    got, expected = _host(got), _host(expected)
+    got, expected = _host(got, f"{label}: got"), _host(expected, f"{label}: expected")
     _check_shapes(label, got, expected, BitsMismatch)
-    dtype = np.dtype(dtype) if dtype is not None else expected.dtype
+    dtype = as_dtype(dtype) if dtype is not None else expected.dtype
     if dtype.itemsize != expected.dtype.itemsize:
         raise ValueError(f"{label}: dtype {dtype} does not have the arrays' item size {expected.dtype.itemsize}")
     gb = np.ascontiguousarray(bits_of(got)).reshape(-1)
@@ -94,6 +94,7 @@ def assert_bits_eq(label: str, got, expected, *, dtype=None) -> None:
     and bits. `dtype` names how values are shown (default: `expected`'s dtype). `got` is an
     arm output of the running gate (`harness.arms`)."""
     arms.note(label, got)
+    coverage.note_compared(f"{label}: bitwise")
     lines = bits_mismatch_lines(label, got, expected, dtype)
     if lines:
         raise BitsMismatch("\n".join(lines))
@@ -101,8 +102,8 @@ def assert_bits_eq(label: str, got, expected, *, dtype=None) -> None:
 
 def rel_rms(got, expected) -> float:
     """sqrt(sum((got - expected)^2) / sum(expected^2)), in float64."""
-    g = _host(got).astype(np.float64)
-    e = _host(expected).astype(np.float64)
+    g = _host(got, "rel_rms: got", values=True).astype(np.float64)
+    e = _host(expected, "rel_rms: expected", values=True).astype(np.float64)
     if g.shape != e.shape:
         raise ValueError(f"rel_rms: shapes differ: got {g.shape}, expected {e.shape}")
     return float(np.sqrt(np.sum((g - e) ** 2) / max(float(np.sum(e * e)), 1e-30)))
@@ -113,7 +114,8 @@ def assert_close(label: str, got, expected, *, atol: float, rtol: float) -> None
     Anchors only, with the reason for the tolerance written beside the call. `got` is an arm
     output of the running gate (`harness.arms`)."""
     arms.note(label, got)
-    got, expected = _host(got), _host(expected)
+    coverage.note_compared(f"{label}: atol={atol:g}, rtol={rtol:g}")
+    got, expected = _host(got, f"{label}: got", values=True), _host(expected, f"{label}: expected", values=True)
     if got.shape != expected.shape:
         raise NotClose(f"{label}: shapes differ: got {got.shape}, expected {expected.shape}")
     g = got.astype(np.float64).reshape(-1)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from harness.bits import BitsMismatch, bits_mismatch_lines
-from harness.dtypes import _UINT_OF_SIZE, bf16, bits_of, from_bits
+from harness import tensors
+from harness.dtypes import _UINT_OF_SIZE, _host, bf16, bits_of, from_bits
 
 BF16_SENTINEL = 0x7FA5
 """A bf16 NaN with a payload: the kernels' own NaNs are 0x7fc0 or 0x7fff, so no output computed
@@ -30,9 +31,14 @@ def to_device(a, *, bits: bool = False):
 def to_host(a, dtype=None) -> np.ndarray:
     """A device (or host) array as numpy, after the device finished its work (a fault in
     an earlier launch surfaces here). bf16 comes through its bits; `dtype` reinterprets the
-    raw bits (e.g. `to_host(uint16_bits, bf16)`). A numpy array is returned as it is."""
+    raw bits (e.g. `to_host(uint16_bits, bf16)`). A numpy array is returned as it is; a torch
+    tensor (CPU or CUDA) or another DLPack producer is read by its bits (`harness.tensors`:
+    bf16 and fp8 as the ml_dtypes types, packed fp4 as uint8)."""
     if isinstance(a, np.ndarray):
         return a if dtype is None else a.view(dtype)
+    if tensors.is_torch(a) or (tensors.is_dlpack(a) and not hasattr(a, "get")):
+        host = _host(a)
+        return host if dtype is None else from_bits(host.view(_UINT_OF_SIZE[host.dtype.itemsize]), dtype)
     import cupy
 
     cupy.cuda.runtime.deviceSynchronize()
@@ -114,8 +120,8 @@ def nan_filled(shape, dtype):
 
 
 def assert_untouched(label: str, arr, bits: int) -> None:
-    """Every element still holds the sentinel bits."""
-    host = arr.get() if hasattr(arr, "get") else np.asarray(arr)
+    """Every element still holds the sentinel bits (a NumPy or CuPy array, a torch tensor)."""
+    host = _host(arr, label)
     expected = np.full(host.shape, bits, dtype=_UINT_OF_SIZE[host.dtype.itemsize]).view(host.dtype)
     lines = bits_mismatch_lines(label, host, expected)
     if lines:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from harness import tensors
+
 bf16 = np.dtype(ml_dtypes.bfloat16)
 fp8_e4m3 = np.dtype(ml_dtypes.float8_e4m3fn)
 fp4_e2m1 = np.dtype(ml_dtypes.float4_e2m1fn)
@@ -20,12 +22,38 @@ FP4_E2M1_MAX = float(ml_dtypes.finfo(ml_dtypes.float4_e2m1fn).max)  # 6
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _host(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+def _host(a, what: str = "the array", *, values: bool = False) -> np.ndarray:
+    """`a` as NumPy on the host, bits unchanged: a NumPy array as it is, a CuPy array copied
+    back, a torch tensor (CPU or CUDA) or another DLPack producer read by `harness.tensors`.
+    `values=True` where NumPy values are needed (a packed fp4 tensor is then refused); `what`
+    names `a` in the one-line error a bad input gets."""
+    if isinstance(a, np.ndarray):
+        return a
+    if tensors.is_torch(a):
+        return tensors.torch_to_host(a, what, values=values)
+    if hasattr(a, "get"):  # CuPy
+        return a.get()
+    if tensors.is_dlpack(a):
+        return tensors.dlpack_to_host(a, what, values=values)
+    return np.asarray(a)
+
+
+def as_dtype(dtype) -> np.dtype:
+    """A NumPy dtype from a NumPy / ml_dtypes dtype or a torch dtype (`torch.bfloat16`)."""
+    if type(dtype).__module__ == "torch":
+        name = str(dtype)
+        if name in tensors.TORCH_DTYPES:
+            return tensors.TORCH_DTYPES[name]
+        if name in tensors.TORCH_PACKED:
+            raise tensors.TorchOnlyDtype(f"{name} ({tensors.TORCH_PACKED[name]}) has no NumPy dtype: show its bits as "
+                                         "uint8 (dtype=numpy.uint8)")
+        raise tensors.UnknownDtype(f"{name} is a dtype the harness does not know: name a NumPy or ml_dtypes dtype")
+    return np.dtype(dtype)
 
 
 def bits_of(a) -> np.ndarray:
-    """The raw bits of an array, as the unsigned integer type of its item size."""
+    """The raw bits of an array (NumPy, CuPy, a torch tensor or another DLPack producer), as
+    the unsigned integer type of its item size."""
     a = _host(a)
     try:
         return a.view(_UINT_OF_SIZE[a.dtype.itemsize])

@@ -1,0 +1,24 @@
+"""The `torch` fixture: torch (the CPU build is enough) for the tests of the harness's torch paths.
+
+torch is an optional extra of the harness, so these tests skip where it is not installed,
+naming how to install it, except under HARNESS_REQUIRE_TORCH (set by .ci/run, which
+installs it): there a missing torch fails them, so CI never passes having skipped the torch
+paths."""
+
+import os
+
+import pytest
+
+INSTALL = "pip install torch==2.13.0 (the CPU build; .ci/run installs it)"
+
+
+@pytest.fixture
+def torch():
+    try:
+        import torch as module
+    except ImportError:
+        why = f"torch is not installed: {INSTALL}"
+        if os.environ.get("HARNESS_REQUIRE_TORCH"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return module
