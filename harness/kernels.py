@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness import _settings, coverage, timing
 from harness.compile import CompiledModule, compile_file
-from harness.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, allow_dynamic_shared
+from harness.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, allow_dynamic_shared, kernel_args, torch_stream
 
 
 class KernelNotFound(LookupError):
@@ -38,6 +38,7 @@ class Module:
         import cupy
 
         self.compiled = compiled
+        self.device = cupy.cuda.Device().id  # the device it is loaded on: its kernels run there
         self._module = cupy.cuda.function.Module()
         self._module.load(compiled.cubin)
         self._functions: dict[str, object] = {}
@@ -79,23 +80,43 @@ class Module:
                 f"kernel {name!r} is not in {self.compiled.source.name}: {hint}. "
                 f"Kernels in the module: {', '.join(known) or '(none reported)'}"
             ) from exc
-        fn = self._functions[name] = Launch(fn, f"{self.compiled.source.name}:{name}")
+        fn = self._functions[name] = Launch(fn, f"{self.compiled.source.name}:{name}", self.device)
         return fn
 
 
 class Launch:
     """A kernel that notes its own launches (for the watchdog and the sanitizer's count).
     A launch with `shared_mem` above 48 KiB first raises the function's dynamic shared
-    memory attribute (`harness.launch.allow_dynamic_shared`), once per size."""
+    memory attribute (`harness.launch.allow_dynamic_shared`), once per size.
 
-    __slots__ = ("function", "name", "shared_allowed")
+    Arguments may be torch CUDA tensors (or other CUDA-array-interface objects) on the
+    kernel's device: each is passed as its device pointer, with no copy
+    (`harness.launch.kernel_args`, which refuses a tensor on the CPU or another GPU, a
+    non-contiguous one, an unknown dtype). `stream="torch"` launches on torch's current
+    stream of that device; otherwise the stream is CuPy's (its current one, or `stream=`)."""
 
-    def __init__(self, function, name: str):
+    __slots__ = ("function", "name", "shared_allowed", "device")
+
+    def __init__(self, function, name: str, device: int | None = None):
         self.function = function
         self.name = name
         self.shared_allowed = DEFAULT_DYNAMIC_SHARED_LIMIT
+        self.device = device  # None: the current CuPy device, read at the first torch argument
+
+    def _device(self) -> int:
+        if self.device is None:
+            import cupy
+
+            self.device = cupy.cuda.Device().id
+        return self.device
 
     def __call__(self, grid, block, args, *rest, **kwargs):
+        args = kernel_args(self.name, args, self.device)
+        if isinstance(kwargs.get("stream"), str):
+            if kwargs["stream"] != "torch":
+                raise ValueError(f"{self.name}: stream={kwargs['stream']!r}: pass 'torch' (torch's current stream) or a "
+                                 "CuPy stream")
+            kwargs = {**kwargs, "stream": torch_stream(self._device())}
         shared = kwargs.get("shared_mem", rest[0] if rest else 0)
         if int(shared) > self.shared_allowed:
             allow_dynamic_shared(self, int(shared))
