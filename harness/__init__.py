@@ -23,6 +23,7 @@ _EXPORTS = {
     "module": "harness.kernels",
     "record": "harness.arms",
     "rel_rms": "harness.bits",
+    "torch_reference": "harness.reference",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -23,6 +23,8 @@ class GateCoverage:
     sources: set[str] = field(default_factory=set)
     kernels: set[str] = field(default_factory=set)  # "file.cu:name" of every kernel it launched
     tried: list[str] = field(default_factory=list)  # what its invariance and determinism checks tried
+    oracles: list[str] = field(default_factory=list)  # the reference functions it called (harness.reference)
+    compared: list[str] = field(default_factory=list)  # each comparison: "label: bitwise" or its tolerance
 
 
 _current = GateCoverage(None)
@@ -34,6 +36,8 @@ def begin(nodeid: str | None) -> GateCoverage:
     global _current
     _current = _all.setdefault(nodeid, GateCoverage(nodeid))
     _current.tried.clear()  # what this run of the gate tried (the sets above are unions over runs)
+    _current.oracles.clear()
+    _current.compared.clear()
     return _current
 
 
@@ -66,6 +70,17 @@ def note_tried(line: str) -> None:
     _current.tried.append(line)
 
 
+def note_oracle(name: str) -> None:
+    """The current gate called reference function `name` as its oracle (`harness.reference`)."""
+    if name not in _current.oracles:
+        _current.oracles.append(name)
+
+
+def note_compared(line: str) -> None:
+    """One comparison of the current gate: `label: bitwise`, or `label: atol=..., rtol=...`."""
+    _current.compared.append(line)
+
+
 def note_source(path: str | os.PathLike) -> None:
     """The current gate read the source file `path` (absolute or kernel-root-relative)."""
     _current.sources.add(_relative(path))
@@ -78,12 +93,15 @@ def current() -> GateCoverage:
 
 def properties(nodeid: str) -> list[tuple[str, str]]:
     """The report properties of gate `nodeid` when it is the one being recorded (none else):
-    what it loaded, read and launched, and what its invariance checks tried."""
+    what it loaded, read and launched, what its invariance checks tried, and the reference
+    functions it used as oracles with how it compared (only for a gate that used one)."""
     cov = _current
-    if cov.nodeid != nodeid or not (cov.modules or cov.sources or cov.kernels or cov.tried):
+    if cov.nodeid != nodeid or not (cov.modules or cov.sources or cov.kernels or cov.tried or cov.oracles):
         return []
     props = [("modules_loaded", " ".join(sorted(cov.modules))), ("sources_read", " ".join(sorted(cov.sources))),
              ("kernels_launched", " ".join(sorted(cov.kernels)))]
+    if cov.oracles:
+        props += [("oracle", " | ".join(cov.oracles)), ("compared", " | ".join(cov.compared))]
     return props + ([("tried", " | ".join(cov.tried))] if cov.tried else [])
 
 

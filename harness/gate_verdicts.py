@@ -150,6 +150,9 @@ class Recorder:
         for key in ("modules_loaded", "sources_read", "kernels_launched"):
             if props.get(key):
                 getattr(rec, key).extend(x for x in props[key].split() if x not in getattr(rec, key))
+        if props.get("oracle"):
+            rec.oracle = props["oracle"]
+            rec.compared = [c for c in props.get("compared", "").split(" | ") if c]
         if props.get("compile_options"):
             used = json.loads(props["compile_options"])
             rec.compile_options = (list(next(iter(used.values()))) if len(used) == 1 else

@@ -70,6 +70,8 @@ class GateRecord:
     modules_loaded: list[str] = field(default_factory=list)  # kernel-root-relative modules the gate loaded
     sources_read: list[str] = field(default_factory=list)  # kernel-root-relative sources it read (structural)
     kernels_launched: list[str] = field(default_factory=list)  # "file.cu:name" of each kernel it launched
+    oracle: str | None = None  # the reference function(s) it used as its oracle: "torch module.fn" (harness.reference)
+    compared: list[str] = field(default_factory=list)  # with an oracle: each comparison, "label: bitwise" or tolerance
 
     @property
     def red(self) -> bool:

@@ -123,6 +123,13 @@ def summary_markdown(records: list[GateRecord], facts: RunFacts) -> str:
         lines += ["", "## Red gates", "", "| gate | kind | route | first failure line |", "| --- | --- | --- | --- |"]
         for r in red:
             lines.append(f"| `{_md_cell(r.nodeid)}` | {_md_cell(r.kind)} | {_md_cell(r.route)} | {_md_cell(r.first_failure_line)} |")
+    with_oracle = [r for r in records if r.oracle]
+    if with_oracle:
+        lines += ["", "## Oracles", "", "Gates whose expected values came from a reference function (`harness.reference`).",
+                  "", "| gate | kind | oracle | compared | outcome |", "| --- | --- | --- | --- | --- |"]
+        for r in with_oracle:
+            lines.append(f"| `{_md_cell(r.nodeid)}` | {_md_cell(r.kind)} | {_md_cell(r.oracle)} | "
+                         f"{_md_cell('; '.join(r.compared))} | {r.outcome} |")
     lines += ["", "## All gates", "", "| gate | kind | outcome | seconds |", "| --- | --- | --- | --- |"]
     for r in records:
         lines.append(f"| `{_md_cell(r.nodeid)}` | {_md_cell(r.kind)} | {r.outcome} | {r.duration:.3f} |")
