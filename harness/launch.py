@@ -157,7 +157,21 @@ def kernel_arg(kernel: str, index: int, arg, device: int | None = None):
     a dtype the harness does not know, a non-contiguous layout, memory on the CPU or on another
     GPU than `device` (the kernel's; None: CuPy's current device). Anything else is returned as
     it is."""
-    what = f"{kernel}: argument {index}"
+    return _device_view_of(f"{kernel}: argument {index}", arg, device)
+
+
+def device_pointer(op: str, name: str, arr, device: int | None = None) -> int:
+    """The device address of `arr` (a CuPy array, a torch CUDA tensor, another CUDA array), for
+    a kernel that takes its pointers inside a struct argument: a torch tensor gets the refusals
+    of a kernel argument first (`kernel_arg`). A host array is a `Refusal`."""
+    view = _device_view_of(f"{_prefix(op)}{name}", arr, device)
+    if isinstance(view, np.ndarray) or not hasattr(view, "data"):
+        raise Refusal(f"{_prefix(op)}{name} is a host array ({type(arr).__name__}): the kernel reads device memory; "
+                      "put it on the device first")
+    return int(view.data.ptr)
+
+
+def _device_view_of(what: str, arg, device: int | None):
     if tensors.is_torch(arg):
         dtype = dtype_of(arg, what)
         if not arg.is_contiguous():

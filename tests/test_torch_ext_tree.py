@@ -1,0 +1,80 @@
+"""The torch-extension fixture (tests/fixtures/torch_ext: Dao-AILab/fast-hadamard-transform,
+unedited) with no GPU: its upstream files are byte for byte the ones PROVENANCE.md names, its
+.cu compiles through NVRTC with the torch host code set aside and no launcher edit to the
+file, its gates that need no GPU (refusals with torch CPU tensors, structural) run green, its
+controls apply and compile, and a structural control is proven. The GPU gates against the
+tree's torch reference run on the device machine (docs/your-kernels.md, Torch)."""
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TREE = REPO / "tests" / "fixtures" / "torch_ext"
+
+
+def env(tmp_path) -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    e["HARNESS_CACHE_DIR"] = str(tmp_path / "cache")
+    e["CUDA_VISIBLE_DEVICES"] = ""
+    e.pop("HARNESS_KERNEL_ROOT", None)
+    return e
+
+
+def run(args, tmp_path, timeout=600):
+    return subprocess.run([sys.executable, *args], cwd=TREE, env=env(tmp_path), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_upstream_files_are_the_ones_provenance_names_byte_for_byte():
+    text = (TREE / "PROVENANCE.md").read_text()
+    listed = dict((path, digest) for digest, path in re.findall(r"^- `([0-9a-f]{64})` `([^`]+)`$", text, re.M))
+    assert len(listed) == 9, f"PROVENANCE.md lists {len(listed)} digests, expected the 9 upstream files"
+    for path, digest in listed.items():
+        assert hashlib.sha256((TREE / path).read_bytes()).hexdigest() == digest, (
+            f"{path} differs from upstream: the fixture is used unedited; restore it from the commit PROVENANCE.md names")
+    assert {p.relative_to(TREE).as_posix() for p in (TREE / "kernels").iterdir() if p.suffix in (".cu", ".h")} <= set(
+        listed), "a .cu or header in kernels/ is not listed in PROVENANCE.md"
+
+
+def test_the_extension_compiles_with_nvrtc_and_its_torch_host_code_set_aside(tmp_path):
+    proc = run(["-m", "harness", "compile", "--kernel-root", "kernels"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    for text in ("fast_hadamard_transform_cuda.cu: compiled by nvrtc", "#include <c10/cuda/CUDAException.h>",
+                 "function fast_hadamard_transform_launch", "function fast_hadamard_transform_cuda",
+                 "instantiation fast_hadamard_transform_cuda", "1 of 1 modules compiled"):
+        assert text in out, f"{text!r} missing from the compile output:\n{proc.stdout}"
+
+
+def test_the_trees_own_run_is_green_with_no_gpu(tmp_path, torch):
+    proc = run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for gate in ("kernels/fast_hadamard_transform_cuda.cu::compile",
+                 "gates/fht_hadamard.py::test_a_cpu_tensor_is_refused_before_any_launch",
+                 "gates/fht_hadamard.py::test_a_non_contiguous_tensor_is_refused_not_copied",
+                 "gates/fht_hadamard.py::test_launcher_threads_equal_the_cu_host_dispatch",
+                 "gates/fht_hadamard.py::test_launcher_params_match_the_header_struct_field_for_field"):
+        assert f"PASSED {gate}" in out, out
+    assert "7 passed, 14 skipped" in out, out  # the 14 GPU gates against the torch reference skip here
+
+
+def test_every_control_applies_and_compiles(tmp_path):
+    proc = run(["-m", "harness", "controls", "--static", "--report", str(tmp_path / "rep")], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 of 4 controls as expected" in proc.stdout
+
+
+def test_a_dispatch_the_launcher_does_not_mirror_is_proven_caught_with_no_gpu(tmp_path, torch):
+    proc = run(["-m", "harness", "controls", "fht_dispatch_threads_moved_in_cu_only", "--no-require-gpu",
+                "--report", str(tmp_path / "rep")], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "rep" / "controls.json").read_text())
+    (control,) = report["controls"]
+    assert control["verdict"] == "proven", control
