@@ -78,3 +78,14 @@ def test_a_dispatch_the_launcher_does_not_mirror_is_proven_caught_with_no_gpu(tm
     report = json.loads((tmp_path / "rep" / "controls.json").read_text())
     (control,) = report["controls"]
     assert control["verdict"] == "proven", control
+
+
+def test_the_torch_section_of_the_docs_quotes_the_fixture_as_it_is():
+    doc = (REPO / "docs" / "your-kernels.md").read_text().split("## Torch: a kernel from a torch-extension tree")[1]
+    quoted = [line.strip() for block in re.findall(r"```python\n(.*?)```", doc, re.S) for line in block.splitlines()
+              if line.strip()]
+    fixture = {line.strip() for path in (TREE / "kernels" / "fast_hadamard_transform_cuda.py",
+                                         TREE / "gates" / "fht_hadamard.py") for line in path.read_text().splitlines()}
+    assert len(quoted) > 20
+    stale = [line for line in quoted if line not in fixture]
+    assert not stale, f"docs/your-kernels.md quotes lines the fixture does not hold (update the docs): {stale}"
