@@ -89,11 +89,13 @@ def _compile_main(argv: list[str]) -> int:
                 table.add_row(escape(rel), f"[bold red]{what}[/]", "", "", "", "", "", "", "")
                 continue
             cache = "hit" if mod.cache_hit else ("miss" if not args.no_cache else "off")
-            aside = f"{len(mod.set_aside)} (below)" if mod.set_aside else "nothing"
+            headers = sorted({s.file for s in mod.set_aside if s.file})
+            aside = "nothing" if not mod.set_aside else f"{len(mod.set_aside)} (below)" if not headers else (
+                f"{len(mod.set_aside)} (below; {sum(1 for s in mod.set_aside if s.file)} in "
+                f"{len(headers)} header{'s' if len(headers) > 1 else ''})")
             backend = mod.compiler
             details.append(f"{rel}: compiled by {mod.compiler} ({mod.backend_reason}); device view set aside: "
-                           + ("nothing" if not mod.set_aside else
-                              "; ".join(f"line {s.line} {s.what} ({s.reason})" for s in mod.set_aside)))
+                           + ("nothing" if not mod.set_aside else "; ".join(map(str, mod.set_aside))))
             if not mod.resources:
                 table.add_row(escape(rel), "(no kernels)", "", "", "", cache, f"{mod.seconds:.2f}", backend,
                               escape(aside))

@@ -13,11 +13,13 @@ lists (`harness.compile_options`), the cubin cache (`harness.cubin_cache`) and p
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
+import shutil
+import tempfile
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness import _settings, toolchain
@@ -100,9 +102,6 @@ def _read_source(path: Path, options: tuple[str, ...]) -> str:
 # ---------------------------------------------------------------- the entry point
 
 
-_views: dict[tuple, object] = {}  # memo of device views (see compile_file)
-
-
 def compile_file(
     source: str | os.PathLike,
     *,
@@ -149,40 +148,34 @@ def compile_file(
     view = None
     view_missing = False
     if ms.device_view:
-        from harness.deviceview import DeviceViewError, available, device_view
+        from harness.deviceview import DeviceViewError, available
 
         view_missing = not available()
     if ms.device_view and not view_missing:
-        headers = [inc.resolve(n, q == '"', origin=path) for q, n in includes_of(text_source)]
-        extra = tuple(h.read_text(errors="replace") for h in headers
-                      if h is not None and any(h.is_relative_to(d) for d in (inc.root, *inc.user)))
-        # The view depends on the text, the macros of its kernel-root headers and where each
-        # include resolves: memoised on exactly those, so a launcher calling module() per launch
-        # pays for the syntax tree once per process.
-        memo = (str(path), hashlib.sha256(text_source.encode()).hexdigest(),
-                tuple(hashlib.sha256(e.encode()).hexdigest() for e in extra), tuple(map(str, headers)))
-        view = _views.get(memo)
-        if view is None:
-            try:
-                view = device_view(text_source, path, lambda n, q: inc.resolve(n, q, origin=path), extra)
-            except DeviceViewError as exc:
-                raise CompileError(path, str(exc), provisional, what="could not derive the device view of") from None
-            _views[memo] = view
-    compiled_text = view.text if view is not None else text_source
-    if trap_shadow:
-        compiled_text = TRAP_SHADOW_PREAMBLE + compiled_text
-    closure_headers = []
-    for rel, _ in closure:
-        p = root / rel if not rel.startswith("@") else None
-        if p is not None and p != path and p.is_file():
-            closure_headers += [n for _, n in includes_of(p.read_text(errors="replace"))]
-    view_includes = [n for _, n in includes_of(compiled_text)]
+        from harness.closureview import closure_view
+
+        try:
+            view = closure_view(path, text_source, inc, name_expressions)
+        except DeviceViewError as exc:
+            raise CompileError(path, str(exc), provisional, what="could not derive the device view of") from None
+    compiled_text = view.view.text if view is not None else text_source
+    program = path
+    if view is not None and view.headers_changed:  # the compiler reads the headers' views from a folder made on a miss
+        inc = replace(inc, view=Path(tempfile.gettempdir()) / f"harness-view-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    if view is not None:
+        view_includes, closure_headers = view.includes_kept()
+    else:
+        view_includes, closure_headers = [n for _, n in includes_of(compiled_text)], []
+        for rel, _ in closure:
+            p = root / rel if not rel.startswith("@") else None
+            if p is not None and p != path and p.is_file():
+                closure_headers += [n for _, n in includes_of(p.read_text(errors="replace"))]
     backend, backend_why = choose_backend(ms, view_includes, closure_headers)
     if view_missing:  # compiled as it is: right for device-only files; host code then fails, saying why
         backend_why += "; no device view (tree-sitter and tree-sitter-cuda are not installed)"
     if backend == "nvcc":
         nvcc = toolchain.require_nvcc(f"{path.name} is compiled by nvcc ({backend_why})")
-        inc = include_path(path, root, ms.include_dirs, backend="nvcc")
+        inc = replace(include_path(path, root, ms.include_dirs, backend="nvcc"), view=inc.view)
         real_options = nvcc_options(arch, ms, inc)
         compiler_version = f"nvcc {toolchain.nvcc_version(str(nvcc))}"
     else:
@@ -216,13 +209,18 @@ def compile_file(
         if hit is not None:
             return result(*hit, hit=True)
 
+    preamble = TRAP_SHADOW_PREAMBLE if trap_shadow else ""
     try:
-        if backend == "nvcc":
-            cubin, mapping, text = _compile_nvcc(nvcc, path, compiled_text, real_options, name_expressions)
+        if inc.view is not None:
+            program, compiled_text = view.write(inc.view, preamble)
         else:
-            cubin, mapping, text = _compile_nvrtc(path, compiled_text, real_options, name_expressions)
+            compiled_text = preamble + compiled_text
+        if backend == "nvcc":
+            cubin, mapping, text = _compile_nvcc(nvcc, program, compiled_text, real_options, name_expressions)
+        else:
+            cubin, mapping, text = _compile_nvrtc(program, compiled_text, real_options, name_expressions)
     except _Failed as exc:
-        log_text = exc.log
+        log_text = exc.log if inc.view is None else exc.log.replace(str(inc.view), str(root))
         if view_missing:
             log_text = log_text.rstrip() + (
                 "\n\nthe file was compiled as it is, with no device view: tree-sitter and tree-sitter-cuda are not "
@@ -232,8 +230,15 @@ def compile_file(
             log_text = log_text.rstrip() + (
                 "\n\nthe device view set aside (if device code needs one of these, see docs/your-kernels.md, "
                 "'Host code'):\n" + "\n".join(f"  {s}" for s in set_aside))
+        if view is not None and view.kept_host:
+            log_text = log_text.rstrip() + (
+                "\n\nkept although host-only, because kept code names them (device code cannot call or read host "
+                "code: give it __device__, or a __device__ twin):\n" + "\n".join(f"  {s}" for s in view.kept_host))
         raise CompileError(path, log_text, options,
                            what="nvcc could not compile" if backend == "nvcc" else "NVRTC could not compile") from None
+    finally:
+        if inc.view is not None:
+            shutil.rmtree(inc.view, ignore_errors=True)
     if use_cache:
         about = {"source": str(path), "closure": closure, "options": list(options), "backend": backend,
                  "set_aside": [str(s) for s in set_aside], "name_expressions": list(name_expressions)}

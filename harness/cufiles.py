@@ -68,7 +68,7 @@ class CompileItem(pytest.Item):
         self.user_properties.append(("compile options", " ".join(mod.options)))
         self.add_report_section("call", "resources", "\n".join(lines) or "(no kernels)")
         self.add_report_section("call", "device view", f"backend: {mod.compiler} ({mod.backend_reason})\n"
-                                                       f"set aside: {mod_set_aside(mod)}")
+                                                       + set_aside_by_file(mod))
 
     def repr_failure(self, excinfo, style=None):
         from harness.compile import CompileError
@@ -92,8 +92,21 @@ class CompileItem(pytest.Item):
 
 
 def mod_set_aside(mod) -> str:
-    """What the device view set aside, one line ("nothing" when the file is device code only)."""
+    """What the device view set aside, one line ("nothing" when the file is device code only);
+    an item of a kernel-root header starts with the header's path."""
     return "; ".join(str(s) for s in mod.set_aside) if mod.set_aside else "nothing"
+
+
+def set_aside_by_file(mod) -> str:
+    """What the device view set aside, a block per file (the `.cu`, then each kernel-root
+    header), one item a line."""
+    if not mod.set_aside:
+        return "set aside: nothing"
+    lines = []
+    for file in dict.fromkeys(s.file for s in mod.set_aside):
+        lines.append(f"set aside in {file or mod.source.name}:")
+        lines += [f"  line {s.line}: {s.what} ({s.reason})" for s in mod.set_aside if s.file == file]
+    return "\n".join(lines)
 
 
 def collect_file(file_path: Path, parent):

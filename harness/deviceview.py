@@ -1,39 +1,52 @@
-"""The device-only view of a `.cu`: the file as the compiler sees it, host code set aside.
+"""The device-only view of a `.cu` and of each kernel-root header it includes: the files as
+the compiler sees them, host code set aside.
 
 Real kernel files mix kernels with host code: a `main()`, cuBLAS calls, torch-extension
-entry points and the headers they need (`<torch/extension.h>`, `<cublas_v2.h>`). NVRTC
+entry points and the headers they need (`<torch/extension.h>`, `<cublas_v2.h>`), and
+benchmark trees keep the same in their headers beside `__device__` reductions. NVRTC
 compiles device code only, and neither it nor nvcc can open a header that is not
-installed. So the harness compiles a view of the file it derives from the syntax tree
-(tree-sitter with the CUDA grammar, `harness.cuda_syntax`), never an edited copy the user keeps:
+installed. So the harness compiles a view of each file it derives from the syntax tree
+(tree-sitter with the CUDA grammar, `harness.cuda_syntax`), never an edited copy the user
+keeps. The `.cu` and its kernel-root headers are viewed together (`device_views`; the
+headers reach the compiler through `harness.closureview`):
 
 - **set aside**: every function definition or declaration with no `__global__` /
-  `__device__` (directly, or through a macro the file defines, e.g.
+  `__device__` (directly, or through a macro one of the files defines, e.g.
   `#define DEVICE_INLINE __device__ __forceinline__`) that no kept code names: host
   helpers, `main`, `PYBIND11_MODULE(...) {...}`, host template dispatch and its explicit
   instantiations; every variable (not `constexpr`), `using` and `typedef` with no device
-  memory space that no kept code names (a `static cublasHandle_t handle;`); `using namespace` of a host
-  library (torch, at, c10, pybind11);
+  memory space that no kept code names (a `static cublasHandle_t handle;`); every
+  struct, class or union definition with no `__global__` / `__device__` in it that no kept
+  code names (a host `Timer`, an exception class); `using namespace` of a host library
+  (torch, at, c10, pybind11);
 - **set aside**: every `#include` the include path cannot resolve (torch, ATen, cuBLAS,
   the C++ standard library headers NVRTC lacks and the harness has no shim for) or that
   names a host-only library (`HOST_HEADERS`);
-- **kept**: everything else, byte for byte: kernels, device functions, structs, constants,
-  macros, `#if` blocks (both branches: the preprocessor still chooses).
+- **kept**: everything else, byte for byte: kernels, device functions, class templates,
+  constants, macros, `#if` blocks (both branches: the preprocessor still chooses).
+
+"Kept code names it" is read across the files viewed together, the files kept whole and
+the launcher's name expressions; a name inside a macro's body counts only once kept code
+names the macro (a host `check_cuda` that only a host-side `CHECK` macro calls is set
+aside).
 
 Set-aside text is replaced by blanks with every newline kept, so compiler messages carry
-the file's own line numbers. `DeviceView.set_aside` lists each item with its line and
-reason; the compile table and the compile items report them.
+the file's own line numbers. `DeviceView.set_aside` lists each item with its line, reason
+and file (`SetAside.file`: a header's path in the kernel root); the compile table and the
+compile items report them. `DeviceView.kept_host` lists the host items kept only because
+kept code names them; a failed compile prints both lists.
 
 Limits:
 - `#if` branches are not evaluated: a function whose head differs between branches, or a
   construct the grammar cannot parse (a macro call with no `;` at file level) without a
-  `__global__`/`__device__` in it, is a `DeviceViewError` naming the line and the text;
+  `__global__`/`__device__` in it, is a `DeviceViewError` naming the file, the line and
+  the text;
 - device code that uses a type from a header set aside (`at::Half` in a kernel's
   signature) does not compile: the compile error is followed by the list of what was set
   aside;
 - template instances that exist only in host dispatch (`AT_DISPATCH...` launching
   `topk<scalar_t, 4>`) are set aside with the dispatch: name them in the launcher's
-  `NAME_EXPRESSIONS`;
-- headers from the kernel root are taken whole: host code in a header is not set aside.
+  `NAME_EXPRESSIONS`.
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ from typing import Callable
 
 from harness import cuda_syntax
 
-VERSION = "1"  # part of the cache key: bump when the rules change
+VERSION = "2"  # part of the cache key: bump when the rules change
 
 DEVICE_FUNCTION_MARKERS = cuda_syntax.DEVICE_MARKERS  # ("__global__", "__device__")
 DEVICE_VARIABLE_MARKERS = ("__device__", "__constant__", "__shared__", "__managed__", "__global__")
@@ -81,15 +94,18 @@ class SetAside:
     line: int
     what: str  # "function main", "#include <torch/extension.h>", "declaration handle"
     reason: str
+    file: str = ""  # a header's path in the kernel root; "" for the `.cu` itself
 
     def __str__(self) -> str:
-        return f"line {self.line}: {self.what} ({self.reason})"
+        where = f"{self.file} line {self.line}" if self.file else f"line {self.line}"
+        return f"{where}: {self.what} ({self.reason})"
 
 
 @dataclass(frozen=True)
 class DeviceView:
     text: str
     set_aside: tuple[SetAside, ...]
+    kept_host: tuple[SetAside, ...] = ()  # host items kept only because kept code names them
 
     @property
     def changed(self) -> bool:
@@ -195,24 +211,101 @@ def _snippet(src: bytes, node) -> str:
 
 _CONTAINERS = {"translation_unit", "declaration_list", "preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif",
                "preproc_elifdef", "linkage_specification", "namespace_definition"}
+_TYPES = ("struct_specifier", "class_specifier", "union_specifier")
 
 
 @dataclass
 class _Item:
     node: object
-    kind: str  # "function", "variable", "alias", "using-namespace"
+    kind: str  # "function", "variable", "alias", "type", "using-namespace"
     names: list[str]
     device: bool
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One file of a module for `device_views`: its text, the name its messages use, where
+    the include path finds each of its headers (`resolve(name, quoted)`, None: not found),
+    and the label its set-aside items carry (`SetAside.file`; "" for the `.cu`)."""
+
+    text: str
+    where: str | Path
+    resolve: Callable[[str, bool], Path | None]
+    label: str = ""
+
+
+@dataclass
+class _Parsed:
+    unit: Unit
+    src: bytes
+    items: list[_Item]
+    includes: list
 
 
 def device_view(text: str, where: str | Path, resolve: Callable[[str, bool], Path | None],
                 extra_texts: tuple[str, ...] = ()) -> DeviceView:
     """The device-only view of `text` (the source of `where`). `resolve(name, quoted)` says
-    where the include path finds a header (None: not found). `extra_texts`: the kernel-root
-    headers it includes, read for macros that expand to `__device__` / `__global__`."""
-    src = text.encode("utf-8")
+    where the include path finds a header (None: not found). `extra_texts`: files compiled
+    with it and kept whole, read for macros that expand to `__device__` / `__global__` and
+    for the names they use."""
+    return device_views([Unit(text, where, resolve)], extra_texts)[0]
+
+
+def device_views(units: list[Unit], context: tuple[str, ...] = ()) -> list[DeviceView]:
+    """The device-only views of files compiled together (a `.cu` and the kernel-root headers
+    it reaches), one per unit, in order. The rules are one file's, with what counts as used
+    taken across them all: a host item is kept when kept code of any unit, or `context` (the
+    texts kept whole: headers outside the kernel root, name expressions), names it."""
+    fn_markers, var_markers = _markers([*(u.text for u in units), *context])
+    parsed = [_parse(u, fn_markers, var_markers) for u in units]
+    dropped = [[it for it in p.items if not it.device] for p in parsed]
+    while True:  # a candidate that kept code names is kept, and what it names counts too
+        kept = [_blank(p.src, sorted([(it.node.start_byte, it.node.end_byte) for it in drop]
+                                     + [(inc.start_byte, inc.end_byte) for inc in p.includes]))  # `.h` is no reference
+                .decode("utf-8", errors="replace") for p, drop in zip(parsed, dropped)]
+        referenced = _references([*kept, *context])
+        rescued = False
+        for i, drop in enumerate(dropped):
+            keep = [it for it in drop if set(it.names) & referenced]
+            if keep:
+                dropped[i] = [it for it in drop if it not in keep]
+                rescued = True
+        if not rescued:
+            break
+    return [_view(p, drop, [it for it in p.items if not it.device and it not in drop])
+            for p, drop in zip(parsed, dropped)]
+
+
+_DEFINE_BODY = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)((?:\\\n|[^\n])*)", re.MULTILINE)
+
+
+def _references(texts: list[str]) -> set[str]:
+    """The identifiers the texts name outside macro bodies, and those in the body of every
+    macro they name, transitively: a host helper that only a host-side CHECK macro calls
+    is named by no kept code until something kept expands that macro."""
+    from harness.source import strip_comments_and_literals
+
+    bodies: dict[str, set[str]] = {}
+    plain = []
+    for text in texts:
+        text = strip_comments_and_literals(text)
+        for name, body in _DEFINE_BODY.findall(text):
+            bodies.setdefault(name, set()).update(_IDENT.findall(body))
+        plain.append(_DEFINE_BODY.sub("", text))
+    referenced = set(_IDENT.findall("\n".join(plain)))
+    frontier = referenced & bodies.keys()
+    while frontier:
+        new = set().union(*(bodies.pop(n) for n in frontier)) - referenced
+        referenced |= new
+        frontier = new & bodies.keys()
+    return referenced
+
+
+def _parse(unit: Unit, fn_markers: set[str], var_markers: set[str]) -> _Parsed:
+    """The unit's file-level items (functions, variables, aliases, types, `using
+    namespace`), each marked device or not, and its `#include`s."""
+    src = unit.text.encode("utf-8")
     tree = _tree(src)
-    fn_markers, var_markers = _markers([text, *extra_texts])
     items: list[_Item] = []
     includes = []
 
@@ -252,6 +345,11 @@ def device_view(text: str, where: str | Path, resolve: Callable[[str, bool], Pat
                 else:  # a constexpr constant is usable in device code: kept
                     items.append(_Item(child, "variable", _declared_names(src, inner),
                                        has(var_markers, head) or "constexpr" in _IDENT.findall(head)))
+            elif t in _TYPES and child.child_by_field_name("body") is not None:
+                name = child.child_by_field_name("name")
+                whole = src[child.start_byte:child.end_byte].decode(errors="replace")
+                names = [_last_ident(src[name.start_byte:name.end_byte].decode(errors="replace"))] if name else []
+                items.append(_Item(child, "type", [n for n in names if n], not names or has(fn_markers, whole)))
             elif t in ("alias_declaration", "type_definition", "using_declaration"):
                 body = src[child.start_byte:child.end_byte].decode(errors="replace")
                 m = re.match(r"\s*using\s+namespace\s+([A-Za-z_]\w*)", body)
@@ -266,45 +364,44 @@ def device_view(text: str, where: str | Path, resolve: Callable[[str, bool], Pat
                     continue  # device code the grammar half-parses: kept whole
                 line = child.start_point[0] + 1
                 raise DeviceViewError(
-                    f"{where}:{line}: the device view cannot separate `{_snippet(src, child)}`: the CUDA grammar "
+                    f"{unit.where}:{line}: the device view cannot separate `{_snippet(src, child)}`: the CUDA grammar "
                     "does not parse it as a declaration (a macro call with no `;` at file level, or a declaration "
                     "whose head is split across #if branches). Fix: set DEVICE_VIEW = False in the launcher and "
                     "compile the file as it is (guard its host code with `#ifndef __CUDACC_RTC__`), or move the "
                     "construct into a host-only file")
 
     visit(tree.root_node)
+    return _Parsed(unit, src, items, includes)
 
-    candidates = [it for it in items if not it.device]
-    dropped = list(candidates)
-    while True:  # a candidate that kept code names is kept, and what it names counts too
-        spans = sorted([(it.node.start_byte, it.node.end_byte) for it in dropped]
-                       + [(inc.start_byte, inc.end_byte) for inc in includes])  # `.h` is no reference
-        kept_text = _blank(src, spans).decode("utf-8", errors="replace")
-        from harness.source import strip_comments_and_literals
 
-        referenced = set(_IDENT.findall(strip_comments_and_literals(kept_text)))
-        rescued = [it for it in dropped if set(it.names) & referenced]
-        if not rescued:
-            break
-        dropped = [it for it in dropped if it not in rescued]
+def _what(src: bytes, it: _Item) -> str:
+    if it.kind == "function":
+        name = it.names[0] if it.names else _snippet(src, it.node)
+        return f"function {name}" if it.node.type != "template_instantiation" else f"instantiation {name}"
+    if it.kind == "using-namespace":
+        return _snippet(src, it.node)
+    if it.kind == "type":
+        return f"type {it.names[0]}"
+    return f"{'declaration' if it.kind == 'variable' else 'alias'} {', '.join(it.names) or _snippet(src, it.node)}"
 
+
+_REASONS = {"function": "host code: no __global__ or __device__, and no kept code names it",
+            "using-namespace": "a host library's namespace",
+            "type": "host-only: no __global__ or __device__ member, and no kept code names it"}
+
+
+def _view(parsed: _Parsed, dropped: list[_Item], rescued: list[_Item]) -> DeviceView:
+    src, unit = parsed.src, parsed.unit
     set_aside: list[SetAside] = []
     spans = []
     for it in dropped:
-        line = it.node.start_point[0] + 1
-        if it.kind == "function":
-            name = it.names[0] if it.names else _snippet(src, it.node)
-            what = f"function {name}" if it.node.type != "template_instantiation" else f"instantiation {name}"
-            reason = "host code: no __global__ or __device__, and no kept code names it"
-        elif it.kind == "using-namespace":
-            what, reason = _snippet(src, it.node), "a host library's namespace"
-        else:
-            what = f"{'declaration' if it.kind == 'variable' else 'alias'} {', '.join(it.names) or _snippet(src, it.node)}"
-            reason = "host-only: no device memory space, and no kept code names it"
-        set_aside.append(SetAside(line, what, reason))
+        reason = _REASONS.get(it.kind, "host-only: no device memory space, and no kept code names it")
+        set_aside.append(SetAside(it.node.start_point[0] + 1, _what(src, it), reason, unit.label))
         spans.append((it.node.start_byte, it.node.end_byte))
+    kept_host = tuple(SetAside(it.node.start_point[0] + 1, _what(src, it), "host-only, kept: kept code names it",
+                               unit.label) for it in rescued)
 
-    for inc in includes:
+    for inc in parsed.includes:
         if any(s <= inc.start_byte < e for s, e in spans):
             continue
         path_node = inc.child_by_field_name("path")
@@ -312,20 +409,20 @@ def device_view(text: str, where: str | Path, resolve: Callable[[str, bool], Pat
         name, quoted = raw.strip('<>"'), raw.startswith('"')
         if is_host_header(name):
             reason = "a host-only library header"
-        elif resolve(name, quoted) is None:
+        elif unit.resolve(name, quoted) is None:
             reason = "not found on the include path; device code must not need it"
         else:
             continue
         line = inc.start_point[0] + 1
-        set_aside.append(SetAside(line, f"#include {raw}", reason))
+        set_aside.append(SetAside(line, f"#include {raw}", reason, unit.label))
         end = inc.end_byte
         if src[end - 1:end] == b"\n":
             end -= 1
         spans.append((inc.start_byte, end))
 
     set_aside.sort(key=lambda s: s.line)
-    view = _blank(src, sorted(spans)).decode("utf-8") if spans else text
-    return DeviceView(view, tuple(set_aside))
+    view = _blank(src, sorted(spans)).decode("utf-8") if spans else unit.text
+    return DeviceView(view, tuple(set_aside), kept_host)
 
 
 def _is_prototype(node) -> bool:

@@ -30,12 +30,15 @@ class IncludePath:
     recorded options use for it: `$ROOT` and `$ROOT/sub` inside the kernel root (a sandbox
     copy records the same), `@include<N>` for a user include directory outside the root
     (its content hash is added per module), `@cuda-headers`, `@cccl`, `@harness-shims`
-    (versions)."""
+    (versions). `view`: the folder of the device views of the kernel root's headers
+    (`harness.closureview`), searched first and recorded as `$VIEW`; None when the
+    compiler reads the kernel root as it is."""
 
     source_dir: Path
     root: Path
     user: tuple[Path, ...]  # the launcher's INCLUDE_DIRS, then --include-dir / ini harness_include_dirs
     system: tuple[tuple[Path, str], ...]  # (dir, label) for CUDA headers, CCCL, shims
+    view: Path | None = None
 
     def folders(self, quoted: bool) -> list[Path]:
         first = [self.source_dir] if quoted else []
@@ -47,6 +50,9 @@ class IncludePath:
 
     def label(self, folder: Path) -> str:
         folder = Path(folder)
+        if self.view is not None and folder.is_relative_to(self.view):
+            rel = folder.relative_to(self.view).as_posix()
+            return "$VIEW" if rel == "." else f"$VIEW/{rel}"
         if folder.is_relative_to(self.root):
             rel = folder.relative_to(self.root).as_posix()
             return "$ROOT" if rel == "." else f"$ROOT/{rel}"
@@ -59,8 +65,14 @@ class IncludePath:
         return str(folder)
 
     def searched(self) -> list[Path]:
-        """The folders handed to the compiler, in order (the source's folder first)."""
-        return self.folders(quoted=True)
+        """The folders handed to the compiler, in order: with a view, the view of the
+        source's folder and of the root first; then the source's folder and the rest."""
+        first = []
+        if self.view is not None:
+            if self.source_dir.is_relative_to(self.root):
+                first.append(self.view / self.source_dir.relative_to(self.root))
+            first.append(self.view)
+        return list(dict.fromkeys([*first, *self.folders(quoted=True)]))
 
     def resolve(self, name: str, quoted: bool, origin: Path | None = None) -> Path | None:
         """Where `#include name` is found: the including file's folder first for quoted
