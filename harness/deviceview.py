@@ -397,7 +397,9 @@ def _view(parsed: _Parsed, dropped: list[_Item], rescued: list[_Item]) -> Device
     for it in dropped:
         reason = _REASONS.get(it.kind, "host-only: no device memory space, and no kept code names it")
         set_aside.append(SetAside(it.node.start_point[0] + 1, _what(src, it), reason, unit.label))
-        spans.append((it.node.start_byte, it.node.end_byte))
+        after = it.node.next_sibling  # a type definition's `;` is its own token
+        end = after.end_byte if it.kind == "type" and after is not None and after.type == ";" else it.node.end_byte
+        spans.append((it.node.start_byte, end))
     kept_host = tuple(SetAside(it.node.start_point[0] + 1, _what(src, it), "host-only, kept: kept code names it",
                                unit.label) for it in rescued)
 
