@@ -20,8 +20,9 @@ headers reach the compiler through `harness.closureview`):
   code names (a host `Timer`, an exception class); `using namespace` of a host library
   (torch, at, c10, pybind11);
 - **set aside**: every `#include` the include path cannot resolve (torch, ATen, cuBLAS,
-  the C++ standard library headers NVRTC lacks and the harness has no shim for) or that
-  names a host-only library (`HOST_HEADERS`);
+  the C++ standard library headers NVRTC lacks and the harness has no shim for), that
+  names a host-only library (`HOST_HEADERS`), or the device runtime API's header
+  (`DEVICE_RUNTIME_HEADERS`);
 - **kept**: everything else, byte for byte: kernels, device functions, class templates,
   constants, macros, `#if` blocks (both branches: the preprocessor still chooses).
 
@@ -71,6 +72,12 @@ HOST_HEADERS = frozenset({"Python.h", "curand.h", "cuda_profiler_api.h", "iostre
                           "iomanip", "ostream", "istream", "list", "deque", "optional", "tuple", "functional",
                           "algorithm", "numeric", "cstdio"})
 # cstdio: printf is built into NVRTC; the shim is for files that only include it.
+
+
+# The device runtime API (kernels launching kernels) needs relocatable device code linked
+# with cudadevrt, which the harness does not do; under NVRTC its header does not even open
+# (it includes crt/ headers the runtime wheel lacks). nvcc's cuda_runtime.h includes it anyway.
+DEVICE_RUNTIME_HEADERS = frozenset({"cuda_device_runtime_api.h"})
 
 
 def is_host_header(name: str) -> bool:
@@ -411,6 +418,8 @@ def _view(parsed: _Parsed, dropped: list[_Item], rescued: list[_Item]) -> Device
         name, quoted = raw.strip('<>"'), raw.startswith('"')
         if is_host_header(name):
             reason = "a host-only library header"
+        elif name in DEVICE_RUNTIME_HEADERS:
+            reason = "the device runtime API, which needs relocatable device code the harness does not link"
         elif unit.resolve(name, quoted) is None:
             reason = "not found on the include path; device code must not need it"
         else:
