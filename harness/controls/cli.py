@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warm (default): each control's gates in a worker forked from a server that collected "
                         "them, context made ahead, reset between controls (the mutation campaign's executor); "
                         "fresh: a pytest per control")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the controls on a Ray cluster (pip install -e '.[ray]'): one actor per GPU holding a "
+                        "warm pool, as many controls at once as it has GPUs, the rootdir shipped as Ray's working_dir. "
+                        "ADDRESS: the cluster's (HOST:6379, ray://HOST:10001, auto); none: RAY_ADDRESS, else a "
+                        "running local one, else a new local one (docs/scaling.md)")
     p.add_argument("--no-require-gpu", action="store_true",
                    help="for a machine with no GPU: run the gates that need none (structural, refusal, compile), "
                         "skip the GPU gates, and judge each control by its expected gates that ran; a control "
@@ -92,6 +97,7 @@ class _Progress:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, transient=True)
         self.task = None
+        self.nodes: dict[str, int] = {}
 
     def __enter__(self):
         if self.live:
@@ -120,14 +126,22 @@ class _Progress:
             self.progress.update(self.task, description=f"control {escape(control.name)}")
 
     def finished(self, result) -> None:
+        from harness.runs.cluster import where
+
+        place = where(result.ran_on)
+        if place:  # on a cluster: the live count of controls each node's GPU ran
+            self.nodes[place] = self.nodes.get(place, 0) + 1
         if self.live:
+            nodes = ", ".join(f"{k}: {n}" for k, n in sorted(self.nodes.items()))
+            self.progress.update(self.task, description=f"controls by node: {nodes}" if nodes else "controls")
             self.progress.advance(self.task)
         else:
             from harness.controls.report import verdict_text
 
             verdict = verdict_text(result)
             mark = "as expected" if result.matches else "NOT as expected"
-            self.console.print(f"{result.name}: {verdict}, {mark} ({result.seconds:.1f} s)", markup=False)
+            self.console.print(f"{result.name}: {verdict}, {mark} ({result.seconds:.1f} s)"
+                               + (f" on {place} ({self.nodes[place]} there so far)" if place else ""), markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,7 +171,20 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             err.print(f"[bold red]error:[/] {escape(problem)}")
             return ExitStatus.USAGE
-    if not config.static and config.require_gpu:
+    cluster = None
+    if args.ray is not None and not config.static:
+        from harness.runs.cluster import ClusterError, connect
+
+        if args.naive or args.executor == "fresh":
+            err.print("[bold red]error:[/] --ray runs the warm executor on every GPU of the cluster: drop --naive "
+                      "and --executor fresh")
+            return ExitStatus.USAGE
+        try:
+            cluster = connect(args.ray or None, config.rootdir, config.path(config.kernel_root))
+        except ClusterError as exc:
+            err.print(f"[bold red]error:[/] {escape(str(exc))}")
+            return ExitStatus.USAGE
+    elif not config.static and config.require_gpu:
         from harness import device
 
         probe = device.probe()
@@ -172,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with sigterm_as_interrupt(), _Progress(err) as progress:  # a cancelled CI job: as Ctrl-C
-            campaign = run_campaign(config, progress)
+            campaign = run_campaign(config, progress, cluster)
     except ControlSpecError as exc:
         err.print(escape(str(exc)))
         return ExitStatus.USAGE
@@ -183,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[bold red]device lost[/]: a gate worker could not start on the GPU that served the campaign "
                   f"({escape(str(exc))}): check it (nvidia-smi) and run the controls again")
         return ExitStatus.DEVICE_LOST
+    finally:
+        if cluster is not None:
+            cluster.close()
     json_path, md_path = report.write(config.path(config.report_dir), campaign)
     if campaign.baseline_red:
         say_baseline_red(err, campaign.baseline)

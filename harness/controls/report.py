@@ -71,6 +71,7 @@ def campaign_json(campaign: CampaignResult) -> dict:
             ],
             "note": r.note,
             "log": str(r.log) if r.log else None,
+            **({"ran_on": r.ran_on} if r.ran_on else {}),
         })
     return {
         "version": VERSION,

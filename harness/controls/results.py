@@ -27,6 +27,7 @@ class ControlResult:
     compiled: tuple[str, ...] = ()  # the perturbed modules compiled by the compile check
     note: str | None = None  # why invalid / timed out / crashed
     log: Path | None = None  # the child's pytest output
+    ran_on: dict | None = None  # on a cluster (--ray): {"node", "node_id", "gpu"} of the run
 
 
 @dataclass(kw_only=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -35,7 +35,8 @@ from harness.runs.sandbox import sandbox, write
 from harness.runs.verdict import Verdict
 
 if TYPE_CHECKING:
-    from harness.runs.warm import WarmExecutor, WarmExecutors
+    from harness.runs.cluster import Cluster
+    from harness.runs.result import Executor, ExecutorFactory
 
 KILL_ROWS = ("modules", "campaign")
 # The baseline runs every module of the campaign, usually with a cold compile cache.
@@ -91,7 +92,10 @@ def validate(config: CampaignConfig) -> list[Control]:
     )
 
 
-def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> CampaignResult:
+def run_campaign(config: CampaignConfig, listener: Listener | None = None,
+                 cluster: "Cluster | None" = None) -> CampaignResult:
+    """The campaign; on a Ray `cluster` (`harness.runs.cluster.connect`) each control's gates
+    run on one of its GPU actors, as many controls at once as it has GPUs."""
     if config.kill_row not in KILL_ROWS:
         raise ValueError(f"kill_row {config.kill_row!r} is not one of {', '.join(KILL_ROWS)}")
     listener = listener or _Quiet()
@@ -126,14 +130,14 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None) -> Ca
                               seconds=time.perf_counter() - start)
     arch = config.arch or baseline.arch
     names = declared_names(root)
-    warm = (_warm_controls(config, root, cache_dir, baseline_targets, arch)
-            if config.executor == "warm" and not config.naive else None)
+    warm = (_warm_controls(config, root, cache_dir, baseline_targets, arch, cluster)
+            if (config.executor == "warm" or cluster is not None) and not config.naive else None)
 
     # Up to `jobs` controls at once, in file order, slot i on its own GPU where several are
     # visible. Controls whose gate modules overlap run at once too: each has its own sandbox
     # copy, its own run and report folder; the cubin cache they share is content-addressed
     # and written by atomic rename.
-    jobs = 1 if config.naive else max(1, config.jobs)
+    jobs = 1 if config.naive else cluster.gpus if cluster is not None else max(1, config.jobs)
     devices = slot_devices(jobs)
     results: dict[str, ControlResult] = {}
 
@@ -280,7 +284,8 @@ def _run_control(
         remaining = max(1.0, config.deadline - (time.perf_counter() - start))
         if warm is not None:
             run = warm.executor(device).run(copy, warm.nodeids(targets), remaining)
-            return _classify(control, run, compiled, time.perf_counter() - start, config.require_gpu)
+            result = _classify(control, run, compiled, time.perf_counter() - start, config.require_gpu)
+            return replace(result, ran_on=(run.facts or {}).get("ran_on"))
         run = run_gates(
             list(targets),
             kernel_root=copy,
@@ -297,17 +302,18 @@ def _run_control(
 
 @dataclass
 class WarmControls:
-    """The controls on the warm executors the mutation campaign uses, one per GPU: each
-    control's gates (its modules' whole kill row) in a worker forked from a server that
-    collected them, context made ahead; a worker serves control after control, reset between
-    them as between mutants, and is replaced when a gate poisons it."""
+    """The controls on the warm executors the mutation campaign uses, one per GPU (on a Ray
+    cluster: one actor per GPU holding one): each control's gates (its modules' whole kill
+    row) in a worker forked from a server that collected them, context made ahead; a worker
+    serves control after control, reset between them as between mutants, and is replaced
+    when a gate poisons it."""
 
-    executors: WarmExecutors
+    executors: "ExecutorFactory"
     cache_dir: Path
     arch: str | None
     gates: dict  # module -> its node ids, in collection order
 
-    def executor(self, device: str | None) -> WarmExecutor:
+    def executor(self, device: str | None) -> "Executor":
         return self.executors(None, self.cache_dir, self.arch, device)
 
     def nodeids(self, targets: tuple[str, ...]) -> list[str]:
@@ -319,7 +325,7 @@ class WarmControls:
 
 
 def _warm_controls(config: CampaignConfig, root: Path, cache_dir: Path, targets: list[str],
-                   arch: str | None) -> WarmControls:
+                   arch: str | None, cluster: "Cluster | None" = None) -> WarmControls:
     from harness.runs.warm import WarmExecutors
 
     collected, error = collect_gates(targets, rootdir=config.rootdir.resolve(), kernel_root=root)
@@ -328,7 +334,13 @@ def _warm_controls(config: CampaignConfig, root: Path, cache_dir: Path, targets:
     gates: dict = {}
     for nodeid in sorted(collected):
         gates.setdefault(nodeid.split("::", 1)[0], []).append(nodeid)
-    executors = WarmExecutors(config.rootdir.resolve(), tuple(targets), root, max(1, config.jobs), stop_on_kill=False)
+    if cluster is not None:
+        from harness.runs.ray_executor import RayExecutors
+
+        executors = RayExecutors(cluster, tuple(targets), root, stop_on_kill=False)
+    else:
+        executors = WarmExecutors(config.rootdir.resolve(), tuple(targets), root, max(1, config.jobs),
+                                  stop_on_kill=False)
     return WarmControls(executors, cache_dir, arch, gates)
 
 

@@ -209,10 +209,12 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     ctx = screen.ScreenContext(root, arch, cache_dir, declared_names(root), deps)
     source_read = coverage.source_read() if coverage is not None else None
     t0 = time.perf_counter()
+    cpus = "the cluster's CPUs" if factory.cpu_map() is not None else f"{config.jobs} CPU worker(s)"
     if config.static or not todo:
-        listener.phase(f"screening {len(todo)} mutants on {config.jobs} CPU worker(s)", len(todo))
+        listener.phase(f"screening {len(todo)} mutants on {cpus}", len(todo))
         originals = screen.original_fingerprints(ctx)
-        compiled = screen.compile_all(todo, ctx, config.jobs, on_done=lambda c: listener.advance())
+        compiled = screen.compile_all(todo, ctx, config.jobs, on_done=lambda c: listener.advance(),
+                                      cpu_map=factory.cpu_map())
         screened = screen.classify(todo, compiled, originals, source_read)
         campaign.screen_seconds = time.perf_counter() - t0
         for m in todo:
@@ -220,9 +222,9 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
     else:
         # The screen feeds the gate stage as it goes: a mutant's gates run as soon as it
         # passes the screen, so the GPUs work while the CPUs still compile.
-        listener.phase(f"screening {len(todo)} mutants on {config.jobs} CPU worker(s), running the gates of "
+        listener.phase(f"screening {len(todo)} mutants on {cpus}, running the gates of "
                        f"each that passes, {config.gpu_jobs} at once", len(todo))
-        screened = screen.ScreenFeed(ctx, interleave_mutants(todo), config.jobs, source_read)
+        screened = screen.ScreenFeed(ctx, interleave_mutants(todo), config.jobs, source_read, factory.cpu_map())
         screened.start()
         try:
             run_gate_stage(campaign, screened, coverage, deps, config, results_path, listener,
@@ -379,7 +381,7 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
                         covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical,
                         duplicate_of=r.duplicate_of if verdict is Verdict.DUPLICATE else None,
                         memory_safety=j.memory_safety, gate_seconds=round(j.seconds, 4),
-                        in_gates=round(j.in_gates, 4), worker_wait=round(j.waited, 4))
+                        in_gates=round(j.in_gates, 4), worker_wait=round(j.waited, 4), ran_on=j.ran_on)
 
 
 @functools.lru_cache(maxsize=4)

@@ -69,6 +69,12 @@ def build_parser(prog: str = "python -m harness mutate", description: str = DESC
                    help="run every trap gate for real, each in a fresh worker (by default a trap gate that passes the "
                         "wiring check runs in the trap shadow, its guards counted instead of trapping, in the "
                         "mutant's own warm worker; the re-check always runs them for real)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run on a Ray cluster (pip install -e '.[ray]'): one actor per GPU holding a warm pool, the "
+                        "screen's compiles as Ray tasks on its CPUs, the rootdir shipped as Ray's working_dir; "
+                        "--gpu-jobs is then mutants at once on each GPU. ADDRESS: the cluster's (HOST:6379, "
+                        "ray://HOST:10001, auto); none: RAY_ADDRESS, else a running local one, else a new local one "
+                        "(docs/scaling.md)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: write mutation.json, mutation.html and the table again from DIR/mutants.jsonl "
                         "(a campaign cut short before its report, or copied back from a device)")
@@ -111,13 +117,19 @@ def _survivors(campaign) -> bool:
     return any(r.verdict is Verdict.SURVIVED for r in campaign.ordered())
 
 
-def _executor_factory(config, kind: str, reuse: bool = True):
+def _executor_factory(config, kind: str, reuse: bool = True, cluster=None):
     """(the campaign's executor factory, the executors it made, to close): fresh processes, or
     (warm) one executor per GPU, shared by the campaign's slots on that GPU, its spares
-    covering every slot."""
+    covering every slot; on a Ray `cluster`, one actor per GPU holding such an executor."""
     from harness.runs.fresh import FreshExecutors
     from harness.runs.warm import WarmExecutors
 
+    if cluster is not None:
+        from harness.runs.ray_executor import RayExecutors
+
+        ray = RayExecutors(cluster, config.gates, config.path(config.kernel_root), per_gpu=config.gpu_jobs,
+                           stop_on_kill=not config.all_gates, reuse=reuse)
+        return ray, ray.made
     if kind == "fresh":
         return FreshExecutors(config.rootdir, config.require_gpu), {}
     warm = WarmExecutors(config.rootdir, config.gates, config.path(config.kernel_root), config.gpu_jobs,
@@ -140,6 +152,7 @@ class _Progress:
                                  TextColumn("{task.fields[counts]}"), console=console, transient=True)
         self.task = None
         self.counts: dict[str, int] = {}
+        self.nodes: dict[str, int] = {}  # on a cluster: verdicts made on each node's GPU
         self.n = 0
         self.done = 0
         self.start = time.perf_counter()
@@ -155,7 +168,9 @@ class _Progress:
             self.progress.__exit__(*exc)
 
     def _counts(self) -> str:
-        return " ".join(f"{k} {n}" for k, n in sorted(self.counts.items()))
+        verdicts = " ".join(f"{k} {n}" for k, n in sorted(self.counts.items()))
+        nodes = ", ".join(f"{k} {n}" for k, n in sorted(self.nodes.items()))
+        return verdicts + (f" | by node: {nodes}" if nodes else "")
 
     def phase(self, text: str, total: int | None = None) -> None:
         self.n, self.done, self.start = total or 0, 0, time.perf_counter()
@@ -175,6 +190,9 @@ class _Progress:
     def finished(self, result) -> None:
         v = result.verdict.value
         self.counts[v] = self.counts.get(v, 0) + 1
+        if result.ran_on:
+            node = f"{result.ran_on.get('node')}/{result.ran_on.get('node_id')} GPU {result.ran_on.get('gpu')}"
+            self.nodes[node] = self.nodes.get(node, 0) + 1
         if self.live:
             self.progress.update(self.task, counts=self._counts())
         elif v in ("survived", "no-coverage"):
@@ -226,13 +244,31 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError
     except ValueError:
         return usage(f"--recheck {args.recheck!r} is not a whole number of mutants >= 0; pass e.g. --recheck 10")
-    factory, executors = _executor_factory(config, args.executor)
+    cluster = None
+    if args.ray is not None:
+        from harness.runs.cluster import ClusterError, connect
+
+        if args.executor == "fresh" or args.recheck_in == "pytest":
+            return usage("--ray runs the warm executor on every GPU of the cluster: drop --executor fresh and "
+                         "--recheck-in pytest")
+        try:
+            cluster = connect(args.ray or None, config.rootdir, config.path(config.kernel_root),
+                              need_gpu=not config.static)
+        except ClusterError as exc:
+            return usage(str(exc))
+    factory, executors = _executor_factory(config, args.executor, cluster=cluster)
+    if cluster is not None:
+        import dataclasses
+
+        config = dataclasses.replace(config, gpu_jobs=factory.jobs)  # GPUs x mutants at once on each
     try:
         with sigterm_as_interrupt():  # a cancelled CI job ends the campaign as Ctrl-C does
-            return _run(config, args, recheck_n, factory, out, err, executors)
+            return _run(config, args, recheck_n, factory, out, err, executors, cluster)
     finally:
         for ex in executors.values():
             ex.close()  # no server or worker outlives the campaign, interrupted or not
+        if cluster is not None:
+            cluster.close()
 
 
 def _report_only(config, mutants, warnings, out, err) -> int:
@@ -265,17 +301,24 @@ def _report_only(config, mutants, warnings, out, err) -> int:
     return ExitStatus.OK
 
 
-def _fresh_worker_slots(config, cache, campaign, executors: dict) -> list:
+def _fresh_worker_slots(config, cache, campaign, executors: dict, cluster=None) -> list:
     """The re-check's executors in worker mode, one for each campaign slot: per GPU, a warm
     executor of its own (its own server and spares) that never reuses a worker, so each
     mutant runs in a process no other mutant touched. The campaign's own workers are ended
-    first: their contexts and memory go back to the GPU."""
+    first: their contexts and memory go back to the GPU (on a cluster: its actors, and the
+    re-check's own take their GPUs)."""
     from harness.device import slot_devices
     from harness.mutate.campaign import arm
 
     for ex in list(executors.values()):
         ex.close()
     executors.clear()
+    if cluster is not None:
+        factory, _ = _executor_factory(config, "warm", reuse=False, cluster=cluster)
+        ex = executors[("recheck", "ray")] = factory(None, cache, campaign.arch)
+        arm(ex, config, campaign.coverage)
+        factory.prestart(cache, campaign.arch, ()).join()
+        return [ex] * config.gpu_jobs
     devices = slot_devices(config.gpu_jobs)
     fresh_workers, _ = _executor_factory(config, "warm", reuse=False)
     for device in dict.fromkeys(devices):
@@ -313,10 +356,13 @@ def _worker_lines(config, executors) -> list[str]:
     from harness.runs.warm import WarmExecutor
 
     warm = [ex for ex in (executors or {}).values() if isinstance(ex, WarmExecutor)]
-    return [f"workers: {ex.summary()}" for ex in warm] + [f"worker time: {ex.timing()}" for ex in warm]
+    from harness.runs.ray_executor import RayExecutor
+
+    on_ray = [line for ex in (executors or {}).values() if isinstance(ex, RayExecutor) for line in ex.lines()]
+    return on_ray + [f"workers: {ex.summary()}" for ex in warm] + [f"worker time: {ex.timing()}" for ex in warm]
 
 
-def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
+def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=None) -> int:
     from rich.markup import escape
 
     from harness.mutate import report
@@ -342,7 +388,7 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
                                                   device=device)
                              for device in slot_devices(recheck_jobs(config.gpu_jobs))]
                 else:
-                    fresh = _fresh_worker_slots(config, cache, campaign, executors)
+                    fresh = _fresh_worker_slots(config, cache, campaign, executors, cluster)
                 campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed,
                                            on_result=_recheck_log(config.path(config.report_dir) / "recheck.jsonl"))
     except KeyboardInterrupt:
@@ -377,7 +423,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None) -> int:
         out.print(shadow, markup=False)
     for key, ex in (executors or {}).items():
         if isinstance(key, tuple) and key[0] == "recheck":
-            out.print(f"re-check workers: {ex.summary()}", markup=False)
+            for line in ([ex.summary()] if hasattr(ex, "summary") else ex.lines()):
+                out.print(f"re-check workers: {line}", markup=False)
     if campaign.recheck is not None:
         line = campaign.recheck.line()
         where = "a fresh pytest" if args.recheck_in == "pytest" else "a fresh worker no other mutant used"

@@ -24,6 +24,7 @@ class Judgement:
     memory_safety: bool = False  # killed-by-trap in a gate written for that memory-safety property
     in_gates: float = 0.0  # of `seconds`, inside the gates themselves (setup, call, teardown)
     waited: float = 0.0  # of `seconds`, waiting for a worker
+    ran_on: dict | None = None  # the node and GPU of its last run, where an executor says (a cluster's)
 
 
 def judge(runs: list[GateRuns], memory_safety: frozenset[str] = frozenset()) -> Judgement:
@@ -34,7 +35,8 @@ def judge(runs: list[GateRuns], memory_safety: frozenset[str] = frozenset()) -> 
 
     outcomes = [o for r in runs for o in r.outcomes]
     seconds = sum(r.seconds for r in runs)
-    timing = {"in_gates": sum(o.duration for o in outcomes), "waited": sum(r.waited for r in runs)}
+    timing = {"in_gates": sum(o.duration for o in outcomes), "waited": sum(r.waited for r in runs),
+              "ran_on": next((r.facts["ran_on"] for r in reversed(runs) if (r.facts or {}).get("ran_on")), None)}
     return dataclasses.replace(_judge(runs, outcomes, seconds, memory_safety), **timing)
 
 

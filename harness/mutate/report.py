@@ -110,6 +110,9 @@ def mutation_json(campaign) -> dict:
             "warnings": campaign.warnings,
             "operators": {name: op.reason for name, op in OPERATORS.items()},
             "verdicts": {r.mutant.id: r.verdict.value for r in results},
+            # on a cluster (--ray): the node and GPU each verdict was made on
+            **({"ran_on": {r.mutant.id: r.ran_on for r in results if r.ran_on}}
+               if any(r.ran_on for r in results) else {}),
             "total": total.to_json(),
             "per_file": {k: v.to_json() for k, v in scores(results, lambda r: r.mutant.file).items()},
             "per_family": {k: v.to_json() for k, v in scores(results, lambda r: family(r, campaign)).items()},

@@ -19,6 +19,8 @@ they all pass it is `equivalent` after all: `campaign.gate_stage`).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import multiprocessing
 import os
 import re
@@ -40,6 +42,7 @@ class Compiled:
     fingerprints: tuple[tuple[str, str], ...]  # (module relpath, fingerprint), sorted
     error: str | None
     seconds: float
+    keys: tuple[str, ...] = ()  # the cubin cache keys of its modules (shipped with it on a cluster)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
     with sandbox(ctx.kernel_root, f"mutant-{mutant.id}-{ctx.owner}") as copy:
         original = (copy / mutant.file).read_bytes()
         write(copy, mutant.file, mutant.apply(original).decode("utf-8"))
-        prints = []
+        prints, keys = [], []
         for rel in modules:
             try:
                 compiled = compile_file(rel, kernel_root=copy, arch=ctx.arch, cache_dir=ctx.cache_dir,
@@ -73,7 +76,27 @@ def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
             except CompileError as exc:
                 return Compiled(mutant.id, False, (), _first_error(exc, copy), time.perf_counter() - start)
             prints.append((rel, fingerprint(compiled.cubin)))
-    return Compiled(mutant.id, True, tuple(sorted(prints)), None, time.perf_counter() - start)
+            keys.append(compiled.key)
+    return Compiled(mutant.id, True, tuple(sorted(prints)), None, time.perf_counter() - start, tuple(keys))
+
+
+def compile_shipped(mutant: Mutant, shipped, ctx: ScreenContext) -> tuple[Compiled, dict]:
+    """`compile_mutant` on a cluster node (a Ray task, `harness.runs.cluster`): over the
+    node's copy of the kernel root into its own cache; returns the result and the cache
+    entries it made, for the head's cache (and from there the GPU that runs the mutant)."""
+    from harness.runs.cluster import read_entries
+
+    root = shipped.kernel()
+    here = dataclasses.replace(ctx, kernel_root=root, cache_dir=shipped.cache(), names=_names_here(root))
+    compiled = compile_mutant(mutant, here)
+    return compiled, read_entries(here.cache_dir, compiled.keys)
+
+
+@functools.lru_cache(maxsize=2)
+def _names_here(root: Path) -> dict:
+    from harness.runs.compilecheck import declared_names
+
+    return declared_names(root)
 
 
 def _first_error(exc, copy: Path) -> str:
@@ -100,10 +123,12 @@ def _worker_init() -> None:
 POOL_RESTARTS = 3
 
 
-def compile_all(mutants: list[Mutant], ctx: ScreenContext, jobs: int, on_done=None) -> dict[str, Compiled]:
+def compile_all(mutants: list[Mutant], ctx: ScreenContext, jobs: int, on_done=None,
+                cpu_map=None) -> dict[str, Compiled]:
     """Every mutant compiled, `jobs` at once; `on_done(Compiled)` after each. A worker that
     dies (killed, out of memory) breaks the pool: its sandboxes are swept and a fresh pool
-    takes the mutants not done yet."""
+    takes the mutants not done yet. `cpu_map` (an executor factory's, on a cluster): each
+    compile a task there instead, its cache entries written into this host's cache."""
     from concurrent.futures.process import BrokenProcessPool
 
     out: dict[str, Compiled] = {}
@@ -112,6 +137,17 @@ def compile_all(mutants: list[Mutant], ctx: ScreenContext, jobs: int, on_done=No
         out[c.mutant_id] = c
         if on_done:
             on_done(c)
+
+    if cpu_map is not None:
+        from harness.runs.cluster import write_entries
+
+        def shipped_back(got) -> None:
+            compiled, entries = got
+            write_entries(ctx.cache_dir, entries)
+            done(compiled)
+
+        cpu_map(functools.partial(compile_shipped, ctx=ctx), mutants, shipped_back)
+        return out
 
     if jobs <= 1:
         for m in mutants:
@@ -213,11 +249,12 @@ class ScreenFeed:
     its compile finishes (pending ones go to the GPU, the others are final). The twin of
     identical mutants is the first whose compile finished."""
 
-    def __init__(self, ctx, mutants: list, jobs: int, source_read):
+    def __init__(self, ctx, mutants: list, jobs: int, source_read, cpu_map=None):
         import queue
         import threading
 
         self.ctx, self.mutants, self.jobs, self.source_read = ctx, mutants, jobs, source_read
+        self.cpu_map = cpu_map  # where the compiles run: None, a local process pool
         self.inbox: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
         self.seconds = 0.0
@@ -238,7 +275,7 @@ class ScreenFeed:
                     raise _Stop()
                 self.inbox.put(classifier.add(by_id[c.mutant_id], c))
 
-            compile_all(self.mutants, self.ctx, self.jobs, on_done=done)
+            compile_all(self.mutants, self.ctx, self.jobs, on_done=done, cpu_map=self.cpu_map)
         except _Stop:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the consuming thread

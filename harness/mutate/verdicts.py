@@ -33,6 +33,7 @@ class MutantResult:
     gate_seconds: float = 0.0  # of `seconds`, the gate stage (the rest: its compile in the screen)
     in_gates: float = 0.0  # of gate_seconds, inside the gates themselves
     worker_wait: float = 0.0  # of gate_seconds, waiting for a worker
+    ran_on: dict | None = None  # on a cluster: {"node", "node_id", "gpu"} of the run that made the verdict
 
     def to_json(self) -> dict:
         d = asdict(self)

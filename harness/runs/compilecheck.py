@@ -86,6 +86,16 @@ def _in_sandbox(ms: ModuleSettings, real_root: Path | None, sandbox_root: Path) 
     return replace(ms, include_dirs=dirs)
 
 
+def settings_for(names: dict, rel: str, sandbox_root: Path) -> ModuleSettings:
+    """The settings module `rel` of a (sandbox copy of the) kernel root compiles with: what
+    its launcher declares in the real root (`names`, from `declared_names`; a tuple of name
+    expressions is accepted too), include directories moved into the copy."""
+    declared = names.get(rel)
+    if declared is None or isinstance(declared, (tuple, list)):
+        return ModuleSettings(name_expressions=tuple(declared or ()))
+    return _in_sandbox(declared, getattr(names, "root", None), Path(sandbox_root).resolve())
+
+
 def compile_perturbed(
     sandbox_root: Path,
     files: tuple[str, ...],
@@ -101,11 +111,7 @@ def compile_perturbed(
     modules = dependents(sandbox_root, files)
     misses = 0
     for rel in modules:
-        declared = names.get(rel)
-        if declared is None or isinstance(declared, (tuple, list)):
-            ms = ModuleSettings(name_expressions=tuple(declared or ()))
-        else:
-            ms = _in_sandbox(declared, getattr(names, "root", None), Path(sandbox_root).resolve())
+        ms = settings_for(names, rel, sandbox_root)
         try:
             compiled = compile_file(rel, kernel_root=sandbox_root, arch=arch, settings=ms, cache_dir=cache_dir)
         except (CompileError, LauncherError, IncludeDirError, NvccNotFound) as exc:

@@ -142,6 +142,12 @@ class ExecutorFactory(Protocol):
         """Start these GPUs' executors in a thread (returned); None when nothing starts ahead."""
         return None
 
+    def cpu_map(self) -> Callable | None:
+        """Where a campaign's CPU work (the mutation screen's compiles) runs when not on this
+        host: a function (fn, items, on_done) calling `on_done(fn(item, shipped))` for each
+        item on the executors' machines (`harness.runs.cluster.Cluster.cpu_map`); None: here."""
+        return None
+
 
 @dataclass(frozen=True)
 class Executors(ExecutorFactory):
