@@ -1,4 +1,4 @@
-"""`python -m harness COMMAND`: compile, controls, mutate and bench (`usage()` lists them)."""
+"""`python -m harness COMMAND`: compile, controls, mutate, bench and report (`usage()` lists them)."""
 
 from __future__ import annotations
 
@@ -128,19 +128,51 @@ def _bench_main(argv: list[str]) -> int:
     return main(argv)
 
 
+def _report_main(argv: list[str]) -> int:
+    """`python -m harness report merge DIR... [--out DIR]`: the N shards' reports as one."""
+    from harness.commands import dispatch
+
+    def merge_main(args: list[str]) -> int:
+        from pathlib import Path
+
+        from harness.report import MergeError, merge, write_reports
+
+        parser = argparse.ArgumentParser(prog="python -m harness report merge",
+                                         description="Merge the gates.json of the N shards of one gate run "
+                                                     "(pytest --shard K/N --harness-report DIR on each host) into "
+                                                     "one gates.json and summary.md.")
+        parser.add_argument("dirs", nargs="+", metavar="DIR", help="each shard's --harness-report folder")
+        parser.add_argument("--out", default="harness-report", metavar="DIR",
+                            help="where the merged gates.json and summary.md go (default harness-report)")
+        ns = parser.parse_args(args)
+        try:
+            records, facts = merge([Path(d) for d in ns.dirs])
+        except MergeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        json_path, md_path = write_reports(Path(ns.out), records, facts)
+        print(f"{len(records)} gates from {len(ns.dirs)} report(s): {json_path}, {md_path}")
+        return 1 if any(r.red for r in records) else 0
+
+    return dispatch(argv, {"merge": merge_main}, "usage: python -m harness report merge DIR... [--out DIR]",
+                    "report command")
+
+
 def _mutate_main(argv: list[str]) -> int:
     from harness.mutate.cli import main
 
     return main(argv)
 
 
-COMMANDS = {"compile": _compile_main, "controls": _controls_main, "mutate": _mutate_main, "bench": _bench_main}
+COMMANDS = {"compile": _compile_main, "controls": _controls_main, "mutate": _mutate_main, "bench": _bench_main,
+            "report": _report_main}
 SUMMARIES = {
     "compile": "compile every .cu under the kernel root with NVRTC; print registers, spills and shared memory",
     "controls": "run the negative controls: perturb a sandbox copy, prove each named gate goes red by its assertion",
     "mutate": "mutate the device code, screen equivalent mutants on the CPU, report what the gates miss",
     "bench": "benchmarks: `bench gates` (the GPU gate run against an older tree), `bench mutate` (the campaign "
              "against the naive way)",
+    "report": "`report merge DIR...`: the gates.json of the N shards of one `--shard K/N` run as one report",
 }
 
 

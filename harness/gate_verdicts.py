@@ -189,4 +189,4 @@ def run_facts(st, records: list[GateRecord]) -> RunFacts:
         name = next((r.device for r in records if r.gpu and r.device), None)
     return RunFacts(device=name, arch=arch, kernel_root=str(st.kernel_root), compile_options=options,
                     require_gpu=st.require_gpu, poisoned_by=st.poisoned_by, devices=devices,
-                    sanitizer=st.sanitize)
+                    sanitizer=st.sanitize, shard=st.shard)

@@ -27,7 +27,8 @@ from harness.plugin_pool import new_pool, refuse_without_device, start_pool
 from harness.records import GateRecord, Outcome, Route
 from harness.report import classify_route, failure_message, first_line, write_reports
 
-pytest_plugins = ["harness.snapshots", "harness.compare"]  # bit snapshots and comparisons, features of their own
+# bit snapshots, comparisons and --shard, features of their own
+pytest_plugins = ["harness.snapshots", "harness.compare", "harness.shard"]
 if TYPE_CHECKING:
     from harness.pool import controller
 
@@ -107,6 +108,7 @@ class HarnessState:
             and getattr(opt, "dist", "no") != "no"
         self.report_dir = Path(opt.harness_report) if opt.harness_report else None
         self.sanitize: str | None = opt.sanitize
+        self.shard: str | None = str(opt.shard) if getattr(opt, "shard", None) else None  # K/N (harness.shard)
         self.sanitizer_cmd: list[str] | None = None
         self.deadline, self.deadline_source = DEFAULT_DEADLINE, "the default"
         self.records: dict[str, GateRecord] = {}

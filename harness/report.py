@@ -64,6 +64,7 @@ class RunFacts:
     poisoned_by: str | None = None
     devices: list[dict] = field(default_factory=list)  # every GPU a gate ran on: ordinal, uuid, name
     sanitizer: str | None = None
+    shard: str | None = None  # "K/N" of a --shard run; "merged: 1/N, ..., N/N" of their merged report
 
 
 def summarize(records: list[GateRecord]) -> dict:
@@ -89,6 +90,7 @@ def gates_json(records: list[GateRecord], facts: RunFacts) -> dict:
         "poisoned_by": facts.poisoned_by,
         "devices": facts.devices,
         "sanitizer": facts.sanitizer,
+        **({"shard": facts.shard} if facts.shard else {}),
         "summary": summarize(records),
         "gates": [r.to_json() for r in records],
     }
@@ -111,6 +113,8 @@ def summary_markdown(records: list[GateRecord], facts: RunFacts) -> str:
         lines.append(f"  - GPU {d['ordinal']}: {d['name']} ({d['uuid']})")
     if facts.sanitizer:
         lines.append(f"- sanitizer: compute-sanitizer {facts.sanitizer}")
+    if facts.shard:
+        lines.append(f"- shard {facts.shard}")
     lines.append(f"- arch: {facts.arch or 'n/a'}")
     lines.append(f"- kernel root: `{facts.kernel_root}`")
     lines.append(f"- compile options: `{' '.join(facts.compile_options)}`")
@@ -143,3 +147,48 @@ def write_reports(directory: Path, records: list[GateRecord], facts: RunFacts) -
     j.write_text(json.dumps(gates_json(records, facts), indent=2) + "\n")
     m.write_text(summary_markdown(records, facts))
     return j, m
+
+
+class MergeError(ValueError):
+    """Reports that cannot be one: the message is one line naming the fix."""
+
+
+def merge(directories: list[Path]) -> tuple[list[GateRecord], RunFacts]:
+    """The gates.json of the N shards of one gate run (`--shard K/N` on N hosts) as one run:
+    every gate once, in the shards' order; the devices of all. Refuses a missing gates.json,
+    a gate in two reports, a shard missing or named twice, and runs for different archs."""
+    reports = []
+    for d in directories:
+        path = Path(d) / "gates.json"
+        if not path.is_file():
+            raise MergeError(f"{d} holds no gates.json: pass the --harness-report DIR of each shard")
+        reports.append((Path(d), json.loads(path.read_text())))
+    shards = [data.get("shard") for _, data in reports]
+    if any(shards):
+        counts = {s.split("/")[1] for s in shards if s}
+        want = {f"{k}/{n}" for n in counts for k in range(1, int(n) + 1)}
+        if None in shards or len(counts) > 1 or sorted(shards) != sorted(want):
+            raise MergeError(f"the reports hold shards {', '.join(str(s) for s in shards)}, not each of "
+                             f"{', '.join(sorted(want))} once: pass the report folder of every shard of one run")
+    archs = sorted({data.get("arch") for _, data in reports if data.get("arch")})
+    if len(archs) > 1:
+        raise MergeError(f"the reports ran for different archs ({', '.join(archs)}): merge only the shards of one "
+                         "gate run on one kind of GPU")
+    records: dict[str, tuple[GateRecord, Path]] = {}
+    for d, data in reports:
+        for gate in data.get("gates", []):
+            rec = GateRecord.from_json(gate)
+            if rec.nodeid in records:
+                raise MergeError(f"{rec.nodeid} is in both {records[rec.nodeid][1]} and {d}: merge the shards of one "
+                                 "split, each gate in one of them")
+            records[rec.nodeid] = (rec, d)
+    first = reports[0][1] if reports else {}
+    devices = [dev for _, data in reports for dev in data.get("devices", [])]
+    names = sorted({data["device"] for _, data in reports if data.get("device")})
+    facts = RunFacts(device=", ".join(names) or None, arch=archs[0] if archs else None,
+                     kernel_root=first.get("kernel_root", ""), compile_options=first.get("compile_options", []),
+                     require_gpu=all(data.get("require_gpu") for _, data in reports),
+                     poisoned_by=next((data["poisoned_by"] for _, data in reports if data.get("poisoned_by")), None),
+                     devices=devices, sanitizer=first.get("sanitizer"),
+                     shard=f"merged: {', '.join(sorted(shards))}" if any(shards) else None)
+    return [rec for rec, _ in records.values()], facts
