@@ -55,7 +55,7 @@ def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bo
                          facts + [("route", Route.ERROR.value), ("first_failure_line", result.died)],
                          duration=result.seconds)
     config = item.config
-    reports = [config.hook.pytest_report_from_serializable(config=config, data=d) for d in result.reports]
+    reports = [report_from_worker(config, d) for d in result.reports]
     if not reports:
         text = f"the worker did not collect {item.nodeid}: its collection differs from this process's"
         return synthetic(item, Outcome.FAILED.value, text,
@@ -66,6 +66,16 @@ def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bo
             rep.user_properties.append(("worker", worker.name))
         return reports
     return judge_trap(item, reports, facts, result.waited)
+
+
+def report_from_worker(config, data: dict):
+    """A report the worker serialised, as pytest's own. The channel is JSON, so a skip's
+    longrepr, the tuple (path, line, reason), arrives as a list; pytest's terminal summary
+    (`-rs`, `-rA`) asserts it is a tuple, and would end the run with an internal error."""
+    rep = config.hook.pytest_report_from_serializable(config=config, data=data)
+    if isinstance(rep.longrepr, list):
+        rep.longrepr = tuple(rep.longrepr)
+    return rep
 
 
 def judge_trap(item: pytest.Item, reports: list, facts: list, duration: float) -> list:

@@ -699,3 +699,22 @@ def test_a_gate_run_killed_at_its_deadline_leaves_no_temp_folder(suite, monkeypa
         shutil.rmtree(private, ignore_errors=True)
     assert run.timed_out
     assert left == [], f"the killed child's temp folders outlived it: {left}"
+
+
+def test_a_skip_that_crossed_the_json_channel_has_pytests_tuple_longrepr():
+    # A GPU gate skipped in the worker (a second GPU missing) came back with its longrepr as a
+    # JSON list, and `pytest -rA` ended in an internal error in the skipped-summary fold
+    # (seen on the H200 for tests/test_torch_gpu.py). The report is restored as pytest made it.
+    from types import SimpleNamespace
+
+    from _pytest.reports import TestReport
+
+    from harness.gate_verdicts import report_from_worker
+
+    rep = TestReport("t.py::g", ("t.py", 3, "g"), {}, "skipped", ("t.py", 4, "Skipped: needs a second GPU"), "call")
+    data = json.loads(json.dumps(rep._to_json()))
+    assert isinstance(data["longrepr"], list)
+    hook = SimpleNamespace(pytest_report_from_serializable=lambda config, data: TestReport._from_json(data))
+    back = report_from_worker(SimpleNamespace(hook=hook), data)
+    assert back.longrepr == ("t.py", 4, "Skipped: needs a second GPU") and isinstance(back.longrepr, tuple)
+    assert back.skipped and back.nodeid == "t.py::g"
