@@ -12,7 +12,11 @@ import pytest
 INSTALL = "pip install torch==2.13.0 (the CPU build; .ci/run installs it)"
 
 
-@pytest.fixture
+# Session scope: torch's C extension loads once a process. pytester puts sys.modules back after
+# each test that uses it, so a torch first imported inside such a test (test_reference.py) was
+# dropped from sys.modules, and the next `import torch` died ("SystemError: bad call flags", then
+# a segmentation fault, in CI). Imported here first, it is in every pytester snapshot.
+@pytest.fixture(scope="session")
 def torch():
     try:
         import torch as module
