@@ -43,7 +43,10 @@ def suite(tmp_path, monkeypatch):
 
 
 def config(suite: Path, **changes) -> MutateConfig:
-    base = dict(rootdir=suite, kernel_root=Path("kernels"), report_dir=suite / "report", jobs=2, deadline=60.0,
+    # jobs=1: the screen compiles in a thread of this process, which has NVRTC loaded already; a
+    # pool of two spawned compilers costs seconds of imports a campaign (the end-to-end test
+    # below and tests/test_mutate_screen.py keep the pool's path)
+    base = dict(rootdir=suite, kernel_root=Path("kernels"), report_dir=suite / "report", jobs=1, deadline=60.0,
                 require_gpu=False, cache_dir=suite / "cache", arch="sm_90")
     base.update(changes)
     return MutateConfig(**base)
@@ -62,7 +65,7 @@ def by_text(campaign) -> dict[tuple, MutantResult]:
 def test_fresh_process_campaign_gives_every_kind_of_verdict(suite):
     root = suite / "kernels"
     before = tree_hash(root)
-    campaign = run_campaign(config(suite, operators=("arithmetic", "guard-dropped", "int-literal")))
+    campaign = run_campaign(config(suite, jobs=2, operators=("arithmetic", "guard-dropped", "int-literal")))
     assert campaign.baseline.ok, campaign.baseline
     assert tree_hash(root) == before
     ids = {m.id for m in campaign.mutants}
@@ -393,7 +396,7 @@ def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
     from harness.mutate import screen
     from harness.mutate.campaign import prepare
 
-    cfg = config(suite, jobs=1, paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
+    cfg = config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
     total = len(prepare(cfg)[0])
     real = screen.compile_mutant
     compiled_at = []
