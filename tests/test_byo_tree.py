@@ -15,14 +15,24 @@ REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "fixtures" / "byo"
 KERNELS = TREE / "kernels"
 
+pytestmark = pytest.mark.xdist_group("byo-tree")  # one xdist worker: the module's one cache (below)
+
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="block_scan.cu is compiled by nvcc (cub/cub.cuh); install a CUDA toolkit")
 
 
-def env(tmp_path) -> dict:
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """One cubin cache for the tree's commands: the cache key is each module's whole source
+    closure, so a hit is the same cubin; the first command compiles the tree (nvcc among
+    them, seconds), the others find it."""
+    return tmp_path_factory.mktemp("byo-cache")
+
+
+def env(cache: Path) -> dict:
     e = dict(os.environ)
     e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
-    e["HARNESS_CACHE_DIR"] = str(tmp_path / "cache")
+    e["HARNESS_CACHE_DIR"] = str(cache)
     e["CUDA_VISIBLE_DEVICES"] = ""
     e.pop("HARNESS_KERNEL_ROOT", None)
     return e
@@ -33,15 +43,15 @@ def digests() -> dict[str, str]:
             for p in sorted(TREE.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
 
 
-def run(args, cwd, tmp_path, timeout=300):
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env(tmp_path), capture_output=True, text=True,
+def run(args, cwd, cache, timeout=300):
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env(cache), capture_output=True, text=True,
                           timeout=timeout)
 
 
 @needs_nvcc
-def test_the_compile_command_compiles_every_file_unedited_and_says_what_it_set_aside(tmp_path):
+def test_the_compile_command_compiles_every_file_unedited_and_says_what_it_set_aside(cache):
     before = digests()
-    proc = run(["-m", "harness", "compile", "--kernel-root", str(KERNELS)], REPO, tmp_path)
+    proc = run(["-m", "harness", "compile", "--kernel-root", str(KERNELS)], REPO, cache)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 of 4 modules compiled" in proc.stdout
     out = " ".join(proc.stdout.split())
@@ -66,8 +76,8 @@ def test_compile_items_report_backend_and_what_was_set_aside(tmp_path):
 
 
 @needs_nvcc
-def test_the_trees_own_run_is_green_with_no_gpu(tmp_path):
-    proc = run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"], TREE, tmp_path)
+def test_the_trees_own_run_is_green_with_no_gpu(cache):
+    proc = run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"], TREE, cache)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for item in ("block_scan.cu::compile", "gemm_bench.cu::compile", "moe_topk.cu::compile",
@@ -78,17 +88,17 @@ def test_the_trees_own_run_is_green_with_no_gpu(tmp_path):
 
 
 @needs_nvcc
-def test_static_controls_apply_and_compile(tmp_path):
-    proc = run(["-m", "harness", "controls", "--static", "--report", str(tmp_path / "rep")], TREE, tmp_path)
+def test_static_controls_apply_and_compile(tmp_path, cache):
+    proc = run(["-m", "harness", "controls", "--static", "--report", str(tmp_path / "rep")], TREE, cache)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 of 4 controls as expected" in proc.stdout
 
 
-def test_a_control_is_proven_and_an_xfail_gate_leaves_the_baseline_green(tmp_path):
+def test_a_control_is_proven_and_an_xfail_gate_leaves_the_baseline_green(tmp_path, cache):
     """moe_threads_moved_in_cu_only's module holds an xfail(strict=True) gate: the baseline
     (which runs the whole module) must be green, and the control proven by assertion."""
     proc = run(["-m", "harness", "controls", "moe_threads_moved_in_cu_only", "--no-require-gpu",
-                "--report", str(tmp_path / "rep")], TREE, tmp_path, timeout=600)
+                "--report", str(tmp_path / "rep")], TREE, cache, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "proven" in proc.stdout and "1 of 1 controls as expected" in proc.stdout
     import json

@@ -104,18 +104,25 @@ def campaign(tmp_path_factory, child_env, campaign_tmp):
     return suite, before, result
 
 
+# The tests that read the module's one campaign run on one xdist worker: the campaign runs once
+shares_the_campaign = pytest.mark.xdist_group("controls-campaign")
+
+
 def by_name(result, name):
     (found,) = [r for r in result.controls if r.name == name]
     return found
 
 
+@shares_the_campaign
 @pytest.mark.parametrize("name", list(CONTROLS))
+@shares_the_campaign
 def test_each_control_gets_the_verdict_its_perturbation_earns(campaign, name):
     _, _, result = campaign
     r = by_name(result, name)
     assert (r.verdict, r.matches) == CONTROLS[name], r
 
 
+@shares_the_campaign
 def test_the_baseline_ran_every_module_of_the_campaign_green_first(campaign):
     _, _, result = campaign
     assert result.baseline.ok
@@ -123,6 +130,7 @@ def test_the_baseline_ran_every_module_of_the_campaign_green_first(campaign):
     assert result.arch == "sm_90"
 
 
+@shares_the_campaign
 def test_expected_versus_observed_carries_route_and_first_failure_line(campaign):
     _, _, result = campaign
     (check,) = by_name(result, "value_changed").checks
@@ -133,6 +141,7 @@ def test_expected_versus_observed_carries_route_and_first_failure_line(campaign)
     assert check.first_failure_line == "CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory access was encountered"
 
 
+@shares_the_campaign
 def test_the_kill_row_holds_every_red_gate_of_the_run(campaign):
     _, _, result = campaign
     assert [k.nodeid for k in by_name(result, "value_changed").kill_row] == [
@@ -142,6 +151,7 @@ def test_the_kill_row_holds_every_red_gate_of_the_run(campaign):
     assert by_name(result, "multiply_to_add").kill_row == ()
 
 
+@shares_the_campaign
 def test_an_invalid_control_says_why_and_runs_no_gate(campaign):
     _, _, result = campaign
     r = by_name(result, "does_not_compile")
@@ -150,6 +160,7 @@ def test_an_invalid_control_says_why_and_runs_no_gate(campaign):
     assert by_name(result, "unused_header").note.startswith("no .cu under the kernel root includes unused.cuh")
 
 
+@shares_the_campaign
 def test_each_perturbed_module_is_compiled_once_and_the_gate_run_reuses_that_cubin(campaign):
     suite, _, result = campaign
     ran = [r for r in result.controls if r.log is not None]
@@ -160,20 +171,24 @@ def test_each_perturbed_module_is_compiled_once_and_the_gate_run_reuses_that_cub
         assert "gates/gate_value.py::test_module_compiles_with_its_name_expressions" not in [k.nodeid for k in r.kill_row]
 
 
+@shares_the_campaign
 def test_a_header_edit_compiles_the_cu_that_includes_it(campaign):
     _, _, result = campaign
     assert by_name(result, "scale_changed").compiled == ("value.cu",)
 
 
+@shares_the_campaign
 def test_the_real_kernel_root_is_byte_identical_after_a_campaign_with_failing_controls(campaign):
     suite, before, _ = campaign
     assert tree_hash(suite / "kernels") == before
 
 
+@shares_the_campaign
 def test_no_sandbox_outlives_the_campaign(campaign, campaign_tmp):
     assert sorted(p.name for p in campaign_tmp.iterdir()) == []
 
 
+@shares_the_campaign
 def test_the_reports_hold_each_control_ready_to_paste(campaign, tmp_path):
     _, _, result = campaign
     json_path, md_path = control_report.write(tmp_path, result)

@@ -258,7 +258,7 @@ def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verd
     saved, tempfile.tempdir = tempfile.tempdir, str(private)
     try:
         status = main(["--out", str(out), "--name", "b", "--naive-jobs", "2", "--rootdir", str(root), "--seed", "1",
-                       "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
+                       "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "1",
                        "--cache-dir", str(tmp_path / "cache")])
         left = sorted(p.name for p in private.iterdir())
     finally:
@@ -282,7 +282,7 @@ def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(su
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
     status = main(["--rootdir", str(root), "--no-require-gpu", "--seed", "1", "--max-per-file", "4",
-                   "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2", "--recheck", "2",
+                   "--gpu-jobs", "2", "--deadline", "30", "--jobs", "1", "--recheck", "2",
                    "--cache-dir", str(tmp_path / "cache"), "--report", str(tmp_path / "report")])
     printed = " ".join(capsys.readouterr().out.split())
     assert status in (0, 1), printed
@@ -335,7 +335,7 @@ def test_a_mutation_bench_cut_short_in_its_naive_half_still_reports_both_rates(s
     monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", cut_after_two)
     out = tmp_path / "out"
     main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--rootdir", str(root), "--seed", "1",
-          "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
+          "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "1",
           "--cache-dir", str(tmp_path / "cache")])
     result = json.loads((out / "b.json").read_text())
     assert result["campaign"]["reached_gpu"] == 4 and result["campaign"]["mutants_per_minute"]
@@ -650,7 +650,7 @@ def test_a_naive_run_cut_by_its_deadline_is_counted_apart_not_as_a_disagreement(
     monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", first_one_cut)
     out = tmp_path / "out"
     status = main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--rootdir", str(root), "--seed", "1",
-                   "--max-per-file", "4", "--gpu-jobs", "2", "--jobs", "2", "--cache-dir", str(tmp_path / "cache")])
+                   "--max-per-file", "4", "--gpu-jobs", "2", "--jobs", "1", "--cache-dir", str(tmp_path / "cache")])
     result = json.loads((out / "b.json").read_text())
     assert status == 0, result
     assert min(deadlines) >= bench.NAIVE_DEADLINE, deadlines
@@ -748,7 +748,7 @@ def test_a_mutation_bench_with_naive_seconds_cuts_its_naive_half_and_bounds_the_
     monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", the_second_run_is_cut)
     out = tmp_path / "out"
     bench.main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--naive-seconds", "4", "--rootdir", str(root),
-                "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2",
+                "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "1",
                 "--cache-dir", str(tmp_path / "cache")],
                naive_clock=functools.partial(bench._Clock, now=lambda: now[0], timer=Timer))
     # the cut was armed at --naive-seconds when the gate stage began, and it interrupted the stage
@@ -800,7 +800,7 @@ def test_the_campaigns_workers_start_while_its_baseline_runs(suite, tmp_path, mo
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
     args = build_parser().parse_args(["--rootdir", str(root), "--no-require-gpu", "--seed", "1", "--max-per-file", "2",
-                                      "--gpu-jobs", "1", "--deadline", "30", "--jobs", "2",
+                                      "--gpu-jobs", "1", "--deadline", "30", "--jobs", "1",
                                       "--cache-dir", str(tmp_path / "cache"), "--report", str(tmp_path / "report")])
     config = config_from(args)
     factory, made = _executor_factory(config, "warm")
