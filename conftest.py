@@ -2,7 +2,6 @@
 When `harness` is installed, its pytest11 entry point has loaded it already.
 `pytester` serves the harness's own plugin tests in tests/."""
 
-import os
 import signal
 import sys
 
@@ -24,12 +23,29 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     most of them wait on child processes. Anything else runs as asked: a path or `-n` named,
     `-p no:xdist`, `--pdb`, and a machine with a GPU, whose gates the pool already spreads
     over it (the harness's children name their gates, so they never spread)."""
-    if (not config.pluginmanager.hasplugin("xdist") or config.args_source is not pytest.Config.ArgsSource.TESTPATHS
-            or config.option.numprocesses is not None or config.option.dist != "no" or config.option.usepdb
-            or config.option.collectonly or "PYTEST_XDIST_WORKER" in os.environ):
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
+            or config.args_source is not pytest.Config.ArgsSource.TESTPATHS or config.option.numprocesses is not None
+            or config.option.dist != "no" or config.option.usepdb or config.option.collectonly):
         return
     from harness.device import _driver_present
 
     if not _driver_present():
         config.option.numprocesses = "auto"
-        config.option.dist = "loadgroup"  # the tests that share a module's costly fixture stay on one worker
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist load` (xdist's default), except that a test class goes to one worker whole: tests
+    that share a costly fixture (a campaign, a compile cache) live in one class, so it is made
+    once, not once a worker. (xdist's own `xdist_group` mark renames items in a way pytest 9
+    no longer sees.)"""
+    if config.option.dist != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClassesWhole(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("[", 1)[0].split("::")
+            return "::".join(parts[:2]) if len(parts) > 2 else nodeid
+
+    return ClassesWhole(config, log)

@@ -104,108 +104,88 @@ def campaign(tmp_path_factory, child_env, campaign_tmp):
     return suite, before, result
 
 
-# The tests that read the module's one campaign run on one xdist worker: the campaign runs once
-shares_the_campaign = pytest.mark.xdist_group("controls-campaign")
-
-
 def by_name(result, name):
     (found,) = [r for r in result.controls if r.name == name]
     return found
 
 
-@shares_the_campaign
-@pytest.mark.parametrize("name", list(CONTROLS))
-@shares_the_campaign
-def test_each_control_gets_the_verdict_its_perturbation_earns(campaign, name):
-    _, _, result = campaign
-    r = by_name(result, name)
-    assert (r.verdict, r.matches) == CONTROLS[name], r
+class TestOneCampaign:
+    """The tests that read the module's one campaign: a class, so that under xdist they run on
+    one worker together (the root conftest's scheduler) and the campaign runs once."""
 
+    @pytest.mark.parametrize("name", list(CONTROLS))
+    def test_each_control_gets_the_verdict_its_perturbation_earns(self, campaign, name):
+        _, _, result = campaign
+        r = by_name(result, name)
+        assert (r.verdict, r.matches) == CONTROLS[name], r
 
-@shares_the_campaign
-def test_the_baseline_ran_every_module_of_the_campaign_green_first(campaign):
-    _, _, result = campaign
-    assert result.baseline.ok
-    assert result.baseline.gates == 6  # gate_value.py's five and gate_scale.py's one
-    assert result.arch == "sm_90"
+    def test_the_baseline_ran_every_module_of_the_campaign_green_first(self, campaign):
+        _, _, result = campaign
+        assert result.baseline.ok
+        assert result.baseline.gates == 6  # gate_value.py's five and gate_scale.py's one
+        assert result.arch == "sm_90"
 
+    def test_expected_versus_observed_carries_route_and_first_failure_line(self, campaign):
+        _, _, result = campaign
+        (check,) = by_name(result, "value_changed").checks
+        assert (check.outcome, check.route, check.met) == ("failed", "assertion", True)
+        assert check.first_failure_line == "VALUE is 4 in value.cu"  # its expected "expects 3" is on line two
+        (check,) = by_name(result, "guard_removed").checks
+        assert (check.route, check.met) == ("trap", False)
+        assert check.first_failure_line == "CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory access was encountered"
 
-@shares_the_campaign
-def test_expected_versus_observed_carries_route_and_first_failure_line(campaign):
-    _, _, result = campaign
-    (check,) = by_name(result, "value_changed").checks
-    assert (check.outcome, check.route, check.met) == ("failed", "assertion", True)
-    assert check.first_failure_line == "VALUE is 4 in value.cu"  # its expected "expects 3" is on line two
-    (check,) = by_name(result, "guard_removed").checks
-    assert (check.route, check.met) == ("trap", False)
-    assert check.first_failure_line == "CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory access was encountered"
+    def test_the_kill_row_holds_every_red_gate_of_the_run(self, campaign):
+        _, _, result = campaign
+        assert [k.nodeid for k in by_name(result, "value_changed").kill_row] == [
+            "gates/gate_value.py::test_value_define_is_three"]
+        assert sorted(k.nodeid for k in by_name(result, "two_files").kill_row) == [
+            "gates/gate_scale.py::test_scale_is_accepted", "gates/gate_value.py::test_value_define_is_three"]
+        assert by_name(result, "multiply_to_add").kill_row == ()
 
+    def test_an_invalid_control_says_why_and_runs_no_gate(self, campaign):
+        _, _, result = campaign
+        r = by_name(result, "does_not_compile")
+        assert r.note.startswith("does not compile: value.cu(9): error: expected an expression\n")
+        assert r.log is None and r.checks == ()
+        assert by_name(result, "unused_header").note.startswith("no .cu under the kernel root includes unused.cuh")
 
-@shares_the_campaign
-def test_the_kill_row_holds_every_red_gate_of_the_run(campaign):
-    _, _, result = campaign
-    assert [k.nodeid for k in by_name(result, "value_changed").kill_row] == [
-        "gates/gate_value.py::test_value_define_is_three"]
-    assert sorted(k.nodeid for k in by_name(result, "two_files").kill_row) == [
-        "gates/gate_scale.py::test_scale_is_accepted", "gates/gate_value.py::test_value_define_is_three"]
-    assert by_name(result, "multiply_to_add").kill_row == ()
+    def test_each_perturbed_module_is_compiled_once_and_the_gate_run_reuses_that_cubin(self, campaign):
+        suite, _, result = campaign
+        ran = [r for r in result.controls if r.log is not None]
+        # one cubin for the baseline's value.cu, one per control that ran (each perturbs value.cu's closure)
+        assert len(list((suite / "cache").glob("*/*.cubin"))) == 1 + len(ran)
+        # and no sandboxed run had to compile again (the fake gate asserts a cache hit there)
+        for r in ran:
+            assert "gates/gate_value.py::test_module_compiles_with_its_name_expressions" not in [k.nodeid for k in r.kill_row]
 
+    def test_a_header_edit_compiles_the_cu_that_includes_it(self, campaign):
+        _, _, result = campaign
+        assert by_name(result, "scale_changed").compiled == ("value.cu",)
 
-@shares_the_campaign
-def test_an_invalid_control_says_why_and_runs_no_gate(campaign):
-    _, _, result = campaign
-    r = by_name(result, "does_not_compile")
-    assert r.note.startswith("does not compile: value.cu(9): error: expected an expression\n")
-    assert r.log is None and r.checks == ()
-    assert by_name(result, "unused_header").note.startswith("no .cu under the kernel root includes unused.cuh")
+    def test_the_real_kernel_root_is_byte_identical_after_a_campaign_with_failing_controls(self, campaign):
+        suite, before, _ = campaign
+        assert tree_hash(suite / "kernels") == before
 
+    def test_no_sandbox_outlives_the_campaign(self, campaign, campaign_tmp):
+        assert sorted(p.name for p in campaign_tmp.iterdir()) == []
 
-@shares_the_campaign
-def test_each_perturbed_module_is_compiled_once_and_the_gate_run_reuses_that_cubin(campaign):
-    suite, _, result = campaign
-    ran = [r for r in result.controls if r.log is not None]
-    # one cubin for the baseline's value.cu, one per control that ran (each perturbs value.cu's closure)
-    assert len(list((suite / "cache").glob("*/*.cubin"))) == 1 + len(ran)
-    # and no sandboxed run had to compile again (the fake gate asserts a cache hit there)
-    for r in ran:
-        assert "gates/gate_value.py::test_module_compiles_with_its_name_expressions" not in [k.nodeid for k in r.kill_row]
-
-
-@shares_the_campaign
-def test_a_header_edit_compiles_the_cu_that_includes_it(campaign):
-    _, _, result = campaign
-    assert by_name(result, "scale_changed").compiled == ("value.cu",)
-
-
-@shares_the_campaign
-def test_the_real_kernel_root_is_byte_identical_after_a_campaign_with_failing_controls(campaign):
-    suite, before, _ = campaign
-    assert tree_hash(suite / "kernels") == before
-
-
-@shares_the_campaign
-def test_no_sandbox_outlives_the_campaign(campaign, campaign_tmp):
-    assert sorted(p.name for p in campaign_tmp.iterdir()) == []
-
-
-@shares_the_campaign
-def test_the_reports_hold_each_control_ready_to_paste(campaign, tmp_path):
-    _, _, result = campaign
-    json_path, md_path = control_report.write(tmp_path, result)
-    data = json.loads(json_path.read_text())
-    assert data["ok"] is False and data["mode"] == "campaign"
-    entry = {c["name"]: c for c in data["controls"]}["value_changed"]
-    assert entry["verdict"] == "proven" and entry["matches_expectation"] is True
-    assert entry["expected"] == [{
-        "gate": "gates/gate_value.py::test_value_define_is_three", "route": "assertion", "message": "expects 3",
-        "observed": {"outcome": "failed", "route": "assertion", "first_failure_line": "VALUE is 4 in value.cu"},
-        "met": True, "reason": "red by assertion as expected",
-    }]
-    md = md_path.read_text()
-    assert "## value_changed: proven" in md
-    assert ("| `gates/gate_value.py::test_value_define_is_three` | assertion with `expects 3` | failed by assertion "
-            "| VALUE is 4 in value.cu |") in md
-    assert "| multiply_to_add | survived | **no** |" in md
+    def test_the_reports_hold_each_control_ready_to_paste(self, campaign, tmp_path):
+        _, _, result = campaign
+        json_path, md_path = control_report.write(tmp_path, result)
+        data = json.loads(json_path.read_text())
+        assert data["ok"] is False and data["mode"] == "campaign"
+        entry = {c["name"]: c for c in data["controls"]}["value_changed"]
+        assert entry["verdict"] == "proven" and entry["matches_expectation"] is True
+        assert entry["expected"] == [{
+            "gate": "gates/gate_value.py::test_value_define_is_three", "route": "assertion", "message": "expects 3",
+            "observed": {"outcome": "failed", "route": "assertion", "first_failure_line": "VALUE is 4 in value.cu"},
+            "met": True, "reason": "red by assertion as expected",
+        }]
+        md = md_path.read_text()
+        assert "## value_changed: proven" in md
+        assert ("| `gates/gate_value.py::test_value_define_is_three` | assertion with `expects 3` | failed by assertion "
+                "| VALUE is 4 in value.cu |") in md
+        assert "| multiply_to_add | survived | **no** |" in md
 
 
 def test_a_hung_run_is_killed_at_the_deadline_and_recorded_as_timeout(tmp_path, child_env, monkeypatch):
