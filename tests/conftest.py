@@ -6,6 +6,7 @@ installs it): there a missing torch fails them, so CI never passes having skippe
 paths."""
 
 import os
+import sys
 
 import pytest
 
@@ -26,3 +27,14 @@ def torch():
             pytest.fail(why)
         pytest.skip(why)
     return module
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runs_allowed_again():
+    """An interrupted campaign leaves harness.runs.fresh refusing new children until the next
+    campaign resets it; a test that interrupts one must not make a later test's `run_gates`
+    (same xdist worker) kill its child at birth."""
+    yield
+    fresh = sys.modules.get("harness.runs.fresh")
+    if fresh is not None:
+        fresh.reset()
