@@ -158,6 +158,12 @@ def _report_main(argv: list[str]) -> int:
                     "report command")
 
 
+def _cache_main(argv: list[str]) -> int:
+    from harness.cache_cli import main
+
+    return main(argv)
+
+
 def _mutate_main(argv: list[str]) -> int:
     from harness.mutate.cli import main
 
@@ -165,7 +171,7 @@ def _mutate_main(argv: list[str]) -> int:
 
 
 COMMANDS = {"compile": _compile_main, "controls": _controls_main, "mutate": _mutate_main, "bench": _bench_main,
-            "report": _report_main}
+            "report": _report_main, "cache": _cache_main}
 SUMMARIES = {
     "compile": "compile every .cu under the kernel root with NVRTC; print registers, spills and shared memory",
     "controls": "run the negative controls: perturb a sandbox copy, prove each named gate goes red by its assertion",
@@ -173,6 +179,8 @@ SUMMARIES = {
     "bench": "benchmarks: `bench gates` (the GPU gate run against an older tree), `bench mutate` (the campaign "
              "against the naive way)",
     "report": "`report merge DIR...`: the gates.json of the N shards of one `--shard K/N` run as one report",
+    "cache": "`cache info|prune|clear`: what the disk cache keeps (cubins, mutants' cubins, verdicts, host data), "
+             "its bound (HARNESS_CACHE_MAX), and clearing it",
 }
 
 

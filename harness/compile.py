@@ -26,7 +26,7 @@ from harness import _settings, toolchain
 from harness.arch import resolve_arch
 from harness.backends import _compile_nvcc, _compile_nvrtc, _Failed, choose_backend
 from harness.compile_options import normalise_options, nvcc_options, nvrtc_options
-from harness.cubin_cache import cache_key, entry_paths, include_hashes, read_entry, write_entry
+from harness.cubin_cache import cache_key, include_hashes, is_sandbox, lookup, write_entry
 from harness.includes import closure_of, include_path, includes_of
 from harness.modsettings import ModuleSettings, declared_settings
 from harness.ptxas import KernelResources, parse_resources
@@ -191,9 +191,8 @@ def compile_file(
         **({"trap_shadow": TRAP_SHADOW_PREAMBLE} if trap_shadow else {}),  # every other key as it was
     })
     cache = Path(cache_dir) if cache_dir is not None else run_settings.cache_dir
-    cubin_path, meta_path = entry_paths(cache, key)
-
     start = time.perf_counter()
+    hit, cubin_path, meta_path = lookup(cache, key, is_sandbox(root)) if use_cache else (None, None, None)
 
     def result(cubin: bytes, mapping: dict, log: str, hit: bool) -> CompiledModule:
         return CompiledModule(
@@ -204,10 +203,8 @@ def compile_file(
             set_aside=tuple(set_aside), compiler=compiler_version, trap_shadow=trap_shadow,
         )
 
-    if use_cache:
-        hit = read_entry(cubin_path, meta_path)
-        if hit is not None:
-            return result(*hit, hit=True)
+    if hit is not None:
+        return result(*hit, hit=True)
 
     preamble = TRAP_SHADOW_PREAMBLE if trap_shadow else ""
     try:

@@ -160,11 +160,12 @@ def read_entries(cache_dir: Path, keys: Iterable[str]) -> dict[str, bytes]:
 
     out = {}
     for key in keys:
-        for path in entry_paths(Path(cache_dir), key):
-            try:
-                out[path.relative_to(cache_dir).as_posix()] = path.read_bytes()
-            except OSError:
-                pass  # a miss there: the node compiles it again (slower, never wrong)
+        for sandbox in (False, True):  # a sandbox's compiles have a folder of their own
+            for path in entry_paths(Path(cache_dir), key, sandbox):
+                try:
+                    out[path.relative_to(cache_dir).as_posix()] = path.read_bytes()
+                except OSError:
+                    pass  # a miss there: the node compiles it again (slower, never wrong)
     return out
 
 

@@ -17,6 +17,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.cubin_cache import SANDBOX_MARK
+
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 _live: set[Path] = set()  # the sandboxes open now; `write` writes nowhere else
 
@@ -44,6 +46,7 @@ def sandbox(kernel_root: Path, label: str = "control"):
             return skipped
 
         shutil.copytree(kernel_root, copy, symlinks=False, ignore=ignore)
+        (base / SANDBOX_MARK).touch()  # its compiles go to the cache's sandbox part, evicted first
         for rel, target in outside:  # headers outside the root are linked, never copied
             (copy / rel).symlink_to(target, target_is_directory=target.is_dir())
         _live.add(copy)
