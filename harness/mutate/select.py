@@ -43,6 +43,8 @@ class GateInfo:
     memory_safety: bool = False  # written for a memory-safety property: a fault in it is its verdict
     kernels: frozenset[str] | None = None  # "file.cu:name" of each kernel it launched; None: not recorded
     names_faults: bool = False  # fails by its own assertion on a device error with valid input
+    gpu: bool = False  # needs a CUDA device (a `gpu` or `trap` gate)
+    passed: bool = True  # passed in the baseline (a --static baseline skips every GPU gate)
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,16 @@ class Coverage:
                 out.add(n)
         return out
 
+    def cpu_gates(self) -> frozenset[str]:
+        """Gates that need no device and passed in the baseline (structural gates, host-side
+        refusals): what `--static` runs for each mutant on the CPU."""
+        return frozenset(n for n, g in self.gates.items() if not g.gpu and g.passed)
+
+    @property
+    def has_gpu_gates(self) -> bool:
+        """Some gate needs a device (then a baseline without one did not see what it loads)."""
+        return any(g.gpu for g in self.gates.values())
+
     def memory_safety_gates(self) -> frozenset[str]:
         """Gates written for a memory-safety property (a fault in them is their verdict)."""
         return frozenset(n for n, g in self.gates.items() if g.memory_safety)
@@ -175,13 +187,16 @@ class Coverage:
                 memory_safety=bool(rec.get("memory_safety")),  # the plugin marks trap gates so too
                 kernels=field("kernels_launched"),
                 names_faults=bool(rec.get("names_faults")),
+                gpu=bool(rec.get("gpu")),
+                passed=rec.get("outcome", "passed") == "passed",
             )
             previous = seen.get(nodeid)
             if previous is not None:  # setup/teardown lines: keep one, with the longest time
                 info = GateInfo(nodeid, info.file, info.kind, max(info.duration, previous.duration),
                                 _union(previous.modules, info.modules), _union(previous.sources, info.sources),
                                 info.isolated or previous.isolated, info.memory_safety or previous.memory_safety,
-                                _union(previous.kernels, info.kernels), info.names_faults or previous.names_faults)
+                                _union(previous.kernels, info.kernels), info.names_faults or previous.names_faults,
+                                info.gpu or previous.gpu, info.passed and previous.passed)
             seen[nodeid] = info
         return cls(list(seen.values()))
 

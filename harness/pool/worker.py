@@ -225,7 +225,7 @@ class _Profile:
             self.prof.enable()
 
 
-class _ReportSink:
+class ReportSink:
     def __init__(self):
         self.reports: list = []
 
@@ -238,7 +238,7 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
     with (its gates' reports carry them)."""
     config = session.config
     items = {item.nodeid: item for item in session.items}
-    sink = _ReportSink()
+    sink = ReportSink()
     config.pluginmanager.register(sink, "harness-worker-sink")
     from harness import sanitizer
 
@@ -259,7 +259,7 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
             ch.send({"op": "bye"})
             break
         if msg.get("op") == "run_set":
-            reply = _run_set(session, items, sink, msg, props)
+            reply = run_set(session, items, sink, msg, props)
             why_not = "not asked to serve another mutant"
             if any(o["poisoned"] for o in reply["outcomes"]):
                 why_not = "a gate left the CUDA context unusable"
@@ -327,7 +327,7 @@ def _outcome(item, reports: list, shadow_hits: int | None = None) -> dict:
             "shadow_hits": shadow_hits}
 
 
-def _run_set(session, items: dict, sink: _ReportSink, msg: dict, props: list) -> dict:
+def run_set(session, items: dict, sink: ReportSink, msg: dict, props: list) -> dict:
     """A mutant's gates in this fresh worker, against its sandboxed kernel root: in order,
     stopping at the first kill by assertion unless told to run them all, and at a gate that
     poisoned the context (the rest go to another fresh worker). The trap gates named in
@@ -407,21 +407,11 @@ def reset_for_next_mutant(session) -> str | None:
     outlives the mutant (a stray store of this mutant landed in memory that the next one
     allocates and fills afresh). A context with a sticky error is not reused."""
 
-    from harness import device, kernels
+    from harness import device
 
-    try:
-        session._setupstate.teardown_exact(None)
-    except BaseException as exc:  # noqa: BLE001 - a finaliser of the mutant's gates failed
-        return f"a fixture's teardown raised {type(exc).__name__}: {exc}"
-    clear_project_caches(Path(session.config.rootpath))
-    kernels.forget_loaded()
-    # pytest keeps the last failure for a post-mortem debugger (sys.last_value and friends):
-    # its traceback's frames hold the failed gate's device buffers. A killed mutant always
-    # leaves one; it must not keep them past the mutant.
-    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
-        if hasattr(sys, name):
-            delattr(sys, name)
-    gc.collect()
+    why_not = reset_host_state(session)
+    if why_not is not None:
+        return why_not
     if device.context_is_poisoned():
         return "the CUDA context has a sticky error"
     try:
@@ -436,6 +426,28 @@ def reset_for_next_mutant(session) -> str | None:
     # fill outputs with sentinels and copy inputs in) before reading it.
     if in_use:
         return f"{in_use} bytes of device memory are still held after the mutant's teardown"
+    return None
+
+
+def reset_host_state(session) -> str | None:
+    """The host half of `reset_for_next_mutant` (all of it for a process that runs no GPU
+    gate, `harness.runs.cpu`): fixtures torn down, the project's caches cleared but for
+    `harness.host_cache`, loaded modules dropped; None when done, else why not."""
+    from harness import kernels
+
+    try:
+        session._setupstate.teardown_exact(None)
+    except BaseException as exc:  # noqa: BLE001 - a finaliser of the mutant's gates failed
+        return f"a fixture's teardown raised {type(exc).__name__}: {exc}"
+    clear_project_caches(Path(session.config.rootpath))
+    kernels.forget_loaded()
+    # pytest keeps the last failure for a post-mortem debugger (sys.last_value and friends):
+    # its traceback's frames hold the failed gate's device buffers. A killed mutant always
+    # leaves one; it must not keep them past the mutant.
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    gc.collect()
     return None
 
 
