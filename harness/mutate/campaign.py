@@ -5,8 +5,10 @@
        equivalent, duplicate) -> per remaining mutant: its gates, fastest first, through an
        Executor, stopping at the first kill by assertion -> verdicts, scores, reports
 
-`--static` stops after the screen (mutants left are `pending`); its baseline runs the gates
-without a GPU (structural gates run and show which sources they read, GPU gates skip).
+`--static` runs no GPU: its baseline runs the gates without one (structural gates run and
+show which sources they read, GPU gates skip), and after the screen each pending mutant's
+gates that need no device run on the CPU (`harness.mutate.static`); what only a GPU gate
+could settle stays `pending`.
 Every finished mutant is appended to `<report>/mutants.jsonl` at once; `--resume` skips
 the mutants found there. The kernel root is only ever read.
 """
@@ -30,6 +32,7 @@ from harness.runs.result import Baseline, CampaignRun, Executor, ExecutorFactory
 from harness.runs.slots import run_in_slots
 from harness.mutate.generate import Mutant, changed_lines, generate, select_files
 from harness.mutate.select import Coverage
+from harness.mutate.store import VerdictKeys, VerdictStore
 from harness.mutate.verdicts import MutantResult, Recheck, Verdict, append_result, read_results
 
 RESULTS_FILE = "mutants.jsonl"
@@ -102,6 +105,7 @@ class MutationCampaign(CampaignRun):
     screen_seconds: float = 0.0
     gpu_seconds: float = 0.0
     resumed: int = 0
+    reused: int = 0  # verdicts taken from the verdict store (`--since`), not run
     recheck: Recheck | None = None  # verdict integrity: re-runs in fresh processes
     # the trap shadow's wiring check: {trap gate: None when it runs in the shadow, else why not}
     trap_shadow: dict | None = None
@@ -206,6 +210,10 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
 
     todo = [m for m in mutants if m.id not in results]
     deps = dependents_of(root, {m.file for m in mutants})
+    keys = VerdictKeys(root, config.rootdir, coverage, deps, config, arch) if coverage is not None else None
+    store = VerdictStore(cache_dir)
+    if config.since and keys is not None:
+        todo = _reuse(campaign, todo, keys, store, results_path, listener)
     ctx = screen.ScreenContext(root, arch, cache_dir, declared_names(root), deps)
     source_read = coverage.source_read() if coverage is not None else None
     t0 = time.perf_counter()
@@ -217,8 +225,16 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
                                       cpu_map=factory.cpu_map())
         screened = screen.classify(todo, compiled, originals, source_read)
         campaign.screen_seconds = time.perf_counter() - t0
-        for m in todo:
-            _finish(campaign, results_path, screened[m.id], listener)
+        if config.static:
+            from harness.mutate.static import cpu_stage
+
+            cpu_stage(campaign, screened, coverage, deps, config, lambda r: _finish(campaign, results_path, r, listener),
+                      listener, functools.partial(cpu_executor, config, coverage, arch),
+                      functools.partial(mutant_deadline, config, coverage))
+            campaign.gpu_seconds = time.perf_counter() - t0 - campaign.screen_seconds
+        else:
+            for m in todo:
+                _finish(campaign, results_path, screened[m.id], listener)
     else:
         # The screen feeds the gate stage as it goes: a mutant's gates run as soon as it
         # passes the screen, so the GPUs work while the CPUs still compile.
@@ -233,9 +249,52 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
             screened.stop()
         campaign.screen_seconds = screened.seconds
         campaign.gpu_seconds = time.perf_counter() - t0
+    if keys is not None:
+        _store_verdicts(campaign, keys, store)
     resolve_duplicates(campaign.results)
+    from harness.cubin_cache import limit_bytes, prune
+
+    prune(cache_dir, limit_bytes())  # the mutants' cubins past the bound go, least recently used first
     campaign.seconds = time.perf_counter() - start
     return campaign
+
+
+def _store_verdicts(campaign, keys: VerdictKeys, store: VerdictStore) -> None:
+    """Keep every verdict this campaign reached in the store; one that cannot be keyed or
+    written costs a later `--since` run that mutant's run, and the campaign says so."""
+    try:
+        for m in campaign.mutants:
+            r = campaign.results.get(m.id)
+            if r is not None and not r.reused:
+                store.put(keys.key(m), r)
+    except Exception as exc:  # noqa: BLE001 - the campaign's verdicts stand; only their reuse is lost
+        campaign.warnings.append(f"the verdict store was not written ({type(exc).__name__}: {exc}): a later "
+                                 "--since run runs these mutants again")
+
+
+def _reuse(campaign, todo: list, keys: VerdictKeys, store: VerdictStore, results_path: Path, listener) -> list:
+    """Finish each mutant of `todo` whose verdict the store holds under its digest (its
+    closure, selected gates and toolchain unchanged since); the mutants left to run."""
+    listener.phase(f"looking up {len(todo)} mutants in the verdict store", len(todo))
+    left = []
+    for m in todo:
+        hit = store.get(keys.key(m))
+        if hit is None:
+            left.append(m)
+        else:
+            _finish(campaign, results_path, dataclasses.replace(hit, mutant=m, reused=True), listener)
+            campaign.reused += 1
+        listener.advance()
+    return left
+
+
+def cpu_executor(config: MutateConfig, coverage: Coverage, arch: str):
+    """An executor of the gates that need no device (`--static`'s gate stage)."""
+    from harness.runs.cpu import CpuExecutor
+
+    return CpuExecutor(config.rootdir, tuple(sorted(coverage.cpu_gates())), config.path(config.kernel_root),
+                       config.cache(), config.path(config.report_dir) / "runs" / "cpu", arch=arch,
+                       stop_on_kill=not config.all_gates)
 
 
 def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listener, make_executor) -> None:

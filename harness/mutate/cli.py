@@ -19,16 +19,26 @@ DESCRIPTION = ("Mutate the device code of the kernels, screen the mutants on the
                "then run the gates that load each module and report which mutants survive.")
 
 
+CACHE_EPILOG = ("The cache folder (--cache-dir) keeps every mutant's cubin (the screen compiles each once; a "
+                "later campaign finds it) and each mutant's final verdict (for --since), with the real tree's "
+                "cubins and host data; the cubins and verdicts stay under HARNESS_CACHE_MAX (default 256M; 0: no "
+                "bound), the least recently used going first, mutants' before the real tree's. python -m harness "
+                "cache info says what it holds; python -m harness cache clear empties it.")
+
+
 def build_parser(prog: str = "python -m harness mutate", description: str = DESCRIPTION) -> argparse.ArgumentParser:
     """The campaign's options (`bench mutate` builds on them under its own name)."""
     from harness.mutate.operators import OPERATORS
 
-    p = argparse.ArgumentParser(prog=prog, description=description)
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=CACHE_EPILOG)
     p.add_argument("paths", nargs="*", metavar="PATH",
                    help=".cu/.cuh files or folders under the kernel root (default: all of it)")
     p.add_argument("--operators", default=None, metavar="LIST",
                    help=f"comma-separated operators (default: all): {', '.join(OPERATORS)}")
-    p.add_argument("--since", default=None, metavar="GIT_REF", help="only mutants on lines changed since GIT_REF")
+    p.add_argument("--since", default=None, metavar="GIT_REF",
+                   help="only mutants on lines changed since GIT_REF, and each whose verdict the verdict store "
+                        "holds (its source closure, selected gates and toolchain unchanged since a campaign "
+                        "stored it) is reused, not run: a pull request's pushes in CI")
     p.add_argument("--jobs", default=None, metavar="N", help="CPU workers for the screen (default: every core)")
     p.add_argument("--gpu-jobs", default="1", metavar="N",
                    help="mutants whose gates run at once; several GPUs are shared out (default 1)")
@@ -38,7 +48,10 @@ def build_parser(prog: str = "python -m harness mutate", description: str = DESC
     p.add_argument("--all-gates", action="store_true",
                    help="run every selected gate (the full kill matrix) instead of stopping at the first kill")
     p.add_argument("--static", action="store_true",
-                   help="generate, compile and screen only, no GPU; write the report (CI)")
+                   help="no GPU (CI): generate, compile and screen, then run each mutant's gates that need no "
+                        "device (structural gates) on the CPU, --jobs at once: those kill mutants, and settle "
+                        "the ones whose cubin is the original's or another mutant's; the rest stay pending "
+                        "(the report says why); write the report")
     p.add_argument("--seed", default="0", metavar="N", help="seed of the --max-per-file sample (default 0)")
     p.add_argument("--max-per-file", default=None, metavar="N", help="at most N mutants of each file (a sample)")
     p.add_argument("--report", default=None, metavar="DIR",
@@ -82,6 +95,17 @@ def build_parser(prog: str = "python -m harness mutate", description: str = DESC
     return p
 
 
+PLAIN_INTERVAL = 30.0  # seconds between progress lines when stderr is not a terminal
+
+
+def _duration(seconds: float) -> str:
+    """`1h02m`, `4m05s` or `12s`."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
 def _deadline(text: str) -> float | None:
     """None: derived per mutant from the baseline (auto)."""
     return None if text == "auto" else positive_seconds(text, "--deadline", "120", " or auto")
@@ -102,6 +126,12 @@ def config_from(args):
     gates = tuple(args.gates or (p.relative_to(rootdir).as_posix() if p.is_relative_to(rootdir) else str(p)
                                  for p in project.gate_paths) or (_settings.DEFAULT_GATES,))
     report_dir = Path(args.report).resolve() if args.report else _settings.report_root(rootdir) / "mutation"
+    from harness.cubin_cache import CacheLimitError, limit_bytes
+
+    try:
+        limit_bytes()
+    except CacheLimitError as exc:
+        raise UsageError(str(exc)) from None
     return MutateConfig(
         rootdir=rootdir, kernel_root=project.settings.kernel_root, report_dir=report_dir, paths=tuple(args.paths),
         operators=parse_operators(args.operators), since=args.since, jobs=jobs,
@@ -138,24 +168,28 @@ def _executor_factory(config, kind: str, reuse: bool = True, cluster=None):
 
 
 class _Progress:
-    """A rich bar per stage (mutants a second, ETA, live verdict counts) on a terminal;
-    plain lines otherwise (each stage, every tenth of it, every survivor)."""
+    """A rich bar per stage (mutants a second, time elapsed and left, live verdict counts) on
+    a terminal; plain lines otherwise (a CI log): each stage, then done/total, the rate and
+    the time left at most every `interval` seconds and at the stage's end, and every
+    survivor. `clock`: seconds, monotonic (a test passes its own)."""
 
-    def __init__(self, console):
+    def __init__(self, console, clock=time.monotonic, interval: float = PLAIN_INTERVAL):
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
 
         self.console = console
         self.live = console.is_terminal
+        self.clock, self.interval = clock, interval
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                                 TextColumn("{task.fields[counts]}"), console=console, transient=True)
+                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("left"),
+                                 TimeRemainingColumn(), TextColumn("{task.fields[counts]}"), console=console,
+                                 transient=True)
         self.task = None
         self.counts: dict[str, int] = {}
         self.nodes: dict[str, int] = {}  # on a cluster: verdicts made on each node's GPU
         self.n = 0
         self.done = 0
-        self.start = time.perf_counter()
+        self.start = self.said = self.clock()
 
     def __enter__(self):
         if self.live:
@@ -173,7 +207,8 @@ class _Progress:
         return verdicts + (f" | by node: {nodes}" if nodes else "")
 
     def phase(self, text: str, total: int | None = None) -> None:
-        self.n, self.done, self.start = total or 0, 0, time.perf_counter()
+        self.n, self.done, self.start = total or 0, 0, self.clock()
+        self.said = self.start
         if self.live:
             self.progress.reset(self.task, total=total, description=text, rate="", counts=self._counts())
         else:
@@ -181,11 +216,15 @@ class _Progress:
 
     def advance(self) -> None:
         self.done += 1
-        rate = self.done / max(1e-9, time.perf_counter() - self.start)
+        now = self.clock()
+        rate = self.done / max(1e-9, now - self.start)
         if self.live:
             self.progress.update(self.task, advance=1, rate=f"{rate:.1f} mutants/s", counts=self._counts())
-        elif self.n and (self.done == self.n or self.done % max(1, self.n // 10) == 0):
-            self.console.print(f"  {self.done}/{self.n} ({rate:.1f} mutants/s) {self._counts()}", markup=False)
+        elif self.n and (self.done == self.n or now - self.said >= self.interval):
+            self.said = now
+            left = "" if self.done == self.n else f", {_duration((self.n - self.done) / rate)} left"
+            self.console.print(f"  {self.done}/{self.n} ({rate:.1f} mutants/s, {_duration(now - self.start)} "
+                               f"elapsed{left}) {self._counts()}".rstrip(), markup=False)
 
     def finished(self, result) -> None:
         v = result.verdict.value
@@ -408,7 +447,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
     json_path, html_path = report.write(config.path(config.report_dir), campaign)
     out.print(report.table(campaign))
     n = len(campaign.results)
-    out.print(f"{n} mutants ({campaign.resumed} resumed) in {campaign.seconds:.1f} s: screen {campaign.screen_seconds:.1f} s"
+    reused = f", {campaign.reused} reused from the verdict store" if config.since else ""
+    out.print(f"{n} mutants ({campaign.resumed} resumed{reused}) in {campaign.seconds:.1f} s: screen {campaign.screen_seconds:.1f} s"
               f" on {config.jobs} worker(s), gates {campaign.gpu_seconds:.1f} s; report: {escape(str(json_path))}, "
               f"{escape(str(html_path))}")
     if campaign.coverage is None or campaign.coverage.source_read() is None:
@@ -432,6 +472,10 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
                   + (f"; disagreements: {campaign.recheck.disagreements}" if campaign.recheck.disagreements else ""),
                   markup=False)
     if config.static:
+        from harness.mutate.static import pending_lines
+
+        for line in pending_lines(campaign.ordered()):
+            out.print(line, markup=False)
         return ExitStatus.OK
     bad = [r for r in campaign.ordered() if r.verdict in (Verdict.SURVIVED, Verdict.NO_COVERAGE)]
     return ExitStatus.SURVIVORS if bad else ExitStatus.OK

@@ -110,6 +110,7 @@ def mutation_json(campaign) -> dict:
             "warnings": campaign.warnings,
             "operators": {name: op.reason for name, op in OPERATORS.items()},
             "verdicts": {r.mutant.id: r.verdict.value for r in results},
+            "reused": sorted(r.mutant.id for r in results if r.reused),  # from the verdict store (--since)
             # on a cluster (--ray): the node and GPU each verdict was made on
             **({"ran_on": {r.mutant.id: r.ran_on for r in results if r.ran_on}}
                if any(r.ran_on for r in results) else {}),

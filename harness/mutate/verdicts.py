@@ -34,6 +34,7 @@ class MutantResult:
     in_gates: float = 0.0  # of gate_seconds, inside the gates themselves
     worker_wait: float = 0.0  # of gate_seconds, waiting for a worker
     ran_on: dict | None = None  # on a cluster: {"node", "node_id", "gpu"} of the run that made the verdict
+    reused: bool = False  # taken from the verdict store (`--since`), not run in this campaign
 
     def to_json(self) -> dict:
         d = asdict(self)
