@@ -153,7 +153,7 @@ class TestOneCampaign:
         suite, _, result = campaign
         ran = [r for r in result.controls if r.log is not None]
         # one cubin for the baseline's value.cu, one per control that ran (each perturbs value.cu's closure)
-        assert len(list((suite / "cache").glob("*/*.cubin"))) == 1 + len(ran)
+        assert len(list((suite / "cache").rglob("*.cubin"))) == 1 + len(ran)
         # and no sandboxed run had to compile again (the fake gate asserts a cache hit there)
         for r in ran:
             assert "gates/gate_value.py::test_module_compiles_with_its_name_expressions" not in [k.nodeid for k in r.kill_row]
@@ -273,7 +273,7 @@ def test_static_applies_and_compiles_every_control_and_runs_no_gate(tmp_path, ch
     assert set(verdicts.values()) == {(None, True)} and len(verdicts) == 8
     assert result.baseline is None and not (suite / "report" / "runs").exists()
     # the templates the launcher declares were instantiated, as the gates instantiate them
-    metas = [json.loads(p.read_text()) for p in (suite / "cache").glob("*/*.json")]
+    metas = [json.loads(p.read_text()) for p in (suite / "cache").rglob("*.json")]
     assert metas and {tuple(m["name_expressions"]) for m in metas} == {("fill_k<3>",)}
 
 
