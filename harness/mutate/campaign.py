@@ -266,7 +266,7 @@ def _store_verdicts(campaign, keys: VerdictKeys, store: VerdictStore) -> None:
         for m in campaign.mutants:
             r = campaign.results.get(m.id)
             if r is not None and not r.reused:
-                store.put(keys.key(m), r)
+                store.put(keys.key(m), r, static=campaign.config.static)
     except Exception as exc:  # noqa: BLE001 - the campaign's verdicts stand; only their reuse is lost
         campaign.warnings.append(f"the verdict store was not written ({type(exc).__name__}: {exc}): a later "
                                  "--since run runs these mutants again")

@@ -14,9 +14,10 @@ The digest (`VerdictKeys.key`) covers:
 - what changes a verdict's meaning: `--static`, `--all-gates`, `--trap-gates`, the trap
   shadow, a fixed `--deadline`.
 
-Any of them changed is another digest, so a stale verdict is never found. `pending` is
-never stored (it is no verdict), and neither is `timeout` (a loaded machine may make one:
-it runs again). Entries live in `<cache dir>/verdicts/`, one small JSON file each, and are
+Any of them changed is another digest, so a stale verdict is never found. A `timeout` is
+never stored (a loaded machine may make one: it runs again), and `pending` only by a
+`--static` run, for another (`--static` is in the digest: it is what such a run concludes,
+its structural gates passed, and never a verdict a GPU campaign takes). Entries live in `<cache dir>/verdicts/`, one small JSON file each, and are
 pruned with the cubins (`harness.cubin_cache.prune`).
 """
 
@@ -33,7 +34,6 @@ from harness.mutate.verdicts import MutantResult, Verdict
 
 FOLDER = "verdicts"
 FORMAT = 1
-NOT_STORED = (Verdict.PENDING, Verdict.TIMEOUT)
 
 
 class VerdictStore:
@@ -57,9 +57,10 @@ class VerdictStore:
             pass
         return result
 
-    def put(self, key: str, result: MutantResult) -> bool:
-        """Keep `result` under `key`; False when it is no verdict to keep, or cannot be written."""
-        if result.verdict in NOT_STORED:
+    def put(self, key: str, result: MutantResult, static: bool = False) -> bool:
+        """Keep `result` under `key`; False when it is no verdict to keep (a timeout; pending,
+        unless a `--static` run made it), or cannot be written."""
+        if result.verdict is Verdict.TIMEOUT or (result.verdict is Verdict.PENDING and not static):
             return False
         from harness.cubin_cache import atomic_write
 
