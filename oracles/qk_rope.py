@@ -113,15 +113,21 @@ def closed_form(x, w, positions, cos, sin, rotary_dim: int, eps: float = EPS) ->
     token positions and the tables, in float64, rounded once to bf16."""
     x64 = np.asarray(x).astype(np.float64)
     n = x64 * _inv_rms(x64, eps) * np.asarray(w).astype(np.float64)
+    return _rounded(_rotated(n, positions, cos, sin, rotary_dim))
+
+
+def _rotated(n: np.ndarray, positions, cos, sin, rotary_dim: int) -> np.ndarray:
+    """n [T, H, HD] with its first rotary_dim values rotated by the table rows of each token's
+    position, in n's dtype (float64 for the anchor, float32 for the kernel's model)."""
     pos = np.asarray(positions)
-    c = np.asarray(cos, dtype=np.float64)[pos][:, None, :]
-    s = np.asarray(sin, dtype=np.float64)[pos][:, None, :]
+    c = np.asarray(cos, dtype=n.dtype)[pos][:, None, :]
+    s = np.asarray(sin, dtype=n.dtype)[pos][:, None, :]
     half = rotary_dim // 2
     lo, hi = n[..., :half], n[..., half:rotary_dim]
     out = n.copy()
     out[..., :half] = lo * c - hi * s
     out[..., half:rotary_dim] = lo * s + hi * c
-    return _rounded(out)
+    return out
 
 
 def closed_form_weightless(x, eps: float = EPS) -> np.ndarray:
@@ -282,14 +288,7 @@ def model_outputs(x, w, positions, cos, sin, rotary_dim: int, eps: float = EPS, 
     total = sum_of_squares(x, order)
     inv = np.float32(1.0) / np.sqrt(total / np.float32(hd) + np.float32(eps))
     n = (x * inv[..., None]) * np.asarray(w).astype(np.float32)
-    half = rotary_dim // 2
-    c = np.asarray(cos)[np.asarray(positions)][:, None, :]
-    s = np.asarray(sin)[np.asarray(positions)][:, None, :]
-    out = n.copy()
-    lo, hi = n[..., :half], n[..., half:rotary_dim]
-    out[..., :half] = lo * c - hi * s
-    out[..., half:rotary_dim] = lo * s + hi * c
-    return out.astype(bf16)
+    return _rotated(n, positions, cos, sin, rotary_dim).astype(bf16)
 
 
 def cancelling_partners(x, w, positions, cos, sin, rotary_dim: int) -> np.ndarray:
