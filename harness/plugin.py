@@ -23,7 +23,7 @@ from harness import _settings, coverage, cufiles, device, usage
 from harness._settings import GATES_INI
 from harness.gate_verdicts import Recorder, is_gpu, properties, props_of, run_facts, synthetic, worker_reports
 from harness.kinds import MARKERS, REQUIRE_GPU_ENV, check_kinds, is_gate, opt_in_reason
-from harness.plugin_pool import new_pool, refuse_without_device, start_pool
+from harness.plugin_pool import lanes_wanted, new_pool, refuse_without_device, run_in_pool, start_pool
 from harness.records import GateRecord, Outcome, Route
 from harness.report import classify_route, failure_message, first_line, write_reports
 
@@ -70,6 +70,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sanitize", default=None, choices=("memcheck", "racecheck", "initcheck", "synccheck"),
                     help="run the GPU gates under NVIDIA compute-sanitizer with this tool; a finding turns the gate "
                          "that launched the kernel red by route sanitizer (trap gates are skipped)")
+    group.addoption("--harness-lanes", default=None, metavar="N",
+                    help="ordinary GPU gates run on N warm workers at once, whole modules to a lane (ini "
+                         "harness_lanes; default auto: half the cores, at most 8; 1 runs them in order on one)")
     group.addoption("--harness-serve", action="store_true", default=False, help=argparse.SUPPRESS)
     group.addoption("--harness-child-timeout", default=None, help=argparse.SUPPRESS)  # removed: says what replaced it
     # Defaults are empty so that "set in the project's ini" can be told from "not set": a set
@@ -86,6 +89,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="an extra include directory for every module (repeatable; before ini harness_include_dirs)")
     parser.addini(_settings.INCLUDE_DIRS_INI, "extra include directories, one per line, relative to the rootdir",
                   type="linelist", default=[])
+    parser.addini("harness_lanes", "GPU gate lanes: N workers at once, or auto (default)", default="")
     parser.addini("harness_deadline", f"per-gate deadline for GPU gates in seconds (default {DEFAULT_DEADLINE:g})",
                   default="")
 
@@ -124,6 +128,8 @@ class HarnessState:
         self.launches = 0
         self.sanitizer_findings = 0
         self.traps = None  # harness.pool.traps.TrapsAhead: trap gates started ahead on spares
+        self.lanes = None  # harness.pool.lanes.Lanes, False where the run takes one lane; None: not planned yet
+        self.gate_times = None  # harness.pool.lanes.GateTimes: what each GPU gate took, for the next split
 
 
 def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[float, str]:
@@ -192,6 +198,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
     st = _state(config)
     st.active, st.opted_in_by = True, reason
     st.deadline, st.deadline_source = _resolve_deadline(config, st.sanitize)
+    lanes_wanted(st, config)  # a bad --harness-lanes or ini harness_lanes is one usage error, now
     if config.option.no_fail_fast:
         config.option.maxfail = 0
     if st.serving:
@@ -420,24 +427,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     reached = time.monotonic()
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     _trace(f"gate {item.nodeid}")
-    _start_traps_ahead(st, item)
     try:
-        ahead = st.traps.take(item.nodeid) if st.traps is not None else None
-        worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
-        _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
+        worker, result = run_in_pool(st, item, nextitem, trap, deadline, _deadline, _is_gate)
     except controller.PoolError as exc:
         reports = synthetic(item, Outcome.FAILED.value, str(exc), [("route", Route.ERROR.value),
                                                                    ("first_failure_line", str(exc).splitlines()[0])])
     else:
-        if ahead is None:
-            worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None)
-        result = worker.wait(deadline)
-        _trace(f"  done in worker {result.phases}")
         # What the gate cost this run: how long it waited here (a trap gate started ahead
         # may have finished before it was reached).
         result.waited = time.monotonic() - reached
-        if trap:
-            worker.kill()
         reports = worker_reports(st, item, result, trap, deadline, source, worker)
     for rep in reports:
         item.ihook.pytest_runtest_logreport(report=rep)
@@ -446,24 +444,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     item.session._setupstate.teardown_exact(nextitem)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
-
-
-def _start_traps_ahead(st: HarnessState, current: pytest.Item) -> None:
-    """Start upcoming trap gates on ready spares now (harness.pool.traps). Not under xdist (a
-    worker there does not know which gates it will be sent) or a sanitizer (no trap gate runs)."""
-    if st.is_worker or st.sanitize:
-        return
-    from harness.pool.traps import TrapsAhead
-
-    if st.traps is None:
-        st.traps = TrapsAhead(st.pool)
-
-    def upcoming() -> list[str]:
-        items = current.session.items
-        start = items.index(current) if current in items else 0
-        return [it.nodeid for it in items[start:] if it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
-
-    st.traps.start(upcoming, current.nodeid)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -546,6 +526,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     _trace("session finish")
     if st.traps is not None:
         st.traps.kill_all()
+    if st.lanes:
+        st.lanes.stop()
+    if st.gate_times is not None:
+        st.gate_times.save()  # the next run's split (harness.pool.lanes)
     if st.pool is not None:
         st.pool.close()
         st.pool = None

@@ -97,3 +97,93 @@ def refuse_without_device(st, probe: dict) -> None:
     if st.sanitize:
         raise pytest.UsageError(f"harness: --sanitize {st.sanitize} needs a CUDA device to run the gates on: {why}; "
                                 "run it on a machine with a GPU, or drop --sanitize")
+
+
+def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float, deadline_for, is_gate):
+    """Run one GPU gate in the pool: (the worker, its controller.RunResult). A trap gate in a
+    fresh worker (started ahead where it could be, `harness.pool.traps`); an ordinary gate in
+    its lane (`harness.pool.lanes`, planned at the run's first GPU gate) or in the main
+    worker. Raises controller.PoolError where no worker could be had."""
+    from harness.pool.channel import trace as _trace
+
+    if st.lanes is None:
+        st.lanes = plan_lanes(st, item, deadline_for, is_gate) or False
+    _start_traps_ahead(st, item)
+    if not trap and st.lanes and item.nodeid in st.lanes:
+        worker, result = st.lanes.wait(item.nodeid)  # its lane recorded its time
+        _trace(f"  from lane worker {worker.name}: {result.phases}")
+        return worker, result
+    ahead = st.traps.take(item.nodeid) if st.traps is not None else None
+    worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
+    _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
+    if ahead is None:
+        worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None)
+    result = worker.wait(deadline)
+    _trace(f"  done in worker {result.phases}")
+    if trap:
+        worker.kill()
+    elif st.gate_times is not None and not (result.timed_out or result.died):
+        st.gate_times.record(item.nodeid, result.seconds)
+    return worker, result
+
+
+def lanes_wanted(st, config: pytest.Config) -> int:
+    """How many lanes this run's ordinary GPU gates take (`harness.pool.lanes`): 1 under xdist
+    (each worker has its own pool and is not told its gates ahead), a sanitizer, or timed
+    launches (`--compare-timing`); else --harness-lanes (ini harness_lanes), `auto` by default."""
+    from harness.pool import lanes
+
+    if st.is_worker or st.sanitize or config.getoption("compare_timing", False):
+        return 1
+    raw = config.getoption("harness_lanes", None) or str(config.getini("harness_lanes") or "").strip() or "auto"
+    try:
+        n = lanes.lanes_value(raw)
+    except ValueError as exc:
+        raise pytest.UsageError(f"harness: {exc}") from None
+    return lanes.auto_lanes() if n == "auto" else n
+
+
+def plan_lanes(st, current: pytest.Item, deadline_for, is_gate):
+    """Split the run's ordinary GPU gates from `current` on into lanes and start them; None
+    where the run takes one lane (the main worker then runs them in order)."""
+    from harness import _settings
+    from harness.gate_verdicts import is_gpu
+    from harness.pool import lanes
+
+    n = lanes_wanted(st, current.config)
+    if not st.is_worker:  # xdist's workers would overwrite each other's file
+        st.gate_times = lanes.GateTimes(_settings.current().cache_dir / lanes.TIMES_FILE)
+    if n <= 1:
+        return None
+    items = current.session.items
+    start = items.index(current) if current in items else 0
+    todo = [it for it in items[start:] if is_gpu(it) and is_gate(it)
+            and not it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
+    times = st.gate_times
+    gates = [lanes.Gate(it.nodeid, str(it.path), times.estimate(it.nodeid, tuple(m.name for m in it.iter_markers())))
+             for it in todo]
+    plan = lanes.split(gates, n)
+    if len(plan) <= 1:
+        return None
+    deadlines = {it.nodeid: deadline_for(it)[0] for it in todo}
+    st.lanes = lanes.Lanes(st.pool, plan, deadlines.__getitem__, times)
+    st.lanes.start()
+    return st.lanes
+
+
+def _start_traps_ahead(st, current: pytest.Item) -> None:
+    """Start upcoming trap gates on ready spares now (harness.pool.traps). Not under xdist (a
+    worker there does not know which gates it will be sent) or a sanitizer (no trap gate runs)."""
+    if st.is_worker or st.sanitize:
+        return
+    from harness.pool.traps import TrapsAhead
+
+    if st.traps is None:
+        st.traps = TrapsAhead(st.pool)
+
+    def upcoming() -> list[str]:
+        items = current.session.items
+        start = items.index(current) if current in items else 0
+        return [it.nodeid for it in items[start:] if it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
+
+    st.traps.start(upcoming, current.nodeid)

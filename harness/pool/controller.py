@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,6 +245,9 @@ class Pool:
         self._procs: list[subprocess.Popen] = []  # exec'd workers
         self.started_workers = 0
         self.exits = Exits(limit=config.max_exiting)
+        # Lanes (harness.pool.lanes) take workers from their own threads: taking, asking
+        # for and keeping spares happens under this lock.
+        self.lock = threading.RLock()
 
     # ---------------------------------------------------------------- start-up
 
@@ -373,7 +377,8 @@ class Pool:
     def warm_up(self, count: int | None = None) -> None:
         """Start the spares now (`count` of them, at most the pool's number), so the first GPU
         gate finds a context ready."""
-        self._fill(count)
+        with self.lock:
+            self._fill(count)
 
     def _fill(self, count: int | None = None) -> None:
         cap = self.config.max_starting
@@ -392,39 +397,42 @@ class Pool:
         return worker
 
     def main_worker(self) -> Worker:
-        if self.main is None or not self.main.alive:
-            self.main = self._spare()
-        return self.main
+        with self.lock:
+            if self.main is None or not self.main.alive:
+                self.main = self._spare()
+            return self.main
 
     def fresh_worker(self) -> Worker:
         """A worker no gate has used: for a gate that runs alone (a trap gate)."""
-        return self._spare()
+        with self.lock:
+            return self._spare()
 
     def ready_spare(self) -> Worker | None:
         """A spare that has already said hello, without waiting; None when none is ready yet."""
-        while True:
-            ready, _, _ = select.select([self.listener], [], [], 0)
-            if not ready:
-                break
-            conn, _ = self.listener.accept()
-            ch = Channel(conn)
-            try:
-                hello = ch.recv(timeout=5.0)
-            except (Timeout, ChannelClosed):
-                ch.close()
-                continue
-            self._early[(hello.get("role"), hello.get("token"))] = (ch, hello)
-        for token in sorted(self._pending):
-            if ("worker", token) in self._early:
+        with self.lock:
+            while True:
+                ready, _, _ = select.select([self.listener], [], [], 0)
+                if not ready:
+                    break
+                conn, _ = self.listener.accept()
+                ch = Channel(conn)
                 try:
-                    self.spares.append(self._take(token))
-                except PoolError:
+                    hello = ch.recv(timeout=5.0)
+                except (Timeout, ChannelClosed):
+                    ch.close()
                     continue
-        if len(self.spares) < 2:  # keep one for the main worker's replacement
-            return None
-        worker = self.spares.pop(0)
-        self._fill()
-        return worker
+                self._early[(hello.get("role"), hello.get("token"))] = (ch, hello)
+            for token in sorted(self._pending):
+                if ("worker", token) in self._early:
+                    try:
+                        self.spares.append(self._take(token))
+                    except PoolError:
+                        continue
+            if len(self.spares) < 2:  # keep one for the main worker's replacement
+                return None
+            worker = self.spares.pop(0)
+            self._fill()
+            return worker
 
     # ---------------------------------------------------------------- end
 

@@ -1,0 +1,178 @@
+"""Lanes (harness.pool.lanes): the split of a run's ordinary GPU gates over several warm
+workers, the times file it reads, bad input, and a run through pytester with a fake device:
+modules side by side in their own workers, module fixtures made once a lane, a hung gate
+in one lane while the other lane's gates get their verdicts."""
+
+import json
+
+import pytest
+
+from harness.pool import lanes
+from harness.pool.lanes import Gate, GateTimes, split
+from tests.test_plugin import FAKE_DEVICE_CONFTEST
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def _ids(plan):
+    return [[n.split("::")[-1] for n in lane] for lane in plan]
+
+
+def test_split_keeps_modules_whole_and_balances_them_costliest_first():
+    gates = ([Gate(f"a.py::a{i}", "a.py", 1.0) for i in range(3)] + [Gate(f"b.py::b{i}", "b.py", 1.0) for i in range(2)]
+             + [Gate("c.py::c0", "c.py", 2.0)])
+    plan = split(gates, 2)
+    assert sorted(_ids(plan)) == [["a0", "a1", "a2"], ["b0", "b1", "c0"]]
+
+
+def test_split_cuts_a_module_that_alone_outlasts_a_lanes_share_into_consecutive_runs():
+    gates = [Gate(f"big.py::g{i}", "big.py", 1.0) for i in range(6)] + [Gate("s.py::s", "s.py", 0.5)]
+    plan = split(gates, 3)
+    assert len(plan) == 3
+    big = [lane for lane in _ids(plan) if any(n.startswith("g") for n in lane)]
+    for lane in big:  # each piece is consecutive gates of the module, in the run's order
+        idx = [int(n[1:]) for n in lane if n.startswith("g")]
+        assert idx == list(range(idx[0], idx[0] + len(idx)))
+    assert sorted(n for lane in _ids(plan) for n in lane) == sorted([f"g{i}" for i in range(6)] + ["s"])
+
+
+def test_split_keeps_the_runs_order_inside_a_lane_and_drops_empty_lanes():
+    gates = [Gate("m.py::x", "m.py", 1.0), Gate("n.py::y", "n.py", 5.0), Gate("m.py::z", "m.py", 1.0)]
+    plan = split(gates, 8)
+    assert sorted(_ids(plan)) == [["x", "z"], ["y"]]
+    assert split(gates, 1) == [["m.py::x", "n.py::y", "m.py::z"]]
+    assert split([], 4) == []
+
+
+def test_gate_times_round_trip_and_a_torn_file_is_only_a_missing_hint(tmp_path):
+    path = tmp_path / "gate-seconds.json"
+    t = GateTimes(path)
+    assert t.estimate("x::a") == lanes.DEFAULT_GATE_SECONDS
+    assert t.estimate("x::b", ("gpu", "invariance")) == lanes.DEFAULT_SECONDS["invariance"]
+    t.record("x::a", 1.25)
+    t.save()
+    assert GateTimes(path).estimate("x::a") == 1.25
+    path.write_text("{not json")
+    assert GateTimes(path).seconds == {}
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
+def test_lanes_value_refuses_what_is_not_a_whole_number_from_one(bad):
+    with pytest.raises(ValueError, match="--harness-lanes takes a whole number from 1 or `auto`"):
+        lanes.lanes_value(bad)
+
+
+def test_auto_lanes_is_half_the_cores_within_one_and_the_cap():
+    assert lanes.auto_lanes(1) == 1
+    assert lanes.auto_lanes(2) == 1
+    assert lanes.auto_lanes(16) == 8
+    assert lanes.auto_lanes(128) == lanes.MAX_AUTO_LANES
+
+
+@pytest.fixture
+def suite(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(pytester.path / "cache"))
+    pytester.makeini("[pytest]\nkernel_root = .\n")
+    pytester.makeconftest(FAKE_DEVICE_CONFTEST)
+    return pytester
+
+
+# Two modules whose gates can only pass side by side: each module's first gate leaves a
+# file and waits (up to its bound, which only stops a hang) for the other module's. In one
+# lane the first module's gate waits for a file no gate has written yet, and fails.
+MEET = """
+import os, pathlib, time, pytest
+
+@pytest.fixture(scope="module")
+def made():
+    open("made-{me}", "a").write(f"{{os.getpid()}}\\n")
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_meet(made):
+    pathlib.Path("here-{me}").write_text(str(os.getpid()))
+    for _ in range(400):
+        if pathlib.Path("here-{other}").exists():
+            break
+        time.sleep(0.02)
+    assert pathlib.Path("here-{other}").exists(), "the other module's gate never ran beside this one"
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("i", range(3))
+def test_more(made, i):
+    open("pids-{me}", "a").write(f"{{os.getpid()}}\\n")
+"""
+
+
+def _report(suite) -> dict:
+    report = json.loads((suite.path / "rep" / "gates.json").read_text())
+    return {g["nodeid"]: g for g in report["gates"]}
+
+
+def test_two_lanes_run_modules_side_by_side_each_in_its_own_worker_with_its_fixtures_made_once(suite):
+    suite.makepyfile(test_a=MEET.format(me="a", other="b"), test_b=MEET.format(me="b", other="a"))
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "2", "--harness-report", "rep")
+    result.assert_outcomes(passed=8)
+    pids = {m: set((suite.path / f"pids-{m}").read_text().split()) for m in "ab"}
+    assert len(pids["a"]) == 1 and len(pids["b"]) == 1 and pids["a"] != pids["b"]
+    for m in "ab":  # the module fixture once, in the lane's worker
+        assert (suite.path / f"made-{m}").read_text().split() == sorted(pids[m])
+    workers = {g["nodeid"]: g["worker"] for g in _report(suite).values()}
+    assert len(set(workers.values())) == 2, workers
+    times = json.loads((suite.path / "cache" / lanes.TIMES_FILE).read_text())
+    assert set(times) == set(_report(suite)), "every gate's time is kept for the next split"
+
+
+def test_one_lane_runs_the_same_gates_in_order_so_the_meeting_gate_fails_by_its_own_assertion(suite):
+    # The control of the test above: its meeting can only happen side by side.
+    suite.makepyfile(test_a=MEET.format(me="a", other="b").replace("range(400)", "range(50)"),
+                     test_b=MEET.format(me="b", other="a").replace("range(400)", "range(50)"))
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "1")
+    result.assert_outcomes(passed=7, failed=1)
+    result.stdout.fnmatch_lines(["*the other module's gate never ran beside this one*"])
+
+
+def test_a_hung_gate_in_one_lane_is_timed_out_while_the_other_lane_gives_its_verdicts(suite):
+    suite.makepyfile(test_h="""
+        import pytest, time
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_hangs():
+            time.sleep(3600)
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_after_in_a_fresh_worker():
+            pass
+    """, test_ok="""
+        import pytest
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        @pytest.mark.parametrize("i", range(3))
+        def test_fine(i):
+            assert i >= 0
+    """)
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "2", "--harness-deadline", "2",
+                                        "--harness-report", "rep")
+    result.assert_outcomes(passed=4, failed=1)
+    gates = _report(suite)
+    hung = gates["test_h.py::test_hangs"]
+    assert hung["route"] == "timeout"
+    after = gates["test_h.py::test_after_in_a_fresh_worker"]
+    assert after["outcome"] == "passed"
+    assert after["worker"] and after["worker"] != hung["worker"], "the hung gate's lane goes on in a fresh worker"
+
+
+@pytest.mark.parametrize("args", [["--harness-lanes", "0"], ["-o", "harness_lanes=many"]])
+def test_a_bad_lane_count_is_one_usage_error(suite, args):
+    suite.makepyfile(test_g="""
+        import pytest
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_g():
+            pass
+    """)
+    result = suite.runpytest_subprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--harness-lanes takes a whole number from 1 or `auto`*"])
