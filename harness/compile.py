@@ -27,7 +27,7 @@ from harness.arch import resolve_arch
 from harness.backends import _compile_nvcc, _compile_nvrtc, _Failed, choose_backend
 from harness.compile_options import normalise_options, nvcc_options, nvrtc_options
 from harness.cubin_cache import cache_key, include_hashes, is_sandbox, lookup, write_entry
-from harness.includes import closure_of, include_path, includes_of
+from harness.includes import closure_with_files, include_path, includes_of
 from harness.modsettings import ModuleSettings, declared_settings
 from harness.ptxas import KernelResources, parse_resources
 from harness.trap_shadow import TRAP_SHADOW_PREAMBLE
@@ -85,6 +85,7 @@ class CompiledModule:
     set_aside: tuple = ()  # harness.deviceview.SetAside: what the device view left out
     compiler: str = ""  # "nvrtc 13.2" or "nvcc 13.0.88"
     trap_shadow: bool = False  # compiled with TRAP_SHADOW_PREAMBLE: `__trap()` counts instead of trapping
+    files: tuple[Path, ...] = ()  # the .cu and the headers its closure read (harness.kernels' memo checks them)
 
 
 def _read_source(path: Path, options: tuple[str, ...]) -> str:
@@ -144,7 +145,7 @@ def compile_file(
     inc = include_path(path, root, ms.include_dirs)
     provisional = normalise_options(nvrtc_options(arch, ms, inc), inc)
     text_source = _read_source(path, provisional)
-    closure = closure_of(path, inc)
+    closure, closure_files = closure_with_files(path, inc)
     view = None
     view_missing = False
     if ms.device_view:
@@ -201,6 +202,7 @@ def compile_file(
             cache_hit=hit, seconds=time.perf_counter() - start, nvrtc_version=toolchain.nvrtc_version(),
             cubin_path=cubin_path if use_cache else None, backend=backend, backend_reason=backend_why,
             set_aside=tuple(set_aside), compiler=compiler_version, trap_shadow=trap_shadow,
+            files=closure_files,
         )
 
     if hit is not None:

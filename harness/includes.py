@@ -120,6 +120,12 @@ def closure_of(source: Path, inc: IncludePath) -> list[tuple[str, str]]:
     CUDA headers, CCCL and the shims (covered by their versions in the key): the kernel
     root's (a root-relative path), a user include directory's (`@include<N>/path`), and any
     a symlink in the root leads to (`@external/abs/path`)."""
+    return closure_with_files(source, inc)[0]
+
+
+def closure_with_files(source: Path, inc: IncludePath) -> tuple[list[tuple[str, str]], tuple[Path, ...]]:
+    """`closure_of`, and the files it read (absolute): what a compiled module's memo in
+    `harness.kernels` checks for changes."""
     seen: dict[Path, str] = {}
     stack = [source.resolve()]
     while stack:
@@ -141,7 +147,7 @@ def closure_of(source: Path, inc: IncludePath) -> list[tuple[str, str]]:
                 return f"@include{i}/{p.relative_to(d).as_posix()}"
         return f"@external{p.as_posix()}"  # reached through a symlink: the same path from a sandbox
 
-    return sorted((rel(p), digest) for p, digest in seen.items())
+    return sorted((rel(p), digest) for p, digest in seen.items()), tuple(seen)
 
 
 def source_closure(source: Path, kernel_root: Path, include_dirs=()) -> list[tuple[str, str]]:

@@ -170,6 +170,36 @@ def forget_loaded() -> None:
     served one mutant serves the next without its cubins."""
     _loaded.clear()
     _used.clear()
+    _compiled.clear()
+
+
+# `module()`'s memo: a launcher asks for its module at every launch, and `compile_file`
+# re-reads the source closure, derives the device view and reads the cubin from the cache
+# each time (1-2 ms, thousands of times in an invariance gate). An entry serves while every
+# file its compile read has the size and modification time it had; `forget_loaded` drops them.
+_compiled: dict[tuple, tuple[CompiledModule, tuple]] = {}
+
+
+def _stamps(files) -> tuple | None:
+    try:
+        return tuple((st.st_size, st.st_mtime_ns) for st in (os.stat(f) for f in files))
+    except OSError:
+        return None
+
+
+def _compiled_module(relpath, name_expressions: tuple, defines: dict | None, fmad: bool | None) -> CompiledModule:
+    settings = _settings.current()
+    key = (os.fspath(relpath), name_expressions, None if defines is None else tuple(sorted(
+        (str(k), repr(v)) for k, v in defines.items())), fmad, _trap_shadow, settings)
+    hit = _compiled.get(key)
+    if hit is not None and hit[1] is not None and _stamps(hit[0].files) == hit[1]:
+        return hit[0]
+    compiled = compile_file(relpath, name_expressions=name_expressions, defines=defines, fmad=fmad,
+                            trap_shadow=_trap_shadow)
+    if compiled.files:
+        # Stamped just after the compile read them: only an edit inside that instant goes unseen.
+        _compiled[key] = (compiled, _stamps(compiled.files))
+    return compiled
 
 
 def module(
@@ -181,8 +211,7 @@ def module(
     """Compile (or hit the cache for) `<kernel_root>/<relpath>` and load it into CuPy, with
     the compile settings its launcher declares (`harness.modsettings`). The arguments may
     repeat the declaration or fill in what it leaves out, never contradict it."""
-    compiled = compile_file(relpath, name_expressions=tuple(name_expressions), defines=defines, fmad=fmad,
-                            trap_shadow=_trap_shadow)
+    compiled = _compiled_module(relpath, tuple(name_expressions), defines, fmad)
     coverage.note_module(relpath)  # which gates load which module: gate selection for mutation campaigns
     _used[compiled.source.name if compiled.source.parent == kernel_root() else str(relpath)] = compiled.options
     return load(compiled)

@@ -175,3 +175,30 @@ def test_a_launcher_declaring_something_other_than_strings_is_refused(tree):
     (tree / "k.py").write_text("NAME_EXPRESSIONS = 'tiled<8>'\n")
     with pytest.raises(LauncherError, match="NAME_EXPRESSIONS must be a tuple of C\\+\\+ name expressions"):
         declared_name_expressions(tree / "k.cu")
+
+
+def test_kernels_module_memo_serves_an_unchanged_closure_and_sees_a_changed_header(tree, tmp_path, monkeypatch):
+    # harness.kernels.module() asks for its module at every launch; the memo answers without
+    # compile_file while every file the compile read is unchanged, and compiles again (to
+    # another key) once a header two includes deep changes, or after forget_loaded.
+    from harness import _settings, kernels
+
+    monkeypatch.setattr(_settings, "_current", _settings.Settings(kernel_root=tree, arch="sm_90",
+                                                                  cache_dir=tmp_path / "cache"))
+    kernels.forget_loaded()
+    calls = []
+    real = kernels.compile_file
+    monkeypatch.setattr(kernels, "compile_file", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    first = kernels._compiled_module("k.cu", ("tiled<4>",), None, None)
+    assert {p.name for p in first.files} == {"k.cu", "scale.cuh", "depth.cuh"}
+    assert kernels._compiled_module("k.cu", ("tiled<4>",), None, None) is first
+    assert len(calls) == 1
+    other = kernels._compiled_module("k.cu", ("tiled<4>",), {"EXTRA": 1}, None)
+    assert other.key != first.key and len(calls) == 2  # other defines: their own entry
+    (tree / "nested" / "depth.cuh").write_text("#define DEPTH 4.0f  /* changed */\n")
+    changed = kernels._compiled_module("k.cu", ("tiled<4>",), None, None)
+    assert len(calls) == 3 and changed.key != first.key
+    kernels.forget_loaded()
+    assert kernels._compiled_module("k.cu", ("tiled<4>",), None, None).key == changed.key
+    assert len(calls) == 4
+    kernels.forget_loaded()
