@@ -206,15 +206,17 @@ class Lanes:
                     worker = self.pool.fresh_worker()
                     self.workers.append(worker)
                     trace(f"  lane {index}: worker {worker.name}")
-            except PoolError as exc:
-                slot.error = str(exc)
+                nextid = lane[i + 1] if i + 1 < len(lane) else None
+                trace(f"  lane {index}: start {nodeid}")
+                worker.start(nodeid, nextid)
+                result = worker.wait(self.deadline_of(nodeid))
+            except (PoolError, OSError, ValueError) as exc:
+                # No worker could be had (the GPU is gone), or the pool closed under the lane
+                # (the run was stopped): the gate has no verdict, and says why.
+                slot.error = str(exc) if isinstance(exc, PoolError) else f"the gate pool closed: {exc}"
                 slot.done.set()
                 worker = None
                 continue
-            nextid = lane[i + 1] if i + 1 < len(lane) else None
-            trace(f"  lane {index}: start {nodeid}")
-            worker.start(nodeid, nextid)
-            result = worker.wait(self.deadline_of(nodeid))
             if self.times is not None and not (result.timed_out or result.died):
                 self.times.record(nodeid, result.seconds)
             slot.worker, slot.result = worker, result
