@@ -110,7 +110,8 @@ def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float, de
         st.lanes = plan_lanes(st, item, deadline_for, is_gate) or False
     _start_traps_ahead(st, item)
     if not trap and st.lanes and item.nodeid in st.lanes:
-        worker, result = st.lanes.wait(item.nodeid)  # its lane recorded its time
+        # Trap gates keep starting ahead on spares while this waits (its lane recorded its time).
+        worker, result = st.lanes.wait(item.nodeid, meanwhile=lambda: _start_traps_ahead(st, item))
         _trace(f"  from lane worker {worker.name}: {result.phases}")
         return worker, result
     ahead = st.traps.take(item.nodeid) if st.traps is not None else None

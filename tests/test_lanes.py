@@ -176,3 +176,36 @@ def test_a_bad_lane_count_is_one_usage_error(suite, args):
     result = suite.runpytest_subprocess(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--harness-lanes takes a whole number from 1 or `auto`*"])
+
+
+def test_trap_gates_start_ahead_while_the_run_waits_on_a_lane(suite):
+    # The run's first gate is a lane's and waits (up to its bound) for a file the trap gate
+    # writes: the trap gate runs after every other gate in the report, so only its start
+    # ahead, on a spare that came up while the pytest process waited for the lane, lets the
+    # lane gate pass. Spares come up after the lanes took theirs.
+    suite.makepyfile(test_a="""
+        import pathlib, time, pytest
+        from conftest import fire_trap
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_waits_for_the_trap_gate():
+            for _ in range(400):
+                if pathlib.Path("trap-started").exists():
+                    break
+                time.sleep(0.02)
+            assert pathlib.Path("trap-started").exists(), "the trap gate was not started ahead"
+        @pytest.mark.gpu
+        @pytest.mark.trap
+        def test_trap():
+            pathlib.Path("trap-started").write_text("1")
+            fire_trap()
+    """, test_b="""
+        import pytest
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_other_lane():
+            pass
+    """)
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "2", "--harness-report", "rep")
+    result.assert_outcomes(passed=3)
+    assert _report(suite)["test_a.py::test_trap"]["outcome"] == "passed"

@@ -176,13 +176,16 @@ class Lanes:
         for t in self._threads:
             t.start()
 
-    def wait(self, nodeid: str):
+    def wait(self, nodeid: str, meanwhile=None, every: float = 0.1):
         """(the worker, its RunResult) for a gate of a lane, once its lane has it; raises the
-        pool's error where no worker could be had for it."""
+        pool's error where no worker could be had for it. `meanwhile()` is called every
+        `every` seconds while it waits (the plugin starts trap gates ahead on spares as they
+        come up: a run that waits here for long must not hold them back)."""
         from harness.pool.controller import PoolError
 
         slot = self.slots[nodeid]
-        slot.done.wait()
+        while not slot.done.wait(every if meanwhile is not None else None):
+            meanwhile()
         if slot.error is not None:
             raise PoolError(slot.error)
         return slot.worker, slot.result
