@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import time
 from pathlib import Path
 
 from harness import _settings, coverage, timing
@@ -176,8 +178,12 @@ def forget_loaded() -> None:
 # `module()`'s memo: a launcher asks for its module at every launch, and `compile_file`
 # re-reads the source closure, derives the device view and reads the cubin from the cache
 # each time (1-2 ms, thousands of times in an invariance gate). An entry serves while every
-# file its compile read has the size and modification time it had; `forget_loaded` drops them.
-_compiled: dict[tuple, tuple[CompiledModule, tuple]] = {}
+# file its compile read has the size and modification time it had; a file changed within the
+# timestamp granularity of now (git's "racily clean" case: it could change again with the
+# same size and time, as a campaign's sandbox file does) is checked by its bytes' digest too.
+# `forget_loaded` drops every entry.
+_compiled: dict[tuple, tuple[CompiledModule, tuple, tuple]] = {}
+RACY_NS = 2_000_000_000  # mtimes this close to now do not show the next change on their own
 
 
 def _stamps(files) -> tuple | None:
@@ -187,18 +193,36 @@ def _stamps(files) -> tuple | None:
         return None
 
 
+def _digests(files) -> tuple | None:
+    try:
+        return tuple(hashlib.sha256(Path(f).read_bytes()).digest() for f in files)
+    except OSError:
+        return None
+
+
+def _still_fresh(compiled: CompiledModule, stamps: tuple, digests: tuple) -> bool:
+    now = _stamps(compiled.files)
+    if now is None or now != stamps:
+        return False
+    if max(t for _, t in now) >= time.time_ns() - RACY_NS:
+        return _digests(compiled.files) == digests
+    return True
+
+
 def _compiled_module(relpath, name_expressions: tuple, defines: dict | None, fmad: bool | None) -> CompiledModule:
     settings = _settings.current()
     key = (os.fspath(relpath), name_expressions, None if defines is None else tuple(sorted(
         (str(k), repr(v)) for k, v in defines.items())), fmad, _trap_shadow, settings)
     hit = _compiled.get(key)
-    if hit is not None and hit[1] is not None and _stamps(hit[0].files) == hit[1]:
+    if hit is not None and _still_fresh(*hit):
         return hit[0]
+    _compiled.pop(key, None)
     compiled = compile_file(relpath, name_expressions=name_expressions, defines=defines, fmad=fmad,
                             trap_shadow=_trap_shadow)
-    if compiled.files:
-        # Stamped just after the compile read them: only an edit inside that instant goes unseen.
-        _compiled[key] = (compiled, _stamps(compiled.files))
+    stamps = _stamps(compiled.files) if compiled.files else None
+    digests = _digests(compiled.files) if stamps is not None else None
+    if stamps is not None and digests is not None and _stamps(compiled.files) == stamps:
+        _compiled[key] = (compiled, stamps, digests)
     return compiled
 
 

@@ -202,3 +202,28 @@ def test_kernels_module_memo_serves_an_unchanged_closure_and_sees_a_changed_head
     assert kernels._compiled_module("k.cu", ("tiled<4>",), None, None).key == changed.key
     assert len(calls) == 4
     kernels.forget_loaded()
+
+
+def test_kernels_module_memo_checks_the_bytes_of_a_file_changed_within_the_timestamp_granularity(
+        tree, tmp_path, monkeypatch):
+    # A file written just now could be written again with the same size and mtime (a
+    # campaign's sandbox file): with its mtime frozen, a same-size edit is still seen.
+    import os
+
+    from harness import _settings, kernels
+
+    monkeypatch.setattr(_settings, "_current", _settings.Settings(kernel_root=tree, arch="sm_90",
+                                                                  cache_dir=tmp_path / "cache"))
+    kernels.forget_loaded()
+    depth = tree / "nested" / "depth.cuh"
+    frozen = os.stat(depth).st_mtime_ns
+    first = kernels._compiled_module("k.cu", ("tiled<4>",), None, None)
+    assert kernels._compiled_module("k.cu", ("tiled<4>",), None, None) is first
+    depth.write_text(depth.read_text().replace("1.0f", "3.0f"))  # the same size
+    os.utime(depth, ns=(frozen, frozen))  # and the same mtime
+    monkeypatch.setattr(kernels, "RACY_NS", 3600 * 10**9)  # "just now"
+    changed = kernels._compiled_module("k.cu", ("tiled<4>",), None, None)
+    assert changed.key != first.key
+    monkeypatch.setattr(kernels, "RACY_NS", 0)  # not racy: size and mtime alone decide
+    assert kernels._compiled_module("k.cu", ("tiled<4>",), None, None) is changed
+    kernels.forget_loaded()
