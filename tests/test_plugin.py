@@ -41,7 +41,8 @@ REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 def suite(pytester, monkeypatch):
     """A pytester folder whose child pytest processes load the harness plugin."""
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    pytester.makeini("[pytest]\nkernel_root = .\n")
+    # One lane: these tests are of the main worker, whatever the machine's cores (lanes: test_lanes.py).
+    pytester.makeini("[pytest]\nkernel_root = .\nharness_lanes = 1\n")
     pytester.makeconftest(LOAD_PLUGIN)
     return pytester
 
@@ -102,7 +103,7 @@ def test_without_require_gpu_gpu_gates_skip_naming_the_flag_and_a_banner_says_so
 
 
 def test_no_fail_fast_beats_exitfirst_from_addopts(suite):
-    suite.makeini("[pytest]\naddopts = -x --maxfail=1\nkernel_root = .\n")
+    suite.makeini("[pytest]\naddopts = -x --maxfail=1\nkernel_root = .\nharness_lanes = 1\n")
     suite.makepyfile(test_f="""
         import pytest
         @pytest.mark.structural

@@ -29,7 +29,8 @@ def block_forever_in_c():
 @pytest.fixture
 def suite(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    pytester.makeini("[pytest]\nkernel_root = .\n")
+    # One lane: these tests are of the main worker, whatever the machine's cores (lanes: test_lanes.py).
+    pytester.makeini("[pytest]\nkernel_root = .\nharness_lanes = 1\n")
     pytester.makeconftest(FAKE_DEVICE_CONFTEST + BLOCKED_IN_C)
     return pytester
 
@@ -125,7 +126,7 @@ def test_the_watchdog_names_the_last_kernel_launched(suite):
 
 
 def test_a_deadline_marker_beats_the_ini_and_the_ini_beats_the_default(suite):
-    suite.makeini("[pytest]\nkernel_root = .\nharness_deadline = 2\n")
+    suite.makeini("[pytest]\nkernel_root = .\nharness_deadline = 2\nharness_lanes = 1\n")
     suite.makepyfile(test_m="""
         import pytest
         from conftest import block_forever_in_c
@@ -274,7 +275,8 @@ def test_sanitize_without_a_device_is_one_clear_error(pytester, monkeypatch, tmp
     fake.write_text("#!/bin/sh\nexec \"$@\"\n")
     fake.chmod(0o755)
     monkeypatch.setenv("HARNESS_SANITIZER", str(fake))
-    pytester.makeini("[pytest]\nkernel_root = .\n")
+    # One lane: these tests are of the main worker, whatever the machine's cores (lanes: test_lanes.py).
+    pytester.makeini("[pytest]\nkernel_root = .\nharness_lanes = 1\n")
     pytester.makeconftest("import sys\npytest_plugins = [] if 'harness.plugin' in sys.modules else ['harness.plugin']\n")
     pytester.makepyfile(test_x="""
         import pytest
