@@ -243,34 +243,225 @@ def test_a_hang_is_a_timeout_and_the_next_mutant_gets_a_new_worker(suite):
     assert ex.replaced == {"it ran past its deadline": 1}, ex.replaced
 
 
-def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verdicts(suite, tmp_path):
-    import json
-
-    from harness.mutate.bench import main
-
+@pytest.fixture(scope="module")
+def bench_both_ways(tmp_path_factory):
+    """The whole mutation bench, both halves, naive-jobs 2, for TestTheMutationBench: (its
+    status, its temp folders left behind, its output folder, the warm half's campaign)."""
     import shutil
     import tempfile
 
-    root, _ = suite
-    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
-    out = tmp_path / "out"
-    private = Path(tempfile.mkdtemp(prefix="hbt-", dir="/tmp"))  # the bench's own folders, and its children's
-    saved, tempfile.tempdir = tempfile.tempdir, str(private)
-    try:
-        status = main(["--out", str(out), "--name", "b", "--naive-jobs", "2", "--rootdir", str(root), "--seed", "1",
-                       "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "1",
+    from harness.mutate import campaign
+    from harness.mutate.bench import main
+
+    tmp_path = tmp_path_factory.mktemp("bench")
+    real, warm = campaign.run_campaign, []
+
+    def run_campaign(*args, **kwargs):
+        result = real(*args, **kwargs)
+        warm.append(result)
+        return result
+
+    with pytest.MonkeyPatch.context() as mp:
+        root, ex = make_suite(tmp_path, mp, GATES, KERNEL)
+        ex.close()
+        (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
+        mp.setattr(campaign, "run_campaign", run_campaign)
+        out = tmp_path / "out"
+        private = Path(tempfile.mkdtemp(prefix="hbt-", dir="/tmp"))  # the bench's own folders, and its children's
+        saved, tempfile.tempdir = tempfile.tempdir, str(private)
+        try:
+            status = main(["--out", str(out), "--name", "b", "--naive-jobs", "2", "--rootdir", str(root),
+                           "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30",
+                           "--jobs", "1", "--cache-dir", str(tmp_path / "cache")])
+            left = sorted(p.name for p in private.iterdir())
+        finally:
+            tempfile.tempdir = saved
+            shutil.rmtree(private, ignore_errors=True)
+    return status, left, out, warm[0]
+
+
+class TestTheMutationBench:
+    """`bench mutate` runs the warm campaign, then the naive way, on the same mutants. The first
+    test runs both halves; the other three cut the naive half three ways and read the first's
+    warm half (the same suite, seed and sample: the same mutants, verdicts and arch), so the
+    warm campaign runs once. A class: an xdist worker takes it whole (the root conftest)."""
+
+    @pytest.fixture
+    def warm_half(self, bench_both_ways, monkeypatch):
+        """bench.main's first campaign (the warm half) answered by the shared run's; the naive
+        half runs for real."""
+        from harness.mutate import campaign
+
+        real, calls = campaign.run_campaign, []
+
+        def run_campaign(config, *args, **kwargs):
+            calls.append(config)
+            return bench_both_ways[3] if len(calls) == 1 else real(config, *args, **kwargs)
+
+        monkeypatch.setattr(campaign, "run_campaign", run_campaign)
+        return calls
+
+    def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verdicts(
+            self, bench_both_ways):
+        import json
+
+        status, left, out, warm = bench_both_ways
+        assert left == [], f"the bench's temp folders outlived it: {left}"
+        result = json.loads((out / "b.json").read_text())
+        assert status == 0, result
+        assert result["campaign"]["reached_gpu"] == result["naive"]["reached_gpu"] > 0
+        assert result["compared"] == result["agreed"] == result["campaign"]["reached_gpu"]
+        assert result["campaign"]["mutants_per_minute"] and result["naive"]["mutants_per_minute"]
+        assert "Speed-up" in (out / "b.md").read_text()
+        assert len(warm.results) == 4 and warm.baseline.ok  # what the other three tests read
+
+    def test_a_mutation_bench_cut_short_in_its_naive_half_still_reports_both_rates(
+            self, warm_half, suite, tmp_path, monkeypatch, capsys):
+        # a device command has a time limit: the naive way (a pytest per mutant) is the slow
+        # half, so a cut there keeps the campaign's numbers and the naive mutants that finished
+        import json
+
+        from harness.runs import fresh as runs_fresh
+        from harness.mutate.bench import main
+
+        root, _ = suite
+        (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
+        real = runs_fresh.FreshProcessExecutor.run
+        calls = []
+
+        def cut_after_two(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) > 2:
+                raise KeyboardInterrupt  # SIGINT from the device command's timeout
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", cut_after_two)
+        out = tmp_path / "out"
+        main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--rootdir", str(root), "--seed", "1",
+              "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "1",
+              "--cache-dir", str(tmp_path / "cache")])
+        result = json.loads((out / "b.json").read_text())
+        assert result["campaign"]["reached_gpu"] == 4 and result["campaign"]["mutants_per_minute"]
+        assert result["naive"]["cut_short"] and result["naive"]["reached_gpu"] == 2, result["naive"]
+        assert result["naive"]["mutants_per_minute"] and result["compared"] == 2
+        assert "cut short" in (out / "b.md").read_text()
+        printed = capsys.readouterr().out
+        assert "[campaign] 4 mutants reached the GPU" in printed and "[naive] cut short after" in printed
+        assert len(warm_half) == 2  # the shared warm half, then this test's naive half
+
+    def test_a_naive_run_cut_by_its_deadline_is_counted_apart_not_as_a_disagreement(
+            self, warm_half, suite, tmp_path, monkeypatch):
+        # the naive way (many pytests at once) can run past the campaign's bound for reasons of
+        # load: such a run is listed apart, and the naive half gets its own generous deadline
+        import json
+
+        from harness.mutate import bench
+        from harness.runs import fresh as runs_fresh, result as runs_result
+        from harness.mutate.bench import main
+
+        root, _ = suite
+        (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
+        real = runs_fresh.FreshProcessExecutor.run
+        deadlines = []
+
+        def first_one_cut(self, sandbox, gates, deadline):
+            deadlines.append(deadline)
+            if len(deadlines) == 1:
+                return runs_result.GateRuns(tuple(runs_result.GateOutcome(g, "not run") for g in gates),
+                                            timed_out=True)
+            return real(self, sandbox, gates, deadline)
+
+        monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", first_one_cut)
+        out = tmp_path / "out"
+        status = main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--rootdir", str(root), "--seed", "1",
+                       "--max-per-file", "4", "--gpu-jobs", "2", "--jobs", "1",
                        "--cache-dir", str(tmp_path / "cache")])
-        left = sorted(p.name for p in private.iterdir())
-    finally:
-        tempfile.tempdir = saved
-        shutil.rmtree(private, ignore_errors=True)
-    assert left == [], f"the bench's temp folders outlived it: {left}"
-    result = json.loads((out / "b.json").read_text())
-    assert status == 0, result
-    assert result["campaign"]["reached_gpu"] == result["naive"]["reached_gpu"] > 0
-    assert result["compared"] == result["agreed"] == result["campaign"]["reached_gpu"]
-    assert result["campaign"]["mutants_per_minute"] and result["naive"]["mutants_per_minute"]
-    assert "Speed-up" in (out / "b.md").read_text()
+        result = json.loads((out / "b.json").read_text())
+        assert status == 0, result
+        assert min(deadlines) >= bench.NAIVE_DEADLINE, deadlines
+        assert len(result["naive_timeouts_only"]) == 1 and not result["disagreements"], result
+        assert result["compared"] == result["agreed"] == result["campaign"]["reached_gpu"] - 1
+        assert "Not compared: 1 naive run(s) cut by the naive deadline (600 s)" in (out / "b.md").read_text()
+        assert len(warm_half) == 2  # the shared warm half, then this test's naive half
+
+    def test_a_mutation_bench_with_naive_seconds_cuts_its_naive_half_and_bounds_the_speedup(
+            self, warm_half, suite, tmp_path, monkeypatch):
+        # --naive-seconds ends the naive half as a device command's timeout would (SIGINT), and the
+        # speed-up is taken against the most the naive way could have managed: the runs it
+        # finished and every one still under way counted as done. No wall time decides it: the
+        # bench arms its cut on a timer this test fires once the first naive run has finished and
+        # the second is under way, and the naive half's seconds are read on a clock this test moves.
+        import functools
+        import json
+        import threading
+
+        from harness.runs import fresh as child
+        from harness.mutate import bench
+        from harness.runs import fresh as runs_fresh
+
+        root, _ = suite
+        (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
+        now = [1000.0]
+        timers = []
+
+        class Timer:
+            """What the bench arms at the naive gate stage's start, in place of threading.Timer."""
+
+            def __init__(self, seconds, fire):
+                self.seconds, self.fire, self.daemon = seconds, fire, False
+                self.started, self.cancelled = False, False
+                timers.append(self)
+
+            def start(self):
+                self.started = True
+
+            def cancel(self):
+                self.cancelled = True
+
+        interrupted = threading.Event()  # the cut killed every run under way (as the campaign's Ctrl-C path does)
+        real_kill_all = child.kill_all
+
+        def kill_all():
+            interrupted.set()
+            real_kill_all()
+
+        monkeypatch.setattr(child, "kill_all", kill_all)
+        real = runs_fresh.FreshProcessExecutor.run
+        calls, seen = [], {}
+
+        def the_second_run_is_cut(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:  # the first naive run finished (its verdict recorded); this one is under way
+                now[0] += 4.0  # the gate stage has run its 4 s, by the naive half's clock
+                (timer,) = timers
+                seen["armed"] = (timer.seconds, timer.started, timer.daemon)
+                timer.fire()  # the bench's own cut: SIGINT at the main thread
+                seen["interrupted"] = interrupted.wait(300)  # (a bound against a hang only)
+            # after the cut, a real run's pytest is killed as it starts (the campaign refuses new children)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", the_second_run_is_cut)
+        out = tmp_path / "out"
+        bench.main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--naive-seconds", "4",
+                    "--rootdir", str(root), "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2",
+                    "--deadline", "30", "--jobs", "1", "--cache-dir", str(tmp_path / "cache")],
+                   naive_clock=functools.partial(bench._Clock, now=lambda: now[0], timer=Timer))
+        # the cut was armed at --naive-seconds when the gate stage began, and it interrupted the stage
+        assert seen == {"armed": (4.0, True, True), "interrupted": True}, seen
+        assert len(calls) == 2 and timers[0].cancelled, "no naive run started after the cut"
+        result = json.loads((out / "b.json").read_text())
+        n = result["naive"]
+        # cut: one run finished, the one under way counted as such
+        assert n["cut_short"] and n["reached_gpu"] == 1 and n["in_flight_at_most"] == 1, n
+        # the rates over the cut's 4 s: the finished run alone, and with the one under way (the bound)
+        assert (n["gpu_stage_s"], n["mutants_per_minute"], n["mutants_per_minute_at_most"]) == (4.0, 15.0, 30.0), \
+            n
+        assert result["speedup"] == round(result["campaign"]["mutants_per_minute"] / 30.0, 1), result
+        md = (out / "b.md").read_text()
+        assert "Speed-up: at least" in md, md
+        assert "cut after 4.0 s of its gate stage with at most 1 more under way" in md, md
+        assert "managed at most 30.0 a minute" in md, md
+        assert len(warm_half) == 2  # the shared warm half, then this test's naive half
 
 
 def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(suite, tmp_path, capsys):
@@ -311,39 +502,6 @@ def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(su
 
     agreed, checked = map(int, re.search(r"(\d+) of (\d+) re-run verdicts agreed", printed).groups())
     assert agreed == checked >= 2, printed  # a deterministic suite: every verdict the same in a fresh worker
-
-
-def test_a_mutation_bench_cut_short_in_its_naive_half_still_reports_both_rates(suite, tmp_path, monkeypatch, capsys):
-    # a device command has a time limit: the naive way (a pytest per mutant) is the slow
-    # half, so a cut there keeps the campaign's numbers and the naive mutants that finished
-    import json
-
-    from harness.runs import fresh as runs_fresh
-    from harness.mutate.bench import main
-
-    root, _ = suite
-    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
-    real = runs_fresh.FreshProcessExecutor.run
-    calls = []
-
-    def cut_after_two(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) > 2:
-            raise KeyboardInterrupt  # SIGINT from the device command's timeout
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", cut_after_two)
-    out = tmp_path / "out"
-    main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--rootdir", str(root), "--seed", "1",
-          "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "1",
-          "--cache-dir", str(tmp_path / "cache")])
-    result = json.loads((out / "b.json").read_text())
-    assert result["campaign"]["reached_gpu"] == 4 and result["campaign"]["mutants_per_minute"]
-    assert result["naive"]["cut_short"] and result["naive"]["reached_gpu"] == 2, result["naive"]
-    assert result["naive"]["mutants_per_minute"] and result["compared"] == 2
-    assert "cut short" in (out / "b.md").read_text()
-    printed = capsys.readouterr().out
-    assert "[campaign] 4 mutants reached the GPU" in printed and "[naive] cut short after" in printed
 
 
 def test_controls_on_the_warm_executor_are_proven_in_fresh_workers_at_once(suite, tmp_path):
@@ -627,38 +785,6 @@ def test_a_fault_in_a_memory_safety_gate_ends_the_mutants_run_as_a_kill_does():
     assert ex.calls == [("g/other",), ("g/sibling",)] and not j.memory_safety, "a plain fault does not stop the run"
 
 
-def test_a_naive_run_cut_by_its_deadline_is_counted_apart_not_as_a_disagreement(suite, tmp_path, monkeypatch):
-    # the naive way (many pytests at once) can run past the campaign's bound for reasons of
-    # load: such a run is listed apart, and the naive half gets its own generous deadline
-    import json
-
-    from harness.mutate import bench
-    from harness.runs import fresh as runs_fresh, result as runs_result
-    from harness.mutate.bench import main
-
-    root, _ = suite
-    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
-    real = runs_fresh.FreshProcessExecutor.run
-    deadlines = []
-
-    def first_one_cut(self, sandbox, gates, deadline):
-        deadlines.append(deadline)
-        if len(deadlines) == 1:
-            return runs_result.GateRuns(tuple(runs_result.GateOutcome(g, "not run") for g in gates), timed_out=True)
-        return real(self, sandbox, gates, deadline)
-
-    monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", first_one_cut)
-    out = tmp_path / "out"
-    status = main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--rootdir", str(root), "--seed", "1",
-                   "--max-per-file", "4", "--gpu-jobs", "2", "--jobs", "1", "--cache-dir", str(tmp_path / "cache")])
-    result = json.loads((out / "b.json").read_text())
-    assert status == 0, result
-    assert min(deadlines) >= bench.NAIVE_DEADLINE, deadlines
-    assert len(result["naive_timeouts_only"]) == 1 and not result["disagreements"], result
-    assert result["compared"] == result["agreed"] == result["campaign"]["reached_gpu"] - 1
-    assert "Not compared: 1 naive run(s) cut by the naive deadline (600 s)" in (out / "b.md").read_text()
-
-
 SHADOW_GATE = "gates/test_k.py::test_guard_counts_in_the_shadow"
 
 
@@ -689,81 +815,6 @@ def test_a_shadowed_trap_gate_passes_in_the_mutants_own_worker_and_fails_when_it
     ex.shadow_gates = frozenset()
     real = ex.run(_mutant(root, "real", KERNEL), [SHADOW_GATE], 60)
     assert real.outcomes[0].outcome == "passed" and ex.replaced == {"a gate left the CUDA context unusable": 1}
-
-
-def test_a_mutation_bench_with_naive_seconds_cuts_its_naive_half_and_bounds_the_speedup(suite, tmp_path, monkeypatch):
-    # --naive-seconds ends the naive half as a device command's timeout would (SIGINT), and the
-    # speed-up is taken against the most the naive way could have managed: the runs it
-    # finished and every one still under way counted as done. No wall time decides it: the
-    # bench arms its cut on a timer this test fires once the first naive run has finished and
-    # the second is under way, and the naive half's seconds are read on a clock this test moves.
-    import functools
-    import json
-    import threading
-
-    from harness.runs import fresh as child
-    from harness.mutate import bench
-    from harness.runs import fresh as runs_fresh
-
-    root, _ = suite
-    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
-    now = [1000.0]
-    timers = []
-
-    class Timer:
-        """What the bench arms at the naive gate stage's start, in place of threading.Timer."""
-
-        def __init__(self, seconds, fire):
-            self.seconds, self.fire, self.daemon, self.started, self.cancelled = seconds, fire, False, False, False
-            timers.append(self)
-
-        def start(self):
-            self.started = True
-
-        def cancel(self):
-            self.cancelled = True
-
-    interrupted = threading.Event()  # the cut killed every run under way (the campaign's Ctrl-C path does too)
-    real_kill_all = child.kill_all
-
-    def kill_all():
-        interrupted.set()
-        real_kill_all()
-
-    monkeypatch.setattr(child, "kill_all", kill_all)
-    real = runs_fresh.FreshProcessExecutor.run
-    calls, seen = [], {}
-
-    def the_second_run_is_cut(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # the first naive run finished (its verdict recorded); this one is under way
-            now[0] += 4.0  # the gate stage has run its 4 s, by the naive half's clock
-            (timer,) = timers
-            seen["armed"] = (timer.seconds, timer.started, timer.daemon)
-            timer.fire()  # the bench's own cut: SIGINT at the main thread
-            seen["interrupted"] = interrupted.wait(300)  # a bound against a hang, never reached when it works
-        # after the cut, a real run's pytest is killed as it starts (the campaign refuses new children)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(runs_fresh.FreshProcessExecutor, "run", the_second_run_is_cut)
-    out = tmp_path / "out"
-    bench.main(["--out", str(out), "--name", "b", "--naive-jobs", "1", "--naive-seconds", "4", "--rootdir", str(root),
-                "--seed", "1", "--max-per-file", "4", "--gpu-jobs", "2", "--deadline", "30", "--jobs", "1",
-                "--cache-dir", str(tmp_path / "cache")],
-               naive_clock=functools.partial(bench._Clock, now=lambda: now[0], timer=Timer))
-    # the cut was armed at --naive-seconds when the gate stage began, and it interrupted the stage
-    assert seen == {"armed": (4.0, True, True), "interrupted": True}, seen
-    assert len(calls) == 2 and timers[0].cancelled, "no naive run started after the cut"
-    result = json.loads((out / "b.json").read_text())
-    n = result["naive"]
-    # cut: one run finished, the one under way counted as such
-    assert n["cut_short"] and n["reached_gpu"] == 1 and n["in_flight_at_most"] == 1, n
-    # the rates over the cut's 4 s: the finished run alone, and with the one under way (the bound)
-    assert (n["gpu_stage_s"], n["mutants_per_minute"], n["mutants_per_minute_at_most"]) == (4.0, 15.0, 30.0), n
-    assert result["speedup"] == round(result["campaign"]["mutants_per_minute"] / 30.0, 1), result
-    md = (out / "b.md").read_text()
-    assert "Speed-up: at least" in md and "cut after 4.0 s of its gate stage with at most 1 more under way" in md, md
-    assert "managed at most 30.0 a minute" in md, md
 
 
 @pytest.mark.parametrize("bad", ["0", "-5", "nan", "inf", "soon"])
