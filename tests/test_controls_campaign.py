@@ -277,15 +277,6 @@ def test_static_applies_and_compiles_every_control_and_runs_no_gate(tmp_path, ch
     assert metas and {tuple(m["name_expressions"]) for m in metas} == {("fill_k<3>",)}
 
 
-def test_naive_mode_reaches_the_same_verdicts_the_slow_way(tmp_path, child_env):
-    suite = copy_suite(tmp_path)
-    result = run_campaign(config(suite, names=("value_changed", "multiply_to_add"), naive=True))
-    assert result.mode == "naive"
-    assert [(r.name, r.verdict) for r in result.controls] == [
-        ("multiply_to_add", Verdict.SURVIVED), ("value_changed", Verdict.KILLED)]
-    assert not (suite / "cache").exists()  # every run compiled into a cold cache of its own
-
-
 def run_cli(suite: Path, *args: str) -> int:
     return main(["--rootdir", str(suite), "--no-require-gpu", "--cache-dir", str(suite / "cache"),
                  "--report", str(suite / "report"), *args])
@@ -352,14 +343,43 @@ def test_parallel_jobs_run_controls_that_share_a_gate_module_at_once_in_file_ord
     assert sorted(started[:3]) == ["a", "b", "c"] and started[3] == "d", started
 
 
-def test_the_bench_times_both_ways_and_checks_they_agree(tmp_path, child_env):
-    from harness.controls import bench
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory, child_env):
+    """`python -m harness.controls.bench` over two controls, for TestTheBench: (its status, the
+    suite, the campaign of its naive half)."""
+    from harness.controls import bench as bench_module
 
-    suite = copy_suite(tmp_path)
-    status = bench.main(["--rootdir", str(suite), "--no-require-gpu", "--report", str(suite / "report"),
-                         "value_changed", "multiply_to_add"])
-    assert status == ExitStatus.OK
-    data = json.loads((suite / "report" / "bench.json").read_text())
-    assert data["disagree"] == [] and data["campaign_seconds"] > 0 and data["naive_seconds"] > 0
-    assert data["verdicts"]["naive"] == {"multiply_to_add": "survived", "value_changed": "proven"}
-    assert (suite / "report" / "bench-naive" / "controls.md").is_file()
+    suite = copy_suite(tmp_path_factory.mktemp("bench"))
+    real, ran = bench_module.run_campaign, []
+
+    def run_campaign(config):
+        ran.append(real(config))
+        return ran[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_module, "run_campaign", run_campaign)
+        status = bench_module.main(["--rootdir", str(suite), "--no-require-gpu", "--report", str(suite / "report"),
+                                    "--cache-dir", str(suite / "cache"), "value_changed", "multiply_to_add"])
+    assert [c.mode for c in ran][1:] == ["naive"]  # the campaign, then the naive mode
+    return status, suite, ran[1]
+
+
+class TestTheBench:
+    """The bench runs the campaign, then the naive mode, on the same two controls: the naive
+    mode's own test reads the bench's naive half (a class: an xdist worker takes both)."""
+
+    def test_the_bench_times_both_ways_and_checks_they_agree(self, bench):
+        status, suite, _ = bench
+        assert status == ExitStatus.OK
+        data = json.loads((suite / "report" / "bench.json").read_text())
+        assert data["disagree"] == [] and data["campaign_seconds"] > 0 and data["naive_seconds"] > 0
+        assert data["verdicts"]["naive"] == {"multiply_to_add": "survived", "value_changed": "proven"}
+        assert (suite / "report" / "bench-naive" / "controls.md").is_file()
+
+    def test_naive_mode_reaches_the_same_verdicts_the_slow_way(self, bench):
+        _, suite, result = bench
+        assert result.mode == "naive"
+        assert [(r.name, r.verdict) for r in result.controls] == [
+            ("multiply_to_add", Verdict.SURVIVED), ("value_changed", Verdict.KILLED)]
+        # every run compiled into a cold cache of its own, not the --cache-dir the bench was given
+        assert not (suite / "cache").exists()
