@@ -61,39 +61,45 @@ def test_the_upstream_files_are_byte_for_byte_the_ones_provenance_names():
     assert (TREE / "LICENSE").read_text().lstrip().startswith("Apache License")
 
 
-def test_the_library_compiles_through_nvrtc_with_its_headers_host_code_set_aside(cache):
-    declared = declared_settings(KERNELS / "norm.cu")
-    assert declared.defines == (("ushort", "unsigned short"),) and declared.compiler == "auto"
-    mod = compile_file("norm.cu", kernel_root=KERNELS, arch="sm_90", cache_dir=cache)
-    assert mod.backend == "nvrtc" and len(mod.resources) == 16
-    aside = {(s.file, s.what) for s in mod.set_aside}
-    for item in [("flashinfer/norm.cuh", "function RMSNorm"), ("flashinfer/norm.cuh", "function FusedAddRMSNorm"),
-                 ("flashinfer/norm.cuh", "#include <numeric>"), ("flashinfer/utils.cuh", "#include <iostream>"),
-                 ("flashinfer/utils.cuh", "function GetCudaComputeCapability"),
-                 ("flashinfer/utils.cuh", "function DebugPrintCUDAArray"),
-                 ("flashinfer/utils.cuh", "#include <cuda_device_runtime_api.h>"),
-                 ("flashinfer/exception.h", "type Error"), ("flashinfer/exception.h", "#include <sstream>")]:
-        assert item in aside, f"{item} not set aside: {sorted(aside)}"
-    assert not any(f in ("flashinfer/vec_dtypes.cuh", "flashinfer/math.cuh", "") for f, _ in aside)
+class TestTheTreesCommands:
+    """The tree's compiles and commands, over the module's one cache: a class, so that under
+    xdist they run on one worker together (the root conftest's scheduler): norm.cu compiles
+    once, and the controls run last finds its perturbed modules compiled by the static check
+    (the cache key is each module's whole source closure, so a hit is the same cubin)."""
+
+    def test_the_library_compiles_through_nvrtc_with_its_headers_host_code_set_aside(self, cache):
+        declared = declared_settings(KERNELS / "norm.cu")
+        assert declared.defines == (("ushort", "unsigned short"),) and declared.compiler == "auto"
+        mod = compile_file("norm.cu", kernel_root=KERNELS, arch="sm_90", cache_dir=cache)
+        assert mod.backend == "nvrtc" and len(mod.resources) == 16
+        aside = {(s.file, s.what) for s in mod.set_aside}
+        for item in [("flashinfer/norm.cuh", "function RMSNorm"), ("flashinfer/norm.cuh", "function FusedAddRMSNorm"),
+                     ("flashinfer/norm.cuh", "#include <numeric>"), ("flashinfer/utils.cuh", "#include <iostream>"),
+                     ("flashinfer/utils.cuh", "function GetCudaComputeCapability"),
+                     ("flashinfer/utils.cuh", "function DebugPrintCUDAArray"),
+                     ("flashinfer/utils.cuh", "#include <cuda_device_runtime_api.h>"),
+                     ("flashinfer/exception.h", "type Error"), ("flashinfer/exception.h", "#include <sstream>")]:
+            assert item in aside, f"{item} not set aside: {sorted(aside)}"
+        assert not any(f in ("flashinfer/vec_dtypes.cuh", "flashinfer/math.cuh", "") for f, _ in aside)
 
 
-def test_the_trees_own_run_is_green_with_no_gpu(tmp_path, cache):
-    proc = run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"], tmp_path, cache)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    assert "PASSED kernels/norm.cu::compile" in out and "set aside in flashinfer/norm.cuh:" in out
-    assert "11 passed, 16 skipped" in out  # compile, 5 structural, 5 refusals; the 16 GPU anchors skip here
+    def test_the_trees_own_run_is_green_with_no_gpu(self, tmp_path, cache):
+        proc = run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"], tmp_path, cache)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out
+        assert "PASSED kernels/norm.cu::compile" in out and "set aside in flashinfer/norm.cuh:" in out
+        assert "11 passed, 16 skipped" in out  # compile, 5 structural, 5 refusals; the 16 GPU anchors skip here
 
 
-def test_the_controls_apply_and_compile(tmp_path, cache):
-    proc = run(["-m", "harness", "controls", "--static", "--report", str(tmp_path / "rep")], tmp_path, cache)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "4 of 4 controls as expected" in proc.stdout
+    def test_the_controls_apply_and_compile(self, tmp_path, cache):
+        proc = run(["-m", "harness", "controls", "--static", "--report", str(tmp_path / "rep")], tmp_path, cache)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "4 of 4 controls as expected" in proc.stdout
 
 
-def test_an_edit_to_the_headers_host_dispatch_or_kernel_signature_is_caught(tmp_path, cache):
-    proc = run(["-m", "harness", "controls", "stride_parameters_swapped_in_the_header",
-                "host_dispatch_caps_blocks_at_512", "--no-require-gpu", "--report", str(tmp_path / "rep")],
-               tmp_path, cache)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("proven") == 2 and "2 of 2 controls as expected" in proc.stdout
+    def test_an_edit_to_the_headers_host_dispatch_or_kernel_signature_is_caught(self, tmp_path, cache):
+        proc = run(["-m", "harness", "controls", "stride_parameters_swapped_in_the_header",
+                    "host_dispatch_caps_blocks_at_512", "--no-require-gpu", "--report", str(tmp_path / "rep")],
+                   tmp_path, cache)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.count("proven") == 2 and "2 of 2 controls as expected" in proc.stdout

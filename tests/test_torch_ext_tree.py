@@ -13,21 +13,30 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "fixtures" / "torch_ext"
 
 
-def env(tmp_path) -> dict:
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """One cubin cache for the tree's commands (TestTheTreesCommands): the cache key is each
+    module's whole source closure, so a hit is the same cubin."""
+    return tmp_path_factory.mktemp("torch-ext-cache")
+
+
+def env(cache: Path) -> dict:
     e = dict(os.environ)
     e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
-    e["HARNESS_CACHE_DIR"] = str(tmp_path / "cache")
+    e["HARNESS_CACHE_DIR"] = str(cache)
     e["CUDA_VISIBLE_DEVICES"] = ""
     e.pop("HARNESS_KERNEL_ROOT", None)
     return e
 
 
-def run(args, tmp_path, timeout=600):
-    return subprocess.run([sys.executable, *args], cwd=TREE, env=env(tmp_path), capture_output=True, text=True,
+def run(args, cache, timeout=600):
+    return subprocess.run([sys.executable, *args], cwd=TREE, env=env(cache), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -42,42 +51,47 @@ def test_the_upstream_files_are_the_ones_provenance_names_byte_for_byte():
         listed), "a .cu or header in kernels/ is not listed in PROVENANCE.md"
 
 
-def test_the_extension_compiles_with_nvrtc_and_its_torch_host_code_set_aside(tmp_path):
-    proc = run(["-m", "harness", "compile", "--kernel-root", "kernels"], tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = " ".join(proc.stdout.split())
-    for text in ("fast_hadamard_transform_cuda.cu: compiled by nvrtc", "#include <c10/cuda/CUDAException.h>",
-                 "function fast_hadamard_transform_launch", "function fast_hadamard_transform_cuda",
-                 "instantiation fast_hadamard_transform_cuda", "1 of 1 modules compiled"):
-        assert text in out, f"{text!r} missing from the compile output:\n{proc.stdout}"
+class TestTheTreesCommands:
+    """The tree's commands over the module's one cache: a class, so that under xdist they run
+    on one worker together (the root conftest's scheduler) and the extension compiles once;
+    the control run last finds its perturbed module compiled by the static check."""
+
+    def test_the_extension_compiles_with_nvrtc_and_its_torch_host_code_set_aside(self, cache):
+        proc = run(["-m", "harness", "compile", "--kernel-root", "kernels"], cache)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out = " ".join(proc.stdout.split())
+        for text in ("fast_hadamard_transform_cuda.cu: compiled by nvrtc", "#include <c10/cuda/CUDAException.h>",
+                     "function fast_hadamard_transform_launch", "function fast_hadamard_transform_cuda",
+                     "instantiation fast_hadamard_transform_cuda", "1 of 1 modules compiled"):
+            assert text in out, f"{text!r} missing from the compile output:\n{proc.stdout}"
 
 
-def test_the_trees_own_run_is_green_with_no_gpu(tmp_path, torch):
-    proc = run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"], tmp_path)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    for gate in ("kernels/fast_hadamard_transform_cuda.cu::compile",
-                 "gates/fht_hadamard.py::test_a_cpu_tensor_is_refused_before_any_launch",
-                 "gates/fht_hadamard.py::test_a_non_contiguous_tensor_is_refused_not_copied",
-                 "gates/fht_hadamard.py::test_launcher_threads_equal_the_cu_host_dispatch",
-                 "gates/fht_hadamard.py::test_launcher_params_match_the_header_struct_field_for_field"):
-        assert f"PASSED {gate}" in out, out
-    assert "7 passed, 14 skipped" in out, out  # the 14 GPU gates against the torch reference skip here
+    def test_the_trees_own_run_is_green_with_no_gpu(self, cache, torch):
+        proc = run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"], cache)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out
+        for gate in ("kernels/fast_hadamard_transform_cuda.cu::compile",
+                     "gates/fht_hadamard.py::test_a_cpu_tensor_is_refused_before_any_launch",
+                     "gates/fht_hadamard.py::test_a_non_contiguous_tensor_is_refused_not_copied",
+                     "gates/fht_hadamard.py::test_launcher_threads_equal_the_cu_host_dispatch",
+                     "gates/fht_hadamard.py::test_launcher_params_match_the_header_struct_field_for_field"):
+            assert f"PASSED {gate}" in out, out
+        assert "7 passed, 14 skipped" in out, out  # the 14 GPU gates against the torch reference skip here
 
 
-def test_every_control_applies_and_compiles(tmp_path):
-    proc = run(["-m", "harness", "controls", "--static", "--report", str(tmp_path / "rep")], tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "4 of 4 controls as expected" in proc.stdout
+    def test_every_control_applies_and_compiles(self, tmp_path, cache):
+        proc = run(["-m", "harness", "controls", "--static", "--report", str(tmp_path / "rep")], cache)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "4 of 4 controls as expected" in proc.stdout
 
 
-def test_a_dispatch_the_launcher_does_not_mirror_is_proven_caught_with_no_gpu(tmp_path, torch):
-    proc = run(["-m", "harness", "controls", "fht_dispatch_threads_moved_in_cu_only", "--no-require-gpu",
-                "--report", str(tmp_path / "rep")], tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads((tmp_path / "rep" / "controls.json").read_text())
-    (control,) = report["controls"]
-    assert control["verdict"] == "proven", control
+    def test_a_dispatch_the_launcher_does_not_mirror_is_proven_caught_with_no_gpu(self, tmp_path, cache, torch):
+        proc = run(["-m", "harness", "controls", "fht_dispatch_threads_moved_in_cu_only", "--no-require-gpu",
+                    "--report", str(tmp_path / "rep")], cache)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        report = json.loads((tmp_path / "rep" / "controls.json").read_text())
+        (control,) = report["controls"]
+        assert control["verdict"] == "proven", control
 
 
 def test_the_torch_section_of_the_docs_quotes_the_fixture_as_it_is():
