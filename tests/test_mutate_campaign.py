@@ -42,6 +42,32 @@ def suite(tmp_path, monkeypatch):
     return copy
 
 
+@pytest.fixture(scope="module")
+def recorded_baseline(tmp_path_factory):
+    """The fake suite's baseline, run once (a pytest recording each gate's loads and reads) for
+    the tests whose gate stage is a FakeExecutor's: their campaigns differ in paths, operators,
+    executors and report folders, never in what a baseline runs (the suite's gates over its
+    kernel root, for sm_90). The fresh-process test above runs a campaign's own baseline."""
+    from harness.mutate.campaign import run_baseline
+
+    copy = tmp_path_factory.mktemp("baseline") / "suite"
+    shutil.copytree(SUITE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", str(REPO))
+        cfg = config(copy)
+        baseline, coverage = run_baseline(cfg, cfg.cache())
+    assert baseline.ok and coverage is not None and coverage.recorded, baseline
+    return baseline, coverage
+
+
+@pytest.fixture
+def shared_baseline(recorded_baseline, monkeypatch):
+    """This test's campaigns read the module's one recorded baseline."""
+    from harness.mutate import campaign
+
+    monkeypatch.setattr(campaign, "run_baseline", lambda config, cache_dir: recorded_baseline)
+
+
 def config(suite: Path, **changes) -> MutateConfig:
     # jobs=1: the screen compiles in a thread of this process, which has NVRTC loaded already; a
     # pool of two spawned compilers costs seconds of imports a campaign (the end-to-end test
@@ -125,6 +151,7 @@ class FakeExecutor(Executor):
         return GateRuns(tuple(outcomes), seconds=0.01)
 
 
+@pytest.mark.usefixtures("shared_baseline")
 def test_stop_at_the_first_kill_or_run_the_whole_matrix(suite):
     fake = FakeExecutor(per_gate=True)
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("arithmetic",)),
@@ -140,6 +167,7 @@ def test_stop_at_the_first_kill_or_run_the_whole_matrix(suite):
     assert all(len(c) == 4 for c in full.calls), "one batch: the whole matrix"
 
 
+@pytest.mark.usefixtures("shared_baseline")
 def test_a_deadline_is_a_timeout(suite):
     fake = FakeExecutor(timeout_on="(blockDim.x - 1)")
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("gpu-index",)),
@@ -147,6 +175,7 @@ def test_a_deadline_is_a_timeout(suite):
     assert by_text(campaign)[("sum.cu", 5, "blockDim.x", "(blockDim.x - 1)")].verdict is Verdict.TIMEOUT
 
 
+@pytest.mark.usefixtures("shared_baseline")
 def test_resume_runs_only_what_is_missing(suite):
     cfg = config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
     first = FakeExecutor()
@@ -213,6 +242,7 @@ def test_scores_exclude_screened_out_mutants():
     assert s.valid == 10 and s.score == 0.6 and s.stryker_score == 0.8
 
 
+@pytest.mark.usefixtures("shared_baseline")
 def test_recheck_counts_agreement(suite):
     from harness.mutate.recheck import recheck
 
@@ -240,6 +270,7 @@ def test_recheck_counts_agreement(suite):
     assert all(second == "timeout" and "deadline" in why for _, second, why in differ.disagreements.values())
 
 
+@pytest.mark.usefixtures("shared_baseline")
 def test_a_recheck_timeout_under_load_runs_once_more_with_fewer_at_once(suite):
     # Re-runs that each trap for real contend for the driver's lock, so many at once can run
     # past their deadline: those, and only those, run again, at most RETRY_JOBS at once.
@@ -291,6 +322,7 @@ def test_a_recheck_timeout_under_load_runs_once_more_with_fewer_at_once(suite):
     assert f"{len(loaded)} re-run(s) hit the deadline where the campaign had a verdict and ran once more" in got.line()
 
 
+@pytest.mark.usefixtures("shared_baseline")
 def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite, monkeypatch):
     import types
 
@@ -324,6 +356,7 @@ def test_the_recheck_runs_about_four_cores_a_fresh_pytest():
     assert recheck_jobs(8, cpus=2) == 1
 
 
+@pytest.mark.usefixtures("shared_baseline")
 def test_several_mutants_run_at_once_with_the_same_verdicts(suite):
     import threading
 
@@ -389,6 +422,7 @@ def test_a_cubin_identical_mutant_whose_source_readers_pass_is_equivalent_or_a_d
     assert ex.calls[0] == ("gates/gate_sum.py::test_block_define",)  # its cubin ran as its twin
 
 
+@pytest.mark.usefixtures("shared_baseline")
 def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
     import threading
     import time
@@ -428,6 +462,7 @@ def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
     assert len(campaign.results) == len(campaign.mutants)
 
 
+@pytest.mark.usefixtures("shared_baseline")
 def test_a_lost_device_stops_the_campaign_and_takes_back_its_recent_faults(suite):
     """A worker that cannot start mid-campaign is the GPU's failure, never a verdict: the
     campaign stops, the faults and timeouts just before are taken back for --resume, and
