@@ -37,6 +37,22 @@ def run(suite: Path, *args: str) -> int:
                  "--report", str(suite / "report"), "--arch", "sm_90", *args])
 
 
+@pytest.fixture(scope="module")
+def static_run(tmp_path_factory):
+    """One `--static` run of the fake suite (every operator but the hanging one), read by the
+    tests of its report: (its exit status, what it printed, the suite holding its report)."""
+    import contextlib
+    import io
+
+    suite = tmp_path_factory.mktemp("static") / "suite"
+    shutil.copytree(SUITE, suite, ignore=shutil.ignore_patterns("__pycache__"))
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+        mp.setenv("PYTHONPATH", str(REPO))
+        status = run(suite, "--static", "--jobs", "1", *NO_HANG)
+    return status, printed.getvalue(), suite
+
+
 @pytest.mark.parametrize("args, words", [
     (["--jobs", "0"], ["--jobs must be at least 1", "--jobs 4"]),
     (["--jobs", "two"], ["not a whole number"]),
@@ -74,46 +90,73 @@ def test_the_command_is_registered():
     assert harness_main(["mutate", "--jobs", "0"]) == ExitStatus.USAGE
 
 
-def test_static_screens_and_writes_a_report_that_validates(suite, capsys):
-    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test dependency (pyproject [test])")
-    assert run(suite, "--static", "--jobs", "1", *NO_HANG) == ExitStatus.OK
-    out = capsys.readouterr().out
-    assert "sum.cu" in out and "other.cu" in out and "mutants (0 resumed)" in out
-    doc = json.loads((suite / "report" / "mutation.json").read_text())
-    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
-    statuses = {m["status"] for f in doc["files"].values() for m in f["mutants"]}
-    # the fake gates need no GPU: --static runs them all on the CPU (tests/test_mutate_static.py)
-    assert "Killed" in statuses and "Ignored" in statuses and "Pending" not in statuses
-    assert doc["harness"]["mode"] == "static"
-    assert (suite / "report" / "mutation.html").is_file()
-
-
 def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
-def test_the_html_report_shows_every_mutant_in_headless_chromium(suite, tmp_path):
-    if chromium() is None:
-        why = "headless Chromium is not installed: apt-get install chromium (.ci/run does)"
-        if os.environ.get("HARNESS_REQUIRE_CHROMIUM"):
-            pytest.fail(why)
-        pytest.skip(why)
-    assert run(suite, "--static", "--jobs", "1", *NO_HANG) == ExitStatus.OK
-    page = suite / "report" / "mutation.html"
-    doc = json.loads((suite / "report" / "mutation.json").read_text())
-    n = sum(len(f["mutants"]) for f in doc["files"].values())
-    base = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    # the page's script builds every mutant row from the embedded data: they exist only if it ran
-    assert f'id="rendered" data-mutants="{n}"' in dom, dom[-2000:]
-    assert dom.count('class="mutant"') == n
-    first = next(iter(doc["files"].values()))["mutants"][0]
-    assert f'data-id="{first["id"]}"' in dom
-    shot = tmp_path / "report.png"
-    subprocess.run([*base, f"--screenshot={shot}", "--window-size=1400,1000", page.as_uri()],
-                   capture_output=True, timeout=120)
-    assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+class TestOneStaticRun:
+    """The tests that read the module's one --static run: a class, so that under xdist they run on
+    one worker together (the root conftest's scheduler) and the campaign runs once."""
+
+    def test_static_screens_and_writes_a_report_that_validates(self, static_run):
+        jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test dependency (pyproject [test])")
+        status, out, suite = static_run
+        assert status == ExitStatus.OK, out
+        assert "sum.cu" in out and "other.cu" in out and "mutants (0 resumed)" in out
+        doc = json.loads((suite / "report" / "mutation.json").read_text())
+        jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+        statuses = {m["status"] for f in doc["files"].values() for m in f["mutants"]}
+        # the fake gates need no GPU: --static runs them all on the CPU (tests/test_mutate_static.py)
+        assert "Killed" in statuses and "Ignored" in statuses and "Pending" not in statuses
+        assert doc["harness"]["mode"] == "static"
+        assert (suite / "report" / "mutation.html").is_file()
+
+    def test_the_html_report_shows_every_mutant_in_headless_chromium(self, static_run, tmp_path):
+        if chromium() is None:
+            why = "headless Chromium is not installed: apt-get install chromium (.ci/run does)"
+            if os.environ.get("HARNESS_REQUIRE_CHROMIUM"):
+                pytest.fail(why)
+            pytest.skip(why)
+        status, out, suite = static_run
+        assert status == ExitStatus.OK, out
+        page = suite / "report" / "mutation.html"
+        doc = json.loads((suite / "report" / "mutation.json").read_text())
+        n = sum(len(f["mutants"]) for f in doc["files"].values())
+        base = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                f"--user-data-dir={tmp_path / 'profile'}"]
+        dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+        # the page's script builds every mutant row from the embedded data: they exist only if it ran
+        assert f'id="rendered" data-mutants="{n}"' in dom, dom[-2000:]
+        assert dom.count('class="mutant"') == n
+        first = next(iter(doc["files"].values()))["mutants"][0]
+        assert f'data-id="{first["id"]}"' in dom
+        shot = tmp_path / "report.png"
+        subprocess.run([*base, f"--screenshot={shot}", "--window-size=1400,1000", page.as_uri()],
+                       capture_output=True, timeout=120)
+        assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def test_report_only_rewrites_the_reports_from_the_results_file_and_runs_nothing(self, suite, static_run, capsys):
+        report = suite / "report"
+        assert run(suite, "--report-only") == ExitStatus.USAGE  # no results yet
+        assert "holds no result for the mutants" in capsys.readouterr().err
+        status, out, static_suite = static_run  # the module's --static run of the same suite: its results
+        assert status == ExitStatus.OK, out
+        shutil.copytree(static_suite / "report", report, dirs_exist_ok=True)
+        before = json.loads((report / "mutation.json").read_text())["harness"]["verdicts"]
+        (report / "mutation.json").unlink()
+        (report / "mutation.html").unlink()
+        lines = (report / "mutants.jsonl").read_text().splitlines()
+        (report / "mutants.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # a campaign cut short
+        capsys.readouterr()
+        stamp = {p: p.stat().st_mtime_ns for p in report.rglob("*") if p.is_file() and p.suffix != ".html"}
+        assert run(suite, "--report-only", *NO_HANG) == ExitStatus.OK
+        out = capsys.readouterr().out
+        changed = [p.name for p, t in stamp.items() if not p.exists() or p.stat().st_mtime_ns != t]
+        assert changed == [], changed  # no baseline, no screen, no gate run: only the two reports are written
+        assert f"{len(lines) - 1} of {len(lines)} mutants have a result" in out and "nothing run" in out
+        after = json.loads((report / "mutation.json").read_text())["harness"]["verdicts"]
+        assert after == {k: v for k, v in before.items() if k in after} and len(after) == len(lines) - 1
+        assert (report / "mutation.html").is_file()
 
 
 def tree_hash(root: Path) -> str:
@@ -185,28 +228,6 @@ def test_ctrl_c_or_a_kill_during_the_screen_leaves_nothing_behind(suite, signum)
     left = [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*")
             if p.name.split("-")[2] in ids and p.name.split("-")[3] == str(proc.pid)]
     assert left == [], "no sandbox outlives the run"
-
-
-def test_report_only_rewrites_the_reports_from_the_results_file_and_runs_nothing(suite, capsys):
-    report = suite / "report"
-    assert run(suite, "--report-only") == ExitStatus.USAGE  # no results yet
-    assert "holds no result for the mutants" in capsys.readouterr().err
-    assert run(suite, "--static", "--jobs", "1", *NO_HANG) == ExitStatus.OK
-    before = json.loads((report / "mutation.json").read_text())["harness"]["verdicts"]
-    (report / "mutation.json").unlink()
-    (report / "mutation.html").unlink()
-    lines = (report / "mutants.jsonl").read_text().splitlines()
-    (report / "mutants.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # a campaign cut short
-    capsys.readouterr()
-    stamp = {p: p.stat().st_mtime_ns for p in report.rglob("*") if p.is_file() and p.suffix != ".html"}
-    assert run(suite, "--report-only", *NO_HANG) == ExitStatus.OK
-    out = capsys.readouterr().out
-    changed = [p.name for p, t in stamp.items() if not p.exists() or p.stat().st_mtime_ns != t]
-    assert changed == [], changed  # no baseline, no screen, no gate run: only the two reports are written
-    assert f"{len(lines) - 1} of {len(lines)} mutants have a result" in out and "nothing run" in out
-    after = json.loads((report / "mutation.json").read_text())["harness"]["verdicts"]
-    assert after == {k: v for k, v in before.items() if k in after} and len(after) == len(lines) - 1
-    assert (report / "mutation.html").is_file()
 
 
 def test_each_gpus_executor_keeps_a_spare_for_each_of_its_slots_plus_two(monkeypatch):

@@ -69,49 +69,53 @@ def static_run(tmp_path_factory):
         mp.undo()
 
 
-def test_a_structural_gate_kills_a_mutant_without_a_gpu(static_run):
-    killed = [r for r in static_run.ordered() if r.verdict is Verdict.KILLED]
-    by_gate = {r.killed_by[0].split("::")[1] for r in killed}
-    assert "test_adds_one" in by_gate  # sum.cu: `in[i] + 1` made `in[i] - 1`
-    minus = next(r for r in killed if r.mutant.file == "sum.cu" and r.mutant.start_line == 6
-                 and (r.mutant.original, r.mutant.replacement) == ("+", "-"))
-    assert minus.killed_by == ["gates/gate_sum.py::test_adds_one"] and "out[0] is not in[0] + 1" in minus.reason
+class TestOneStaticRun:
+    """The tests that read the module's one static campaign: a class, so that under xdist they
+    run on one worker together (the root conftest's scheduler) and the campaign runs once."""
+
+    def test_a_structural_gate_kills_a_mutant_without_a_gpu(self, static_run):
+        killed = [r for r in static_run.ordered() if r.verdict is Verdict.KILLED]
+        by_gate = {r.killed_by[0].split("::")[1] for r in killed}
+        assert "test_adds_one" in by_gate  # sum.cu: `in[i] + 1` made `in[i] - 1`
+        minus = next(r for r in killed if r.mutant.file == "sum.cu" and r.mutant.start_line == 6
+                     and (r.mutant.original, r.mutant.replacement) == ("+", "-"))
+        assert minus.killed_by == ["gates/gate_sum.py::test_adds_one"] and "out[0] is not in[0] + 1" in minus.reason
 
 
-def test_an_identical_cubin_is_killed_by_the_gate_that_reads_its_source(static_run):
-    # `int unused = 7 * 3`: every edit of it leaves the cubin as it was, yet changing the
-    # seven changes what test_other_keeps_its_seven reads
-    sevens = [r for r in static_run.ordered() if r.mutant.file == "other.cu" and r.mutant.original == "7"]
-    assert sevens and all(r.cubin_identical and r.verdict is Verdict.KILLED for r in sevens)
-    assert all(r.killed_by == ["gates/gate_extra.py::test_other_keeps_its_seven"] for r in sevens)
+    def test_an_identical_cubin_is_killed_by_the_gate_that_reads_its_source(self, static_run):
+        # `int unused = 7 * 3`: every edit of it leaves the cubin as it was, yet changing the
+        # seven changes what test_other_keeps_its_seven reads
+        sevens = [r for r in static_run.ordered() if r.mutant.file == "other.cu" and r.mutant.original == "7"]
+        assert sevens and all(r.cubin_identical and r.verdict is Verdict.KILLED for r in sevens)
+        assert all(r.killed_by == ["gates/gate_extra.py::test_other_keeps_its_seven"] for r in sevens)
 
 
-def test_an_identical_cubin_whose_source_readers_pass_is_equivalent(static_run):
-    threes = [r for r in static_run.ordered() if r.mutant.file == "other.cu" and r.mutant.original == "3"]
-    assert threes and all(r.verdict is Verdict.EQUIVALENT for r in threes), [(r.verdict, r.reason) for r in threes]
-    assert all("gate(s) reading its source passed on the CPU" in r.reason for r in threes)
-    assert all("gates/gate_extra.py::test_other_keeps_its_seven" in r.gates_run for r in threes)
+    def test_an_identical_cubin_whose_source_readers_pass_is_equivalent(self, static_run):
+        threes = [r for r in static_run.ordered() if r.mutant.file == "other.cu" and r.mutant.original == "3"]
+        assert threes and all(r.verdict is Verdict.EQUIVALENT for r in threes), [(r.verdict, r.reason) for r in threes]
+        assert all("gate(s) reading its source passed on the CPU" in r.reason for r in threes)
+        assert all("gates/gate_extra.py::test_other_keeps_its_seven" in r.gates_run for r in threes)
 
 
-def test_another_mutants_cubin_is_a_duplicate_once_its_source_readers_pass(static_run):
-    # `x[threadIdx.x + 1 - 1]`: `+ 2 - 1` and `+ 1 - 0` compile alike, as do `+ 0 - 1` and `+ 1 - 2`
-    results = {r.mutant.id: r for r in static_run.ordered()}
-    dups = [r for r in results.values() if r.verdict is Verdict.DUPLICATE]
-    assert len(dups) >= 2 and all(r.mutant.file == "other.cu" for r in dups)
-    for r in dups:
-        twin = results[r.duplicate_of]
-        assert twin.verdict is Verdict.PENDING and r.effective is Verdict.PENDING
-        assert "reading its source passed on the CPU" in r.reason and r.gates_run
+    def test_another_mutants_cubin_is_a_duplicate_once_its_source_readers_pass(self, static_run):
+        # `x[threadIdx.x + 1 - 1]`: `+ 2 - 1` and `+ 1 - 0` compile alike, as do `+ 0 - 1` and `+ 1 - 2`
+        results = {r.mutant.id: r for r in static_run.ordered()}
+        dups = [r for r in results.values() if r.verdict is Verdict.DUPLICATE]
+        assert len(dups) >= 2 and all(r.mutant.file == "other.cu" for r in dups)
+        for r in dups:
+            twin = results[r.duplicate_of]
+            assert twin.verdict is Verdict.PENDING and r.effective is Verdict.PENDING
+            assert "reading its source passed on the CPU" in r.reason and r.gates_run
 
 
-def test_what_only_a_gpu_gate_could_settle_stays_pending_and_says_why(static_run, capsys):
-    from harness.mutate.static import pending_lines
+    def test_what_only_a_gpu_gate_could_settle_stays_pending_and_says_why(self, static_run, capsys):
+        from harness.mutate.static import pending_lines
 
-    pending = [r for r in static_run.ordered() if r.verdict is Verdict.PENDING]
-    assert pending and all(NEEDS_GPU in r.reason and "structural gate(s) passed" in r.reason for r in pending)
-    lines = pending_lines(static_run.ordered())
-    assert lines == [f"{len(pending)} {NEEDS_GPU}"]
-    assert not [r for r in static_run.ordered() if r.verdict is Verdict.SURVIVED]  # a GPU gate was not run
+        pending = [r for r in static_run.ordered() if r.verdict is Verdict.PENDING]
+        assert pending and all(NEEDS_GPU in r.reason and "structural gate(s) passed" in r.reason for r in pending)
+        lines = pending_lines(static_run.ordered())
+        assert lines == [f"{len(pending)} {NEEDS_GPU}"]
+        assert not [r for r in static_run.ordered() if r.verdict is Verdict.SURVIVED]  # a GPU gate was not run
 
 
 # ---------------------------------------------------------------- progress on a CI log
