@@ -254,16 +254,6 @@ def test_a_killed_child_is_red_by_no_assertion_and_leaves_the_root_untouched(tmp
     assert tree_hash(suite / "kernels") == before
 
 
-def test_a_red_baseline_stops_the_campaign_before_any_control(tmp_path, child_env):
-    suite = copy_suite(tmp_path)
-    source = suite / "kernels" / "value.cu"
-    source.write_text(source.read_text().replace('extern "C" __global__', 'extern "C++" __global__'))
-    result = run_campaign(config(suite, names=("value_changed",)))
-    assert not result.baseline.ok and result.controls == ()
-    assert [r.nodeid for r in result.baseline.red] == ["gates/gate_value.py::test_kernel_is_extern_c"]
-    assert not result.ok
-
-
 def test_static_applies_and_compiles_every_control_and_runs_no_gate(tmp_path, child_env):
     suite = copy_suite(tmp_path)
     result = run_campaign(config(suite, static=True))
@@ -308,12 +298,46 @@ def test_the_cli_static_check_needs_no_gpu_and_reports_invalid_controls(tmp_path
     assert run_cli(suite, "--static", "does_not_compile") == ExitStatus.CONTROLS_DIFFER
 
 
-def test_the_cli_names_a_red_baseline_and_exits_with_its_own_status(tmp_path, child_env, capsys):
-    suite = copy_suite(tmp_path)
+@pytest.fixture(scope="module")
+def red_baseline(tmp_path_factory, child_env):
+    """`python -m harness controls value_changed` over the suite with its kernel made
+    `extern "C++"` (a gate of the baseline goes red), for TestARedBaseline: (its exit status,
+    what it wrote to stderr, the campaign it ran)."""
+    import contextlib
+    import io
+
+    from harness.controls import cli
+
+    suite = copy_suite(tmp_path_factory.mktemp("red"))
     source = suite / "kernels" / "value.cu"
     source.write_text(source.read_text().replace('extern "C" __global__', 'extern "C++" __global__'))
-    assert run_cli(suite, "value_changed") == ExitStatus.BASELINE_RED
-    assert "gates/gate_value.py::test_kernel_is_extern_c: failed by assertion" in capsys.readouterr().err
+    real, ran, err = cli.run_campaign, [], io.StringIO()
+
+    def run_campaign(*args, **kwargs):
+        ran.append(real(*args, **kwargs))
+        return ran[-1]
+
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
+        mp.setattr(cli, "run_campaign", run_campaign)
+        status = run_cli(suite, "value_changed")
+    (result,) = ran
+    return status, err.getvalue(), result
+
+
+class TestARedBaseline:
+    """The campaign and the CLI over one red baseline: a class, so that under xdist they run on
+    one worker together (the root conftest's scheduler) and the campaign runs once."""
+
+    def test_a_red_baseline_stops_the_campaign_before_any_control(self, red_baseline):
+        _, _, result = red_baseline
+        assert not result.baseline.ok and result.controls == ()
+        assert [r.nodeid for r in result.baseline.red] == ["gates/gate_value.py::test_kernel_is_extern_c"]
+        assert not result.ok
+
+    def test_the_cli_names_a_red_baseline_and_exits_with_its_own_status(self, red_baseline):
+        status, err, _ = red_baseline
+        assert status == ExitStatus.BASELINE_RED
+        assert "gates/gate_value.py::test_kernel_is_extern_c: failed by assertion" in err
 
 
 def test_parallel_jobs_run_controls_that_share_a_gate_module_at_once_in_file_order():
