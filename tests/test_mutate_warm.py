@@ -246,7 +246,8 @@ def test_a_hang_is_a_timeout_and_the_next_mutant_gets_a_new_worker(suite):
 @pytest.fixture(scope="module")
 def bench_both_ways(tmp_path_factory):
     """The whole mutation bench, both halves, naive-jobs 2, for TestTheMutationBench: (its
-    status, its temp folders left behind, its output folder, the warm half's campaign)."""
+    status, its temp folders left behind, its output folder, the warm half's campaign, the
+    naive half's baseline)."""
     import shutil
     import tempfile
 
@@ -255,17 +256,23 @@ def bench_both_ways(tmp_path_factory):
 
     tmp_path = tmp_path_factory.mktemp("bench")
     real, warm = campaign.run_campaign, []
+    real_baseline, baselines = campaign.run_baseline, []
 
     def run_campaign(*args, **kwargs):
         result = real(*args, **kwargs)
         warm.append(result)
         return result
 
+    def run_baseline(*args, **kwargs):
+        baselines.append(real_baseline(*args, **kwargs))
+        return baselines[-1]
+
     with pytest.MonkeyPatch.context() as mp:
         root, ex = make_suite(tmp_path, mp, GATES, KERNEL)
         ex.close()
         (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
         mp.setattr(campaign, "run_campaign", run_campaign)
+        mp.setattr(campaign, "run_baseline", run_baseline)
         out = tmp_path / "out"
         private = Path(tempfile.mkdtemp(prefix="hbt-", dir="/tmp"))  # the bench's own folders, and its children's
         saved, tempfile.tempdir = tempfile.tempdir, str(private)
@@ -277,19 +284,20 @@ def bench_both_ways(tmp_path_factory):
         finally:
             tempfile.tempdir = saved
             shutil.rmtree(private, ignore_errors=True)
-    return status, left, out, warm[0]
+    return status, left, out, warm[0], baselines[-1]
 
 
 class TestTheMutationBench:
     """`bench mutate` runs the warm campaign, then the naive way, on the same mutants. The first
     test runs both halves; the other three cut the naive half three ways and read the first's
-    warm half (the same suite, seed and sample: the same mutants, verdicts and arch), so the
-    warm campaign runs once. A class: an xdist worker takes it whole (the root conftest)."""
+    warm half and the baseline of its naive half (the same suite, seed and sample: the same
+    mutants, verdicts, arch and gates), so the warm campaign and the naive baseline run once.
+    A class: an xdist worker takes it whole (the root conftest)."""
 
     @pytest.fixture
     def warm_half(self, bench_both_ways, monkeypatch):
         """bench.main's first campaign (the warm half) answered by the shared run's; the naive
-        half runs for real."""
+        half runs for real from the shared run's baseline."""
         from harness.mutate import campaign
 
         real, calls = campaign.run_campaign, []
@@ -299,13 +307,14 @@ class TestTheMutationBench:
             return bench_both_ways[3] if len(calls) == 1 else real(config, *args, **kwargs)
 
         monkeypatch.setattr(campaign, "run_campaign", run_campaign)
+        monkeypatch.setattr(campaign, "run_baseline", lambda config, cache_dir: bench_both_ways[4])
         return calls
 
     def test_the_mutation_bench_runs_both_ways_on_the_same_mutants_and_compares_verdicts(
             self, bench_both_ways):
         import json
 
-        status, left, out, warm = bench_both_ways
+        status, left, out, warm, (baseline, _) = bench_both_ways
         assert left == [], f"the bench's temp folders outlived it: {left}"
         result = json.loads((out / "b.json").read_text())
         assert status == 0, result
@@ -313,7 +322,7 @@ class TestTheMutationBench:
         assert result["compared"] == result["agreed"] == result["campaign"]["reached_gpu"]
         assert result["campaign"]["mutants_per_minute"] and result["naive"]["mutants_per_minute"]
         assert "Speed-up" in (out / "b.md").read_text()
-        assert len(warm.results) == 4 and warm.baseline.ok  # what the other three tests read
+        assert len(warm.results) == 4 and warm.baseline.ok and baseline.ok  # what the other three tests read
 
     def test_a_mutation_bench_cut_short_in_its_naive_half_still_reports_both_rates(
             self, warm_half, suite, tmp_path, monkeypatch, capsys):
