@@ -61,7 +61,10 @@ def start_pool(st, config: pytest.Config, items: list[pytest.Item]) -> None:
 
     files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
     if st.pool is None:
-        st.pool = new_pool(st, config)
+        # Not started at configure (no driver seen then, or a run opted in by a gate it
+        # collected): a fork of this process where that is safe, as at configure; a fresh
+        # interpreter costs a child pytest half a CPU-second of imports.
+        st.pool = new_pool(st, config, fork=True)
     args = server_args(st, config, files)
     st.pool.config.pytest_args = args + ["--harness-serve"]
     from harness.pool.traps import first_spares
