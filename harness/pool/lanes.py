@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,11 +159,9 @@ class Lanes:
 
     def __init__(self, pool, lanes: list[list[str]], deadline_of, times: GateTimes | None = None):
         self.pool = pool
-        self.lanes = lanes
         self.deadline_of = deadline_of
         self.times = times
         self.slots = {nodeid: _Slot() for lane in lanes for nodeid in lane}
-        self.workers: list = []  # every worker a lane took (closed with the pool)
         self._stopped = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(i, lane), name=f"harness-lane-{i}", daemon=True)
                          for i, lane in enumerate(lanes)]
@@ -206,8 +203,7 @@ class Lanes:
                 continue
             try:
                 if worker is None or not worker.alive:
-                    worker = self.pool.fresh_worker()
-                    self.workers.append(worker)
+                    worker = self.pool.fresh_worker()  # the pool's close ends it
                     trace(f"  lane {index}: worker {worker.name}")
                 nextid = lane[i + 1] if i + 1 < len(lane) else None
                 trace(f"  lane {index}: start {nodeid}")
@@ -224,8 +220,3 @@ class Lanes:
                 self.times.record(nodeid, result.seconds)
             slot.worker, slot.result = worker, result
             slot.done.set()
-
-    def join(self, timeout: float = 5.0) -> None:
-        end = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, end - time.monotonic()))
