@@ -85,7 +85,7 @@ class CompiledModule:
     set_aside: tuple = ()  # harness.deviceview.SetAside: what the device view left out
     compiler: str = ""  # "nvrtc 13.2" or "nvcc 13.0.88"
     trap_shadow: bool = False  # compiled with TRAP_SHADOW_PREAMBLE: `__trap()` counts instead of trapping
-    files: tuple[Path, ...] = ()  # the .cu and the headers its closure read (harness.kernels' memo checks them)
+    files: tuple[tuple[Path, str], ...] = ()  # (path, sha256) of the .cu and the headers its closure read (harness.kernels' memo checks them)
 
 
 def _read_source(path: Path, options: tuple[str, ...]) -> str:

@@ -123,9 +123,9 @@ def closure_of(source: Path, inc: IncludePath) -> list[tuple[str, str]]:
     return closure_with_files(source, inc)[0]
 
 
-def closure_with_files(source: Path, inc: IncludePath) -> tuple[list[tuple[str, str]], tuple[Path, ...]]:
-    """`closure_of`, and the files it read (absolute): what a compiled module's memo in
-    `harness.kernels` checks for changes."""
+def closure_with_files(source: Path, inc: IncludePath) -> tuple[list[tuple[str, str]], tuple[tuple[Path, str], ...]]:
+    """`closure_of`, and (absolute path, sha256) of each file it read: what a compiled
+    module's memo in `harness.kernels` checks for changes."""
     seen: dict[Path, str] = {}
     stack = [source.resolve()]
     while stack:
@@ -147,7 +147,7 @@ def closure_with_files(source: Path, inc: IncludePath) -> tuple[list[tuple[str, 
                 return f"@include{i}/{p.relative_to(d).as_posix()}"
         return f"@external{p.as_posix()}"  # reached through a symlink: the same path from a sandbox
 
-    return sorted((rel(p), digest) for p, digest in seen.items()), tuple(seen)
+    return sorted((rel(p), digest) for p, digest in seen.items()), tuple(seen.items())
 
 
 def source_closure(source: Path, kernel_root: Path, include_dirs=()) -> list[tuple[str, str]]:

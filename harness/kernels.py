@@ -178,35 +178,27 @@ def forget_loaded() -> None:
 # `module()`'s memo: a launcher asks for its module at every launch, and `compile_file`
 # re-reads the source closure, derives the device view and reads the cubin from the cache
 # each time (1-2 ms, thousands of times in an invariance gate). An entry serves while every
-# file its compile read has the size and modification time it had; a file changed within the
-# timestamp granularity of now (git's "racily clean" case: it could change again with the
-# same size and time, as a campaign's sandbox file does) is checked by its bytes' digest too.
-# `forget_loaded` drops every entry.
-_compiled: dict[tuple, tuple[CompiledModule, tuple, tuple]] = {}
-RACY_NS = 2_000_000_000  # mtimes this close to now do not show the next change on their own
+# file its compile read has the size and modification time it had when the entry was kept.
+# Where one of them had changed within the timestamp granularity of then (git's "racily
+# clean" case: it could change again with the same size and time, as a campaign's sandbox
+# file does, or have changed between the compile's read and the stamp), the entry also
+# checks each file's bytes against the digest the compile took. `forget_loaded` drops all.
+_compiled: dict[tuple, tuple[CompiledModule, tuple, bool]] = {}
+RACY_NS = 2_000_000_000  # mtimes this close to the stamp do not show the next change on their own
 
 
 def _stamps(files) -> tuple | None:
     try:
-        return tuple((st.st_size, st.st_mtime_ns) for st in (os.stat(f) for f in files))
+        return tuple((st.st_size, st.st_mtime_ns) for st in (os.stat(path) for path, _ in files))
     except OSError:
         return None
 
 
-def _digests(files) -> tuple | None:
+def _unchanged_bytes(files) -> bool:
     try:
-        return tuple(hashlib.sha256(Path(f).read_bytes()).digest() for f in files)
+        return all(hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest for path, digest in files)
     except OSError:
-        return None
-
-
-def _still_fresh(compiled: CompiledModule, stamps: tuple, digests: tuple) -> bool:
-    now = _stamps(compiled.files)
-    if now is None or now != stamps:
         return False
-    if max(t for _, t in now) >= time.time_ns() - RACY_NS:
-        return _digests(compiled.files) == digests
-    return True
 
 
 def _compiled_module(relpath, name_expressions: tuple, defines: dict | None, fmad: bool | None) -> CompiledModule:
@@ -214,15 +206,16 @@ def _compiled_module(relpath, name_expressions: tuple, defines: dict | None, fma
     key = (os.fspath(relpath), name_expressions, None if defines is None else tuple(sorted(
         (str(k), repr(v)) for k, v in defines.items())), fmad, _trap_shadow, settings)
     hit = _compiled.get(key)
-    if hit is not None and _still_fresh(*hit):
-        return hit[0]
-    _compiled.pop(key, None)
+    if hit is not None:
+        compiled, stamps, racy = hit
+        if _stamps(compiled.files) == stamps and (not racy or _unchanged_bytes(compiled.files)):
+            return compiled
+        del _compiled[key]
     compiled = compile_file(relpath, name_expressions=name_expressions, defines=defines, fmad=fmad,
                             trap_shadow=_trap_shadow)
     stamps = _stamps(compiled.files) if compiled.files else None
-    digests = _digests(compiled.files) if stamps is not None else None
-    if stamps is not None and digests is not None and _stamps(compiled.files) == stamps:
-        _compiled[key] = (compiled, stamps, digests)
+    if stamps is not None:
+        _compiled[key] = (compiled, stamps, max(t for _, t in stamps) >= time.time_ns() - RACY_NS)
     return compiled
 
 

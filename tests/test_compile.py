@@ -190,7 +190,7 @@ def test_kernels_module_memo_serves_an_unchanged_closure_and_sees_a_changed_head
     real = kernels.compile_file
     monkeypatch.setattr(kernels, "compile_file", lambda *a, **kw: calls.append(a) or real(*a, **kw))
     first = kernels._compiled_module("k.cu", ("tiled<4>",), None, None)
-    assert {p.name for p in first.files} == {"k.cu", "scale.cuh", "depth.cuh"}
+    assert {p.name for p, _ in first.files} == {"k.cu", "scale.cuh", "depth.cuh"}
     assert kernels._compiled_module("k.cu", ("tiled<4>",), None, None) is first
     assert len(calls) == 1
     other = kernels._compiled_module("k.cu", ("tiled<4>",), {"EXTRA": 1}, None)
@@ -206,8 +206,8 @@ def test_kernels_module_memo_serves_an_unchanged_closure_and_sees_a_changed_head
 
 def test_kernels_module_memo_checks_the_bytes_of_a_file_changed_within_the_timestamp_granularity(
         tree, tmp_path, monkeypatch):
-    # A file written just now could be written again with the same size and mtime (a
-    # campaign's sandbox file): with its mtime frozen, a same-size edit is still seen.
+    # A file written just before its compile could be written again with the same size and
+    # mtime (a campaign's sandbox file): with its mtime frozen, a same-size edit is seen.
     import os
 
     from harness import _settings, kernels
@@ -217,13 +217,13 @@ def test_kernels_module_memo_checks_the_bytes_of_a_file_changed_within_the_times
     kernels.forget_loaded()
     depth = tree / "nested" / "depth.cuh"
     frozen = os.stat(depth).st_mtime_ns
+    monkeypatch.setattr(kernels, "RACY_NS", 3600 * 10**9)  # every file counts as written just now
     first = kernels._compiled_module("k.cu", ("tiled<4>",), None, None)
     assert kernels._compiled_module("k.cu", ("tiled<4>",), None, None) is first
     depth.write_text(depth.read_text().replace("1.0f", "3.0f"))  # the same size
     os.utime(depth, ns=(frozen, frozen))  # and the same mtime
-    monkeypatch.setattr(kernels, "RACY_NS", 3600 * 10**9)  # "just now"
     changed = kernels._compiled_module("k.cu", ("tiled<4>",), None, None)
     assert changed.key != first.key
-    monkeypatch.setattr(kernels, "RACY_NS", 0)  # not racy: size and mtime alone decide
+    monkeypatch.setattr(kernels, "RACY_NS", 0)  # kept as racy when compiled: still served, bytes unchanged
     assert kernels._compiled_module("k.cu", ("tiled<4>",), None, None) is changed
     kernels.forget_loaded()
