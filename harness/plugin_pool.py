@@ -159,9 +159,7 @@ def plan_lanes(st, current: pytest.Item, deadline_for, is_gate):
         st.gate_times = lanes.GateTimes(_settings.current().cache_dir / lanes.TIMES_FILE)
     if n <= 1:
         return None
-    items = current.session.items
-    start = items.index(current) if current in items else 0
-    todo = [it for it in items[start:] if is_gpu(it) and is_gate(it)
+    todo = [it for it in _from(current) if is_gpu(it) and is_gate(it)
             and not it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
     times = st.gate_times
     gates = [lanes.Gate(it.nodeid, str(it.path), times.estimate(it.nodeid, tuple(m.name for m in it.iter_markers())))
@@ -186,8 +184,12 @@ def _start_traps_ahead(st, current: pytest.Item) -> None:
         st.traps = TrapsAhead(st.pool)
 
     def upcoming() -> list[str]:
-        items = current.session.items
-        start = items.index(current) if current in items else 0
-        return [it.nodeid for it in items[start:] if it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
+        return [it.nodeid for it in _from(current) if it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
 
     st.traps.start(upcoming, current.nodeid)
+
+
+def _from(current: pytest.Item) -> list[pytest.Item]:
+    """The run's items from `current` on."""
+    items = current.session.items
+    return items[items.index(current):] if current in items else items
