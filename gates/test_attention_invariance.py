@@ -238,12 +238,12 @@ def test_decode_and_prefill_repeat_bit_for_bit(hd):
     # 1; the long rows' warps walk 4 to 32 pages each) in both merges, and of one prefill batch.
     # Every second decode repeat reuses the last one's scratch, stale partials in it, and every
     # last-CTA repeat reuses the ticket counters the last one reset; the helper puts two repeats
-    # in three on fresh non-blocking streams.
+    # in three on the other non-blocking streams.
     decode = ora.batch_case(decode_case(hd), list(islice(cycle(range(len(DECODE_QPOS))), DETERMINISM_ROWS)))
     prefill = ora.batch_case(prefill_case(hd), list(range(len(PREFILL_CHUNKS))))
     dc, _ = on_device(decode, placements("decode", hd, names=("pool",))["pool"])
     pc, _ = on_device(prefill, placements("prefill", hd, names=("pool",))["pool"])
-    _synchronize()   # uploaded before the repeats on fresh non-blocking streams read them
+    _synchronize()   # uploaded before the repeats on other non-blocking streams read them
     scale = engine_scale(hd)
     kept = {}   # variant -> (counters, the last repeat's scratch)
 

@@ -22,7 +22,7 @@ token's 8 expert rows of `opair` computed by 8 different blocks of moe_down, 11,
 all) with the seed's H and I, on fresh zeroed buffers each repeat (an engine's zeroed
 buffers: a kernel that accumulates into its output then shows the order of its additions,
 where a NaN sentinel would read as the same NaN every repeat), alternating the current
-stream with fresh non-blocking streams, and every other repeat first overwriting a 128 MiB
+stream with two other non-blocking streams, and every other repeat first overwriting a 128 MiB
 scratch buffer (more than the H200's L2), so the blocks' loads hit and miss differently
 between repeats and any race is run with other timings.
 """

@@ -17,7 +17,15 @@ None, bytes and tuples of them; other arguments are not kept on disk), the text 
 and the versions of Python, numpy and ml_dtypes. So an edit to any gate, oracle or helper
 is a miss, never a stale reference; the values of the last three source states are kept.
 A host-cached function must be a pure function of its arguments and that source: no clock,
-no unseeded randomness, no file outside the project.
+no unseeded randomness, no file outside the project. A module-level function passed as an
+argument is keyed by its module and name (its text is in the project's, or the harness's).
+
+`@host_cache(disk="source")` is for values keyed by a kernel source's text (a structural
+gate's analysis of a file): kept on disk like `disk=True` in a plain gate run, where the
+texts are the project's own and a warm run reads each analysis back, but only in memory
+in a process that serves generated sources (`serving_generated_sources()`: a campaign's
+worker, whose every mutant is a new text: kept on disk, one entry a mutant and analysis
+would fill it; what is on disk is still read there, the original's analyses among it).
 """
 
 from __future__ import annotations
@@ -35,20 +43,35 @@ _PLAIN = (str, int, float, bool, type(None), bytes)
 _MAX_FILES = 5000  # a project larger than this is not fingerprinted: no disk cache
 
 
-def host_cache(fn=None, *, disk: bool = False):
+def host_cache(fn=None, *, disk: bool | str = False):
     """`functools.cache`, marked as holding host-only data (kept across mutants). With
     `disk=True` (`@host_cache(disk=True)`), over the disk cache above too: for values that
     take seconds to compute (a float64 reference), not for those that are cheap to make and
-    large to store (random inputs)."""
+    large to store (random inputs). `disk="source"`: on disk unless this process serves
+    generated sources (module docstring)."""
+    if disk not in (True, False, "source"):
+        raise ValueError(f"host_cache(disk={disk!r}): disk is True, False or \"source\"")
+
     def mark(f):
-        cached = functools.cache(_on_disk(f) if disk else f)
+        cached = functools.cache(_on_disk(f, disk == "source") if disk else f)
         cached.harness_host_cache = True
         return cached
 
     return mark(fn) if fn is not None else mark
 
 
-def _on_disk(fn):
+_GENERATED_SOURCES = False
+
+
+def serving_generated_sources(on: bool = True) -> None:
+    """Say that this process serves generated kernel sources (a campaign's mutants): from now
+    on a `host_cache(disk="source")` value it computes stays in memory, not written to disk
+    (what is on disk is still read)."""
+    global _GENERATED_SOURCES
+    _GENERATED_SOURCES = on
+
+
+def _on_disk(fn, per_source: bool = False):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         path = _path(fn, args, kwargs)
@@ -58,7 +81,7 @@ def _on_disk(fn):
             except Exception:  # noqa: BLE001 - absent, torn or from another numpy: compute it
                 pass
         value = fn(*args, **kwargs)
-        if path is not None:
+        if path is not None and not (per_source and _GENERATED_SOURCES):  # read, never written, there
             _store(path, value)
         return value
 
@@ -75,21 +98,34 @@ def folder() -> Path | None:
     return Path(_settings.current().cache_dir) / "host"
 
 
-def _plain(value) -> bool:
+class _NotKept(Exception):
+    """An argument the disk key cannot name."""
+
+
+def _key(value):
+    """What names `value` in a disk key: plain values as they are, tuples element by element,
+    a module-level function by its module and name; anything else is not kept on disk."""
     if isinstance(value, tuple):
-        return all(_plain(v) for v in value)
-    return isinstance(value, _PLAIN)
+        return tuple(_key(v) for v in value)
+    if isinstance(value, _PLAIN):
+        return value
+    if inspect.isfunction(value) and "<" not in value.__qualname__:  # not a lambda or a local function
+        return ("function", value.__module__, value.__qualname__)
+    raise _NotKept
 
 
 def _path(fn, args, kwargs) -> Path | None:
     base = folder()
-    if base is None or not _plain(args) or not _plain(tuple(kwargs.values())):
+    if base is None:
+        return None
+    try:
+        named = (_key(tuple(args)), sorted((k, _key(v)) for k, v in kwargs.items()))
+    except _NotKept:
         return None
     project = _project_fingerprint(_project_of(fn))
     if project is None:
         return None
-    key = hashlib.sha256(repr((fn.__module__, fn.__qualname__, args, sorted(kwargs.items()),
-                               _versions())).encode()).hexdigest()
+    key = hashlib.sha256(repr((fn.__module__, fn.__qualname__, *named, _versions())).encode()).hexdigest()
     return _generation(base, project) / f"{key}.pkl"
 
 

@@ -13,8 +13,14 @@ not checked), cycled.
 
 `assert_deterministic(label, run, repeats=..., variants=...)` calls `run(repeat, variant)`
 `repeats` times under each variant and requires the same bits each time. Repeats alternate
-between the current stream and fresh non-blocking streams (`streams=False` keeps the
-current one); `run` gets the repeat index, to vary what it launches around the kernel.
+between the current stream and two other non-blocking streams (`streams=False` keeps the
+current one); `run` gets the repeat index, to vary what it launches around the kernel. The
+two streams are made once a process and device and kept: CuPy's memory pool keeps a freed
+block for the stream it was allocated on, so a new stream each repeat made every buffer of
+every repeat a new `cudaMalloc` (3.5 ms for a split-K scratch, issue 32's profile) and grew
+the pool by a repeat's buffers each time. What the repeat runs on is the same either way: a
+non-blocking stream other than the current one, idle when the repeat starts (each repeat is
+synchronised before the next).
 
 Both raise `BitsMismatch` subclasses naming where the bits differ (the row, the batch size
 and position, the variant, or the repeat) and then the first differing element as
@@ -146,9 +152,24 @@ def assert_deterministic(label: str, run, *, repeats: int = 10, variants=None, s
                         f"{', '.join(sorted(kinds))}")
 
 
+_STREAMS: dict[int, tuple] = {}  # device id -> the two non-blocking streams repeats take turns on
+
+
+def _other_stream(repeat: int):
+    """One of two non-blocking streams of the current device, by the repeat's parity; made on
+    first use and kept (module docstring)."""
+    import cupy
+
+    device = cupy.cuda.runtime.getDevice()
+    if device not in _STREAMS:
+        _STREAMS[device] = (cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True))
+    return _STREAMS[device][repeat % 2]
+
+
 def _on_stream(call, repeat: int):
     """(call()'s output on the host, which stream) with repeat 0 and every third repeat on the
-    current stream and the others on a fresh non-blocking stream, synchronised before reading."""
+    current stream and the others on one of two non-blocking streams, synchronised before
+    reading."""
     if repeat % 3 == 0:
         return _host(call()), "the current stream"
     try:
@@ -156,11 +177,11 @@ def _on_stream(call, repeat: int):
 
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("no device")
-        stream = cupy.cuda.Stream(non_blocking=True)
+        stream = _other_stream(repeat)
     except Exception:  # noqa: BLE001 - no CuPy or no device: a host run (the harness's own tests)
         return _host(call()), "the current stream"
     with stream:
         out = call()
         stream.synchronize()
         host = _host(out)
-    return host, "fresh non-blocking streams"
+    return host, "other non-blocking streams"

@@ -33,6 +33,26 @@ def of_set(s):
 def in_memory(n):
     CALLS.append(("memory", n))
     return n
+
+
+def double(x):
+    return 2 * x
+
+
+def triple(x):
+    return 3 * x
+
+
+@host_cache(disk=True)
+def applied(f, n):
+    CALLS.append(("applied", n))
+    return f(n)
+
+
+@host_cache(disk="source")
+def analysis(text):
+    CALLS.append(("analysis", text))
+    return len(text)
 '''
 
 
@@ -121,3 +141,35 @@ def test_a_torn_file_is_computed_again_and_replaced(project, tmp_path):
     again = _new_process(project)
     again.table(4)
     assert again.CALLS == [], "the recomputed value replaced the torn file"
+
+
+def test_a_module_level_function_argument_is_keyed_by_its_name(project, tmp_path):
+    mod = _load(project)
+    assert mod.applied(mod.double, 4) == 8 and mod.applied(mod.triple, 4) == 12
+    assert len(list((tmp_path / "host").rglob("*.pkl"))) == 2, "one entry a function"
+    again = _new_process(project)
+    assert again.applied(again.double, 4) == 8 and again.applied(again.triple, 4) == 12
+    assert again.CALLS == [], "both read back under their own names"
+    assert again.applied(lambda x: x, 4) == 4  # a lambda has no name to key it by
+    assert len(list((tmp_path / "host").rglob("*.pkl"))) == 2
+
+
+def test_a_source_keyed_value_is_on_disk_unless_the_process_serves_generated_sources(project, tmp_path):
+    mod = _load(project)
+    try:
+        assert mod.analysis("the project's text") == 18
+        assert len(list((tmp_path / "host").rglob("*.pkl"))) == 1
+        assert _new_process(project).analysis("the project's text") == 18
+        caching.serving_generated_sources()  # a campaign's worker: every mutant a new text
+        worker = _new_process(project)
+        assert worker.analysis("the project's text") == 18 and worker.CALLS == [], "still read back"
+        assert worker.analysis("a mutant's text") == 15 and worker.analysis("a mutant's text") == 15
+        assert worker.CALLS == [("analysis", "a mutant's text")], "kept in memory"
+        assert len(list((tmp_path / "host").rglob("*.pkl"))) == 1, "a mutant's text is not kept on disk"
+    finally:
+        caching.serving_generated_sources(False)
+
+
+def test_a_disk_mode_that_is_not_one_of_the_three_is_refused():
+    with pytest.raises(ValueError, match="disk is True, False or \"source\""):
+        caching.host_cache(disk="yes")

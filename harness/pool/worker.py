@@ -332,9 +332,10 @@ def run_set(session, items: dict, sink: ReportSink, msg: dict, props: list) -> d
     stopping at the first kill by assertion unless told to run them all, and at a gate that
     poisoned the context (the rest go to another fresh worker). The trap gates named in
     `trap_shadow` run in the trap shadow, here, their guards counted instead of trapping."""
-    from harness import _settings, ref_launchers
+    from harness import _settings, caching, ref_launchers
     from harness.records import Outcome, Route
 
+    caching.serving_generated_sources()  # a mutant's source analyses are not kept on disk
     _settings.configure(kernel_root=msg["kernel_root"])
     gates = list(msg["gates"])
     try:  # a comparison's side over another kernel tree runs that tree's launchers
