@@ -79,6 +79,7 @@ class Constants:
         self._absorb(text)
         self._evaluating: set[str] = set()
         self._values: dict[str, int] = {}  # each name evaluated once (a macro's text is parsed each time)
+        self._compiled: dict = {}  # `evaluate`'s closures of the expressions evaluated with these constants
 
     def _absorb(self, text: str) -> None:
         tree = parse(text)
@@ -160,50 +161,96 @@ _BINARY = {
     ">=": lambda a, b: int(a >= b), "==": lambda a, b: int(a == b), "!=": lambda a, b: int(a != b),
     "&&": lambda a, b: int(bool(a) and bool(b)), "||": lambda a, b: int(bool(a) or bool(b)),
 }
+_UNARY = {"-": lambda v: -v, "+": lambda v: v, "~": lambda v: ~v, "!": lambda v: int(not v)}
 
 
 def evaluate(node, env: dict[str, int], consts: Constants) -> int:
-    """The integer value of expression `node`; `env` binds loop variables."""
+    """The integer value of expression `node`; `env` binds loop variables. The node is
+    compiled once into a closure over `env` (`_compile`, kept by `consts` for as long as it
+    lives): a structural gate evaluates the same expressions for every thread of a block."""
+    key = (node.id, node.start_byte, node.end_byte, node.type, node.text)
+    found = consts._compiled.get(key)
+    if found is None:
+        # the node is kept with its closure: it keeps its tree alive, so no other tree's node
+        # can take its id while the entry lives (an inline leaf's id is its kind and size,
+        # not an address: the text in the key tells two of them apart)
+        found = consts._compiled[key] = (_compile(node, consts), node)
+    return found[0](env)
+
+
+def _unevaluable(message: str):
+    def fail(env):
+        raise Unevaluable(message)
+    return fail
+
+
+def _compile(node, consts: Constants):
+    """A function of `env` that returns what the tree walk of `evaluate`'s contract gives, or
+    raises the same Unevaluable: every name read from `env` first, then from `consts`, both
+    sides of a binary operator evaluated before it is applied (`&&` and `||` too), one branch
+    of `?:`."""
     kind = node.type
     if kind == "number_literal":
-        return int_literal(text_of(node))
+        try:
+            value = int_literal(text_of(node))
+        except Unevaluable as exc:
+            return _unevaluable(str(exc))
+        return lambda env: value
     if kind == "parenthesized_expression" and node.named_child_count == 1:
-        return evaluate(node.named_children[0], env, consts)
+        return _compile(node.named_children[0], consts)
     if kind == "identifier":
         name = text_of(node)
-        return env[name] if name in env else consts.value(name)
-    if kind == "field_expression" and text_of(node) in env:  # threadIdx.x, bound by the caller
-        return env[text_of(node)]
+        return lambda env: env[name] if name in env else consts.value(name)
     if kind == "qualified_identifier":  # pa::LANES: namespace constants are read by their own name
         name = text_of(node).split("::")[-1].strip()
-        return env[name] if name in env else consts.value(name)
+        return lambda env: env[name] if name in env else consts.value(name)
+    generic = (f"`{text_of(node)}` is not an integer constant expression this gate reads "
+               "(literals, constants, casts, + - * / % << >> & | ^ ~, comparisons and `?:`)")
+    if kind == "field_expression":  # threadIdx.x, bound by the caller
+        spelled = text_of(node)
+
+        def field(env):
+            if spelled in env:
+                return env[spelled]
+            raise Unevaluable(generic)
+        return field
     if kind == "unary_expression":
-        op, arg = text_of(node.child_by_field_name("operator")), node.child_by_field_name("argument")
-        value = evaluate(arg, env, consts)
-        ops = {"-": lambda v: -v, "+": lambda v: v, "~": lambda v: ~v, "!": lambda v: int(not v)}
-        if op in ops:
-            return ops[op](value)
+        arg = _compile(node.child_by_field_name("argument"), consts)
+        op = _UNARY.get(text_of(node.child_by_field_name("operator")))
+        if op is None:
+            def unknown(env):
+                arg(env)
+                raise Unevaluable(generic)
+            return unknown
+        return lambda env: op(arg(env))
     if kind in ("true", "false"):
-        return int(kind == "true")
+        value = int(kind == "true")
+        return lambda env: value
     if kind == "cast_expression":  # `(unsigned long long)slot`: the value, wrapped as an unsigned type wraps
-        value = evaluate(node.child_by_field_name("value"), env, consts)
+        value = _compile(node.child_by_field_name("value"), consts)
         spelled = " ".join(text_of(node.child_by_field_name("type")).split())
         if spelled.startswith("unsigned"):
-            return value % (1 << (64 if "long long" in spelled else 32))
+            modulus = 1 << (64 if "long long" in spelled else 32)
+            return lambda env: value(env) % modulus
         return value
     if kind == "conditional_expression":  # `c ? a : b`
-        cond = evaluate(node.child_by_field_name("condition"), env, consts)
-        return evaluate(node.child_by_field_name("consequence" if cond else "alternative"), env, consts)
+        cond, yes, no = (_compile(node.child_by_field_name(f), consts)
+                         for f in ("condition", "consequence", "alternative"))
+        return lambda env: yes(env) if cond(env) else no(env)
     if kind == "binary_expression":
         op = text_of(node.child_by_field_name("operator"))
-        left = evaluate(node.child_by_field_name("left"), env, consts)
-        right = evaluate(node.child_by_field_name("right"), env, consts)
+        left = _compile(node.child_by_field_name("left"), consts)
+        right = _compile(node.child_by_field_name("right"), consts)
         if op in ("/", "%"):
-            return _c_div(left, right, op)
-        if op in _BINARY:
-            return _BINARY[op](left, right)
-    raise Unevaluable(f"`{text_of(node)}` is not an integer constant expression this gate reads "
-                      "(literals, constants, casts, + - * / % << >> & | ^ ~, comparisons and `?:`)")
+            return lambda env: _c_div(left(env), right(env), op)
+        apply = _BINARY.get(op)
+        if apply is None:
+            def unknown_binary(env):
+                left(env), right(env)
+                raise Unevaluable(generic)
+            return unknown_binary
+        return lambda env: apply(left(env), right(env))
+    return _unevaluable(generic)
 
 
 # ------------------------------------------------------------------ loops

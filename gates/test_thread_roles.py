@@ -230,7 +230,8 @@ LANE_KERNELS = [("fp8_gemv.cu", "fp8_gemv"), ("lm_head.cu", "lm_head_partial"), 
 def _lanes(consts, tree, file: str, name: str) -> tuple[bool, int | None, tuple]:
     """(has a `lane` local, block, (thread, its lane) for each thread whose lane is not its own)."""
     fn = defined(tree, file, name)
-    if "lane" not in dict(initialisers(fn)):
+    inits = initialisers(fn)
+    if "lane" not in dict(inits):
         return False, None, ()
     targs = TEMPLATE_ARGS.get((file, name), {})
     block = block_size(fn, consts, targs)
@@ -238,7 +239,7 @@ def _lanes(consts, tree, file: str, name: str) -> tuple[bool, int | None, tuple]
         return True, block, ()
     wrong = []
     for tid in range(block):
-        env = thread_env(fn, initialisers(fn), consts, tid, block, extra={**targs, **BLOCK_INDEX})
+        env = thread_env(fn, inits, consts, tid, block, extra={**targs, **BLOCK_INDEX})
         if env.get("lane") != tid % WARP:
             wrong.append((tid, env.get("lane", "unevaluable")))
     return True, block, tuple(wrong)
