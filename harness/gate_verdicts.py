@@ -48,6 +48,17 @@ def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bo
         return synthetic(item, Outcome.FAILED.value, text,
                          facts + [("route", Route.TIMEOUT.value), ("first_failure_line", line)],
                          duration=result.seconds)
+    if result.hung_in is not None:
+        kernel, where = result.hung_in
+        line = f"stopped at its launch of {kernel}, which hung in {where}"
+        text = (f"not waited for: this gate launched {kernel}, the last kernel launched when {where} ran past its "
+                f"deadline earlier in this run, so its worker was stopped at that launch rather than waited for to "
+                f"its own deadline of {deadline:g} s (N gates that launch a hung kernel would cost N deadlines to say "
+                f"one thing). This is no verdict on the gate's property: fix the hang, or run this gate alone "
+                f"(pytest '{item.nodeid}') or with --harness-wait-hung to see its own verdict.")
+        return synthetic(item, Outcome.FAILED.value, text,
+                         facts + [("route", Route.ERROR.value), ("first_failure_line", line)],
+                         duration=result.seconds)
     if result.died is not None:
         tail = st.pool.log_tail() if st.pool is not None else ""
         text = f"{result.died}; the worker's output ended:\n{tail}" if tail else result.died

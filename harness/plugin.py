@@ -70,6 +70,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sanitize", default=None, choices=("memcheck", "racecheck", "initcheck", "synccheck"),
                     help="run the GPU gates under NVIDIA compute-sanitizer with this tool; a finding turns the gate "
                          "that launched the kernel red by route sanitizer (trap gates are skipped)")
+    group.addoption("--harness-wait-hung", action="store_true", default=False,
+                    help="wait every GPU gate's own deadline; by default a gate that launches a kernel that was "
+                         "the last launched when an earlier gate timed out is stopped at that launch, red by route error")
     group.addoption("--harness-lanes", default=None, metavar="N",
                     help="ordinary GPU gates run on N warm workers at once, whole modules to a lane (ini "
                          "harness_lanes; default auto: half the cores, at most 8; 1 runs them in order on one)")

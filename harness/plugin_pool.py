@@ -47,6 +47,8 @@ def new_pool(st, config: pytest.Config, fork: bool = False) -> controller.Pool:
     except controller.PoolError as exc:  # a temp dir too deep for the pool's socket: the fix is the user's
         raise pytest.UsageError(str(exc)) from None
     pool_config.sanitizer_log_dir = pool.tmp
+    if config.getoption("harness_wait_hung", False):
+        pool.hung = None  # every gate waits its own deadline, whatever hung before it
     if st.sanitizer_cmd is None:
         try:
             pool.start_server(fork=fork)
@@ -122,11 +124,11 @@ def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float, de
     _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
     if ahead is None:
         worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None)
-    result = worker.wait(deadline)
+    result = worker.wait(deadline, hung=None if trap else st.pool.hung)
     _trace(f"  done in worker {result.phases}")
     if trap:
         worker.kill()
-    elif st.gate_times is not None and not (result.timed_out or result.died):
+    elif st.gate_times is not None and not (result.timed_out or result.died or result.hung_in):
         st.gate_times.record(item.nodeid, result.seconds)
     return worker, result
 

@@ -209,3 +209,55 @@ def test_trap_gates_start_ahead_while_the_run_waits_on_a_lane(suite):
     result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "2", "--harness-report", "rep")
     result.assert_outcomes(passed=3)
     assert _report(suite)["test_a.py::test_trap"]["outcome"] == "passed"
+
+
+# A gate that hangs after announcing a launch of kernel k.cu:spin, then gates that launch it,
+# and one that launches another kernel. The launches are announced as harness.kernels' own
+# launches announce themselves to the pool's worker.
+HUNG_KERNEL = """
+import time, pytest
+from harness.kernels import note_launch
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_hangs():
+    note_launch("k.cu:spin")
+    time.sleep(3600)
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_launches_it_and_hangs():
+    note_launch("k.cu:spin")
+    time.sleep(3600)
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_launches_another_kernel():
+    note_launch("k.cu:other")
+"""
+
+
+def test_a_gate_that_launches_a_kernel_that_hung_earlier_is_stopped_at_the_launch_not_waited_for(suite):
+    suite.makepyfile(test_h=HUNG_KERNEL)
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "1", "--harness-deadline", "2",
+                                        "--harness-report", "rep")
+    result.assert_outcomes(passed=1, failed=2)
+    gates = _report(suite)
+    assert gates["test_h.py::test_hangs"]["route"] == "timeout"
+    stopped = gates["test_h.py::test_launches_it_and_hangs"]
+    assert stopped["route"] == "error", "stopped at the launch: not a second timeout"
+    assert stopped["first_failure_line"] == "stopped at its launch of k.cu:spin, which hung in test_h.py::test_hangs"
+    result.stdout.fnmatch_lines(["*not waited for: this gate launched k.cu:spin*run this gate alone*"
+                                 "--harness-wait-hung*"])
+    assert gates["test_h.py::test_launches_another_kernel"]["outcome"] == "passed"
+
+
+def test_with_wait_hung_each_gate_that_launches_the_kernel_waits_its_own_deadline(suite):
+    # The control of the test above: without the stop, the second gate times out on its own.
+    suite.makepyfile(test_h=HUNG_KERNEL)
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "1", "--harness-deadline", "2",
+                                        "--harness-wait-hung", "--harness-report", "rep")
+    result.assert_outcomes(passed=1, failed=2)
+    gates = _report(suite)
+    assert [gates[f"test_h.py::{g}"]["route"] for g in ("test_hangs", "test_launches_it_and_hangs")] == \
+        ["timeout", "timeout"]

@@ -44,6 +44,27 @@ class RunResult:
     phases: dict = field(default_factory=dict)  # setup / call / teardown seconds inside the worker
     seconds: float = 0.0  # from the gate's start in the worker to its verdict
     waited: float = 0.0  # how long the pytest process waited for it (its cost to the run)
+    # (kernel, gate): stopped when it launched a kernel that hung in an earlier gate (`Hung`)
+    hung_in: tuple[str, str] | None = None
+
+
+class Hung:
+    """The kernels that were the last launched when a gate ran past its deadline, each with
+    that gate ({kernel: nodeid}): one run's, shared by its lanes. A later ordinary gate that
+    launches one is stopped at that launch (`Worker.wait`), not waited for to its own
+    deadline: the run already knows the kernel hangs, and N gates that launch it would
+    otherwise cost N deadlines to say so. Its verdict says so and how to see its own."""
+
+    def __init__(self):
+        self.kernels: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def note(self, kernel: str, nodeid: str) -> None:
+        with self._lock:
+            self.kernels.setdefault(kernel, nodeid)
+
+    def where(self, kernel: str | None) -> str | None:
+        return self.kernels.get(kernel) if kernel else None
 
 
 class Worker:
@@ -64,15 +85,23 @@ class Worker:
         self.set_seconds = 0.0  # the last run_set: from the send to its reply, in this process
         self.set_phases: dict = {}  # the last run_set, as the worker timed it: protocol_s, reset_s
         self.exits: Exits | None = None  # the pool's record of killed workers still exiting
+        self._stopped_at: str | None = None  # the hung kernel the last gate launched (`wait`)
 
     def start(self, nodeid: str, nextid: str | None) -> None:
         """Send the gate; `wait` collects the verdict (a trap gate may be started ahead)."""
+        self.current_gate = nodeid
         self._send({"op": "run", "nodeid": nodeid, "nextid": nextid})
 
-    def wait(self, deadline: float) -> RunResult:
-        """The verdict, or a timeout `deadline` seconds after `start`."""
+    def wait(self, deadline: float, hung: Hung | None = None) -> RunResult:
+        """The verdict, or a timeout `deadline` seconds after `start`. With `hung`: a timeout
+        is noted there under the last kernel launched, and the gate is stopped (the worker
+        killed, `RunResult.hung_in`) when it launches a kernel noted there by another gate."""
         result = RunResult()
-        msg, result.timed_out, result.died, result.last_launch = self._receive("done", deadline)
+        msg, result.timed_out, result.died, result.last_launch = self._receive("done", deadline, hung=hung)
+        if hung is not None and result.timed_out and result.last_launch:
+            hung.note(result.last_launch, self.current_gate)
+        if self._stopped_at is not None:
+            result.hung_in = (self._stopped_at, hung.where(self._stopped_at))
         if msg is not None:
             result.reports = msg["reports"]
             result.poisoned = bool(msg.get("poisoned"))
@@ -112,10 +141,12 @@ class Worker:
         except OSError as exc:
             self._send_error = f"the worker could not be sent the gate ({exc})"
 
-    def _receive(self, done: str, deadline: float, gate_deadlines: dict | None = None):
+    def _receive(self, done: str, deadline: float, gate_deadlines: dict | None = None, hung: Hung | None = None):
         """(the `done` message or None, timed out, why it died or None, the last kernel
         launched): waits at most `deadline` seconds after the send, and each announced gate
-        at most its own `gate_deadlines` entry; a worker past either, or gone, is killed."""
+        at most its own `gate_deadlines` entry; a worker past either, or gone, is killed, and
+        so is one that launches a kernel `hung` holds (`self._stopped_at` names it)."""
+        self._stopped_at = None
         if self._send_error:
             self.kill()
             return None, False, self._send_error, None
@@ -136,6 +167,10 @@ class Worker:
                 return None, False, "the worker process ended without a verdict (it crashed or was killed)", last
             if msg.get("op") == "launch":
                 last = msg.get("name")
+                if hung is not None and hung.where(last) not in (None, self.current_gate):
+                    self._stopped_at = last
+                    self.kill()
+                    return None, False, None, last
             elif msg.get("op") == "gate":
                 self.current_gate = msg.get("nodeid")
                 seconds = (gate_deadlines or {}).get(msg.get("nodeid"))
@@ -248,6 +283,9 @@ class Pool:
         # Lanes (harness.pool.lanes) take workers from their own threads: taking, asking
         # for and keeping spares happens under this lock.
         self.lock = threading.RLock()
+        # The kernels that hung in this run's gates; None waits every gate's own deadline
+        # (--harness-wait-hung).
+        self.hung: Hung | None = Hung()
 
     # ---------------------------------------------------------------- start-up
 

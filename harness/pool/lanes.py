@@ -208,7 +208,7 @@ class Lanes:
                 nextid = lane[i + 1] if i + 1 < len(lane) else None
                 trace(f"  lane {index}: start {nodeid}")
                 worker.start(nodeid, nextid)
-                result = worker.wait(self.deadline_of(nodeid))
+                result = worker.wait(self.deadline_of(nodeid), hung=self.pool.hung)
             except (PoolError, OSError, ValueError) as exc:
                 # No worker could be had (the GPU is gone), or the pool closed under the lane
                 # (the run was stopped): the gate has no verdict, and says why.
@@ -216,7 +216,7 @@ class Lanes:
                 slot.done.set()
                 worker = None
                 continue
-            if self.times is not None and not (result.timed_out or result.died):
+            if self.times is not None and not (result.timed_out or result.died or result.hung_in):
                 self.times.record(nodeid, result.seconds)
             slot.worker, slot.result = worker, result
             slot.done.set()
