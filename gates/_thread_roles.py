@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import re
 
-from gates._warp_structure import Constants, Unevaluable, evaluate, loop_values, loop_variable, text_of
+from gates._warp_structure import Constants, Unevaluable, compiled, evaluate, loop_values, loop_variable, text_of
 from harness.caching import host_cache
 from harness.cuda_syntax import function_name, parse, walk
 
@@ -226,10 +226,16 @@ def thread_env(fn, inits, consts: Constants, tid: int, block: int, size: int = 2
         if name in env or (only is not None and name not in only):
             continue
         try:
-            env[name] = evaluate(value, env, consts)
+            env[name] = value(env) if callable(value) else evaluate(value, env, consts)
         except Unevaluable:
             continue
     return env
+
+
+def compiled_inits(inits, consts: Constants) -> list:
+    """`inits` with each value node compiled (`_warp_structure.compiled`): what `thread_env`
+    takes from a caller that asks for every thread of a block."""
+    return [(name, compiled(value, consts)) for name, value in inits]
 
 
 def hardware_warp(envs, hw: int) -> list[dict]:
@@ -328,6 +334,7 @@ def partition_problem(fn, loop, inits, consts: Constants, block: int, sizes=SIZE
         return f"`{loop_head(loop)}`: the condition is not `{var} < bound`"
     only = needed([loop.child_by_field_name("initializer"), cond, loop.child_by_field_name("update")], inits)
     params = size_parameters(fn)
+    inits = compiled_inits(inits, consts)
     for size in sizes:
         env0 = thread_env(fn, inits, consts, 0, block, size, extra=extra, only=only, params=params, caps=caps)
         bound = evaluate(cond.child_by_field_name("right"), env0, consts)
@@ -499,11 +506,12 @@ def shared_writers(fn, store, consts: Constants, block: int, scope: int, extra: 
               if node.type == "init_declarator" and node.child_by_field_name("declarator").type == "pointer_declarator"
               and _names(node.child_by_field_name("value")) & dep}
     stored = False
+    fast = compiled_inits(inits, consts)
     for size in sizes:
         seen: dict[tuple, list[int]] = {}
         for tid in range(block):
             own = {name: evaluate(node, {THREAD: tid, BLOCK: block}, consts) for name, node in bound.items()}
-            env = store_env(fn, store, inits, consts, tid, block, {**(extra or {}), **own}, params, size, caps)
+            env = store_env(fn, store, fast, consts, tid, block, {**(extra or {}), **own}, params, size, caps)
             if not passes(conds, env, consts):
                 continue
             where = address(target, env, consts, moving)

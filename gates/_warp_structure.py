@@ -168,14 +168,20 @@ def evaluate(node, env: dict[str, int], consts: Constants) -> int:
     """The integer value of expression `node`; `env` binds loop variables. The node is
     compiled once into a closure over `env` (`_compile`, kept by `consts` for as long as it
     lives): a structural gate evaluates the same expressions for every thread of a block."""
+    return compiled(node, consts)(env)
+
+
+def compiled(node, consts: Constants):
+    """`evaluate` of `node` as a function of `env` alone, for a caller that evaluates one
+    expression under many environments (every thread of a block)."""
+    # the node is kept with its closure: it keeps its tree alive, so no other tree's node can
+    # take its id while the entry lives (an inline leaf's id is its kind and size, not an
+    # address: the text in the key tells two of them apart)
     key = (node.id, node.start_byte, node.end_byte, node.type, node.text)
     found = consts._compiled.get(key)
     if found is None:
-        # the node is kept with its closure: it keeps its tree alive, so no other tree's node
-        # can take its id while the entry lives (an inline leaf's id is its kind and size,
-        # not an address: the text in the key tells two of them apart)
         found = consts._compiled[key] = (_compile(node, consts), node)
-    return found[0](env)
+    return found[0]
 
 
 def _unevaluable(message: str):
