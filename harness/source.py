@@ -15,6 +15,8 @@ Failures raise `SourceError` naming what was looked for, where, and what to do.
 
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +86,14 @@ def strip_comments_and_literals(text: str) -> str:
     Newlines survive (so line numbers do) and the result has the same length (so
     offsets do). Quotes stay, their contents go: `f("a{")` becomes `f("  ")`. Raw
     strings `R"d(...)d"` are handled; a `'` inside a number (`1'000`) is a digit
-    separator, not a character literal. Idempotent.
+    separator, not a character literal. Idempotent. Kept for the last texts asked for: the
+    structural gates of one mutant each strip the same file (3 ms a call on a kernel file).
     """
+    return _stripped(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _stripped(text: str) -> str:
     chars = list(text)
     i, n = 0, len(text)
     while i < n:
