@@ -4,7 +4,18 @@ text changes. A mutation campaign's warm worker keeps it from mutant to mutant."
 
 from __future__ import annotations
 
+import pytest
+
 from gates._thread_roles import analysed, defined, reachable_text
+from harness import caching
+
+
+@pytest.fixture(autouse=True)
+def own_disk_cache(tmp_path, monkeypatch):
+    """A disk cache of this test's own: `analysed` keeps its answers on disk between runs
+    (`host_cache(disk="source")`), and these tests count what is computed, not read back
+    from an earlier run's cache."""
+    monkeypatch.setenv(caching.HOST_CACHE_ENV, str(tmp_path / "host"))
 
 SOURCE = """#define CALL_HELPER(x) macro_helper(x)
 constexpr int N = 4;
