@@ -208,7 +208,9 @@ def test_a_hung_run_is_killed_at_the_deadline_and_recorded_as_timeout(tmp_path, 
     real_run_gates = runner.run_gates
     monkeypatch.setattr(runner, "run_gates", run_gates)
     try:
-        result = run_campaign(config(suite, names=("hangs",), deadline=8.0))
+        # 4 s: the child starts, compiles nothing (the control did) and reaches the hang in about 1 s;
+        # the baseline gets 4 times as long. Any deadline gives a timeout (the gate sleeps 600 s).
+        result = run_campaign(config(suite, names=("hangs",), deadline=4.0))
         left = sorted(p.name for p in private.iterdir())
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -217,11 +219,11 @@ def test_a_hung_run_is_killed_at_the_deadline_and_recorded_as_timeout(tmp_path, 
     assert (r.verdict, r.matches) == (Verdict.TIMEOUT, False)
     assert r.note.startswith("killed at the deadline")
     # one pytest for the baseline, green; one for the control, killed once its deadline (the
-    # control's 8 s less its compile) passed: not before it, and not waited out (its gate
+    # control's 4 s less its compile) passed: not before it, and not waited out (its gate
     # sleeps 600 s), nor run again. (Its wall time is the machine's: no bound on it here.)
     (base_deadline, base_cut, _), (deadline, cut, seconds) = runs
-    assert not base_cut and cut and deadline <= 8.0 and seconds >= deadline, runs
-    assert r.seconds >= 8.0
+    assert not base_cut and cut and deadline <= 4.0 and seconds >= deadline, runs
+    assert r.seconds >= 4.0
     assert processes_mentioning("harness-hangs-") == []  # the child's whole group is gone
     assert sandboxes("hangs") == []
     assert tree_hash(suite / "kernels") == before
