@@ -237,7 +237,7 @@ def test_waiting_for_a_worker_does_not_count_against_the_mutants_deadline(suite,
 def test_a_hang_is_a_timeout_and_the_next_mutant_gets_a_new_worker(suite):
     root, ex = suite
     box = _mutant(root, "spin", KERNEL + "// SPIN\n")
-    runs = ex.run(box, GATE_IDS[2:], 3)
+    runs = ex.run(box, GATE_IDS[2:], 2)
     assert runs.timed_out
     ok = ex.run(_mutant(root, "after", KERNEL), GATE_IDS[:1], 60)
     assert ok.outcomes[0].outcome == "passed"

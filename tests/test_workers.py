@@ -85,13 +85,13 @@ def test_a_gate_blocked_in_c_with_signals_masked_gets_timeout_and_the_rest_their
     """)
     # (the run ends at all only because the watchdog killed b's worker: nothing else ends a
     # sleep in C with every signal masked; the records below say so, whatever the run's wall time)
-    result = suite.runpytest_subprocess("--require-gpu", "--harness-deadline", "3", "--harness-report", "rep",
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-deadline", "2", "--harness-report", "rep",
                                         "--junitxml", "junit.xml")
     result.assert_outcomes(passed=2, failed=2)
     gates = _gates(suite)
     b = gates["test_b_hangs"]
     assert (b["outcome"], b["route"]) == ("failed", "timeout")
-    assert "timeout after 3 s (--harness-deadline)" in b["first_failure_line"]
+    assert "timeout after 2 s (--harness-deadline)" in b["first_failure_line"]
     assert "killed and replaced" in b["failure_message"]
     assert gates["test_c_green_after"]["outcome"] == "passed"
     assert gates["test_c_green_after"]["worker"] != b["worker"]
