@@ -60,6 +60,10 @@ def project(pytester, monkeypatch, tmp_path):
     pytester.makeini("[pytest]\nharness_gates = gates\nkernel_root = kernels\n")
     (pytester.mkdir("gates") / "test_k.py").write_text(GATE)
     (pytester.mkdir("kernels") / "k.cu").write_text('#define SCALE 3\nextern "C" __global__ void k() {}\n')
+    # pytest itself writes the gate module's rewritten bytecode beside it (unless
+    # PYTHONDONTWRITEBYTECODE is set), as in any project that ignores it; the kernel root is
+    # not ignored: a file the harness left there would still show
+    (pytester.path / ".gitignore").write_text("gates/__pycache__/\n")
     git(pytester.path, "init", "-q", "-b", "main")
     git(pytester.path, "-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
     git(pytester.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "scale 3")
