@@ -128,7 +128,7 @@ def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float, de
     _trace(f"  done in worker {result.phases}")
     if trap:
         worker.kill()
-    elif st.gate_times is not None and not (result.timed_out or result.died or result.hung_in):
+    elif st.gate_times is not None and result.ran_to_its_end:
         st.gate_times.record(item.nodeid, result.seconds)
     return worker, result
 

@@ -47,6 +47,12 @@ class RunResult:
     # (kernel, gate): stopped when it launched a kernel that hung in an earlier gate (`Hung`)
     hung_in: tuple[str, str] | None = None
 
+    @property
+    def ran_to_its_end(self) -> bool:
+        """The gate gave its verdict in the worker (not cut by its deadline, a dead worker or a
+        hung kernel): `seconds` is what it takes, a time worth keeping for the next run's lanes."""
+        return not (self.timed_out or self.died or self.hung_in)
+
 
 class Hung:
     """The kernels that were the last launched when a gate ran past its deadline, each with

@@ -216,7 +216,7 @@ class Lanes:
                 slot.done.set()
                 worker = None
                 continue
-            if self.times is not None and not (result.timed_out or result.died or result.hung_in):
+            if self.times is not None and result.ran_to_its_end:
                 self.times.record(nodeid, result.seconds)
             slot.worker, slot.result = worker, result
             slot.done.set()
