@@ -17,7 +17,7 @@ between the current stream and two other non-blocking streams (`streams=False` k
 current one); `run` gets the repeat index, to vary what it launches around the kernel. The
 two streams are made once a process and device and kept: CuPy's memory pool keeps a freed
 block for the stream it was allocated on, so a new stream each repeat made every buffer of
-every repeat a new `cudaMalloc` (3.5 ms for a split-K scratch, issue 32's profile) and grew
+every repeat a new `cudaMalloc` (milliseconds for a split-K scratch) and grew
 the pool by a repeat's buffers each time. What the repeat runs on is the same either way: a
 non-blocking stream other than the current one, idle when the repeat starts (each repeat is
 synchronised before the next).
