@@ -73,6 +73,13 @@ def start_pool(st, config: pytest.Config, items: list[pytest.Item]) -> None:
 
     traps = sum(1 for it in items if it.get_closest_marker("trap"))
     st.pool.config.spares = first_spares(traps)  # every trap gate can start at the run's beginning
+    # Workers that run gates at once (the lanes, or xdist's workers, a pool each) share the
+    # host's cores: each keeps to its share of BLAS threads (harness.pool.worker.limit_blas).
+    at_once = int(config.workerinput.get("workercount", 1)) if st.is_worker else lanes_wanted(st, config)
+    if at_once > 1:
+        from harness.pool import lanes, worker
+
+        st.pool.config.worker_env = {worker.BLAS_THREADS_ENV: str(lanes.blas_share(at_once))}
     early = not st.is_worker
     if st.is_worker:
         # N xdist workers share the machine and none knows its gates ahead: one spare each.

@@ -103,6 +103,9 @@ def test_meet(made):
 @pytest.mark.parametrize("i", range(3))
 def test_more(made, i):
     open("pids-{me}", "a").write(f"{{os.getpid()}}\\n")
+    from threadpoolctl import threadpool_info
+    blas = max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+    open("blas-{me}", "a").write(f"{{os.environ.get('HARNESS_BLAS_THREADS')}} {{blas}}\\n")
 """
 
 
@@ -123,6 +126,9 @@ def test_two_lanes_run_modules_side_by_side_each_in_its_own_worker_with_its_fixt
     assert len(set(workers.values())) == 2, workers
     times = json.loads((suite.path / "cache" / lanes.TIMES_FILE).read_text())
     assert set(times) == set(_report(suite)), "every gate's time is kept for the next split"
+    share = lanes.blas_share(2)  # each lane's worker keeps to its share of the cores' BLAS threads
+    for m in "ab":
+        assert (suite.path / f"blas-{m}").read_text().split("\n")[:-1] == [f"{share} {share}"] * 3
 
 
 def test_one_lane_runs_the_same_gates_in_order_so_the_meeting_gate_fails_by_its_own_assertion(suite):
@@ -132,6 +138,32 @@ def test_one_lane_runs_the_same_gates_in_order_so_the_meeting_gate_fails_by_its_
     result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "1")
     result.assert_outcomes(passed=7, failed=1)
     result.stdout.fnmatch_lines(["*the other module's gate never ran beside this one*"])
+    # one worker at a time: its BLAS threads are left as NumPy made them
+    assert {line.split()[0] for line in (suite.path / "blas-a").read_text().split("\n")[:-1]} == {"None"}
+
+
+def test_blas_share_is_an_equal_share_of_the_cores_at_least_one():
+    assert lanes.blas_share(8, cpus=16) == 2
+    assert lanes.blas_share(3, cpus=16) == 5
+    assert lanes.blas_share(4, cpus=2) == 1
+    assert lanes.blas_share(0, cpus=4) == 4
+
+
+def test_limit_blas_caps_the_pools_and_says_why_not_for_bad_input():
+    __import__("numpy")  # its OpenBLAS is the pool capped
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from harness.pool.worker import limit_blas
+
+    before = max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+    try:
+        assert limit_blas("1") is None
+        assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
+    finally:
+        threadpool_limits(limits=before, user_api="blas")
+    assert limit_blas(None) is None and limit_blas("") is None
+    for bad in ("0", "two", "-1"):
+        assert limit_blas(bad) == f"HARNESS_BLAS_THREADS={bad!r} is not a whole number from 1"
 
 
 def test_a_hung_gate_in_one_lane_is_timed_out_while_the_other_lane_gives_its_verdicts(suite):

@@ -233,6 +233,7 @@ class PoolConfig:
     name_prefix: str = ""  # the xdist worker's id, so worker names stay unique across a -n run
     start_timeout: float = WORKER_START_TIMEOUT
     env: dict | None = None  # set in the server's environment (so in every worker forked from it)
+    worker_env: dict | None = None  # set in each worker's environment as it is forked
     # hold a fork back while this many killed workers are still exiting (None: never). A
     # campaign sets it (MAX_EXITING): it kills a worker for every fault, all run long. A gate
     # run kills its trap gates' workers at its end, where a hold would only add to the wall.
@@ -391,7 +392,7 @@ class Pool:
         self._token += 1
         token = self._token
         trace(f"ask t{token}")
-        env = {}
+        env = dict(self.config.worker_env or {})
         if self.config.device_ordinal is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_device(self.config.device_ordinal)
         if self.config.sanitizer is None:

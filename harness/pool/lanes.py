@@ -37,12 +37,23 @@ TIMES_FILE = "gate-seconds.json"
 MAX_AUTO_LANES = 8
 
 
+def host_cpus() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def auto_lanes(cpus: int | None = None) -> int:
     """The lanes a run takes with no --harness-lanes: a core for each lane's worker and one
     for the pytest process and the server, at most MAX_AUTO_LANES."""
-    cpus = cpus if cpus is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                          else os.cpu_count() or 1)
+    cpus = cpus if cpus is not None else host_cpus()
     return max(1, min(MAX_AUTO_LANES, cpus // 2))
+
+
+def blas_share(workers: int, cpus: int | None = None) -> int:
+    """BLAS threads for each of `workers` workers running gates at once on this host's cores
+    (harness.pool.worker.limit_blas): an equal share, at least one."""
+    cpus = cpus if cpus is not None else host_cpus()
+    return max(1, cpus // max(1, workers))
 
 
 def lanes_value(text: str) -> int | str:

@@ -118,6 +118,33 @@ def set_gpu_wait(mode: str | None, ordinal: int = 0) -> str | None:
     return None if err == driver.CUresult.CUDA_SUCCESS else f"the driver answered {err}"
 
 
+BLAS_THREADS_ENV = "HARNESS_BLAS_THREADS"
+# Where several workers share the host's cores (lanes, xdist), each keeps to its share of
+# BLAS threads: a worker forked from the pytest process inherits NumPy's OpenBLAS sized for
+# every core (the environment variables are read at import, long before the fork), and
+# eight workers with a thread a core each, spinning after every call, starve each other.
+
+
+def limit_blas(value: str | None) -> str | None:
+    """Cap this process's BLAS and OpenMP thread pools at `value` threads
+    (HARNESS_BLAS_THREADS, through threadpoolctl); None when capped or not asked, else why
+    not (the pools stay as they were, which changes no verdict, only the time)."""
+    if not value:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        return f"{BLAS_THREADS_ENV}={value!r} is not a whole number from 1"
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError as exc:
+        return f"threadpoolctl is not installed ({exc}): pip install threadpoolctl"
+    threadpool_limits(limits=n)  # kept for the process's life: nothing restores it
+    return None
+
+
 def gpu_wait_mode(ordinal: int = 0) -> str | None:
     """The scheduling flag of device `ordinal`'s primary context (a GPU_WAIT_FLAGS name), or
     None when the driver cannot say."""
@@ -152,6 +179,9 @@ def _prepare_device() -> dict:
     why_not = set_gpu_wait(os.environ.get(GPU_WAIT_ENV))
     if why_not:
         print(f"harness: the GPU wait mode was not set: {why_not}", file=sys.stderr)
+    why_not = limit_blas(os.environ.get(BLAS_THREADS_ENV))
+    if why_not:
+        print(f"harness: the BLAS threads were not capped: {why_not}", file=sys.stderr)
     try:
         import cupy
     except Exception:
