@@ -72,10 +72,14 @@ def start_pool(st, config: pytest.Config, items: list[pytest.Item]) -> None:
     from harness.pool.traps import first_spares
 
     traps = sum(1 for it in items if it.get_closest_marker("trap"))
-    st.pool.config.spares = first_spares(traps)  # every trap gate can start at the run's beginning
+    at_once = int(config.workerinput.get("workercount", 1)) if st.is_worker else lanes_wanted(st, config)
+    # Every trap gate can start at the run's beginning, and every lane has its worker then:
+    # all their contexts are made at once, before any trap. (A context asked for while traps
+    # are handled waits for them: lanes that took spares made at the start had their
+    # replacements made during the traps, 14 s each on an H100.)
+    st.pool.config.spares = first_spares(traps) + (at_once - 1 if not st.is_worker else 0)
     # Workers that run gates at once (the lanes, or xdist's workers, a pool each) share the
     # host's cores: each keeps to its share of BLAS threads (harness.pool.worker.limit_blas).
-    at_once = int(config.workerinput.get("workercount", 1)) if st.is_worker else lanes_wanted(st, config)
     if at_once > 1:
         from harness.pool import lanes, worker
 
@@ -177,6 +181,8 @@ def plan_lanes(st, current: pytest.Item, deadline_for, is_gate):
     if len(plan) <= 1:
         return None
     deadlines = {it.nodeid: deadline_for(it)[0] for it in todo}
+    # The lanes take their workers from the spares made at the start: the pool keeps the rest.
+    st.pool.config.spares = max(1, st.pool.config.spares - len(plan))
     st.lanes = lanes.Lanes(st.pool, plan, deadlines.__getitem__, times)
     st.lanes.start()
     return st.lanes

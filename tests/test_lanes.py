@@ -293,3 +293,49 @@ def test_with_wait_hung_each_gate_that_launches_the_kernel_waits_its_own_deadlin
     gates = _report(suite)
     assert [gates[f"test_h.py::{g}"]["route"] for g in ("test_hangs", "test_launches_it_and_hangs")] == \
         ["timeout", "timeout"]
+
+
+def test_a_few_trap_gates_run_at_once_and_one_that_ended_frees_its_place_before_the_run_reaches_it(suite):
+    """The run waits on a lane's gate that ends only once all five trap gates have run: they
+    start ahead while it waits, at most TRAPS_AT_ONCE running at a time, each in its own
+    worker (each records when it ran, then traps)."""
+    from harness.pool.traps import TRAPS_AT_ONCE
+
+    suite.makepyfile(test_a="""
+        import pathlib, time, pytest
+
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_waits_for_every_trap_gate():
+            spans = pathlib.Path("spans")
+            for _ in range(1500):  # a bound on a hang, not a time the trap gates must beat
+                if spans.exists() and len(spans.read_text().splitlines()) == 5:
+                    break
+                time.sleep(0.02)
+            assert len(spans.read_text().splitlines()) == 5, "the trap gates did not run while the run waited here"
+        """, test_b="""
+        import pytest
+
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_other_lane():
+            pass
+        """, test_c="""
+        import os, time, pytest
+        from conftest import fire_trap
+
+        @pytest.mark.gpu
+        @pytest.mark.trap
+        @pytest.mark.parametrize("i", range(5))
+        def test_trap(i):
+            began = time.time()
+            time.sleep(0.2)
+            open("spans", "a").write(f"{began} {time.time()} {os.getpid()}\\n")
+            fire_trap()
+        """)
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "2")
+    result.assert_outcomes(passed=7)
+    spans = [line.split() for line in (suite.path / "spans").read_text().splitlines()]
+    assert len({pid for _, _, pid in spans}) == 5  # each trap gate in a worker of its own
+    most = max(sum(1 for b, e, _ in spans if float(b) <= float(t) < float(e)) for t, _, _ in spans)
+    assert most <= TRAPS_AT_ONCE, spans

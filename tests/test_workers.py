@@ -467,20 +467,6 @@ def test_the_pool_makes_one_worker_per_trap_gate_and_one_spare_and_the_main_work
     assert {"server", "probe", "worker t1"} <= whats, sorted(whats)
 
 
-def test_trap_gates_past_the_number_started_ahead_get_their_spares_as_the_first_are_reached(suite, tmp_path,
-                                                                                             monkeypatch):
-    body = ["import os, pytest", "from conftest import fire_trap",
-            "import harness.pool.traps", "harness.pool.traps.TRAPS_AHEAD = 2",
-            "@pytest.mark.gpu", "@pytest.mark.anchor", "def test_g():", "    pass"]
-    for i in range(5):
-        body += ["@pytest.mark.gpu", "@pytest.mark.trap", f"def test_t{i}():",
-                 "    open('pids', 'a').write(f'{os.getpid()}\\n')", "    fire_trap()"]
-    trace = _traced_run(suite, body, tmp_path, monkeypatch, passed=6)
-    assert len(set((suite.path / "pids").read_text().split())) == 5  # each trap gate in its own worker
-    forks = [line for line in trace.read_text().splitlines() if "server: fork" in line]
-    assert len(forks) <= 1 + 5 + 1, trace.read_text()
-
-
 # ------------------------------------------------------------------ the forked server
 
 # A driver "present" from the conftest on: the pool then starts at configure, where the

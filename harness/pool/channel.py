@@ -76,6 +76,23 @@ class Channel:
                 raise ChannelClosed("the other end closed the connection")
             self._buf += chunk
 
+    def ready(self) -> bool:
+        """Whether `recv` would return at once: a whole frame has arrived, or the other end
+        closed (then `recv` raises ChannelClosed). Reads what has arrived; never waits."""
+        while True:
+            if len(self._buf) >= 4 and len(self._buf) >= 4 + struct.unpack("!I", self._buf[:4])[0]:
+                return True
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            if not readable:
+                return False
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except OSError:
+                return True
+            if not chunk:
+                return True
+            self._buf += chunk
+
     def close(self) -> None:
         try:
             self.sock.close()

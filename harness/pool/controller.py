@@ -92,11 +92,28 @@ class Worker:
         self.set_phases: dict = {}  # the last run_set, as the worker timed it: protocol_s, reset_s
         self.exits: Exits | None = None  # the pool's record of killed workers still exiting
         self._stopped_at: str | None = None  # the hung kernel the last gate launched (`wait`)
+        self._read_ahead: list[dict] = []  # messages `has_verdict` read, for `wait` to take first
+        self._closed_early: str | None = None  # the channel closed under `has_verdict`: why
 
     def start(self, nodeid: str, nextid: str | None) -> None:
         """Send the gate; `wait` collects the verdict (a trap gate may be started ahead)."""
         self.current_gate = nodeid
         self._send({"op": "run", "nodeid": nodeid, "nextid": nextid})
+
+    def has_verdict(self) -> bool:
+        """Whether the gate sent with `start` has ended (its verdict arrived, or the worker is
+        gone), without waiting; `wait` then returns at once, from what was read here."""
+        if self._read_ahead and self._read_ahead[-1].get("op") == "done" or self._closed_early or not self.alive:
+            return True
+        while self.channel.ready():
+            try:
+                self._read_ahead.append(self.channel.recv())
+            except ChannelClosed as exc:
+                self._closed_early = str(exc)
+                return True
+            if self._read_ahead[-1].get("op") == "done":
+                return True
+        return False
 
     def wait(self, deadline: float, hung: Hung | None = None) -> RunResult:
         """The verdict, or a timeout `deadline` seconds after `start`. With `hung`: a timeout
@@ -164,7 +181,12 @@ class Worker:
             if gate_end is not None:
                 remaining = min(remaining, gate_end - now)
             try:
-                msg = self.channel.recv(timeout=max(remaining, 0.0))
+                if self._read_ahead:
+                    msg = self._read_ahead.pop(0)
+                elif self._closed_early:
+                    raise ChannelClosed(self._closed_early)
+                else:
+                    msg = self.channel.recv(timeout=max(remaining, 0.0))
             except Timeout:
                 self.kill()
                 return None, True, None, last

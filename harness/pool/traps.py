@@ -1,6 +1,12 @@
 """Trap gates started ahead: each runs alone in a fresh worker whatever runs beside it, so its
 verdict is the same wherever it starts; and a trap surfaces slowly, so trap gates started on
-spares at the run's beginning, beside the main worker's gates, leave the critical path."""
+spares at the run's beginning, beside the other gates, leave the critical path.
+
+The driver handles one trap at a time on a GPU (about 0.34 s each on an H100 or H200), and
+while it does, a context being made waits, and so, in part, do the other contexts' launches.
+So only a few trap gates run at once: a gate whose verdict has arrived frees its place at
+once, whether or not the run has reached it. Eighteen trap gates started together beside
+eight lanes held the lanes up for 20 s (docs/observed/gate-speed-h100-3.md)."""
 
 from __future__ import annotations
 
@@ -8,15 +14,13 @@ from typing import Callable
 
 from harness.pool.channel import trace
 
-# Trap gates in flight at once: the suite's 18 all start at the beginning (one started later,
-# once one in flight is reached at the run's end, waits for a fresh context and its trap).
-TRAPS_AHEAD = 24
+TRAPS_AT_ONCE = 2  # trap gates running at once (their verdicts not yet arrived)
 
 
 def first_spares(traps: int) -> int:
-    """The spares a gate run asks for first: one for each trap gate that can start ahead and
-    one for the main worker's replacement; one when no gate traps."""
-    return 2 + min(TRAPS_AHEAD, traps) if traps else 1
+    """The spares a gate run asks for first: one for each trap gate that can start at once
+    and one for the main worker's replacement; one when no gate traps."""
+    return 2 + min(TRAPS_AT_ONCE, traps) if traps else 1
 
 
 class TrapsAhead:
@@ -28,12 +32,16 @@ class TrapsAhead:
         self.queue: list[str] | None = None
         self.inflight: dict = {}  # nodeid -> the controller.Worker it started on
 
+    def running(self) -> int:
+        """Trap gates started ahead whose verdicts have not arrived yet."""
+        return sum(1 for worker in self.inflight.values() if not worker.has_verdict())
+
     def spares_wanted(self, starting: int = 0) -> int:
         """The spares the pool keeps once `starting` more trap gates have taken theirs: one for
-        each trap gate that can still start ahead, and one for the main worker's replacement;
-        no more: the driver makes a context, handles a trap and loads modules one at a time, so
-        extra contexts made while traps are handled slow the traps down."""
-        return 1 + max(0, min(TRAPS_AHEAD - len(self.inflight), len(self.queue or ())) - starting)
+        each trap gate still to start, up to TRAPS_AT_ONCE, and one for the main worker's
+        replacement; no more: the driver makes a context, handles a trap and loads modules one
+        at a time, so extra contexts made while traps are handled slow the traps down."""
+        return 1 + max(0, min(TRAPS_AT_ONCE, len(self.queue or ())) - starting)
 
     def start(self, upcoming: Callable[[], list[str]], current: str) -> None:
         """Start upcoming trap gates on ready spares now; `upcoming()` lists them (asked once),
@@ -42,7 +50,8 @@ class TrapsAhead:
             self.queue = upcoming()
         if current in self.queue:
             self.queue.remove(current)
-        while self.queue and len(self.inflight) < TRAPS_AHEAD:
+        running = self.running()
+        while self.queue and running < TRAPS_AT_ONCE:
             self.pool.config.spares = self.spares_wanted(starting=1)  # the refill as this one takes its spare
             worker = self.pool.ready_spare()
             if worker is None:
@@ -51,8 +60,9 @@ class TrapsAhead:
             trace(f"  start ahead {nodeid} on {worker.name}")
             worker.start(nodeid, None)
             self.inflight[nodeid] = worker
+            running += 1
         self.pool.config.spares = self.spares_wanted()
-        self.pool.warm_up()  # past TRAPS_AHEAD: a spare as each trap gate in flight is reached
+        self.pool.warm_up()
 
     def take(self, nodeid: str):
         """The worker a trap gate was started ahead on, or None."""
