@@ -103,7 +103,7 @@ class Worker:
     def has_verdict(self) -> bool:
         """Whether the gate sent with `start` has ended (its verdict arrived, or the worker is
         gone), without waiting; `wait` then returns at once, from what was read here."""
-        if self._read_ahead and self._read_ahead[-1].get("op") == "done" or self._closed_early or not self.alive:
+        if (self._read_ahead and self._read_ahead[-1].get("op") == "done") or self._closed_early or not self.alive:
             return True
         while self.channel.ready():
             try:
