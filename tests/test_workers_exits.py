@@ -298,3 +298,41 @@ def test_a_warm_executor_whose_pool_fails_to_start_closes_it(private_tmp, tmp_pa
         ex.start()
     assert started and list(private_tmp.iterdir()) == [], "the pool of a failed start outlived it"
     assert ex._pool is None
+
+
+def _worker_over_a_socketpair():
+    """A controller.Worker whose channel's other end is here, and whose process is a sleeper
+    (what `kill` ends)."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    worker = controller.Worker(channel.Channel(ours), {"pid": sleeper.pid, "token": 1})
+    return worker, channel.Channel(theirs), sleeper
+
+
+def test_has_verdict_reads_ahead_without_waiting_and_wait_takes_what_it_read():
+    worker, other, sleeper = _worker_over_a_socketpair()
+    try:
+        worker.start("t.py::test_trap", None)
+        assert other.recv(timeout=5)["op"] == "run"
+        assert not worker.has_verdict()  # nothing arrived: it does not wait
+        other.send({"op": "launch", "name": "k.cu:k"})
+        assert not worker.has_verdict()  # a launch is not a verdict
+        other.send({"op": "done", "reports": [], "launches": 1})
+        assert worker.has_verdict() and worker.has_verdict()  # asked again: still, and nothing lost
+        result = worker.wait(deadline=5)
+        assert (result.timed_out, result.died, result.last_launch, result.launches) == (False, None, "k.cu:k", 1)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_has_verdict_is_true_for_a_worker_gone_and_wait_then_says_it_died():
+    worker, other, sleeper = _worker_over_a_socketpair()
+    worker.start("t.py::test_trap", None)
+    other.close()
+    assert worker.has_verdict()
+    result = worker.wait(deadline=5)
+    assert result.died and "ended without a verdict" in result.died and not result.timed_out
+    assert sleeper.wait(timeout=10) == -signal.SIGKILL  # and its process was ended
