@@ -84,8 +84,20 @@ def set_scale(pytester, value: str) -> None:
 
 
 @pytest.mark.parametrize("ref", ["HEAD", "main", "v1", "sha"])
-def test_an_unchanged_tree_has_the_same_bits_against_any_kind_of_revision(project, ref):
+def test_every_kind_of_revision_gives_the_kernel_tree_it_names_and_removes_it(project, ref):
+    from harness.compare import kernel_tree_at
+
     ref = git(project.path, "rev-parse", "HEAD").strip() if ref == "sha" else ref
+    (project.path / "kernels" / "k.cu").write_text("// today's, uncommitted\n")
+    with kernel_tree_at(ref, project.path / "kernels") as tree:
+        assert (tree / "k.cu").read_text() == '#define SCALE 3\nextern "C" __global__ void k() {}\n'
+        assert tree.resolve() != (project.path / "kernels").resolve()
+    assert not tree.exists(), "the materialised tree outlived the comparison"
+
+
+def test_an_unchanged_tree_has_the_same_bits_against_its_revision(project):
+    # the whole run once (each kind of revision materialises the same tree: the test above)
+    ref = "v1"
     result = compare(project, f"--compare-to={ref}")
     assert result.ret == 0, result.stdout.str()
     data = report(project)
