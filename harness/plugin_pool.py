@@ -72,7 +72,11 @@ def start_pool(st, config: pytest.Config, items: list[pytest.Item]) -> None:
     from harness.pool.traps import first_spares
 
     traps = sum(1 for it in items if it.get_closest_marker("trap"))
-    at_once = int(config.workerinput.get("workercount", 1)) if st.is_worker else lanes_wanted(st, config)
+    if st.is_worker:
+        at_once = int(config.workerinput.get("workercount", 1))
+    else:  # no more lanes than ordinary GPU gates to share out
+        ordinary = sum(1 for it in items if it.get_closest_marker("gpu") and not it.get_closest_marker("trap"))
+        at_once = min(lanes_wanted(st, config), max(1, ordinary))
     # The first spares: a worker for each lane, one for each trap gate that may run at once
     # (harness.pool.traps) and the main worker's replacement, their contexts made together
     # before any trap. (A context asked for while traps are handled waits for them: lanes that

@@ -342,3 +342,22 @@ def test_a_few_trap_gates_run_at_once_and_one_that_ended_frees_its_place_before_
     assert len({pid for _, _, pid in spans}) == 5  # each trap gate in a worker of its own
     most = max(sum(1 for b, e, _ in spans if float(b) <= float(t) < float(e)) for t, _, _ in spans)
     assert most <= TRAPS_AT_ONCE, spans
+
+
+def test_a_run_with_fewer_gates_than_lanes_makes_no_worker_for_a_lane_it_cannot_fill(suite, monkeypatch):
+    # --harness-lanes 4 over one ordinary GPU gate: the first spares count one lane, not four
+    # (each worker is a CUDA context, made beside the run)
+    trace = suite.path / "trace.txt"
+    monkeypatch.setenv("HARNESS_POOL_TRACE", str(trace))
+    monkeypatch.delenv("HARNESS_POOL_T0", raising=False)
+    suite.makepyfile(test_one="""
+        import pytest
+
+        @pytest.mark.gpu
+        @pytest.mark.anchor
+        def test_only():
+            pass
+        """)
+    suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "4").assert_outcomes(passed=1)
+    forks = [line for line in trace.read_text().splitlines() if "server: fork" in line]
+    assert len(forks) == 2, trace.read_text()  # the main worker and one spare kept
