@@ -73,16 +73,16 @@ def start_pool(st, config: pytest.Config, items: list[pytest.Item]) -> None:
 
     traps = sum(1 for it in items if it.get_closest_marker("trap"))
     if st.is_worker:
-        at_once = int(config.workerinput.get("workercount", 1))
+        at_once = int(config.workerinput.get("workercount", 1))  # its spares: below
     else:  # no more lanes than ordinary GPU gates to share out
         ordinary = sum(1 for it in items if it.get_closest_marker("gpu") and not it.get_closest_marker("trap"))
         at_once = min(lanes_wanted(st, config), max(1, ordinary))
-    # The first spares: a worker for each lane, one for each trap gate that may run at once
-    # (harness.pool.traps) and the main worker's replacement, their contexts made together
-    # before any trap. (A context asked for while traps are handled waits for them: lanes that
-    # took the trap gates' spares had their replacements made during the traps, 14 s each on
-    # an H100.)
-    st.pool.config.spares = first_spares(traps) + (at_once - 1 if not st.is_worker else 0)
+        # The first spares: a worker for each lane, one for each trap gate that may run at once
+        # (harness.pool.traps) and the main worker's replacement, their contexts made together
+        # before any trap. (A context asked for while traps are handled waits for them: lanes
+        # that took the trap gates' spares had their replacements made during the traps, 14 s
+        # each on an H100.)
+        st.pool.config.spares = first_spares(traps) + at_once - 1
     # Workers that run gates at once (the lanes, or xdist's workers, a pool each) share the
     # host's cores: each keeps to its share of BLAS threads (harness.pool.worker.limit_blas).
     if at_once > 1:
