@@ -50,7 +50,7 @@ class TrapsAhead:
             self.queue = upcoming()
         if current in self.queue:
             self.queue.remove(current)
-        running = self.running()
+        running = self.running() if self.queue else 0  # polled only while a trap gate waits to start
         while self.queue and running < TRAPS_AT_ONCE:
             self.pool.config.spares = self.spares_wanted(starting=1)  # the refill as this one takes its spare
             worker = self.pool.ready_spare()
