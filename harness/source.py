@@ -16,7 +16,6 @@ Failures raise `SourceError` naming what was looked for, where, and what to do.
 from __future__ import annotations
 
 import functools
-
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +79,7 @@ def _prefix_before(text: str, quote: int) -> str:
     return text[i:quote]
 
 
+@functools.lru_cache(maxsize=64)
 def strip_comments_and_literals(text: str) -> str:
     """`text` with comments and literal contents replaced by spaces.
 
@@ -89,11 +89,6 @@ def strip_comments_and_literals(text: str) -> str:
     separator, not a character literal. Idempotent. Kept for the last texts asked for: the
     structural gates of one mutant each strip the same file (3 ms a call on a kernel file).
     """
-    return _stripped(text)
-
-
-@functools.lru_cache(maxsize=64)
-def _stripped(text: str) -> str:
     chars = list(text)
     i, n = 0, len(text)
     while i < n:
