@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import pytest
 
-from gates._thread_roles import (TEMPLATE_ARGS, WARP, analysed, block_size, callee, defined, first_lanes,
-                                 functions, initialisers, partition_problem, read_kernel_file, strided_loops,
-                                 thread_env, warp_values)
+from gates._thread_roles import (TEMPLATE_ARGS, WARP, analysed, block_size, callee, compiled_inits, defined,
+                                 first_lanes, functions, initialisers, partition_problem, read_kernel_file,
+                                 strided_loops, thread_env, warp_values)
 from gates._warp_structure import Unevaluable, line_of, loop_variable, text_of
 from harness.cuda_syntax import walk
 
@@ -238,8 +238,9 @@ def _lanes(consts, tree, file: str, name: str) -> tuple[bool, int | None, tuple]
     if not block:
         return True, block, ()
     wrong = []
+    fast = compiled_inits(inits, consts)  # evaluated for every thread of the block
     for tid in range(block):
-        env = thread_env(fn, inits, consts, tid, block, extra={**targs, **BLOCK_INDEX})
+        env = thread_env(fn, fast, consts, tid, block, extra={**targs, **BLOCK_INDEX})
         if env.get("lane") != tid % WARP:
             wrong.append((tid, env.get("lane", "unevaluable")))
     return True, block, tuple(wrong)
