@@ -2,7 +2,7 @@
 verdict is the same wherever it starts; and a trap surfaces slowly, so trap gates started on
 spares at the run's beginning, beside the other gates, leave the critical path.
 
-The driver handles one trap at a time on a GPU (about 0.34 s each on an H100 or H200), and
+The driver handles one trap at a time on a GPU (about 0.34 s each alone on an H200), and
 while it does, a context being made waits, and so, in part, do the other contexts' launches.
 So only a few trap gates run at once: a gate whose verdict has arrived frees its place at
 once, whether or not the run has reached it. Eighteen trap gates started together beside
