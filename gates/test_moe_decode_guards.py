@@ -2,7 +2,8 @@
 
 Every refusal names the argument, its value and the rule, and fires before any launch: the
 launchers run their checks on numpy arrays here. The trap gates write a bad id into the
-routing buffer the expert kernels read; each runs in a fresh child process (the plugin)."""
+routing buffer the expert kernels read; the plugin runs each in the trap shadow, or
+trapping for real in a fresh worker (docs/gate-run.md, "Trap gates")."""
 
 from __future__ import annotations
 

@@ -76,7 +76,9 @@ def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bo
         for rep in reports:
             rep.user_properties.append(("worker", worker.name))
         return reports
-    return judge_trap(item, reports, facts, result.waited)
+    if result.unsettled:
+        facts.append(("trap_shadow_unsettled", result.unsettled))
+    return judge_trap(item, reports, facts, result.waited, result.shadow_hits if result.shadowed else None)
 
 
 def report_from_worker(config, data: dict):
@@ -89,9 +91,10 @@ def report_from_worker(config, data: dict):
     return rep
 
 
-def judge_trap(item: pytest.Item, reports: list, facts: list, duration: float) -> list:
-    """A trap gate passes when its body died by a device fault; it fails by assertion when the
-    body returned normally. Setup and teardown in the thrown-away worker do not count."""
+def judge_trap(item: pytest.Item, reports: list, facts: list, duration: float, shadow_hits: int | None = None) -> list:
+    """A trap gate passes when its body died by a device fault, or counted guards in the trap
+    shadow (`shadow_hits`); it fails by assertion when the body returned normally. Setup and
+    teardown in the thrown-away worker do not count."""
     call = next((r for r in reports if r.when == "call"), None)
     if call is None:  # setup failed or skipped: that is the verdict, as reported
         for rep in reports:
@@ -101,13 +104,14 @@ def judge_trap(item: pytest.Item, reports: list, facts: list, duration: float) -
     route = props.get("route")
     if call.skipped:
         return reports
-    outcome, judged_route, judged = trap_verdict(call.outcome, route)
+    outcome, judged_route, judged = trap_verdict(call.outcome, route, shadow_hits)
     if judged and outcome == Outcome.FAILED:
         return synthetic(item, Outcome.FAILED.value, f"AssertionError: {GUARD_DID_NOT_FIRE}",
                           facts + [("route", judged_route), ("first_failure_line", GUARD_DID_NOT_FIRE)],
                           duration=duration)
     if judged:
-        return synthetic(item, Outcome.PASSED.value, None, facts, duration=duration)
+        shadow = [("trap_shadow_hits", str(shadow_hits))] if shadow_hits else []
+        return synthetic(item, Outcome.PASSED.value, None, facts + shadow, duration=duration)
     line = props.get("first_failure_line") or "the trap gate failed in its fresh worker process"
     text = (f"the device guard did not fire as a trap; the gate failed by route {route}: {line}\n\n"
             f"{call.longrepr}")
@@ -166,6 +170,9 @@ class Recorder:
             rec.kind = None if props["kind"] == "other" else props["kind"]
             rec.gpu = props.get("gpu") == "true"
         rec.isolated = rec.isolated or props.get("isolated") == "true"
+        if props.get("trap_shadow_hits", "").isdigit():
+            rec.trap_shadow_hits = int(props["trap_shadow_hits"])
+        rec.trap_shadow_unsettled = props.get("trap_shadow_unsettled") or rec.trap_shadow_unsettled
         rec.memory_safety = rec.memory_safety or props.get("memory_safety") == "true"
         rec.names_faults = rec.names_faults or props.get("names_faults") == "true"
         for key in ("modules_loaded", "sources_read", "kernels_launched"):

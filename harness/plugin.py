@@ -23,7 +23,7 @@ from harness import _settings, coverage, cufiles, device, usage
 from harness._settings import GATES_INI
 from harness.gate_verdicts import Recorder, is_gpu, properties, props_of, run_facts, synthetic, worker_reports
 from harness.kinds import MARKERS, REQUIRE_GPU_ENV, check_kinds, is_gate, opt_in_reason
-from harness.plugin_pool import lanes_wanted, new_pool, refuse_without_device, run_in_pool, start_pool
+from harness.plugin_pool import lanes_wanted, new_pool, plan_lanes, refuse_without_device, run_in_pool, start_pool
 from harness.records import GateRecord, Outcome, Route
 from harness.report import classify_route, failure_message, first_line, write_reports
 
@@ -73,6 +73,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-wait-hung", action="store_true", default=False,
                     help="wait every GPU gate's own deadline; by default a gate that launches a kernel that was "
                          "the last launched when an earlier gate timed out is stopped at that launch, red by route error")
+    group.addoption("--harness-real-traps", action="store_true", default=False,
+                    help="each trap gate traps for real in its fresh worker; by default it runs there in the trap "
+                         "shadow (its guard counted, no trap), and only a run that counted no guard traps for real")
     group.addoption("--harness-lanes", default=None, metavar="N",
                     help="ordinary GPU gates run on N warm workers at once, whole modules to a lane (ini "
                          "harness_lanes; default auto: half the cores, at most 8; 1 runs them in order on one)")
@@ -131,6 +134,7 @@ class HarnessState:
         self.launches = 0
         self.sanitizer_findings = 0
         self.traps = None  # harness.pool.traps.TrapsAhead: trap gates started ahead on spares
+        self.shadow_traps = not opt.harness_real_traps  # trap gates run in the trap shadow (harness.trap_shadow)
         self.lanes = None  # harness.pool.lanes.Lanes, False where the run takes one lane; None: not planned yet
         self.gate_times = None  # harness.pool.lanes.GateTimes: what each GPU gate took, for the next split
 
@@ -305,21 +309,15 @@ def pytest_make_collect_report(collector):
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
-def pytest_collection_modifyitems_trap_gates_last(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Trap gates run (and report) after every other gate, in their own order. Each runs
-    alone in a fresh worker that starts it at the beginning of the run, beside the main
-    worker's gates; a trap is slow to surface, so a trap
-    gate reached early would make the run wait for it, and reached last it is done. Its
-    verdict depends only on its own fresh process, so the order changes nothing else. Not
-    under xdist (a worker there is not told its gates ahead) or a sanitizer (no trap gate
-    runs there)."""
+def pytest_collection_modifyitems_in_pool_order(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The run's order beside the pool (`harness.plugin_pool.pool_order`): this process's own
+    items first, then the ordinary GPU gates, then the trap gates."""
     st = _state(config)
     if not st.active or st.serving or st.is_worker or st.is_controller or st.sanitize or st.pool is None:
         return
-    traps = [it for it in items if it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
-    if traps:
-        trap_ids = {id(it) for it in traps}
-        items[:] = [it for it in items if id(it) not in trap_ids] + traps
+    from harness.plugin_pool import pool_order
+
+    items[:] = pool_order(items, lambda it: _is_gate(it) and is_gpu(it))
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -418,8 +416,11 @@ def pytest_runtestloop(session: pytest.Session):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
-    """GPU gates run in the pool's workers under the watchdog: trap gates each in a fresh one."""
+    """GPU gates run in the pool's workers under the watchdog (`run_in_pool`); the lanes are
+    planned at the run's first item, whatever it is."""
     st = _state(item.config)
+    if st.active and not st.serving and st.pool is not None and st.lanes is None:  # the run's first item
+        st.lanes = plan_lanes(st, item, _deadline, _is_gate) or False
     if not st.active or st.serving or st.pool is None or not _is_gate(item) or not is_gpu(item) \
             or item.get_closest_marker("skip"):
         return None

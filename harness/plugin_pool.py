@@ -77,12 +77,12 @@ def start_pool(st, config: pytest.Config, items: list[pytest.Item]) -> None:
     else:  # no more lanes than ordinary GPU gates to share out
         ordinary = sum(1 for it in items if it.get_closest_marker("gpu") and not it.get_closest_marker("trap"))
         at_once = min(lanes_wanted(st, config), max(1, ordinary))
-        # The first spares: a worker for each lane, one for each trap gate that may run at once
-        # (harness.pool.traps) and the main worker's replacement, their contexts made together
-        # before any trap. (A context asked for while traps are handled waits for them: lanes
+        # The first spares: a worker for each lane, one for the trap lane (the trap shadow) or for
+        # each trap gate that may run at once (--harness-real-traps, harness.pool.traps), and the
+        # main worker's replacement, their contexts made together before any trap. (A context asked for while traps are handled waits for them: lanes
         # that took the trap gates' spares had their replacements made during the traps, 14 s
         # each on an H100.)
-        st.pool.config.spares = first_spares(traps) + at_once - 1
+        st.pool.config.spares = first_spares(traps, st.shadow_traps) + at_once - 1
     # Workers that run gates at once (the lanes, or xdist's workers, a pool each) share the
     # host's cores: each keeps to its share of BLAS threads (harness.pool.worker.limit_blas).
     if at_once > 1:
@@ -121,32 +121,57 @@ def refuse_without_device(st, probe: dict) -> None:
 
 
 def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float, deadline_for, is_gate):
-    """Run one GPU gate in the pool: (the worker, its controller.RunResult). A trap gate in a
-    fresh worker (started ahead where it could be, `harness.pool.traps`); an ordinary gate in
-    its lane (`harness.pool.lanes`, planned at the run's first GPU gate) or in the main
-    worker. Raises controller.PoolError where no worker could be had."""
+    """Run one GPU gate in the pool: (the worker, its controller.RunResult). An ordinary gate in
+    its lane (`harness.pool.lanes`, planned at the run's first item) or in the main worker; a
+    trap gate in the trap shadow, in the trap lane (or, under xdist, a fresh worker), or
+    trapping for real in a fresh worker (started ahead where it could be, `harness.pool.traps`).
+    Raises controller.PoolError where no worker could be had."""
     from harness.pool.channel import trace as _trace
 
     if st.lanes is None:
         st.lanes = plan_lanes(st, item, deadline_for, is_gate) or False
     _start_traps_ahead(st, item)
-    if not trap and st.lanes and item.nodeid in st.lanes:
+    if st.lanes and item.nodeid in st.lanes:
         # Trap gates keep starting ahead on spares while this waits (its lane recorded its time).
         worker, result = st.lanes.wait(item.nodeid, meanwhile=lambda: _start_traps_ahead(st, item))
         _trace(f"  from lane worker {worker.name}: {result.phases}")
-        return worker, result
-    ahead = st.traps.take(item.nodeid) if st.traps is not None else None
-    worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
-    _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
-    if ahead is None:
-        worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None)
-    result = worker.wait(deadline, hung=None if trap else st.pool.hung)
-    _trace(f"  done in worker {result.phases}")
-    if trap:
+    else:
+        ahead = st.traps.take(item.nodeid) if st.traps is not None else None
+        worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
+        _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
+        if ahead is None:
+            worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None,
+                         shadow=trap and st.shadow_traps)
+        result = worker.wait(deadline, hung=None if trap else st.pool.hung)
+        _trace(f"  done in worker {result.phases}")
+        if trap:
+            worker.kill()
+        elif st.gate_times is not None and result.ran_to_its_end:
+            st.gate_times.record(item.nodeid, result.seconds)
+    unsettled = shadow_unsettled(result) if trap and st.shadow_traps else None
+    if unsettled is not None:
+        # Up to its first counted guard a run in the trap shadow is the real run, so a counted
+        # guard is the real trap gate's pass; any other ending is settled by a real trap.
+        _trace(f"  trap shadow did not settle it ({unsettled}): trapping for real")
+        worker = st.pool.fresh_worker()
+        worker.start(item.nodeid, None)
+        result = worker.wait(deadline)
+        result.unsettled = unsettled
         worker.kill()
-    elif st.gate_times is not None and result.ran_to_its_end:
-        st.gate_times.record(item.nodeid, result.seconds)
     return worker, result
+
+
+def shadow_unsettled(result) -> str | None:
+    """Why a trap gate's run in the trap shadow does not settle its verdict, or None when it
+    does: it counted a guard, or ended in a device fault (a guard counted before it, or one the
+    real run has too: harness.trap_shadow). The shadow settles only a pass."""
+    if result.timed_out:
+        return "it ran past its deadline in the trap shadow"
+    if result.died:
+        return f"its worker died in the trap shadow: {result.died}"
+    if result.shadow_hits or result.poisoned:
+        return None
+    return "it counted no guard in the trap shadow"
 
 
 def lanes_wanted(st, config: pytest.Config) -> int:
@@ -165,9 +190,24 @@ def lanes_wanted(st, config: pytest.Config) -> int:
     return lanes.auto_lanes() if n == "auto" else n
 
 
+def pool_order(items: list[pytest.Item], in_pool) -> list[pytest.Item]:
+    """The run's items in the order it takes them beside the pool: first those this process
+    runs itself (structural gates, refusals, ordinary tests), while the lanes' workers make
+    their contexts and run; then the GPU gates (`in_pool`), whose verdicts the lanes have
+    ready or soon will; the trap gates last. Each group keeps its own order, and no verdict
+    depends on the order: a GPU gate's comes from its worker, a trap gate's from its own."""
+    live = [it for it in items if not it.get_closest_marker("skip")]
+    traps = [it for it in live if it.get_closest_marker("trap")]
+    gpu = [it for it in live if in_pool(it) and not it.get_closest_marker("trap")]
+    moved = {id(it) for it in traps + gpu}
+    return [it for it in items if id(it) not in moved] + gpu + traps
+
+
 def plan_lanes(st, current: pytest.Item, deadline_for, is_gate):
-    """Split the run's ordinary GPU gates from `current` on into lanes and start them; None
-    where the run takes one lane (the main worker then runs them in order)."""
+    """Split the run's ordinary GPU gates from `current` on into lanes, and its trap gates into
+    a lane of their own where they run in the trap shadow, and start them; None where the run
+    takes one lane (the main worker then runs the ordinary gates in order) and no trap gate
+    runs in the shadow there."""
     from harness import _settings
     from harness.gate_verdicts import is_gpu
     from harness.pool import lanes
@@ -175,20 +215,27 @@ def plan_lanes(st, current: pytest.Item, deadline_for, is_gate):
     n = lanes_wanted(st, current.config)
     if not st.is_worker:  # xdist's workers would overwrite each other's file
         st.gate_times = lanes.GateTimes(_settings.current().cache_dir / lanes.TIMES_FILE)
-    if n <= 1:
+    rest = [it for it in _from(current) if is_gpu(it) and is_gate(it) and not it.get_closest_marker("skip")]
+    # Not under xdist (a worker there is not told its gates ahead) or a sanitizer (no trap gate runs).
+    traps = [it for it in rest if it.get_closest_marker("trap")] \
+        if st.shadow_traps and not (st.is_worker or st.sanitize) else []
+    todo = [it for it in rest if not it.get_closest_marker("trap")]
+    plan = []
+    if n > 1:
+        times = st.gate_times
+        gates = [lanes.Gate(it.nodeid, str(it.path), times.estimate(it.nodeid, tuple(m.name for m in it.iter_markers())))
+                 for it in todo]
+        plan = lanes.split(gates, n)
+        plan = plan if len(plan) > 1 else []
+    if not plan and not traps:
         return None
-    todo = [it for it in _from(current) if is_gpu(it) and is_gate(it)
-            and not it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
-    times = st.gate_times
-    gates = [lanes.Gate(it.nodeid, str(it.path), times.estimate(it.nodeid, tuple(m.name for m in it.iter_markers())))
-             for it in todo]
-    plan = lanes.split(gates, n)
-    if len(plan) <= 1:
-        return None
-    deadlines = {it.nodeid: deadline_for(it)[0] for it in todo}
+    deadlines = {it.nodeid: deadline_for(it)[0] for it in todo + traps}
     # The lanes take their workers from the spares made at the start: the pool keeps the rest.
-    st.pool.config.spares = max(1, st.pool.config.spares - len(plan))
-    st.lanes = lanes.Lanes(st.pool, plan, deadlines.__getitem__, times)
+    taken = len(plan) + (1 if traps else 0)
+    st.pool.config.spares = max(1, st.pool.config.spares - taken)
+    shadowed = frozenset([len(plan)]) if traps else frozenset()
+    st.lanes = lanes.Lanes(st.pool, plan + ([[it.nodeid for it in traps]] if traps else []), deadlines.__getitem__,
+                           st.gate_times, shadowed=shadowed)
     st.lanes.start()
     return st.lanes
 
@@ -196,7 +243,7 @@ def plan_lanes(st, current: pytest.Item, deadline_for, is_gate):
 def _start_traps_ahead(st, current: pytest.Item) -> None:
     """Start upcoming trap gates on ready spares now (harness.pool.traps). Not under xdist (a
     worker there does not know which gates it will be sent) or a sanitizer (no trap gate runs)."""
-    if st.is_worker or st.sanitize:
+    if st.is_worker or st.sanitize or st.shadow_traps:  # in the shadow: the trap lane (plan_lanes)
         return
     from harness.pool.traps import TrapsAhead
 

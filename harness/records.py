@@ -65,6 +65,8 @@ class GateRecord:
     worker_phases: str | None = None  # an isolated gate's setup / call / teardown seconds inside its worker
     compile_options: list[str] = field(default_factory=list)
     isolated: bool = False  # ran alone in a fresh worker process (trap gates)
+    trap_shadow_hits: int | None = None  # a trap gate that passed in the trap shadow: the guards it counted
+    trap_shadow_unsettled: str | None = None  # why the trap shadow did not settle it (it then trapped for real)
     memory_safety: bool = False  # written for a memory-safety property (trap gates, @pytest.mark.memory_safety)
     names_faults: bool = False  # turns a device error on valid input into its own assertion (@pytest.mark.names_faults)
     modules_loaded: list[str] = field(default_factory=list)  # kernel-root-relative modules the gate loaded

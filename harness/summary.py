@@ -45,6 +45,19 @@ def others_line(others: dict) -> str | None:
     return f"{len(others)} other test(s), not gates (run as plain pytest runs them): {', '.join(counts)}"
 
 
+def trap_line(records: list[GateRecord]) -> str | None:
+    """How the run's trap gates were settled: in the trap shadow (their guards counted, no
+    trap: harness.trap_shadow) or by a real trap, and why the shadow left any to a real one."""
+    traps = [r for r in records if r.kind == "trap" and r.isolated and r.outcome != Outcome.SKIPPED]
+    shadowed = [r for r in traps if r.trap_shadow_hits]
+    if not shadowed and not any(r.trap_shadow_unsettled for r in traps):
+        return None
+    line = (f"trap gates: {len(shadowed)} of {len(traps)} passed in the trap shadow (their guards counted, no trap; "
+            "--harness-real-traps traps each for real)")
+    unsettled = [f"{r.nodeid} ({r.trap_shadow_unsettled})" for r in traps if r.trap_shadow_unsettled]
+    return line + (f"; trapped for real: {'; '.join(unsettled)}" if unsettled else "")
+
+
 def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
     others = others_line(getattr(st, "others", {}))
     if not records:
@@ -87,6 +100,9 @@ def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
     if timeouts:
         console.print(f"[bold red]{len(timeouts)} GPU gate(s) ran past their deadline[/]; each one's worker was "
                       "killed and replaced, and every other gate kept its own verdict.")
+    traps = trap_line(records)
+    if traps:
+        console.print(traps)
     if st.sanitize:
         console.print(f"compute-sanitizer {st.sanitize}: {st.sanitizer_findings} gate(s) with findings over "
                       f"{st.launches} kernel launches through harness.kernels.")

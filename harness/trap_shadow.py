@@ -1,12 +1,14 @@
 """The trap shadow: a source compiled with `__trap()` made a count into a module global
 (TRAP_SHADOW_SYMBOL), after which the thread goes on.
 
-A mutation campaign runs a trap gate so in the mutant's warm worker (harness.runs.warm): a
-guard that fires leaves the context usable, where a real trap costs a fresh process and a
+A guard that fires leaves the context usable, where a real trap costs a fresh process and a
 context, and the driver handles traps and makes contexts one at a time. Up to a shadowed
 guard's first count, the run is the real run; so the count says the real kernel would have
 trapped there (or faulted earlier), and no count with a clean return says the real run
-returns as clean. Only the campaign uses it; the gate run's trap gates always trap for real.
+returns as clean. A mutation campaign runs its trap gates so in each mutant's warm worker
+(harness.runs.warm); the gate run, in a lane of their own (harness.plugin_pool.plan_lanes),
+where only a pass is the shadow's word: any other ending is run again, trapping for real.
+`--harness-real-traps` (and the campaign's re-check) trap each for real.
 """
 
 TRAP_SHADOW_SYMBOL = "harness_trap_shadow_hits"

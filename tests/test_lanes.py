@@ -213,11 +213,13 @@ def test_a_bad_lane_count_is_one_usage_error(suite, args):
     result.stderr.fnmatch_lines(["*--harness-lanes takes a whole number from 1 or `auto`*"])
 
 
-def test_trap_gates_start_ahead_while_the_run_waits_on_a_lane(suite):
+@pytest.mark.parametrize("real", [False, True], ids=["trap-lane", "real-traps"])
+def test_trap_gates_start_ahead_while_the_run_waits_on_a_lane(suite, real):
     # The run's first gate is a lane's and waits (up to its bound) for a file the trap gate
     # writes: the trap gate runs after every other gate in the report, so only its start
-    # ahead, on a spare that came up while the pytest process waited for the lane, lets the
-    # lane gate pass. Spares come up after the lanes took theirs.
+    # ahead, in the trap lane (the trap shadow) or on a spare that came up while the pytest
+    # process waited for the lane (--harness-real-traps), lets the lane gate pass. Spares come
+    # up after the lanes took theirs.
     suite.makepyfile(test_a="""
         import pathlib, time, pytest
         from conftest import fire_trap
@@ -241,7 +243,8 @@ def test_trap_gates_start_ahead_while_the_run_waits_on_a_lane(suite):
         def test_other_lane():
             pass
     """)
-    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "2", "--harness-report", "rep")
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "2", "--harness-report", "rep",
+                                        *(["--harness-real-traps"] if real else []))
     result.assert_outcomes(passed=3)
     assert _report(suite)["test_a.py::test_trap"]["outcome"] == "passed"
 
@@ -298,10 +301,10 @@ def test_with_wait_hung_each_gate_that_launches_the_kernel_waits_its_own_deadlin
         ["timeout", "timeout"]
 
 
-def test_a_few_trap_gates_run_at_once_and_one_that_ended_frees_its_place_before_the_run_reaches_it(suite):
-    """The run waits on a lane's gate that ends only once all five trap gates have run: they
-    start ahead while it waits, at most TRAPS_AT_ONCE running at a time, each in its own
-    worker (each records when it ran, then traps)."""
+def test_a_few_real_trap_gates_run_at_once_and_one_that_ended_frees_its_place_before_the_run_reaches_it(suite):
+    """--harness-real-traps: the run waits on a lane's gate that ends only once all five trap
+    gates have run: they start ahead while it waits, at most TRAPS_AT_ONCE running at a time,
+    each in its own worker (each records when it ran, then traps)."""
     from harness.pool.traps import TRAPS_AT_ONCE
 
     suite.makepyfile(test_a="""
@@ -336,7 +339,7 @@ def test_a_few_trap_gates_run_at_once_and_one_that_ended_frees_its_place_before_
             open("spans", "a").write(f"{began} {time.time()} {os.getpid()}\\n")
             fire_trap()
         """)
-    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "2")
+    result = suite.runpytest_subprocess("--require-gpu", "--harness-lanes", "2", "--harness-real-traps")
     result.assert_outcomes(passed=7)
     spans = [line.split() for line in (suite.path / "spans").read_text().splitlines()]
     assert len({pid for _, _, pid in spans}) == 5  # each trap gate in a worker of its own

@@ -198,9 +198,10 @@ def test_gpu_gates_share_a_warm_worker_and_each_trap_gate_gets_a_fresh_one(suite
     """)
     result = suite.runpytest_subprocess("--require-gpu", "--harness-report", "rep", "-v")
     result.assert_outcomes(passed=5)
-    # trap gates report last, in their own order (each started at the beginning, on a spare)
+    # the pytest process's own gates first, then the GPU gates, the trap gates last, each group
+    # in its own order (the trap gates run from the beginning, in their own lane)
     order = [line.split("::")[1].split()[0] for line in result.outlines if "::test_" in line and "PASSED" in line]
-    assert order == ["test_1", "test_4", "test_5_host_only", "test_2_trap", "test_3_trap"], order
+    assert order == ["test_5_host_only", "test_1", "test_4", "test_2_trap", "test_3_trap"], order
     rows = [line.split() for line in (suite.path / "pids").read_text().splitlines()]
     gpu = {int(p) for k, p in rows if k == "g"}
     traps = [int(p) for k, p in rows if k == "t"]

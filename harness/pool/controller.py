@@ -46,6 +46,9 @@ class RunResult:
     waited: float = 0.0  # how long the pytest process waited for it (its cost to the run)
     # (kernel, gate): stopped when it launched a kernel that hung in an earlier gate (`Hung`)
     hung_in: tuple[str, str] | None = None
+    shadowed: bool = False  # a trap gate run in the trap shadow (harness.trap_shadow)
+    shadow_hits: int | None = None  # the guards it counted there; None: none could be read
+    unsettled: str | None = None  # why a run in the trap shadow did not settle it (then it trapped for real)
 
     @property
     def ran_to_its_end(self) -> bool:
@@ -95,10 +98,12 @@ class Worker:
         self._read_ahead: list[dict] = []  # messages `has_verdict` read, for `wait` to take first
         self._closed_early: str | None = None  # the channel closed under `has_verdict`: why
 
-    def start(self, nodeid: str, nextid: str | None) -> None:
-        """Send the gate; `wait` collects the verdict (a trap gate may be started ahead)."""
+    def start(self, nodeid: str, nextid: str | None, shadow: bool = False, reset: bool = False) -> None:
+        """Send the gate; `wait` collects the verdict (a trap gate may be started ahead). With
+        `shadow`, a trap gate runs in the trap shadow (harness.trap_shadow); with `reset`, the
+        worker makes itself as good as fresh after it (`reset_for_next_mutant`), or ends."""
         self.current_gate = nodeid
-        self._send({"op": "run", "nodeid": nodeid, "nextid": nextid})
+        self._send({"op": "run", "nodeid": nodeid, "nextid": nextid, "trap_shadow": shadow, "reset": reset})
 
     def has_verdict(self) -> bool:
         """Whether the gate sent with `start` has ended (its verdict arrived, or the worker is
@@ -130,7 +135,10 @@ class Worker:
             result.poisoned = bool(msg.get("poisoned"))
             result.launches = int(msg.get("launches") or 0)
             result.phases = msg.get("phases") or {}
-            if result.poisoned:
+            result.shadowed = bool(msg.get("trap_shadow"))
+            result.shadow_hits = msg.get("shadow_hits")
+            if result.poisoned or msg.get("ends"):  # poisoned, or it could not be made as good as fresh: it has ended
+                self.ended_because = msg.get("ends") or "a gate left the CUDA context unusable"
                 self.kill()
         result.seconds = time.monotonic() - self._started
         return result

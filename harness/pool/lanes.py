@@ -166,12 +166,16 @@ class Lanes:
     """The run's lanes (`split`), each a thread that runs its gates in its own worker.
 
     `pool`: harness.pool.controller.Pool; `deadline_of(nodeid)` the gate's deadline in
-    seconds; `times`: the GateTimes each finished gate is recorded in."""
+    seconds; `times`: the GateTimes each finished gate is recorded in. The lanes numbered in
+    `shadowed` run trap gates in the trap shadow, their worker made as good as fresh after
+    each (`harness.pool.worker.reset_for_next_mutant`) or replaced."""
 
-    def __init__(self, pool, lanes: list[list[str]], deadline_of, times: GateTimes | None = None):
+    def __init__(self, pool, lanes: list[list[str]], deadline_of, times: GateTimes | None = None,
+                 shadowed: frozenset[int] = frozenset()):
         self.pool = pool
         self.deadline_of = deadline_of
         self.times = times
+        self.shadowed = shadowed
         self.slots = {nodeid: _Slot() for lane in lanes for nodeid in lane}
         self._stopped = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(i, lane), name=f"harness-lane-{i}", daemon=True)
@@ -216,10 +220,12 @@ class Lanes:
                 if worker is None or not worker.alive:
                     worker = self.pool.fresh_worker()  # the pool's close ends it
                     trace(f"  lane {index}: worker {worker.name}")
-                nextid = lane[i + 1] if i + 1 < len(lane) else None
+                shadow = index in self.shadowed
+                nextid = lane[i + 1] if i + 1 < len(lane) and not shadow else None
                 trace(f"  lane {index}: start {nodeid}")
-                worker.start(nodeid, nextid)
-                result = worker.wait(self.deadline_of(nodeid), hung=self.pool.hung)
+                worker.start(nodeid, nextid, shadow=shadow, reset=shadow)
+                # A hang in the trap shadow (past a counted guard) says nothing of the real kernel.
+                result = worker.wait(self.deadline_of(nodeid), hung=None if shadow else self.pool.hung)
             except (PoolError, OSError, ValueError) as exc:
                 # No worker could be had (the GPU is gone), or the pool closed under the lane
                 # (the run was stopped): the gate has no verdict, and says why.

@@ -6,7 +6,11 @@ The driver handles one trap at a time on a GPU (about 0.34 s each alone on an H2
 while it does, a context being made waits, and so, in part, do the other contexts' launches.
 So only a few trap gates run at once: a gate whose verdict has arrived frees its place at
 once, whether or not the run has reached it. Eighteen trap gates started together beside
-eight lanes held the lanes up for 20 s (docs/observed/gate-speed-h100-3.md)."""
+eight lanes held the lanes up for 20 s (docs/observed/gate-speed-h100-3.md).
+
+This is the way of `--harness-real-traps`, and of a trap gate the trap shadow did not settle.
+By default the trap gates run in the trap shadow (harness.trap_shadow) in a lane of their own
+(harness.plugin_pool.plan_lanes): no trap, and no context made for each."""
 
 from __future__ import annotations
 
@@ -17,10 +21,13 @@ from harness.pool.channel import trace
 TRAPS_AT_ONCE = 2  # trap gates running at once (their verdicts not yet arrived)
 
 
-def first_spares(traps: int) -> int:
+def first_spares(traps: int, shadow: bool = False) -> int:
     """The spares a gate run asks for first: one for each trap gate that can start at once
-    and one for the main worker's replacement; one when no gate traps."""
-    return 2 + min(TRAPS_AT_ONCE, traps) if traps else 1
+    (in the trap shadow, one for their lane) and one for the main worker's replacement; one
+    when no gate traps."""
+    if not traps:
+        return 1
+    return 2 if shadow else 2 + min(TRAPS_AT_ONCE, traps)
 
 
 class TrapsAhead:

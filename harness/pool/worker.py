@@ -317,7 +317,12 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
         except BaseException:
             pass  # a finaliser of an earlier gate failed; that gate already has its verdict
         trace(f"  run {item.nodeid}")
-        config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        shadow = bool(msg.get("trap_shadow"))
+        hits = None
+        if shadow:
+            hits = _in_trap_shadow(lambda: config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem))
+        else:
+            config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         if watch is not None:
             watch.attribute(sink.reports, launches - before)
         out = []
@@ -328,9 +333,14 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
                 poisoned = True
             out.append(config.hook.pytest_report_to_serializable(config=config, report=rep))
         phases = {rep.when: round(rep.duration, 4) for rep in sink.reports}
+        # Asked to reset after the gate (a trap gate in the trap shadow, on a worker the next
+        # one reuses): as good as fresh, or the worker ends here and says why.
+        ends = "a gate left the CUDA context unusable" if poisoned else None
+        if ends is None and msg.get("reset"):
+            ends = reset_for_next_mutant(session)
         ch.send({"op": "done", "reports": out, "poisoned": poisoned, "launches": launches - before,
-                 "phases": phases})
-        if poisoned:
+                 "phases": phases, "trap_shadow": shadow, "shadow_hits": hits, "ends": ends})
+        if ends is not None:
             break
 
 
