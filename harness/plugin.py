@@ -135,6 +135,7 @@ class HarnessState:
         self.sanitizer_findings = 0
         self.traps = None  # harness.pool.traps.TrapsAhead: trap gates started ahead on spares
         self.shadow_traps = not opt.harness_real_traps  # trap gates run in the trap shadow (harness.trap_shadow)
+        self.shadow_worker = None  # outside the trap lane (xdist): the worker trap gates run in the shadow in
         self.lanes = None  # harness.pool.lanes.Lanes, False where the run takes one lane; None: not planned yet
         self.gate_times = None  # harness.pool.lanes.GateTimes: what each GPU gate took, for the next split
 

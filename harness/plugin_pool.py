@@ -123,8 +123,8 @@ def refuse_without_device(st, probe: dict) -> None:
 def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float, deadline_for, is_gate):
     """Run one GPU gate in the pool: (the worker, its controller.RunResult). An ordinary gate in
     its lane (`harness.pool.lanes`, planned at the run's first item) or in the main worker; a
-    trap gate in the trap shadow, in the trap lane (or, under xdist, a fresh worker), or
-    trapping for real in a fresh worker (started ahead where it could be, `harness.pool.traps`).
+    trap gate in the trap shadow, in the trap lane (or, under xdist, a warm worker of its own
+    made as good as fresh after each), or trapping for real in a fresh worker (started ahead where it could be, `harness.pool.traps`).
     Raises controller.PoolError where no worker could be had."""
     from harness.pool.channel import trace as _trace
 
@@ -137,14 +137,20 @@ def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float, de
         _trace(f"  from lane worker {worker.name}: {result.phases}")
     else:
         ahead = st.traps.take(item.nodeid) if st.traps is not None else None
-        worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
+        shadowed = trap and st.shadow_traps  # as in the trap lane: one worker, as good as fresh after each
+        if shadowed and st.shadow_worker is not None and st.shadow_worker.alive:
+            worker = st.shadow_worker
+        else:
+            worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
         _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
         if ahead is None:
             worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None,
-                         shadow=trap and st.shadow_traps)
+                         shadow=shadowed, reset=shadowed)
         result = worker.wait(deadline, hung=None if trap else st.pool.hung)
         _trace(f"  done in worker {result.phases}")
-        if trap:
+        if shadowed:
+            st.shadow_worker = worker if worker.alive else None
+        elif trap:
             worker.kill()
         elif st.gate_times is not None and result.ran_to_its_end:
             st.gate_times.record(item.nodeid, result.seconds)

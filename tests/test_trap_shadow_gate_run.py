@@ -166,3 +166,24 @@ def test_trap_gates_in_the_shadow_share_one_worker_made_as_good_as_fresh_after_e
     assert (suite.path / "inputs.log").read_text().split() == ["0", "1", "2"], "each gate's cache was cleared before the next"
     assert (suite.path / "fixture.log").read_text().split() == ["up", "down"] * 3
     assert all(g["trap_shadow_hits"] == 1 for n, g in _gates(suite).items() if n.startswith("test_guard"))
+
+
+def test_under_xdist_each_workers_trap_gates_share_one_warm_worker_in_the_shadow(suite):
+    # xdist's workers are not told their gates ahead, so there is no trap lane: each keeps one
+    # worker for its trap gates, made as good as fresh after each, not a fresh one a gate.
+    suite.makepyfile(test_t="""
+        import pytest
+        from conftest import guard_fires
+
+        @pytest.mark.gpu
+        @pytest.mark.trap
+        @pytest.mark.parametrize("i", range(6))
+        def test_guard(i):
+            guard_fires("fires.log")
+    """)
+    # (no --require-gpu: xdist's controller would ask a real driver, which this machine lacks)
+    result = suite.runpytest_subprocess("-n", "2", "-p", "xdist")
+    result.assert_outcomes(passed=6)
+    fires = _runs(suite, "fires")
+    assert [shadow for _, shadow in fires] == ["True"] * 6
+    assert len({pid for pid, _ in fires}) <= 2, "at most one worker for the trap gates in each xdist worker"
