@@ -460,6 +460,22 @@ def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
     assert campaign.baseline.ok and len(compiled_at) == len(campaign.mutants) > 2
     assert Timed.first is not None and Timed.first < compiled_at[-1], "the first gate run waited for the whole screen"
     assert len(campaign.results) == len(campaign.mutants)
+    # where the gate stage's time went: each step's end, in the order the steps come
+    steps = ["executors_ready", "trap_shadow_checked", "first_mutant_screened", "first_mutant_judged",
+             "last_mutant_judged"]
+    assert list(campaign.stage) == steps
+    assert [campaign.stage[k] for k in steps] == sorted(campaign.stage.values())
+    assert campaign.stage["last_mutant_judged"] <= campaign.gpu_seconds
+
+
+def test_stage_line_says_each_step_of_the_gate_stage_it_knows():
+    from harness.mutate.campaign import stage_line
+
+    assert stage_line({}) is None
+    assert stage_line({"executors_ready": 0.04, "trap_shadow_checked": 1.25, "first_mutant_screened": 2.0,
+                       "first_mutant_judged": 2.61, "last_mutant_judged": 20.0}) == (
+        "gate stage: slots' executors ready at 0.0 s, trap shadow checked at 1.2 s, first mutant screened at "
+        "2.0 s, first judged at 2.6 s, last judged at 20.0 s")
 
 
 @pytest.mark.usefixtures("shared_baseline")

@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -109,6 +109,8 @@ class MutationCampaign(CampaignRun):
     recheck: Recheck | None = None  # verdict integrity: re-runs in fresh processes
     # the trap shadow's wiring check: {trap gate: None when it runs in the shadow, else why not}
     trap_shadow: dict | None = None
+    # where the gate stage's seconds went, from its start (`run_gate_stage`, `stage_line`)
+    stage: dict[str, float] = field(default_factory=dict)
 
     @property
     def mode(self) -> str:
@@ -303,11 +305,19 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
     Each slot has its own executor, on its slot's GPU, armed here once."""
     root = campaign.kernel_root
     jobs = max(1, config.gpu_jobs)
+    began = time.monotonic()
+    stage = campaign.stage
+
+    def mark(key: str) -> None:
+        stage.setdefault(key, round(time.monotonic() - began, 2))
+
     executors = [make_executor(device) for device in slot_devices(jobs)]
     for ex in executors:
         arm(ex, config, coverage)
+    mark("executors_ready")
     if config.trap_shadow:
         campaign.trap_shadow = wire_trap_shadow(executors, root)
+        mark("trap_shadow_checked")
     finished_at: dict[str, float] = {}
     history = KillHistory()
     for done_result in campaign.results.values():  # resumed: what killed its file's mutants so far
@@ -316,6 +326,8 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
     def take(block: bool):
         while True:
             r = feed.get(block=block)
+            if r is not None and r.verdict is Verdict.PENDING:
+                mark("first_mutant_screened")
             if r is None or r.verdict is Verdict.PENDING:
                 return r
             _finish(campaign, results_path, r, listener)  # screened out: final now
@@ -326,6 +338,8 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
 
     def done(r: MutantResult, result: MutantResult) -> None:
         finished_at[result.mutant.id] = time.monotonic()
+        mark("first_mutant_judged")
+        stage["last_mutant_judged"] = round(finished_at[result.mutant.id] - began, 2)
         history.record(result)
         _finish(campaign, results_path, result, listener)
         listener.advance()
@@ -475,6 +489,15 @@ def wire_trap_shadow(executors: list, root: Path) -> dict | None:
         for gate in ex.trap_gates:
             verdicts[gate] = verdicts.get(gate) or why_not.get(gate)
     return verdicts or None
+
+
+def stage_line(stage: dict[str, float]) -> str | None:
+    """Where the gate stage's seconds went, for the terminal: each step's end, from its start."""
+    names = (("executors_ready", "slots' executors ready"), ("trap_shadow_checked", "trap shadow checked"),
+             ("first_mutant_screened", "first mutant screened"), ("first_mutant_judged", "first judged"),
+             ("last_mutant_judged", "last judged"))
+    parts = [f"{label} at {stage[key]:.1f} s" for key, label in names if key in stage]
+    return f"gate stage: {', '.join(parts)}" if parts else None
 
 
 def trap_shadow_line(verdicts: dict | None) -> str | None:

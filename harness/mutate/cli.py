@@ -456,8 +456,11 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
                   "by its cubin alone", markup=False)
     for line in worker_lines:
         out.print(line, markup=False)
-    from harness.mutate.campaign import trap_shadow_line
+    from harness.mutate.campaign import stage_line, trap_shadow_line
 
+    stage = stage_line(campaign.stage)
+    if stage:
+        out.print(stage, markup=False)
     shadow = trap_shadow_line(campaign.trap_shadow)
     if shadow:
         out.print(shadow, markup=False)

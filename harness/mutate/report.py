@@ -107,6 +107,7 @@ def mutation_json(campaign) -> dict:
             "seconds": round(campaign.seconds, 2),
             "screen_seconds": round(campaign.screen_seconds, 2),
             "gpu_seconds": round(campaign.gpu_seconds, 2),
+            "gate_stage": dict(campaign.stage),
             "warnings": campaign.warnings,
             "operators": {name: op.reason for name, op in OPERATORS.items()},
             "verdicts": {r.mutant.id: r.verdict.value for r in results},
