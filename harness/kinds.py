@@ -30,7 +30,8 @@ MARKERS = {
     "determinism": "asserts a repeated launch gives the same bits every time (harness.invariance."
                    "assert_deterministic)",
     "refusal": "asserts a host launcher rejects bad arguments with a pinned message, before any launch",
-    "trap": "asserts the kernel's device guard fires; runs in the trap shadow in its own lane, or traps for real in a fresh worker",
+    "trap": "asserts the kernel's device guard fires; runs in the trap shadow in its own lane, or traps for "
+            "real in a fresh worker",
     "memory_safety": "the gate exists for a memory-safety property (an entry that must never be followed, a "
                      "buffer that must never be touched): a fault in it is the verdict it is written to give, so "
                      "a mutation campaign counts a mutant it catches by a fault as killed (trap gates are so "

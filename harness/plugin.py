@@ -310,7 +310,8 @@ def pytest_make_collect_report(collector):
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
-def pytest_collection_modifyitems_in_pool_order(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems_in_pool_order(session: pytest.Session, config: pytest.Config,
+                                                items: list[pytest.Item]) -> None:
     """The run's order beside the pool (`harness.plugin_pool.pool_order`): this process's own
     items first, then the ordinary GPU gates, then the trap gates."""
     st = _state(config)

@@ -79,9 +79,9 @@ def start_pool(st, config: pytest.Config, items: list[pytest.Item]) -> None:
         at_once = min(lanes_wanted(st, config), max(1, ordinary))
         # The first spares: a worker for each lane, one for the trap lane (the trap shadow) or for
         # each trap gate that may run at once (--harness-real-traps, harness.pool.traps), and the
-        # main worker's replacement, their contexts made together before any trap. (A context asked for while traps are handled waits for them: lanes
-        # that took the trap gates' spares had their replacements made during the traps, 14 s
-        # each on an H100.)
+        # main worker's replacement, their contexts made together before any trap. (A context
+        # asked for while traps are handled waits for them: lanes that took the trap gates'
+        # spares had their replacements made during the traps, 14 s each on an H100.)
         st.pool.config.spares = first_spares(traps, st.shadow_traps) + at_once - 1
     # Workers that run gates at once (the lanes, or xdist's workers, a pool each) share the
     # host's cores: each keeps to its share of BLAS threads (harness.pool.worker.limit_blas).
@@ -124,8 +124,8 @@ def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float, de
     """Run one GPU gate in the pool: (the worker, its controller.RunResult). An ordinary gate in
     its lane (`harness.pool.lanes`, planned at the run's first item) or in the main worker; a
     trap gate in the trap shadow, in the trap lane (or, under xdist, a warm worker of its own
-    made as good as fresh after each), or trapping for real in a fresh worker (started ahead where it could be, `harness.pool.traps`).
-    Raises controller.PoolError where no worker could be had."""
+    made as good as fresh after each), or trapping for real in a fresh worker (started ahead
+    where it could be, `harness.pool.traps`). Raises controller.PoolError where no worker could be had."""
     from harness.pool.channel import trace as _trace
 
     if st.lanes is None:

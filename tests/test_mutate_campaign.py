@@ -465,7 +465,7 @@ def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
              "last_mutant_judged"]
     assert list(campaign.stage) == steps
     assert [campaign.stage[k] for k in steps] == sorted(campaign.stage.values())
-    assert campaign.stage["last_mutant_judged"] <= campaign.gpu_seconds
+    assert campaign.stage["last_mutant_judged"] <= campaign.gpu_seconds + 0.005  # each mark is rounded to 0.01 s
 
 
 def test_stage_line_says_each_step_of_the_gate_stage_it_knows():

@@ -163,7 +163,8 @@ def test_trap_gates_in_the_shadow_share_one_worker_made_as_good_as_fresh_after_e
     assert [shadow for _, shadow in fires] == ["True"] * 3
     assert len({pid for pid, _ in fires}) == 1, "one worker, the trap lane's, ran all three"
     assert {pid for (pid,) in _runs(suite, "ordinary")}.isdisjoint({pid for pid, _ in fires})
-    assert (suite.path / "inputs.log").read_text().split() == ["0", "1", "2"], "each gate's cache was cleared before the next"
+    assert (suite.path / "inputs.log").read_text().split() == ["0", "1", "2"], \
+        "each gate's cache was cleared before the next"
     assert (suite.path / "fixture.log").read_text().split() == ["up", "down"] * 3
     assert all(g["trap_shadow_hits"] == 1 for n, g in _gates(suite).items() if n.startswith("test_guard"))
 
