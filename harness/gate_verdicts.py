@@ -78,7 +78,7 @@ def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bo
         return reports
     if result.unsettled:
         facts.append(("trap_shadow_unsettled", result.unsettled))
-    return judge_trap(item, reports, facts, result.waited, result.shadow_hits if result.shadowed else None)
+    return judge_trap(item, reports, facts, result.waited, result.shadow_hits)
 
 
 def report_from_worker(config, data: dict):

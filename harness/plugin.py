@@ -434,7 +434,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     _trace(f"gate {item.nodeid}")
     try:
-        worker, result = run_in_pool(st, item, nextitem, trap, deadline, _deadline, _is_gate)
+        worker, result = run_in_pool(st, item, nextitem, trap, deadline)
     except controller.PoolError as exc:
         reports = synthetic(item, Outcome.FAILED.value, str(exc), [("route", Route.ERROR.value),
                                                                    ("first_failure_line", str(exc).splitlines()[0])])

@@ -120,16 +120,14 @@ def refuse_without_device(st, probe: dict) -> None:
                                 "run it on a machine with a GPU, or drop --sanitize")
 
 
-def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float, deadline_for, is_gate):
+def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float):
     """Run one GPU gate in the pool: (the worker, its controller.RunResult). An ordinary gate in
-    its lane (`harness.pool.lanes`, planned at the run's first item) or in the main worker; a
+    its lane (`harness.pool.lanes`, planned at the run's first item: `plan_lanes`) or in the main worker; a
     trap gate in the trap shadow, in the trap lane (or, under xdist, a warm worker of its own
     made as good as fresh after each), or trapping for real in a fresh worker (started ahead
     where it could be, `harness.pool.traps`). Raises controller.PoolError where no worker could be had."""
     from harness.pool.channel import trace as _trace
 
-    if st.lanes is None:
-        st.lanes = plan_lanes(st, item, deadline_for, is_gate) or False
     _start_traps_ahead(st, item)
     if st.lanes and item.nodeid in st.lanes:
         # Trap gates keep starting ahead on spares while this waits (its lane recorded its time).

@@ -111,11 +111,11 @@ def test_real_traps_run_each_trap_gate_once_for_real(suite):
 
 
 @pytest.mark.parametrize("result, why", [
-    (RunResult(shadowed=True, shadow_hits=2), None),
-    (RunResult(shadowed=True, shadow_hits=None, poisoned=True), None),
-    (RunResult(shadowed=True, shadow_hits=0, poisoned=True), None),
-    (RunResult(shadowed=True, shadow_hits=0), "it counted no guard in the trap shadow"),
-    (RunResult(shadowed=True, shadow_hits=None), "it counted no guard in the trap shadow"),
+    (RunResult(shadow_hits=2), None),
+    (RunResult(shadow_hits=None, poisoned=True), None),
+    (RunResult(shadow_hits=0, poisoned=True), None),
+    (RunResult(shadow_hits=0), "it counted no guard in the trap shadow"),
+    (RunResult(shadow_hits=None), "it counted no guard in the trap shadow"),
     (RunResult(timed_out=True), "it ran past its deadline in the trap shadow"),
     (RunResult(died="the worker exited with code -9"),
      "its worker died in the trap shadow: the worker exited with code -9"),

@@ -46,8 +46,8 @@ class RunResult:
     waited: float = 0.0  # how long the pytest process waited for it (its cost to the run)
     # (kernel, gate): stopped when it launched a kernel that hung in an earlier gate (`Hung`)
     hung_in: tuple[str, str] | None = None
-    shadowed: bool = False  # a trap gate run in the trap shadow (harness.trap_shadow)
-    shadow_hits: int | None = None  # the guards it counted there; None: none could be read
+    # a trap gate run in the trap shadow: the guards it counted; None: not run there, or unreadable
+    shadow_hits: int | None = None
     unsettled: str | None = None  # why a run in the trap shadow did not settle it (then it trapped for real)
 
     @property
@@ -135,7 +135,6 @@ class Worker:
             result.poisoned = bool(msg.get("poisoned"))
             result.launches = int(msg.get("launches") or 0)
             result.phases = msg.get("phases") or {}
-            result.shadowed = bool(msg.get("trap_shadow"))
             result.shadow_hits = msg.get("shadow_hits")
             if result.poisoned or msg.get("ends"):  # poisoned, or it could not be made as good as fresh: it has ended
                 self.ended_because = msg.get("ends") or "a gate left the CUDA context unusable"

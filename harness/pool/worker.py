@@ -317,9 +317,8 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
         except BaseException:
             pass  # a finaliser of an earlier gate failed; that gate already has its verdict
         trace(f"  run {item.nodeid}")
-        shadow = bool(msg.get("trap_shadow"))
         hits = None
-        if shadow:
+        if msg.get("trap_shadow"):
             hits = _in_trap_shadow(lambda: config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem))
         else:
             config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
@@ -339,7 +338,7 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
         if ends is None and msg.get("reset"):
             ends = reset_for_next_mutant(session)
         ch.send({"op": "done", "reports": out, "poisoned": poisoned, "launches": launches - before,
-                 "phases": phases, "trap_shadow": shadow, "shadow_hits": hits, "ends": ends})
+                 "phases": phases, "shadow_hits": hits, "ends": ends})
         if ends is not None:
             break
 
