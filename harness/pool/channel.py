@@ -56,42 +56,49 @@ class Channel:
     def recv(self, timeout: float | None = None):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if len(self._buf) >= 4:
-                (n,) = struct.unpack("!I", self._buf[:4])
-                if len(self._buf) >= 4 + n:
-                    data = bytes(self._buf[4:4 + n])
-                    del self._buf[:4 + n]
-                    return json.loads(data)
+            n = self._whole_frame()
+            if n is not None:
+                data = bytes(self._buf[4:4 + n])
+                del self._buf[:4 + n]
+                return json.loads(data)
             wait = None if deadline is None else deadline - time.monotonic()
             if wait is not None and wait <= 0:
                 raise Timeout()
             ready, _, _ = select.select([self.sock], [], [], wait)
             if not ready:
                 raise Timeout()
-            try:
-                chunk = self.sock.recv(1 << 16)
-            except OSError as exc:
-                raise ChannelClosed(str(exc)) from None
-            if not chunk:
-                raise ChannelClosed("the other end closed the connection")
-            self._buf += chunk
+            self._read_some()
 
     def ready(self) -> bool:
         """Whether `recv` would return at once: a whole frame has arrived, or the other end
         closed (then `recv` raises ChannelClosed). Reads what has arrived; never waits."""
-        while True:
-            if len(self._buf) >= 4 and len(self._buf) >= 4 + struct.unpack("!I", self._buf[:4])[0]:
-                return True
+        while self._whole_frame() is None:
             readable, _, _ = select.select([self.sock], [], [], 0)
             if not readable:
                 return False
             try:
-                chunk = self.sock.recv(1 << 16)
-            except OSError:
+                self._read_some()
+            except ChannelClosed:
                 return True
-            if not chunk:
-                return True
-            self._buf += chunk
+        return True
+
+    def _whole_frame(self) -> int | None:
+        """The length of the first frame in the buffer, once all of it has arrived."""
+        if len(self._buf) >= 4:
+            (n,) = struct.unpack("!I", self._buf[:4])
+            if len(self._buf) >= 4 + n:
+                return n
+        return None
+
+    def _read_some(self) -> None:
+        """Add what the (readable) socket holds to the buffer; ChannelClosed when it closed."""
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from None
+        if not chunk:
+            raise ChannelClosed("the other end closed the connection")
+        self._buf += chunk
 
     def close(self) -> None:
         try:
