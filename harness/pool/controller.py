@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.device import visible_device
-from harness.pool.channel import (POOL_FOLDER_PREFIX, SERVE_MODULE, Channel, ChannelClosed, Timeout, trace)
+from harness.pool.channel import (POISONED, POOL_FOLDER_PREFIX, SERVE_MODULE, Channel, ChannelClosed, Timeout,
+                                  trace)
 from harness.pool.exits import Exits
 from harness.pool.fork import ForkedServer, PoolEnd, server_start_mode
 
@@ -137,7 +138,7 @@ class Worker:
             result.phases = msg.get("phases") or {}
             result.shadow_hits = msg.get("shadow_hits")
             if result.poisoned or msg.get("ends"):  # poisoned, or it could not be made as good as fresh: it has ended
-                self.ended_because = msg.get("ends") or "a gate left the CUDA context unusable"
+                self.ended_because = msg.get("ends") or POISONED
                 self.kill()
         result.seconds = time.monotonic() - self._started
         return result

@@ -11,7 +11,7 @@ import time
 import types
 from pathlib import Path
 
-from harness.pool.channel import ROLE, Channel, ChannelClosed, connect, trace
+from harness.pool.channel import POISONED, ROLE, Channel, ChannelClosed, connect, trace
 
 POOL_RESERVE_MB = 512  # device memory each worker puts in CuPy's pool before its first gate
 
@@ -292,7 +292,7 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
             reply = run_set(session, items, sink, msg, props)
             why_not = "not asked to serve another mutant"
             if any(o["poisoned"] for o in reply["outcomes"]):
-                why_not = "a gate left the CUDA context unusable"
+                why_not = POISONED
             elif msg.get("reuse"):
                 began = time.monotonic()
                 why_not = reset_for_next_mutant(session)
@@ -334,7 +334,7 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
         phases = {rep.when: round(rep.duration, 4) for rep in sink.reports}
         # Asked to reset after the gate (a trap gate in the trap shadow, on a worker the next
         # one reuses): as good as fresh, or the worker ends here and says why.
-        ends = "a gate left the CUDA context unusable" if poisoned else None
+        ends = POISONED if poisoned else None
         if ends is None and msg.get("reset"):
             ends = reset_for_next_mutant(session)
         ch.send({"op": "done", "reports": out, "poisoned": poisoned, "launches": launches - before,
