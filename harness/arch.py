@@ -4,9 +4,8 @@ what NVRTC targets, else the device's arch, else the default for a machine with 
 from __future__ import annotations
 
 import re
+import threading
 from functools import lru_cache
-
-from cuda.core import Program, ProgramOptions  # at import: a first import from several threads races
 
 from harness import _settings
 from harness.toolchain import nvrtc_version
@@ -14,6 +13,20 @@ from harness.toolchain import nvrtc_version
 
 class ArchError(ValueError):
     """An arch NVRTC cannot target."""
+
+
+_CUDA_CORE = threading.Lock()
+
+
+def cuda_core():
+    """`cuda.core`, imported on its first use: a process that compiles nothing (a pool server
+    or a CPU gate run over gates that compile nothing, a fake device's tests) does not pay its
+    0.2 s import. Under a lock, because a first import of it from several threads at once
+    races (the screen compiles in threads)."""
+    with _CUDA_CORE:
+        import cuda.core
+
+    return cuda.core
 
 
 @lru_cache(maxsize=None)
@@ -33,8 +46,9 @@ _ARCH_VARIANT = re.compile(r"sm_(\d+)([a-z])")
 def _nvrtc_compiles_for(arch: str) -> bool:
     """Whether NVRTC compiles an empty kernel for `arch` (asked once per arch and process)."""
     try:
-        Program('extern "C" __global__ void harness_arch_probe() {}', "c++",
-                ProgramOptions(arch=arch)).compile("cubin")
+        core = cuda_core()
+        core.Program('extern "C" __global__ void harness_arch_probe() {}', "c++",
+                     core.ProgramOptions(arch=arch)).compile("cubin")
     except Exception:
         return False
     return True

@@ -7,9 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cuda.core import ProgramOptions
-
 from harness import _settings
+from harness.arch import cuda_core
 from harness.includes import IncludePath, include_path
 from harness.modsettings import ModuleSettings
 
@@ -17,7 +16,7 @@ from harness.modsettings import ModuleSettings
 def nvrtc_options(arch: str, ms: ModuleSettings, inc: IncludePath) -> list[str]:
     """The option list NVRTC receives, from `cuda.core.ProgramOptions` (its own spelling)
     plus the module's EXTRA_FLAGS verbatim."""
-    po = ProgramOptions(
+    po = cuda_core().ProgramOptions(
         arch=arch, std="c++17", ftz=ms.ftz_effective, prec_div=not ms.fast_math, prec_sqrt=not ms.fast_math,
         fma=ms.fmad, use_fast_math=ms.fast_math, include_path=[str(d) for d in inc.searched()],
         ptxas_options=["-v"],
