@@ -972,3 +972,56 @@ def test_clearing_the_project_caches_loads_no_lazily_loaded_module(tmp_path, mon
     monkeypatch.setitem(sys.modules, "lazy_mod", mod)
     assert clear_project_caches(tmp_path / "elsewhere") == 0
     assert type(mod).__name__ == "_LazyModule", "the module was loaded"
+
+
+STRUCTURAL_GATES = """
+import pytest
+from harness import coverage
+from harness.source import read_source
+
+def text(kernel_root):
+    coverage.note_module("k.cu")
+    return (kernel_root / "k.cu").read_text()
+
+@pytest.mark.structural
+def test_the_store_is_guarded(kernel_root):
+    assert "if (i < n)" in read_source(kernel_root / "k.cu"), "the store lost its guard"
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_adds_one(kernel_root):
+    assert "y[i] = x[i] + 1;" in text(kernel_root), "out is not x + 1"
+"""
+STRUCTURAL_KERNEL = ("__global__ void k(float* y, const float* x, int n) {\n"
+                     "    int i = threadIdx.x;\n"
+                     "    if (i < n) y[i] = x[i] + 1;\n}\n")
+
+
+def test_structural_gates_run_in_a_cpu_stage_and_a_mutant_they_kill_takes_no_gpu_slot(tmp_path, monkeypatch, capsys):
+    # A warm campaign runs each mutant's gates that need no device on CPU processes of their
+    # own, beside the GPU slots: a mutant the structural gate kills ends there, and the GPU
+    # slot of one it lets through runs only the gates that need the device, after it
+    from harness.mutate.cli import main
+
+    root, ex = make_suite(tmp_path, monkeypatch, STRUCTURAL_GATES, STRUCTURAL_KERNEL)
+    ex.close()
+    report = tmp_path / "report"
+    status = main(["--rootdir", str(root), "--no-require-gpu", "--operators", "relational,arithmetic",
+                   "--gpu-jobs", "2", "--deadline", "30", "--jobs", "2", "--recheck", "0",
+                   "--cache-dir", str(tmp_path / "cache"), "--report", str(report)])
+    printed = " ".join(capsys.readouterr().out.split())
+    assert status in (0, 1), printed
+    rows = [json.loads(line) for line in (report / "mutants.jsonl").read_text().splitlines()]
+    structural, gpu = "gates/test_k.py::test_the_store_is_guarded", "gates/test_k.py::test_adds_one"
+    by_cpu = [r for r in rows if r["killed_by"] == [structural]]
+    by_gpu = [r for r in rows if r["killed_by"] == [gpu]]
+    assert by_cpu and by_gpu and all(r["verdict"] == "killed" for r in by_cpu + by_gpu), rows
+    assert all(r["gates_run"] == [structural] for r in by_cpu), by_cpu
+    assert all(r["gates_run"] == [structural, gpu] for r in by_gpu), by_gpu  # the structural gate first, on the CPU
+    ran = len([r for r in rows if r["gates_run"]])
+    assert f"CPU stage: {ran} mutant(s) ran their structural gates on 1 CPU process(es)" in printed, printed
+    assert f"{len(by_cpu)} of them ended there and took no GPU slot" in printed, printed
+    # the GPU slots ran only the mutants the CPU stage let through
+    assert f"{ran - len(by_cpu)} mutant(s) run:" in printed, printed
+    facts = json.loads((report / "mutation.json").read_text())["harness"]["cpu_stage"]
+    assert (facts["jobs"], facts["mutants"], facts["settled"]) == (1, ran, len(by_cpu)), facts
