@@ -111,7 +111,6 @@ class MutationCampaign(CampaignRun):
     trap_shadow: dict | None = None
     # where the gate stage's seconds went, from its start (`run_gate_stage`, `stage_line`)
     stage: dict[str, float] = field(default_factory=dict)
-    cpu_stage: object | None = None  # the CPU stage's feed (harness.mutate.static.CpuGateFeed), when one ran
 
     @property
     def mode(self) -> str:
@@ -244,22 +243,12 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
         listener.phase(f"screening {len(todo)} mutants on {cpus}, running the gates of "
                        f"each that passes, {config.gpu_jobs} at once", len(todo))
         screened = screen.ScreenFeed(ctx, interleave_mutants(todo), config.jobs, source_read, factory.cpu_map())
-        feed = screened
-        if cpu_stage_wanted(config, coverage, factory):
-            from harness.mutate.static import CpuGateFeed, cpu_first
-
-            feed = CpuGateFeed(screened, max(1, config.jobs // 2),
-                               lambda r, ex: cpu_first(r, root, coverage, deps, ex, config,
-                                                       functools.partial(mutant_deadline, config, coverage)),
-                               functools.partial(cpu_executor, config, coverage, arch))
-            campaign.cpu_stage = feed
-            feed.start()
         screened.start()
         try:
-            run_gate_stage(campaign, feed, coverage, deps, config, results_path, listener,
+            run_gate_stage(campaign, screened, coverage, deps, config, results_path, listener,
                            lambda device: factory(report_dir / "runs" / "mutants", cache_dir, arch, device))
         finally:
-            feed.stop()
+            screened.stop()
         campaign.screen_seconds = screened.seconds
         campaign.gpu_seconds = time.perf_counter() - t0
     if keys is not None:
@@ -299,14 +288,6 @@ def _reuse(campaign, todo: list, keys: VerdictKeys, store: VerdictStore, results
             campaign.reused += 1
         listener.advance()
     return left
-
-
-def cpu_stage_wanted(config: MutateConfig, coverage: Coverage | None, factory: ExecutorFactory) -> bool:
-    """Whether a GPU campaign runs its mutants' structural gates in a CPU stage of their own
-    (`harness.mutate.static.CpuGateFeed`): when its executors want one (the warm workers'),
-    some gate needs no device, and a kill stops a mutant's run (--all-gates runs every gate
-    of a mutant in one call, as before)."""
-    return (coverage is not None and not config.all_gates and factory.cpu_stage() and bool(coverage.cpu_gates()))
 
 
 def cpu_executor(config: MutateConfig, coverage: Coverage, arch: str):
@@ -444,15 +425,6 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
     if not sel.direct:
         return MutantResult(m, Verdict.NO_COVERAGE, "no gate loads its module or reads its source",
                             seconds=r.seconds, cubin_identical=r.cubin_identical)
-    covered_by = sel.direct
-    # a pending result's gates_run: its structural gates, run and passed in the CPU stage
-    # (CpuGateFeed); a final one's (the re-check runs a verdict again) are all run again here
-    before = r if r.verdict is Verdict.PENDING else dataclasses.replace(r, gates_run=[], gate_seconds=0.0,
-                                                                         in_gates=0.0)
-    on_cpu = set(before.gates_run)
-    if on_cpu:
-        sel = dataclasses.replace(sel, direct=tuple(g for g in sel.direct if g not in on_cpu),
-                                  siblings=tuple(g for g in sel.siblings if g not in on_cpu))
     skipped: set[str] = set()
     if config.trap_gates == "reached":
         reaching = _reaching(root).get(m.function)
@@ -471,18 +443,18 @@ def gate_stage(r: MutantResult, root: Path, coverage: Coverage | None, deps: dic
         # Not screened out by its cubin alone: the gates that read its source ran and passed
         # too, so nothing that runs and nothing a gate reads tells it from the original.
         verdict = Verdict.EQUIVALENT
-        reason = f"equivalent: identical cubin, and the {len(before.gates_run) + len(j.gates_run)} gate(s) reading its source passed"
+        reason = f"equivalent: identical cubin, and the {len(j.gates_run)} gate(s) reading its source passed"
     elif r.duplicate_of is not None and verdict is Verdict.SURVIVED:
         verdict = Verdict.DUPLICATE  # takes its twin's verdict (resolve_duplicates)
-        reason = f"duplicate of {r.duplicate_of} (the {len(before.gates_run) + len(j.gates_run)} gate(s) reading its source passed)"
+        reason = f"duplicate of {r.duplicate_of} (the {len(j.gates_run)} gate(s) reading its source passed)"
     if skipped and verdict is Verdict.SURVIVED:
         reason = (f"{reason}; {len(skipped)} trap gate(s) not run (--trap-gates reached): none of their kernels "
                   f"runs {m.function}")
-    return MutantResult(m, verdict, reason, killed_by=list(j.killed_by), gates_run=[*before.gates_run, *j.gates_run],
-                        covered_by=list(covered_by), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical,
+    return MutantResult(m, verdict, reason, killed_by=list(j.killed_by), gates_run=list(j.gates_run),
+                        covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical,
                         duplicate_of=r.duplicate_of if verdict is Verdict.DUPLICATE else None,
-                        memory_safety=j.memory_safety, gate_seconds=round(before.gate_seconds + j.seconds, 4),
-                        in_gates=round(before.in_gates + j.in_gates, 4), worker_wait=round(j.waited, 4), ran_on=j.ran_on)
+                        memory_safety=j.memory_safety, gate_seconds=round(j.seconds, 4),
+                        in_gates=round(j.in_gates, 4), worker_wait=round(j.waited, 4), ran_on=j.ran_on)
 
 
 @functools.lru_cache(maxsize=4)

@@ -461,8 +461,6 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
     stage = stage_line(campaign.stage)
     if stage:
         out.print(stage, markup=False)
-    if campaign.cpu_stage is not None:
-        out.print(campaign.cpu_stage.line(), markup=False)
     shadow = trap_shadow_line(campaign.trap_shadow)
     if shadow:
         out.print(shadow, markup=False)

@@ -108,9 +108,6 @@ def mutation_json(campaign) -> dict:
             "screen_seconds": round(campaign.screen_seconds, 2),
             "gpu_seconds": round(campaign.gpu_seconds, 2),
             "gate_stage": dict(campaign.stage),
-            # a GPU campaign's CPU stage (harness.mutate.static.CpuGateFeed): its processes, the
-            # mutants whose structural gates ran there, how many it settled, their seconds
-            **({"cpu_stage": campaign.cpu_stage.facts()} if getattr(campaign, "cpu_stage", None) is not None else {}),
             "warnings": campaign.warnings,
             "operators": {name: op.reason for name, op in OPERATORS.items()},
             "verdicts": {r.mutant.id: r.verdict.value for r in results},

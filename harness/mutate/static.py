@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from pathlib import Path
 
 from harness.mutate.execute import run_mutant
@@ -46,12 +45,9 @@ def cpu_selection(r: MutantResult, coverage: Coverage, deps: dict) -> tuple[Sele
 
 
 def static_judge(r: MutantResult, root: Path, coverage: Coverage, deps: dict, executor, config,
-                 deadline_for=None, gpu_follows: bool = False) -> MutantResult:
+                 deadline_for=None) -> MutantResult:
     """The verdict of a pending mutant from its structural gates alone (module docstring);
-    `deadline_for(selection)`: its gates' deadline (the campaign's `mutant_deadline`).
-    `gpu_follows` (a GPU campaign's CPU stage, `CpuGateFeed`): a mutant whose structural gates
-    all passed, and whose selection holds gates that need the device, stays `pending` with
-    those structural gates in its `gates_run`, for the GPU stage to run the rest."""
+    `deadline_for(selection)`: its gates' deadline (the campaign's `mutant_deadline`)."""
     from harness.runs.sandbox import sandbox, write
 
     m = r.mutant
@@ -68,12 +64,6 @@ def static_judge(r: MutantResult, root: Path, coverage: Coverage, deps: dict, ex
         j = run_mutant(executor, copy, batches, deadline, config.all_gates, coverage.memory_safety_gates())
     verdict, reason, twin = j.verdict, j.reason, None
     gpu_left = sum(1 for g in sel.all if coverage.gates[g].gpu)
-    if gpu_follows and verdict is Verdict.SURVIVED and any(g not in cpu for g in sel.all):
-        return MutantResult(m, Verdict.PENDING, _pending(r, f"its {len(j.gates_run)} structural gate(s) passed on "
-                                                            "the CPU"),
-                            duplicate_of=r.duplicate_of, gates_run=list(j.gates_run), covered_by=list(sel.direct),
-                            seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical,
-                            gate_seconds=round(j.seconds, 4), in_gates=round(j.in_gates, 4))
     not_run = f"; {gpu_left} GPU gate(s) of the same test files not run: they load the original's cubin" \
         if gpu_left else ""
     if verdict is Verdict.SURVIVED:
@@ -93,16 +83,6 @@ def static_judge(r: MutantResult, root: Path, coverage: Coverage, deps: dict, ex
     return MutantResult(m, verdict, reason, duplicate_of=twin, killed_by=list(j.killed_by), gates_run=list(j.gates_run),
                         covered_by=list(sel.direct), seconds=r.seconds + j.seconds, cubin_identical=r.cubin_identical,
                         memory_safety=j.memory_safety, gate_seconds=round(j.seconds, 4), in_gates=round(j.in_gates, 4))
-
-
-def cpu_first(r: MutantResult, root: Path, coverage: Coverage, deps: dict, executor, config,
-              deadline_for) -> MutantResult:
-    """A GPU campaign's CPU stage for one screened mutant (`CpuGateFeed`): `r` as it is when
-    it is final or selects no gate that runs without a device, else `static_judge`'s verdict
-    with the GPU stage to follow."""
-    if r.verdict is not Verdict.PENDING or not any(cpu_selection(r, coverage, deps)[1]):
-        return r
-    return static_judge(r, root, coverage, deps, executor, config, deadline_for, gpu_follows=True)
 
 
 def _pending(r: MutantResult, why: str) -> str:
@@ -155,100 +135,3 @@ def pending_lines(results) -> list[str]:
             key = next((k for k in (NEEDS_GPU, NO_CPU_GATE) if k in r.reason), r.reason or "pending: not run on a GPU")
             why[key] = why.get(key, 0) + 1
     return [f"{n} {reason}" for reason, n in sorted(why.items(), key=lambda kv: -kv[1])]
-
-
-class CpuGateFeed:
-    """A GPU campaign's CPU stage, between the screen and the GPU slots: each mutant the
-    screen leaves pending runs its gates that need no device (structural gates) at once, on
-    `jobs` CPU processes (`harness.runs.cpu`), while the GPU slots run other mutants'.
-
-    A GPU slot would have run those gates first anyway, in the worker that holds its context
-    (`Coverage.place`: source readers before any gate that launches). Run here they cost the
-    GPU stage nothing: a mutant they kill never takes a slot, and a slot runs only the gates
-    that need the device. Results come out as the screen's do (`get`): final ones, and the
-    pending ones with the structural gates that passed in `gates_run`
-    (`static_judge(gpu_follows=True)`), for `campaign.gate_stage` to run the rest."""
-
-    def __init__(self, feed, jobs: int, judge, make_executor):
-        import queue
-        import threading
-
-        self.feed, self.jobs, self.judge, self.make_executor = feed, max(1, jobs), judge, make_executor
-        self.outbox: queue.Queue = queue.Queue()
-        self.error: BaseException | None = None
-        self.seconds = 0.0  # the time its processes spent on mutants, summed
-        self.ran = 0  # mutants whose structural gates ran here
-        self.settled = 0  # ... of which this stage gave the final verdict (a kill, mostly)
-        self._executors: list = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-gates", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _executor(self, slot: int):
-        with self._lock:
-            while len(self._executors) <= slot:
-                self._executors.append(None)
-            if self._executors[slot] is None:
-                if self._stop.is_set():
-                    raise RuntimeError("the CPU stage was stopped")  # no process may outlive stop()
-                self._executors[slot] = self.make_executor()
-            return self._executors[slot]
-
-    def _take(self, block: bool):
-        if self._stop.is_set():
-            return None
-        return self.feed.get(block=block)
-
-    def _work(self, r: MutantResult, slot: int) -> MutantResult:
-        if r.verdict is not Verdict.PENDING or self._stop.is_set():
-            return r  # final already (or the stage is ending: the GPU stage takes no more)
-        started = time.perf_counter()
-        out = self.judge(r, self._executor(slot))
-        with self._lock:
-            self.ran += out is not r
-            self.settled += out is not r and out.verdict is not Verdict.PENDING
-            self.seconds += time.perf_counter() - started
-        return out
-
-    def line(self) -> str:
-        """One line for the terminal: what the CPU stage did."""
-        return (f"CPU stage: {self.ran} mutant(s) ran their structural gates on {self.jobs} CPU process(es) beside "
-                f"the GPU slots ({self.seconds:.1f} s of those processes' time); {self.settled} of them ended there "
-                "and took no GPU slot")
-
-    def facts(self) -> dict:
-        return {"jobs": self.jobs, "mutants": self.ran, "settled": self.settled, "seconds": round(self.seconds, 2)}
-
-    def _run(self) -> None:
-        try:
-            run_in_slots(self._take, self.jobs, self._work, lambda r, result: self.outbox.put(result),
-                         on_abort=self._close, name="cpu-gates")
-        except BaseException as exc:  # noqa: BLE001 - handed to the consuming thread
-            self.error = exc
-        finally:
-            self._close()
-            self.outbox.put(None)
-
-    def _close(self) -> None:
-        with self._lock:
-            executors, self._executors = [e for e in self._executors if e is not None], []
-        for ex in executors:
-            ex.close()
-
-    def get(self, block: bool):
-        """The next result, None at the end; raises queue.Empty when not blocking and none is ready."""
-        item = self.outbox.get(block=block)
-        if item is None and self.error is not None:
-            raise self.error
-        return item
-
-    def stop(self) -> None:
-        """End the stage: no new mutant starts, the CPU processes are closed (a gate set in
-        flight ends with its process), and the screen behind it stops."""
-        self._stop.set()
-        self._close()
-        self.feed.stop()
-        self._thread.join()

@@ -142,13 +142,6 @@ class ExecutorFactory(Protocol):
         """Start these GPUs' executors in a thread (returned); None when nothing starts ahead."""
         return None
 
-    def cpu_stage(self) -> bool:
-        """Whether a campaign runs its mutants' gates that need no device in a CPU stage of
-        their own, before these executors (`harness.mutate.static.CpuGateFeed`): for executors
-        whose slots are what a campaign waits for (the warm GPU workers). Others run all of a
-        mutant's gates where they run the rest."""
-        return False
-
     def cpu_map(self) -> Callable | None:
         """Where a campaign's CPU work (the mutation screen's compiles) runs when not on this
         host: a function (fn, items, on_done) calling `on_done(fn(item, shipped))` for each

@@ -400,9 +400,6 @@ class WarmExecutors(ExecutorFactory):
                                              stop_on_kill=self.stop_on_kill, reuse=self.reuse)
         return self.made[device]
 
-    def cpu_stage(self) -> bool:
-        return True  # a slot's worker holds a CUDA context: structural gates run beside it, on the CPU
-
     def prestart(self, cache_dir: Path, arch: str | None, devices) -> threading.Thread:
         """Make each GPU's executor now and start it in a thread (returned, started), so its
         server, probe and spares come up while the baseline runs. The executors are in `made`
