@@ -201,7 +201,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _activate(config: pytest.Config, reason: str, before_collection: bool) -> None:
     """Make this a harness run: check the settings, hand them to the launchers, record the
     gates' verdicts; where a GPU may be and collection is still ahead, fork the pool's server."""
-    from harness.pool import channel, fork, server
+    from harness.pool import channel, controller, server
 
     st = _state(config)
     st.active, st.opted_in_by = True, reason
@@ -254,7 +254,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
             raise pytest.UsageError(f"harness: {exc}") from None
     if st.is_controller and (st.require_gpu or st.sanitize):
         # xdist's controller runs no gate: ask a throwaway process, so no CUDA context lives here.
-        refuse_without_device(st, fork.probe_in_subprocess(config.invocation_params.dir))
+        refuse_without_device(st, controller.probe_in_subprocess(config.invocation_params.dir))
     recorder = Recorder(st)
     config.stash[recorder_key] = recorder
     config.pluginmanager.register(recorder, "harness-recorder")

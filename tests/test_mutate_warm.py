@@ -972,38 +972,3 @@ def test_clearing_the_project_caches_loads_no_lazily_loaded_module(tmp_path, mon
     monkeypatch.setitem(sys.modules, "lazy_mod", mod)
     assert clear_project_caches(tmp_path / "elsewhere") == 0
     assert type(mod).__name__ == "_LazyModule", "the module was loaded"
-
-
-def test_a_campaigns_spares_all_come_up_ahead_with_only_a_few_starting_at_once(tmp_path, monkeypatch):
-    # The cap on workers starting at once (MAX_STARTING, for the driver) counts only those
-    # still starting: one that said hello is a spare, and the pool goes on asking until the
-    # spares reach their number, before any slot takes one (it used to stop at the cap, the
-    # ready ones counted as starting, so a burst of faults waited for fresh contexts)
-    import time
-
-    from harness.pool import controller
-
-    monkeypatch.setattr(controller, "MAX_STARTING", 2)
-    root, ex = make_suite(tmp_path, monkeypatch, GATES, KERNEL, spares=5)
-    starting: list[int] = []
-    real_ask = controller.Pool._ask
-
-    def counted_ask(pool):
-        token = real_ask(pool)
-        starting.append(len(pool._pending))
-        return token
-
-    monkeypatch.setattr(controller.Pool, "_ask", counted_ask)
-    try:
-        ex.start()
-        pool = ex._pool
-        end = time.monotonic() + 60
-        while time.monotonic() < end and len(pool.spares) < 5:
-            time.sleep(0.05)
-        assert len(pool.spares) == 5 and not pool._pending, (len(pool.spares), pool._pending)
-        assert max(starting) <= 2 and pool.started_workers == 5, (starting, pool.started_workers)
-        worker = ex._take()  # a slot's first take: a ready spare, and one more starts in its place
-        assert worker.alive and len(pool.spares) + len(pool._pending) == 5
-        worker.kill()
-    finally:
-        ex.close()

@@ -14,7 +14,6 @@ from harness._settings import TRACE_ENV
 
 TRACE_T0_ENV = "HARNESS_POOL_T0"  # the pytest process's start (time.monotonic(), shared by every process)
 SERVE_MODULE = "harness._serve"  # python -m SERVE_MODULE {serve|worker|probe}
-WORKER_START_TIMEOUT = 120.0  # seconds for a server or worker to start and say hello
 POOL_FOLDER_PREFIX = "harness-pool-"  # the pool's folder under the temp dir: its socket, the server's log
 # why a worker ends after a gate that left its CUDA context with a sticky error (both ends say it)
 POISONED = "a gate left the CUDA context unusable"

@@ -3,6 +3,7 @@ ahead of need), and the watchdog that kills a worker past its gate's deadline.""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import shutil
@@ -17,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.device import visible_device
-from harness.pool.channel import (POISONED, POOL_FOLDER_PREFIX, SERVE_MODULE, WORKER_START_TIMEOUT, Channel,
-                                  ChannelClosed, Timeout, trace)
+from harness.pool.channel import (POISONED, POOL_FOLDER_PREFIX, SERVE_MODULE, Channel, ChannelClosed, Timeout,
+                                  trace)
 from harness.pool.exits import Exits
-from harness.pool.fork import ForkedServer, PoolEnd, probe_in_subprocess, server_start_mode
+from harness.pool.fork import ForkedServer, PoolEnd, server_start_mode
 
+WORKER_START_TIMEOUT = 120.0  # seconds for a server or worker to start and say hello
 SPARES = 4  # warm workers kept ahead of need (trap gates start on them early)
 # Workers starting at once (forked, not yet said hello) in a campaign's pool, per GPU: each
 # start is a cuInit and a context the driver makes while it handles the campaign's traps and
@@ -318,7 +320,6 @@ class Pool:
         # Lanes (harness.pool.lanes) take workers from their own threads: taking, asking
         # for and keeping spares happens under this lock.
         self.lock = threading.RLock()
-        self._closing = threading.Event()  # set by close: the spares' thread (keep_spares) ends
         # The kernels that hung in this run's gates; None waits every gate's own deadline
         # (--harness-wait-hung).
         self.hung: Hung | None = Hung()
@@ -455,56 +456,12 @@ class Pool:
             self._fill(count)
 
     def _fill(self, count: int | None = None) -> None:
-        """Ask for workers until the spares (ready) and those still starting make `count` (the
-        pool's number), with at most `max_starting` still starting: a worker that said hello
-        is a spare and no longer counts against that cap, so the spares reach their number
-        at the pace the workers start, not four at a time."""
-        self._harvest()
         cap = self.config.max_starting
         target = self.config.spares if count is None else min(count, self.config.spares)
         while len(self.spares) + len(self._pending) < target and (cap is None or len(self._pending) < cap):
             self._ask()
 
-    def _harvest(self) -> None:
-        """Every worker that has said hello since, taken (without waiting) from those starting
-        into the spares."""
-        while True:
-            ready, _, _ = select.select([self.listener], [], [], 0)
-            if not ready:
-                break
-            conn, _ = self.listener.accept()
-            ch = Channel(conn)
-            try:
-                hello = ch.recv(timeout=5.0)
-            except (Timeout, ChannelClosed):
-                ch.close()
-                continue
-            self._early[(hello.get("role"), hello.get("token"))] = (ch, hello)
-        for token in sorted(self._pending):
-            if ("worker", token) in self._early:
-                try:
-                    self.spares.append(self._take(token))
-                except PoolError:
-                    continue
-
-    def keep_spares(self, every: float = 0.25) -> None:
-        """From now until `close`, a thread tops the spares up every `every` seconds (a
-        campaign's pool: its spares come up while the baseline runs, and again between the
-        faults that used them, not only when a slot takes one)."""
-        def run():
-            while not self._closing.wait(every):
-                with self.lock:
-                    if self._closing.is_set():
-                        return
-                    try:
-                        self._fill()
-                    except Exception:  # noqa: BLE001 - closing, or its server gone: the next take says why
-                        return
-
-        threading.Thread(target=run, name="pool-spares", daemon=True).start()
-
     def _spare(self) -> Worker:
-        self._harvest()
         if self.spares:
             worker = self.spares.pop(0)
         else:
@@ -528,7 +485,24 @@ class Pool:
     def ready_spare(self) -> Worker | None:
         """A spare that has already said hello, without waiting; None when none is ready yet."""
         with self.lock:
-            self._harvest()
+            while True:
+                ready, _, _ = select.select([self.listener], [], [], 0)
+                if not ready:
+                    break
+                conn, _ = self.listener.accept()
+                ch = Channel(conn)
+                try:
+                    hello = ch.recv(timeout=5.0)
+                except (Timeout, ChannelClosed):
+                    ch.close()
+                    continue
+                self._early[(hello.get("role"), hello.get("token"))] = (ch, hello)
+            for token in sorted(self._pending):
+                if ("worker", token) in self._early:
+                    try:
+                        self.spares.append(self._take(token))
+                    except PoolError:
+                        continue
             if len(self.spares) < 2:  # keep one for the main worker's replacement
                 return None
             worker = self.spares.pop(0)
@@ -543,7 +517,6 @@ class Pool:
         a `finally`: an interrupt while closing (a second Ctrl-C, or a SIGTERM taken as one,
         during the main worker's teardown) must not leave the server running, in a session of
         its own, beside a folder it then writes its traceback into."""
-        self._closing.set()
         try:
             if self.main is not None:
                 self.main.quit()
@@ -587,6 +560,17 @@ class Pool:
             return "\n".join(self.log.read_text(errors="replace").strip().splitlines()[-n:])
         except OSError:
             return ""
+
+
+def probe_in_subprocess(cwd: Path, timeout: float = WORKER_START_TIMEOUT) -> dict:
+    """The device probe in a throwaway process (no conftest loaded): for a process that must
+    make no CUDA context itself and has no server to ask."""
+    out = subprocess.run([sys.executable, "-m", SERVE_MODULE, "probe"], capture_output=True, text=True,
+                         timeout=timeout, cwd=cwd)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"count": 0, "error": f"the device probe failed: {out.stderr.strip()[-500:]}"}
 
 
 def _kill_quietly(pid: int) -> None:

@@ -1,11 +1,10 @@
 """The pool's server as a fork of the pytest process, where that is safe: it then has the
 pytest process's imports (pytest, its plugins, the harness, the conftests) from its first
-instruction. And the device probe in a throwaway process, for a process with no server."""
+instruction."""
 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness._settings import SERVER_START_ENV  # noqa: E402
-from harness.pool.channel import SERVE_MODULE, WORKER_START_TIMEOUT
 
 
 def server_start_mode() -> tuple[str, str]:
@@ -159,14 +157,3 @@ def _run_forked_server(pool: "PoolEnd", env: dict | None, log_fd: int, null_fd: 
             sys.stderr.flush()
         finally:
             os._exit(code)
-
-
-def probe_in_subprocess(cwd: Path, timeout: float = WORKER_START_TIMEOUT) -> dict:
-    """The device probe in a throwaway process (no conftest loaded): for a process that must
-    make no CUDA context itself and has no server to ask."""
-    out = subprocess.run([sys.executable, "-m", SERVE_MODULE, "probe"], capture_output=True, text=True,
-                         timeout=timeout, cwd=cwd)
-    try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"count": 0, "error": f"the device probe failed: {out.stderr.strip()[-500:]}"}

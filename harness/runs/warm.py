@@ -140,7 +140,6 @@ class WarmExecutor(Executor):
             if self._closed:  # closed while it started (an interrupt during the baseline): nothing may outlive it
                 raise controller.PoolError(CLOSED)
             pool.warm_up()
-            pool.keep_spares()
         except BaseException:
             # a start that failed (the server never said hello, the probe never came) or was
             # interrupted: the server it started and its folder go with it
