@@ -80,7 +80,7 @@ def test_a_campaign_on_a_ray_cluster_gives_the_local_verdicts_through_a_lost_hea
     assert {"killed", "killed-by-trap"} <= {v for v, _ in expected.values()}, expected
 
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "node-cache"))  # each node's own cache
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
     nodes = [cluster.add_node(num_cpus=1, num_gpus=1) for _ in range(2)]
     try:
         report = tmp_path / "ray"
