@@ -227,3 +227,26 @@ def test_kernels_module_memo_checks_the_bytes_of_a_file_changed_within_the_times
     monkeypatch.setattr(kernels, "RACY_NS", 0)  # kept as racy when compiled: still served, bytes unchanged
     assert kernels._compiled_module("k.cu", ("tiled<4>",), None, None) is changed
     kernels.forget_loaded()
+
+
+def test_cuda_core_is_imported_only_by_a_process_that_compiles(tree, tmp_path):
+    # A fake device's pool server or a pytest over gates that compile nothing imports the
+    # harness's launchers and plugin but never NVRTC: cuda.core (0.2 s a process) waits for
+    # the first compile. The first compiles, from several threads at once, share one import.
+    code = ("import sys, threading\n"
+            "import harness.kernels, harness.plugin, harness.compile\n"
+            "print('before', 'cuda.core' in sys.modules)\n"
+            "from harness.compile import compile_file\n"
+            "from pathlib import Path\n"
+            "out = []\n"
+            "def one():\n"
+            f"    out.append(compile_file('k.cu', kernel_root=Path({str(tree)!r}), arch='sm_90',\n"
+            f"                            cache_dir=Path({str(tmp_path / 'cache')!r}), use_cache=False).cubin[:4])\n"
+            "threads = [threading.Thread(target=one) for _ in range(4)]\n"
+            "[t.start() for t in threads]; [t.join() for t in threads]\n"
+            "print('after', 'cuda.core' in sys.modules, out)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    assert "before False" in proc.stdout, proc.stdout
+    assert "after True [b'\\x7fELF', b'\\x7fELF', b'\\x7fELF', b'\\x7fELF']" in proc.stdout, proc.stdout
