@@ -44,9 +44,10 @@ _ARCH_VARIANT = re.compile(r"sm_(\d+)([a-z])")
 
 @lru_cache(maxsize=None)
 def _nvrtc_compiles_for(arch: str) -> bool:
-    """Whether NVRTC compiles an empty kernel for `arch` (asked once per arch and process)."""
+    """Whether NVRTC compiles an empty kernel for `arch` (asked once per arch and process).
+    A `cuda.core` that cannot be imported raises as it is: that is no answer about `arch`."""
+    core = cuda_core()
     try:
-        core = cuda_core()
         core.Program('extern "C" __global__ void harness_arch_probe() {}', "c++",
                      core.ProgramOptions(arch=arch)).compile("cubin")
     except Exception:

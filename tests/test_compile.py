@@ -250,3 +250,20 @@ def test_cuda_core_is_imported_only_by_a_process_that_compiles(tree, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "before False" in proc.stdout, proc.stdout
     assert "after True [b'\\x7fELF', b'\\x7fELF', b'\\x7fELF', b'\\x7fELF']" in proc.stdout, proc.stdout
+
+
+def test_a_cuda_core_that_cannot_be_imported_is_not_reported_as_an_arch_nvrtc_cannot_target(monkeypatch):
+    # the arch variant check compiles an empty kernel and takes any failure as "not this
+    # arch": a missing cuda.core must surface as itself, not as an ArchError about sm_90a
+    from harness import arch
+
+    def missing():
+        raise ImportError("No module named 'cuda.core'")
+
+    monkeypatch.setattr(arch, "cuda_core", missing)
+    arch._nvrtc_compiles_for.cache_clear()
+    try:
+        with pytest.raises(ImportError, match="cuda.core"):
+            arch.check_arch("sm_90a")
+    finally:
+        arch._nvrtc_compiles_for.cache_clear()
