@@ -972,3 +972,34 @@ def test_clearing_the_project_caches_loads_no_lazily_loaded_module(tmp_path, mon
     monkeypatch.setitem(sys.modules, "lazy_mod", mod)
     assert clear_project_caches(tmp_path / "elsewhere") == 0
     assert type(mod).__name__ == "_LazyModule", "the module was loaded"
+
+
+def test_a_device_lost_in_the_recheck_is_one_line_and_the_campaigns_report_stands(suite, tmp_path, monkeypatch, capsys):
+    # the GPU stops answering once the campaign is done and its re-check starts fresh
+    # workers: one red line that says the verdicts stand and how to re-check, no traceback
+    from harness.mutate import cli, recheck as recheck_mod
+
+    root, _ = suite
+    (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
+    flag = tmp_path / "dead"
+    monkeypatch.setenv("FAKE_GPU_DEAD_FLAG", str(flag))
+    real = recheck_mod.recheck
+
+    def the_gpu_falls_off_the_bus(*a, **k):
+        flag.write_text("")
+        return real(*a, **k)
+
+    monkeypatch.setattr(recheck_mod, "recheck", the_gpu_falls_off_the_bus)
+    report = tmp_path / "report"
+    status = cli.main(["--rootdir", str(root), "--no-require-gpu", "--seed", "1", "--max-per-file", "4",
+                       "--gpu-jobs", "1", "--deadline", "30", "--jobs", "1", "--recheck", "2",
+                       "--cache-dir", str(tmp_path / "cache"), "--report", str(report)])
+    got = capsys.readouterr()
+    said = " ".join(got.err.split())
+    assert status == cli.ExitStatus.DEVICE_LOST, said
+    assert "Traceback" not in got.err + got.out, got.err
+    assert "device lost: the device stopped answering during the re-check" in said, said
+    assert "then --resume runs the re-check again" in said, said
+    rows = (report / "mutants.jsonl").read_text().splitlines()
+    verdicts = json.loads((report / "mutation.json").read_text())["harness"]["verdicts"]
+    assert f"the campaign's {len(rows)} verdicts stand in" in said and len(verdicts) == len(rows) > 0, said
