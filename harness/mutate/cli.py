@@ -428,17 +428,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
                              for device in slot_devices(recheck_jobs(config.gpu_jobs))]
                 else:
                     fresh = _fresh_worker_slots(config, cache, campaign, executors, cluster)
-                from harness.pool.controller import DeviceLost
-
-                try:
-                    campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed,
-                                               on_result=_recheck_log(config.path(config.report_dir) / "recheck.jsonl"))
-                except DeviceLost as exc:  # the campaign's verdicts stand, written above: say so in one line
-                    raise DeviceLostError(
-                        f"the device stopped answering during the re-check ({exc}); the campaign's "
-                        f"{len(campaign.results)} verdicts stand in {config.path(config.report_dir)} (mutation.json, "
-                        "mutation.html, mutants.jsonl) and recheck.jsonl has the re-runs that ended: check the GPU "
-                        "(nvidia-smi), then --resume runs the re-check again") from None
+                campaign.recheck = recheck(campaign, fresh, sample=recheck_n, seed=config.seed,
+                                           on_result=_recheck_log(config.path(config.report_dir) / "recheck.jsonl"))
     except KeyboardInterrupt:
         for line in _worker_lines(config, executors):  # where the time went so far: a cut campaign says it too
             err.print(line, markup=False)
