@@ -65,14 +65,16 @@ def probe() -> DeviceProbe:
 
 @lru_cache(maxsize=None)
 def _probe() -> DeviceProbe:
-    try:
-        import cupy
-    except Exception as exc:  # no CuPy, or CuPy cannot load its runtime
-        return DeviceProbe(count=0, error=f"CuPy could not be imported: {exc}")
+    # The driver first: where it is missing, no device can be, and CuPy's import (about 0.15
+    # CPU-s) is not paid by every process of a GPU-less machine that asks.
     if not _driver_present():
         return DeviceProbe(count=0, error="no CUDA device was found: this machine has no NVIDIA driver "
                                           "(libcuda.so.1 is not installed); run the GPU gates on a machine "
                                           "with an NVIDIA GPU and its driver")
+    try:
+        import cupy
+    except Exception as exc:  # no CuPy, or CuPy cannot load its runtime
+        return DeviceProbe(count=0, error=f"CuPy could not be imported: {exc}")
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:

@@ -158,6 +158,17 @@ def test_cccl_is_looked_for_first_under_cuda_home(tmp_path, monkeypatch):
         toolchain.cccl_version.cache_clear()
 
 
+def test_cupys_bundled_cccl_is_found_without_importing_cupy():
+    # The last place looked for CCCL; an import of CuPy there cost every compiling process
+    # of a machine without the toolkit about 0.15 CPU-s.
+    code = ("import sys\nfrom harness.toolchain import cupy_bundled_cccl\np = cupy_bundled_cccl()\n"
+            "print('cupy' in sys.modules)\nimport cupy, pathlib\n"
+            "print(p == pathlib.Path(cupy.__file__).resolve().parent / '_core' / 'include' / 'cupy' / '_cccl')\n"
+            "print((p / 'libcudacxx' / 'cuda').is_dir())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "True", "True"], out.stdout + out.stderr
+
+
 @needs_nvcc
 def test_the_backend_rule_nvcc_for_cub_cuh_and_name_expressions_map_back(tmp_path, cache):
     write(tmp_path, {"k.cu": """\

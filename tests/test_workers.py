@@ -6,6 +6,7 @@ left running after the run."""
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -321,6 +322,15 @@ def test_no_nvidia_driver_is_named_as_such_not_as_a_driver_version(monkeypatch):
     assert not p.usable
     assert "this machine has no NVIDIA driver (libcuda.so.1 is not installed)" in p.error
     assert "version" not in p.error
+
+
+def test_a_machine_with_no_driver_is_told_so_without_importing_cupy():
+    # Every process of a GPU-less machine that asks (a compile's arch, a gate run's probe) paid
+    # CuPy's import before it learnt that no driver is there.
+    code = ("import sys\nfrom harness import device\ndevice._driver_present = lambda: False\n"
+            "p = device._probe()\nprint(p.usable, 'cupy' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
 
 
 def test_the_removed_child_timeout_option_is_one_clear_usage_error(suite):
