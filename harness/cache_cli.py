@@ -10,8 +10,9 @@ import sys
 KEEPS = ("the cubins the real tree compiles to (its modules, for every source state still used), the cubins "
          "compiled in sandboxes (mutants' and controls': the screen compiles every mutant once, a later run "
          "finds it), the verdict store (each mutant's verdict under a digest of what it rests on: --since "
-         "reuses it), and the host cache (float64 references and other costly host data, the last three "
-         "source states)")
+         "reuses it), the host cache (float64 references and other costly host data, the last three "
+         "source states) and cuda.core's spellings of NVRTC's options (a few hundred bytes each: a compile "
+         "whose cubin is cached then never imports cuda.core)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,6 +37,7 @@ def _mb(n: int) -> str:
 
 def main(argv: list[str]) -> int:
     from harness import _settings
+    from harness.compile_options import OPTIONS_FOLDER
     from harness.cubin_cache import PRUNED_FOLDERS, SANDBOX_FOLDER, CacheLimitError, limit_bytes, prune, usage
 
     args = parser().parse_args(argv)
@@ -65,7 +67,7 @@ def main(argv: list[str]) -> int:
     removed = []
     if cache.is_dir():  # only what the harness writes there: a cache folder shared with anything else keeps the rest
         for entry in cache.iterdir():
-            ours = entry.is_dir() and (entry.name in (SANDBOX_FOLDER, "host", *PRUNED_FOLDERS)
+            ours = entry.is_dir() and (entry.name in (SANDBOX_FOLDER, "host", OPTIONS_FOLDER, *PRUNED_FOLDERS)
                                        or (len(entry.name) == 2 and all(c in "0123456789abcdef" for c in entry.name)))
             if ours:
                 shutil.rmtree(entry, ignore_errors=True)

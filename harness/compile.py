@@ -143,7 +143,9 @@ def compile_file(
     name_expressions = ms.name_expressions
 
     inc = include_path(path, root, ms.include_dirs)
-    provisional = normalise_options(nvrtc_options(arch, ms, inc), inc)
+    cache = Path(cache_dir) if cache_dir is not None else run_settings.cache_dir
+    spellings = cache if use_cache else None  # cuda.core's option spellings, kept beside the cubins
+    provisional = normalise_options(nvrtc_options(arch, ms, inc, spellings), inc)
     text_source = _read_source(path, provisional)
     closure, closure_files = closure_with_files(path, inc)
     view = None
@@ -180,7 +182,7 @@ def compile_file(
         real_options = nvcc_options(arch, ms, inc)
         compiler_version = f"nvcc {toolchain.nvcc_version(str(nvcc))}"
     else:
-        real_options = nvrtc_options(arch, ms, inc)
+        real_options = nvrtc_options(arch, ms, inc, spellings)
         compiler_version = f"nvrtc {toolchain.nvrtc_version()}"
     options = normalise_options(real_options, inc)
     set_aside = view.set_aside if view is not None else ()
@@ -191,7 +193,6 @@ def compile_file(
         "set_aside": [str(s) for s in set_aside], "include_hashes": include_hashes(closure, inc.user),
         **({"trap_shadow": TRAP_SHADOW_PREAMBLE} if trap_shadow else {}),  # every other key as it was
     })
-    cache = Path(cache_dir) if cache_dir is not None else run_settings.cache_dir
     start = time.perf_counter()
     hit, cubin_path, meta_path = lookup(cache, key, is_sandbox(root)) if use_cache else (None, None, None)
 

@@ -4,7 +4,12 @@ list and a sandbox copy of the kernel root records (and hits) the same."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
+import os
 import re
+from functools import lru_cache
 from pathlib import Path
 
 from harness import _settings
@@ -13,16 +18,74 @@ from harness.includes import IncludePath, include_path
 from harness.modsettings import ModuleSettings
 
 
-def nvrtc_options(arch: str, ms: ModuleSettings, inc: IncludePath) -> list[str]:
-    """The option list NVRTC receives, from `cuda.core.ProgramOptions` (its own spelling)
-    plus the module's EXTRA_FLAGS verbatim."""
-    po = cuda_core().ProgramOptions(
+def nvrtc_options(arch: str, ms: ModuleSettings, inc: IncludePath, cache_dir: Path | None = None) -> list[str]:
+    """The option list NVRTC receives, from `cuda.core.ProgramOptions` (its own spelling,
+    kept in `cache_dir` when given) plus the module's EXTRA_FLAGS verbatim."""
+    return list(spelled_for_nvrtc(cache_dir, dict(
         arch=arch, std="c++17", ftz=ms.ftz_effective, prec_div=not ms.fast_math, prec_sqrt=not ms.fast_math,
         fma=ms.fmad, use_fast_math=ms.fast_math, include_path=[str(d) for d in inc.searched()],
         ptxas_options=["-v"],
         define_macro=[name if value is None else f"{name}={value}" for name, value in ms.defines] or None,
-    )
-    return [b.decode() for b in po.as_bytes("nvrtc")] + list(ms.extra_flags)
+    ))) + list(ms.extra_flags)
+
+
+OPTIONS_FOLDER = "nvrtc-options"  # in the cache dir: cuda.core's spellings, a few hundred bytes each
+_SPELLED: dict[str, tuple[str, ...]] = {}
+
+
+def spelled_for_nvrtc(cache_dir: Path | None, program_options: dict) -> tuple[str, ...]:
+    """`cuda.core.ProgramOptions(**program_options).as_bytes("nvrtc")`, decoded. A compile
+    whose cubin is cached needs nothing of `cuda.core` but this list (the cache key holds it),
+    and its import costs about 0.1 CPU-s in every process that compiles: so each spelling is
+    kept in `cache_dir` (`nvrtc-options/`, none when None) under `cuda.core`'s version and the
+    options, and a process that finds it there never imports `cuda.core`. Another version of
+    it, or other options, is another entry; a missing or unreadable one is spelled again."""
+    version = _cuda_core_version()
+    text = json.dumps([version, program_options], sort_keys=True)
+    if text in _SPELLED:
+        return _SPELLED[text]
+    path = None
+    if version is not None and cache_dir is not None:
+        path = Path(cache_dir) / OPTIONS_FOLDER / f"{hashlib.sha256(text.encode()).hexdigest()[:40]}.json"
+    spelled = _read_spelling(path, text) if path is not None else None
+    if spelled is None:
+        po = cuda_core().ProgramOptions(**program_options)
+        spelled = tuple(b.decode() for b in po.as_bytes("nvrtc"))
+        if path is not None:
+            _write_spelling(path, text, spelled)
+    _SPELLED[text] = spelled
+    return spelled
+
+
+@lru_cache(maxsize=None)
+def _cuda_core_version() -> str | None:
+    """The installed `cuda-core`'s version, read from its metadata (no import); None when it
+    cannot be read, and then nothing is kept on disk."""
+    try:
+        return importlib.metadata.version("cuda-core")
+    except Exception:  # noqa: BLE001 - unknown: spell it every time
+        return None
+
+
+def _read_spelling(path: Path, text: str) -> tuple[str, ...] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    spelled = data.get("spelled") if isinstance(data, dict) and data.get("of") == text else None
+    if not isinstance(spelled, list) or not all(isinstance(o, str) for o in spelled):
+        return None
+    return tuple(spelled)
+
+
+def _write_spelling(path: Path, text: str, spelled: tuple[str, ...]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"of": text, "spelled": list(spelled)}))
+        os.replace(tmp, path)  # readers see the whole file or none
+    except OSError:  # a read-only or full cache dir: the next process spells it again, nothing else
+        pass
 
 
 def nvcc_options(arch: str, ms: ModuleSettings, inc: IncludePath) -> list[str]:
@@ -64,4 +127,4 @@ def recorded_options(arch: str, defines: dict | None = None, fmad: bool = True,
         ms = ms.with_overrides(fmad=False)
     root = _settings.current().kernel_root
     inc = include_path(root / "x.cu", root, ms.include_dirs)
-    return normalise_options(nvrtc_options(arch, ms, inc), inc)
+    return normalise_options(nvrtc_options(arch, ms, inc, _settings.current().cache_dir), inc)

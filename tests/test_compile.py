@@ -1,6 +1,7 @@
 """NVRTC compile path, no GPU needed: compile-only, the cache key's closure, resource
 usage, errors, and the `python -m harness compile` command."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -250,6 +251,47 @@ def test_cuda_core_is_imported_only_by_a_process_that_compiles(tree, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "before False" in proc.stdout, proc.stdout
     assert "after True [b'\\x7fELF', b'\\x7fELF', b'\\x7fELF', b'\\x7fELF']" in proc.stdout, proc.stdout
+
+
+def test_a_compile_whose_cubin_is_cached_never_imports_cuda_core(tree, tmp_path):
+    # cuda.core only spells NVRTC's options (0.1 CPU-s of import in every compiling process);
+    # the spelling is kept beside the cubins, so a cache hit needs nothing of it.
+    cache = tmp_path / "cache"
+    code = ("import sys\nfrom pathlib import Path\nfrom harness.compile import compile_file\n"
+            f"m = compile_file('k.cu', kernel_root=Path({str(tree)!r}), arch='sm_90', cache_dir=Path({str(cache)!r}))\n"
+            "print(m.cache_hit, 'cuda.core' in sys.modules, m.key, ' '.join(m.options))\n")
+
+    def run():
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[1])
+        assert proc.returncode == 0, proc.stderr
+        hit, imported, key, options = proc.stdout.strip().split(" ", 3)
+        return hit, imported, key, options
+
+    first, second = run(), run()
+    assert first[:2] == ("False", "True") and second[:2] == ("True", "False")
+    assert second[2:] == first[2:] and "--fmad=true" in first[3]
+    (spelling,) = (cache / "nvrtc-options").iterdir()
+    spelling.write_text("{not json")  # unreadable: spelled again by cuda.core, and kept again
+    third = run()
+    assert third == ("True", "True", *first[2:])
+    assert json.loads(spelling.read_text())["spelled"][0] == "-arch=sm_90"
+
+
+def test_another_cuda_core_version_or_other_options_are_spelled_again(tmp_path, monkeypatch):
+    from harness import compile_options
+
+    monkeypatch.setattr(compile_options, "_SPELLED", {})
+    opts = dict(arch="sm_90", std="c++17", fma=True)
+    first = compile_options.spelled_for_nvrtc(tmp_path, opts)
+    assert "--fmad=true" in first and len(list((tmp_path / "nvrtc-options").iterdir())) == 1
+    assert compile_options.spelled_for_nvrtc(tmp_path, dict(opts, fma=False)) != first
+    monkeypatch.setattr(compile_options, "_cuda_core_version", lambda: "0.0-another")
+    assert compile_options.spelled_for_nvrtc(tmp_path, opts) == first
+    assert len(list((tmp_path / "nvrtc-options").iterdir())) == 3
+    monkeypatch.setattr(compile_options, "_cuda_core_version", lambda: None)  # unknown: nothing kept
+    compile_options.spelled_for_nvrtc(tmp_path, dict(opts, arch="sm_80"))
+    assert len(list((tmp_path / "nvrtc-options").iterdir())) == 3
 
 
 def test_a_cuda_core_that_cannot_be_imported_is_not_reported_as_an_arch_nvrtc_cannot_target(monkeypatch):

@@ -96,6 +96,8 @@ def test_the_cache_command_says_what_it_keeps_and_clears_only_its_own(tmp_path, 
     put(tmp_path, "bb", 20 * KB, time.time(), sandbox=True)
     (tmp_path / "host" / "gen").mkdir(parents=True)
     (tmp_path / "host" / "gen" / "x.pkl").write_bytes(b"0" * KB)
+    (tmp_path / "nvrtc-options").mkdir()
+    (tmp_path / "nvrtc-options" / "ab.json").write_text("{}")
     (tmp_path / "notes.txt").write_text("someone else's")
     monkeypatch.delenv(cubin_cache.CACHE_MAX_ENV, raising=False)  # the default bound
     assert main(["cache", "info", "--cache-dir", str(tmp_path)]) == 0
