@@ -50,6 +50,8 @@ class DeviceProbe:
 
 
 _adopted: DeviceProbe | None = None
+NO_DRIVER = ("no CUDA device was found: this machine has no NVIDIA driver (libcuda.so.1 is not installed); "
+             "run the GPU gates on a machine with an NVIDIA GPU and its driver")
 
 
 def adopt_probe(p: DeviceProbe) -> None:
@@ -68,9 +70,7 @@ def _probe() -> DeviceProbe:
     # The driver first: where it is missing, no device can be, and CuPy's import (about 0.15
     # CPU-s) is not paid by every process of a GPU-less machine that asks.
     if not _driver_present():
-        return DeviceProbe(count=0, error="no CUDA device was found: this machine has no NVIDIA driver "
-                                          "(libcuda.so.1 is not installed); run the GPU gates on a machine "
-                                          "with an NVIDIA GPU and its driver")
+        return DeviceProbe(count=0, error=NO_DRIVER)
     try:
         import cupy
     except Exception as exc:  # no CuPy, or CuPy cannot load its runtime

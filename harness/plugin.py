@@ -23,7 +23,8 @@ from harness import _settings, coverage, cufiles, device, usage
 from harness._settings import GATES_INI
 from harness.gate_verdicts import Recorder, is_gpu, properties, props_of, run_facts, synthetic, worker_reports
 from harness.kinds import MARKERS, REQUIRE_GPU_ENV, check_kinds, is_gate, opt_in_reason
-from harness.plugin_pool import lanes_wanted, new_pool, plan_lanes, refuse_without_device, run_in_pool, start_pool
+from harness.plugin_pool import (lanes_wanted, new_pool, plan_lanes, probe_beside_xdist, refuse_without_device, run_in_pool,
+                                 start_pool)
 from harness.records import GateRecord, Outcome, Route
 from harness.report import classify_route, failure_message, first_line, write_reports
 
@@ -201,7 +202,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _activate(config: pytest.Config, reason: str, before_collection: bool) -> None:
     """Make this a harness run: check the settings, hand them to the launchers, record the
     gates' verdicts; where a GPU may be and collection is still ahead, fork the pool's server."""
-    from harness.pool import channel, controller, server
+    from harness.pool import channel, server
 
     st = _state(config)
     st.active, st.opted_in_by = True, reason
@@ -253,8 +254,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
         except sanitizer.SanitizerError as exc:
             raise pytest.UsageError(f"harness: {exc}") from None
     if st.is_controller and (st.require_gpu or st.sanitize):
-        # xdist's controller runs no gate: ask a throwaway process, so no CUDA context lives here.
-        refuse_without_device(st, controller.probe_in_subprocess(config.invocation_params.dir))
+        probe_beside_xdist(st, config)  # no CUDA context lives here
     recorder = Recorder(st)
     config.stash[recorder_key] = recorder
     config.pluginmanager.register(recorder, "harness-recorder")

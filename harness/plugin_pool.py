@@ -108,6 +108,35 @@ def start_pool(st, config: pytest.Config, items: list[pytest.Item]) -> None:
             st.pool.warm_up(1 if traps and not st.is_worker else None)
 
 
+def probe_beside_xdist(st, config: pytest.Config) -> None:
+    """xdist's controller runs no gate and makes no CUDA context, yet --require-gpu (or
+    --sanitize) with no usable device must be one usage error there. With no driver that is
+    known at once; else a throwaway process probes the device while xdist starts its workers
+    (about 0.9 s that used to come first), and the answer is read before the controller hands
+    out the first gate (`_ProbeAnswer`)."""
+    from harness.pool import controller
+
+    if not device._driver_present():
+        refuse_without_device(st, {"count": 0, "error": device.NO_DRIVER})
+        return
+    config.pluginmanager.register(_ProbeAnswer(st, controller.ProbeProcess(config.invocation_params.dir)),
+                                  "harness-controller-probe")
+
+
+class _ProbeAnswer:
+    def __init__(self, st, probe: "controller.ProbeProcess"):
+        self.st, self.probe = st, probe
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> None:
+        # after xdist's session start (its workers are starting) and before its loop; refused
+        # here, the session still finishes, so xdist takes its workers down
+        refuse_without_device(self.st, self.probe.result())
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.probe.close()
+
+
 def refuse_without_device(st, probe: dict) -> None:
     """The require-gpu policy: with --require-gpu (or --sanitize) and no usable device, one usage error."""
     if probe.get("error") is None and probe.get("count", 0) > 0:

@@ -70,6 +70,37 @@ def test_require_gpu_with_no_device_fails_at_once_with_one_line(suite, no_device
     assert "passed" not in result.stdout.str()
 
 
+ONE_GPU_GATE = """
+import pytest
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_kernel():
+    pass
+"""
+
+
+def test_under_xdist_no_driver_is_one_line_before_any_worker_starts(suite):
+    suite.makepyfile(test_g=ONE_GPU_GATE)
+    result = suite.runpytest_subprocess("-n", "2", "-p", "xdist", "--require-gpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    lines = [line for line in result.stderr.lines if "harness: --require-gpu" in line]
+    assert len(lines) == 1 and "this machine has no NVIDIA driver" in lines[0], result.stderr.lines
+    assert "created:" not in result.stdout.str()  # xdist started no worker
+
+
+def test_under_xdist_the_device_probe_runs_while_the_workers_start_and_still_refuses_in_one_line(suite):
+    # the driver made present: the controller's probe (a fresh process, no conftest) finds
+    # none, and says so after xdist has started its workers, which it then takes down
+    suite.makepyfile(test_g=ONE_GPU_GATE)
+    suite.makeconftest(LOAD_PLUGIN + "import harness.device\nharness.device._driver_present = lambda: True\n")
+    result = suite.runpytest_subprocess("-n", "2", "-p", "xdist", "--require-gpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    lines = [line for line in result.stderr.lines if "harness: --require-gpu" in line]
+    assert len(lines) == 1 and "this machine has no NVIDIA driver" in lines[0], result.stderr.lines
+    out = result.stdout.str()
+    assert "created: 2/2 workers" in out and "passed" not in out and "failed" not in out
+
+
 def test_require_gpu_from_the_environment_variable(suite, no_device, monkeypatch):
     monkeypatch.setenv("HARNESS_REQUIRE_GPU", "1")
     suite.makepyfile(test_g="import pytest\n@pytest.mark.refusal\ndef test_x():\n    pass\n")

@@ -562,15 +562,37 @@ class Pool:
             return ""
 
 
+class ProbeProcess:
+    """The device probe in a throwaway process (no conftest loaded), started now and read
+    later (`result`): for a process that must make no CUDA context itself and has no server
+    to ask, and that has other work to do meanwhile (xdist's controller starts its workers)."""
+
+    def __init__(self, cwd: Path, timeout: float = WORKER_START_TIMEOUT):
+        self.timeout = timeout
+        self.proc = subprocess.Popen([sys.executable, "-m", SERVE_MODULE, "probe"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=cwd)
+
+    def result(self) -> dict:
+        try:
+            out, err = self.proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.close()
+            return {"count": 0, "error": f"the device probe did not answer in {self.timeout:g} s"}
+        try:
+            return json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"count": 0, "error": f"the device probe failed: {err.strip()[-500:]}"}
+
+    def close(self) -> None:
+        """Kill it where it still runs (a run that ended before it was read)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
 def probe_in_subprocess(cwd: Path, timeout: float = WORKER_START_TIMEOUT) -> dict:
-    """The device probe in a throwaway process (no conftest loaded): for a process that must
-    make no CUDA context itself and has no server to ask."""
-    out = subprocess.run([sys.executable, "-m", SERVE_MODULE, "probe"], capture_output=True, text=True,
-                         timeout=timeout, cwd=cwd)
-    try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"count": 0, "error": f"the device probe failed: {out.stderr.strip()[-500:]}"}
+    """The device probe in a throwaway process, waited for."""
+    return ProbeProcess(cwd, timeout).result()
 
 
 def _kill_quietly(pid: int) -> None:
