@@ -7,13 +7,13 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import os
 import re
 from functools import lru_cache
 from pathlib import Path
 
 from harness import _settings
 from harness.arch import cuda_core
+from harness.cubin_cache import atomic_write
 from harness.includes import IncludePath, include_path
 from harness.modsettings import ModuleSettings
 
@@ -79,11 +79,8 @@ def _read_spelling(path: Path, text: str) -> tuple[str, ...] | None:
 
 
 def _write_spelling(path: Path, text: str, spelled: tuple[str, ...]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"of": text, "spelled": list(spelled)}))
-        os.replace(tmp, path)  # readers see the whole file or none
+    try:  # a temporary file of its own (threads of the screen spell at once), then renamed
+        atomic_write(path, json.dumps({"of": text, "spelled": list(spelled)}).encode())
     except OSError:  # a read-only or full cache dir: the next process spells it again, nothing else
         pass
 
