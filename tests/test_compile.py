@@ -294,6 +294,26 @@ def test_another_cuda_core_version_or_other_options_are_spelled_again(tmp_path, 
     assert len(list((tmp_path / "nvrtc-options").iterdir())) == 3
 
 
+def test_threads_spelling_the_same_options_at_once_leave_one_whole_entry(tmp_path, monkeypatch):
+    import threading
+
+    from harness import compile_options
+
+    monkeypatch.setattr(compile_options, "_SPELLED", {})
+    opts = dict(arch="sm_90", std="c++17", fma=False)
+    got, go = [], threading.Barrier(8)
+
+    def one():
+        go.wait()
+        got.append(compile_options.spelled_for_nvrtc(tmp_path, opts))
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    (entry,) = (tmp_path / "nvrtc-options").iterdir()  # no temporary file left beside it
+    assert len(set(got)) == 1 and json.loads(entry.read_text())["spelled"] == list(got[0])
+
+
 def test_a_cuda_core_that_cannot_be_imported_is_not_reported_as_an_arch_nvrtc_cannot_target(monkeypatch):
     # the arch variant check compiles an empty kernel and takes any failure as "not this
     # arch": a missing cuda.core must surface as itself, not as an ArchError about sm_90a
