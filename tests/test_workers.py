@@ -324,6 +324,19 @@ def test_no_nvidia_driver_is_named_as_such_not_as_a_driver_version(monkeypatch):
     assert "version" not in p.error
 
 
+def test_a_probe_process_that_does_not_answer_is_an_error_and_is_killed(tmp_path, monkeypatch):
+    from harness.pool import controller
+
+    (tmp_path / "slow_probe.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setattr(controller, "SERVE_MODULE", "slow_probe")
+    probe = controller.ProbeProcess(tmp_path, timeout=0.5)
+    assert probe.result() == {"count": 0, "error": "the device probe did not answer in 0.5 s"}
+    assert probe.proc.poll() is not None
+    unread = controller.ProbeProcess(tmp_path)  # a run that ended before it read its probe
+    unread.close()
+    assert unread.proc.poll() is not None
+
+
 def test_a_machine_with_no_driver_is_told_so_without_importing_cupy():
     # Every process of a GPU-less machine that asks (a compile's arch, a gate run's probe) paid
     # CuPy's import before it learnt that no driver is there.

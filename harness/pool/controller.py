@@ -563,9 +563,8 @@ class Pool:
 
 
 class ProbeProcess:
-    """The device probe in a throwaway process (no conftest loaded), started now and read
-    later (`result`): for a process that must make no CUDA context itself and has no server
-    to ask, and that has other work to do meanwhile (xdist's controller starts its workers)."""
+    """The device probe in a throwaway process (no conftest loaded), started now and read later:
+    for a process that must make no CUDA context and has no server to ask (xdist's controller)."""
 
     def __init__(self, cwd: Path, timeout: float = WORKER_START_TIMEOUT):
         self.timeout = timeout
@@ -591,8 +590,7 @@ class ProbeProcess:
 
 
 def probe_in_subprocess(cwd: Path, timeout: float = WORKER_START_TIMEOUT) -> dict:
-    """The device probe in a throwaway process, waited for."""
-    return ProbeProcess(cwd, timeout).result()
+    return ProbeProcess(cwd, timeout).result()  # waited for
 
 
 def _kill_quietly(pid: int) -> None:
