@@ -20,13 +20,22 @@ from harness.modsettings import ModuleSettings
 
 def nvrtc_options(arch: str, ms: ModuleSettings, inc: IncludePath, cache_dir: Path | None = None) -> list[str]:
     """The option list NVRTC receives, from `cuda.core.ProgramOptions` (its own spelling,
-    kept in `cache_dir` when given) plus the module's EXTRA_FLAGS verbatim."""
-    return list(spelled_for_nvrtc(cache_dir, dict(
+    kept in `cache_dir` when given) plus the module's EXTRA_FLAGS verbatim. The include
+    folders are spelled as placeholders, then put in: a sandbox (each mutant's, each
+    control's) is another folder, never another spelling."""
+    folders = [str(d) for d in inc.searched()]
+    marks = [_INCLUDE_MARK.format(i) for i in range(len(folders))]
+    spelled = spelled_for_nvrtc(cache_dir, dict(
         arch=arch, std="c++17", ftz=ms.ftz_effective, prec_div=not ms.fast_math, prec_sqrt=not ms.fast_math,
-        fma=ms.fmad, use_fast_math=ms.fast_math, include_path=[str(d) for d in inc.searched()],
-        ptxas_options=["-v"],
+        fma=ms.fmad, use_fast_math=ms.fast_math, include_path=marks, ptxas_options=["-v"],
         define_macro=[name if value is None else f"{name}={value}" for name, value in ms.defines] or None,
-    ))) + list(ms.extra_flags)
+    ))
+    real = dict(zip(marks, folders))
+    return [_INCLUDE_MARKS.sub(lambda m: real[m.group(0)], o) for o in spelled] + list(ms.extra_flags)
+
+
+_INCLUDE_MARK = "@harness-include-{}@"
+_INCLUDE_MARKS = re.compile(r"@harness-include-\d+@")
 
 
 OPTIONS_FOLDER = "nvrtc-options"  # in the cache dir: cuda.core's spellings, a few hundred bytes each

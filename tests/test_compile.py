@@ -278,6 +278,26 @@ def test_a_compile_whose_cubin_is_cached_never_imports_cuda_core(tree, tmp_path)
     assert json.loads(spelling.read_text())["spelled"][0] == "-arch=sm_90"
 
 
+def test_a_sandbox_is_another_include_folder_never_another_spelling(tree, tmp_path):
+    # a campaign compiles each mutant in a sandbox of its own: one spelling serves them all
+    import shutil
+
+    cache = tmp_path / "cache"
+    first = build(tree, cache)
+    copy = tmp_path / "sandbox"
+    shutil.copytree(tree, copy)
+    (copy / "nested" / "depth.cuh").write_text("#define DEPTH 2.0f\n")  # a miss: NVRTC reads the copy's headers
+    second = build(copy, cache)
+    assert not second.cache_hit and second.key != first.key and second.options == first.options
+    assert len(list((cache / "nvrtc-options").iterdir())) == 1
+    from harness.compile_options import nvrtc_options
+    from harness.includes import include_path
+    from harness.modsettings import ModuleSettings
+
+    inc = include_path(copy / "k.cu", copy, ())
+    assert f"--include-path={copy}" in nvrtc_options("sm_90", ModuleSettings(), inc, cache)
+
+
 def test_another_cuda_core_version_or_other_options_are_spelled_again(tmp_path, monkeypatch):
     from harness import compile_options
 
