@@ -278,10 +278,13 @@ def test_a_compile_whose_cubin_is_cached_never_imports_cuda_core(tree, tmp_path)
     assert json.loads(spelling.read_text())["spelled"][0] == "-arch=sm_90"
 
 
-def test_a_sandbox_is_another_include_folder_never_another_spelling(tree, tmp_path):
+def test_a_sandbox_is_another_include_folder_never_another_spelling(tree, tmp_path, monkeypatch):
     # a campaign compiles each mutant in a sandbox of its own: one spelling serves them all
     import shutil
 
+    from harness import compile_options
+
+    monkeypatch.setattr(compile_options, "_SPELLED", {})  # this process's own: spelled afresh, so kept on disk
     cache = tmp_path / "cache"
     first = build(tree, cache)
     copy = tmp_path / "sandbox"
