@@ -330,7 +330,7 @@ def test_a_probe_process_that_does_not_answer_is_an_error_and_is_killed(tmp_path
     (tmp_path / "slow_probe.py").write_text("import time\ntime.sleep(60)\n")
     monkeypatch.setattr(controller, "SERVE_MODULE", "slow_probe")
     probe = controller.ProbeProcess(tmp_path, timeout=0.5)
-    assert probe.result() == {"count": 0, "error": "the device probe did not answer in 0.5 s"}
+    assert probe.result() == {"count": 0, "error": "the device probe did not answer in 0.5 s: check the GPU (nvidia-smi)"}
     assert probe.proc.poll() is not None
     unread = controller.ProbeProcess(tmp_path)  # a run that ended before it read its probe
     unread.close()

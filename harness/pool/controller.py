@@ -576,7 +576,7 @@ class ProbeProcess:
             out, err = self.proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
             self.close()
-            return {"count": 0, "error": f"the device probe did not answer in {self.timeout:g} s"}
+            return {"count": 0, "error": f"the device probe did not answer in {self.timeout:g} s: check the GPU (nvidia-smi)"}
         try:
             return json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError):
