@@ -8,7 +8,7 @@ import threading
 from functools import lru_cache
 
 from harness import _settings
-from harness.toolchain import nvrtc_version
+from harness.toolchain import nvrtc_supported_arches, nvrtc_version
 
 
 class ArchError(ValueError):
@@ -31,12 +31,7 @@ def cuda_core():
 
 @lru_cache(maxsize=None)
 def supported_arches() -> tuple[str, ...]:
-    from cuda.bindings import nvrtc
-
-    err, arches = nvrtc.nvrtcGetSupportedArchs()
-    if int(err) != 0:
-        raise RuntimeError(f"nvrtcGetSupportedArchs failed: {err}")
-    return tuple(f"sm_{a}" for a in arches)
+    return tuple(f"sm_{a}" for a in nvrtc_supported_arches())
 
 
 _ARCH_VARIANT = re.compile(r"sm_(\d+)([a-z])")

@@ -52,13 +52,59 @@ class IncludeSet:
 
 
 @lru_cache(maxsize=None)
+def _nvrtc_library():
+    """NVRTC's shared library, the one `cuda.bindings` loads (through `cuda.pathfinder`), for
+    the two questions that need no program: its version and the arches it targets. Every
+    process that compiles asks them (the cache key holds the version), a cached compile asks
+    nothing else, and `cuda.bindings.nvrtc` costs about 0.1 CPU-s to import (it pulls in the
+    driver bindings). None when it cannot be loaded so: then `cuda.bindings` answers, or
+    raises its own error."""
+    try:
+        import ctypes
+
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        lib = ctypes.CDLL(load_nvidia_dynamic_lib("nvrtc").abs_path)
+        for name in ("nvrtcVersion", "nvrtcGetNumSupportedArchs", "nvrtcGetSupportedArchs"):
+            getattr(lib, name).restype = ctypes.c_int
+        return lib
+    except Exception:  # noqa: BLE001 - any failure: the bindings' own route and its message
+        return None
+
+
+@lru_cache(maxsize=None)
 def nvrtc_version() -> str:
+    import ctypes
+
+    lib = _nvrtc_library()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    if lib is not None and lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
+        return f"{major.value}.{minor.value}"
     from cuda.bindings import nvrtc
 
     err, major, minor = nvrtc.nvrtcVersion()
     if int(err) != 0:
         raise RuntimeError(f"nvrtcVersion failed: {err}")
     return f"{major}.{minor}"
+
+
+@lru_cache(maxsize=None)
+def nvrtc_supported_arches() -> tuple[int, ...]:
+    """The compute capabilities NVRTC targets (75, 80, ..., 120), as `nvrtcGetSupportedArchs`."""
+    import ctypes
+
+    lib = _nvrtc_library()
+    count = ctypes.c_int()
+    if lib is not None and lib.nvrtcGetNumSupportedArchs(ctypes.byref(count)) == 0 and count.value > 0:
+        arches = (ctypes.c_int * count.value)()
+        if lib.nvrtcGetSupportedArchs(arches) == 0:
+            return tuple(arches)
+    from cuda.bindings import nvrtc
+
+    err, arches = nvrtc.nvrtcGetSupportedArchs()
+    if int(err) != 0:
+        raise RuntimeError(f"nvrtcGetSupportedArchs failed: {err}")
+    return tuple(arches)
 
 
 @lru_cache(maxsize=None)

@@ -255,25 +255,31 @@ def test_cuda_core_is_imported_only_by_a_process_that_compiles(tree, tmp_path):
 
 def test_a_compile_whose_cubin_is_cached_never_imports_cuda_core(tree, tmp_path):
     # cuda.core only spells NVRTC's options (0.1 CPU-s of import in every compiling process);
-    # the spelling is kept beside the cubins, so a cache hit needs nothing of it.
+    # the spelling is kept beside the cubins, so a cache hit needs nothing of it. NVRTC's
+    # version (in the key) and its arches (the arch's check) come from its library directly:
+    # cuda.bindings' NVRTC module pulls in the driver bindings (another 0.1 CPU-s).
     cache = tmp_path / "cache"
     code = ("import sys\nfrom pathlib import Path\nfrom harness.compile import compile_file\n"
             f"m = compile_file('k.cu', kernel_root=Path({str(tree)!r}), arch='sm_90', cache_dir=Path({str(cache)!r}))\n"
-            "print(m.cache_hit, 'cuda.core' in sys.modules, m.key, ' '.join(m.options))\n")
+            "print(m.cache_hit, 'cuda.core' in sys.modules, m.key, ' '.join(m.options))\n"
+            "print(sorted(n for n in ('cuda.bindings.nvrtc', 'cuda.bindings.driver') if n in sys.modules))\n")
 
-    def run():
+    def run(bindings="[]"):
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                               cwd=Path(__file__).resolve().parents[1])
         assert proc.returncode == 0, proc.stderr
-        hit, imported, key, options = proc.stdout.strip().split(" ", 3)
+        line, imported_bindings = proc.stdout.strip().splitlines()
+        if bindings is not None:
+            assert imported_bindings == bindings
+        hit, imported, key, options = line.split(" ", 3)
         return hit, imported, key, options
 
-    first, second = run(), run()
+    first, second = run(bindings=None), run()
     assert first[:2] == ("False", "True") and second[:2] == ("True", "False")
     assert second[2:] == first[2:] and "--fmad=true" in first[3]
     (spelling,) = (cache / "nvrtc-options").iterdir()
     spelling.write_text("{not json")  # unreadable: spelled again by cuda.core, and kept again
-    third = run()
+    third = run(bindings=None)
     assert third == ("True", "True", *first[2:])
     assert json.loads(spelling.read_text())["spelled"][0] == "-arch=sm_90"
 
@@ -352,3 +358,29 @@ def test_a_cuda_core_that_cannot_be_imported_is_not_reported_as_an_arch_nvrtc_ca
             arch.check_arch("sm_90a")
     finally:
         arch._nvrtc_compiles_for.cache_clear()
+
+
+def test_nvrtcs_version_and_arches_from_its_library_are_the_bindings_and_a_library_not_loaded_falls_back(
+        monkeypatch):
+    # the library route (ctypes, no cuda.bindings import) answers what cuda.bindings answers;
+    # where the library cannot be loaded so, cuda.bindings answers (or raises its own error)
+    from cuda.bindings import nvrtc
+
+    from harness import toolchain
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    err2, arches = nvrtc.nvrtcGetSupportedArchs()
+    assert int(err) == int(err2) == 0
+    for cached in (toolchain._nvrtc_library, toolchain.nvrtc_version, toolchain.nvrtc_supported_arches):
+        cached.cache_clear()
+    try:
+        assert toolchain._nvrtc_library() is not None
+        assert (toolchain.nvrtc_version(), toolchain.nvrtc_supported_arches()) == (f"{major}.{minor}", tuple(arches))
+        toolchain.nvrtc_version.cache_clear()
+        toolchain.nvrtc_supported_arches.cache_clear()
+        monkeypatch.setattr(toolchain, "_nvrtc_library", lambda: None)
+        assert (toolchain.nvrtc_version(), toolchain.nvrtc_supported_arches()) == (f"{major}.{minor}", tuple(arches))
+    finally:
+        monkeypatch.undo()
+        for cached in (toolchain._nvrtc_library, toolchain.nvrtc_version, toolchain.nvrtc_supported_arches):
+            cached.cache_clear()
