@@ -289,3 +289,31 @@ def test_ini_keys_are_read_from_the_rootdir_s_pytest_configuration(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\nkernel_root = src/kernels\n")
     assert ini_value(tmp_path, "kernel_root") == "src/kernels"
     assert ini_value(tmp_path, "controls_dir") is None  # pytest.ini wins, as in pytest
+
+
+def test_a_campaigns_collector_collects_each_module_once_and_keeps_nothing_it_cannot_place(monkeypatch):
+    from harness.controls import collect as collect_module
+
+    calls, answers = [], {}
+
+    def fake(modules, *, rootdir, kernel_root):
+        calls.append(list(modules))
+        return set().union(*(answers[m] for m in modules)), None
+
+    monkeypatch.setattr(collect_module, "collect_gates", fake)
+    answers.update({"gates/a.py": {"gates/a.py::t1", "gates/a.py::t2"}, "gates/b.py": {"gates/b.py::t"},
+                    "gates/empty.py": set()})
+    collect = collect_module.Collector(rootdir=Path("/r"), kernel_root=Path("/r/k"))
+    assert collect(["gates/a.py", "gates/empty.py"]) == ({"gates/a.py::t1", "gates/a.py::t2"}, None)
+    assert collect(["gates/a.py"]) == ({"gates/a.py::t1", "gates/a.py::t2"}, None)
+    assert collect(["gates/a.py", "gates/b.py"]) == ({"gates/a.py::t1", "gates/a.py::t2", "gates/b.py::t"}, None)
+    assert calls == [["gates/a.py", "gates/empty.py"], ["gates/b.py"]]
+    # node ids that name their module another way: answered, never kept
+    answers["./gates/c.py"] = {"gates/c.py::t"}
+    assert collect(["./gates/c.py"]) == ({"gates/c.py::t"}, None)
+    assert collect(["./gates/c.py"]) == ({"gates/c.py::t"}, None)
+    assert calls[2:] == [["./gates/c.py"], ["./gates/c.py"]]
+    # an error is the answer, and nothing of it is kept
+    monkeypatch.setattr(collect_module, "collect_gates", lambda modules, **kw: (set(), "boom"))
+    assert collect(["gates/d.py"]) == (set(), "boom")
+    assert "gates/d.py" not in collect.known

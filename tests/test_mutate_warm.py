@@ -514,9 +514,18 @@ def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(su
     assert agreed == checked >= 2, printed  # a deterministic suite: every verdict the same in a fresh worker
 
 
-def test_controls_on_the_warm_executor_are_proven_in_fresh_workers_at_once(suite, tmp_path):
+def test_controls_on_the_warm_executor_are_proven_in_fresh_workers_at_once(suite, tmp_path, monkeypatch):
+    from harness.controls import collect as collect_module
     from harness.controls.report import word
     from harness.controls.runner import CampaignConfig, run_campaign
+
+    real_collect, collected = collect_module.collect_gates, []
+
+    def counted(modules, **kw):  # each call is a collect-only pytest process
+        collected.append(list(modules))
+        return real_collect(modules, **kw)
+
+    monkeypatch.setattr(collect_module, "collect_gates", counted)
 
     root, _ = suite
     (root / "kernels" / "k.cu").write_text("// guard\n__global__ void k(float* y, const float* x) { *y = *x + 1; }\n")
@@ -552,6 +561,8 @@ def test_controls_on_the_warm_executor_are_proven_in_fresh_workers_at_once(suite
     assert result.baseline.ok, result.baseline
     verdicts = {r.name: (word(r.verdict), r.matches) for r in result.controls}
     assert verdicts == {"minus": ("proven", True), "no_guard": ("proven", True)}, result.controls
+    # the validation and the warm run's plan both ask which gates exist: one process answers both
+    assert collected == [["gates/test_k.py"]], collected
 
 
 def test_clearing_project_caches_spares_host_caches_and_the_harness_itself(tmp_path, monkeypatch):

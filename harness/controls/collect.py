@@ -50,3 +50,28 @@ def collect_gates(modules: list[str], *, rootdir: Path, kernel_root: Path) -> tu
     if data["errors"]:
         return set(), "\n".join(data["errors"])
     return set(data["nodeids"]), None
+
+
+class Collector:
+    """`collect_gates` for one campaign, each module collected once: the validation and the
+    warm run's plan ask for the same modules, and each ask is a pytest process (about 0.6
+    CPU-s, the gate modules and their imports loaded again). A module's node ids are those
+    whose path part is the module as asked; where one is not (a module named another way),
+    nothing is kept and each ask collects afresh."""
+
+    def __init__(self, *, rootdir: Path, kernel_root: Path):
+        self.rootdir, self.kernel_root = rootdir, kernel_root
+        self.known: dict[str, set[str]] = {}
+
+    def __call__(self, modules: list[str]) -> tuple[set[str], str | None]:
+        missing = [m for m in modules if m not in self.known]
+        if missing:
+            ids, error = collect_gates(missing, rootdir=self.rootdir, kernel_root=self.kernel_root)
+            if error:
+                return set(), error
+            split = {m: {n for n in ids if n.split("::", 1)[0] == m} for m in missing}
+            if set().union(*split.values()) != ids:
+                return (ids | set().union(*(self.known[m] for m in modules if m in self.known))), None
+            self.known.update(split)
+        return set().union(*(self.known[m] for m in modules)), None
+

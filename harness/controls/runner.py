@@ -22,7 +22,7 @@ from harness.device import slot_devices
 from harness.runs import fresh as child
 from harness.runs.fresh import run_gates
 from harness.controls.classify import GateCheck, check_gate, decide, judged_without_device
-from harness.controls.collect import collect_gates
+from harness.controls.collect import Collector
 from harness.controls.edits import EditError, apply
 from harness.controls.results import CampaignResult, ControlResult
 from harness.controls.spec import Control, load_controls
@@ -79,15 +79,16 @@ class _Quiet:
 # ---------------------------------------------------------------- the campaign
 
 
-def validate(config: CampaignConfig) -> list[Control]:
-    """Every control in the folder, validated; the selected ones. Raises ControlSpecError."""
+def validate(config: CampaignConfig, collect: Collector | None = None) -> list[Control]:
+    """Every control in the folder, validated; the selected ones. Raises ControlSpecError.
+    `collect` lists the gates (a campaign passes its own, so it collects each module once)."""
     root = config.path(config.kernel_root)
     rootdir = config.rootdir.resolve()
     return load_controls(
         config.path(config.controls_dir),
         root,
         names=config.names,
-        collect=lambda modules: collect_gates(modules, rootdir=rootdir, kernel_root=root),
+        collect=collect or Collector(rootdir=rootdir, kernel_root=root),
         rootdir=rootdir,
     )
 
@@ -102,7 +103,8 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None,
     start = time.perf_counter()
     child.reset()
     listener.phase("validating controls")
-    controls = validate(config)
+    collect = Collector(rootdir=config.rootdir.resolve(), kernel_root=config.path(config.kernel_root))
+    controls = validate(config, collect)
     listener.total(len(controls))
     root = config.path(config.kernel_root)
     cache_dir = config.cache()
@@ -130,7 +132,7 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None,
                               seconds=time.perf_counter() - start)
     arch = config.arch or baseline.arch
     names = declared_names(root)
-    warm = (_warm_controls(config, root, cache_dir, baseline_targets, arch, cluster)
+    warm = (_warm_controls(config, root, cache_dir, baseline_targets, arch, collect, cluster)
             if (config.executor == "warm" or cluster is not None) and not config.naive else None)
 
     # Up to `jobs` controls at once, in file order, slot i on its own GPU where several are
@@ -325,10 +327,10 @@ class WarmControls:
 
 
 def _warm_controls(config: CampaignConfig, root: Path, cache_dir: Path, targets: list[str],
-                   arch: str | None, cluster: "Cluster | None" = None) -> WarmControls:
+                   arch: str | None, collect: Collector, cluster: "Cluster | None" = None) -> WarmControls:
     from harness.runs.warm import WarmExecutors
 
-    collected, error = collect_gates(targets, rootdir=config.rootdir.resolve(), kernel_root=root)
+    collected, error = collect(targets)
     if error:
         raise RuntimeError(f"collecting the controls' gates failed:\n{error}")
     gates: dict = {}
