@@ -74,4 +74,3 @@ class Collector:
                 return (ids | set().union(*(self.known[m] for m in modules if m in self.known))), None
             self.known.update(split)
         return set().union(*(self.known[m] for m in modules)), None
-
