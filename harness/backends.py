@@ -51,14 +51,18 @@ def _compile_nvrtc(path: Path, text: str, options: list[str], name_expressions) 
             _check(nvrtc.nvrtcAddNameExpression(prog, ne.encode()) + (None,), "nvrtcAddNameExpression")
         opts = [o.encode() for o in options]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        # NVRTC writes into the buffer it is given: a bytearray, never a bytes object. Some
+        # cuda-bindings (13.3) write into the bytes passed, and `b" " * 1` (the size of an empty
+        # log) is CPython's one shared b" ": its space became a NUL for the whole process
+        # (every print's separator, every JSON report's spaces after it).
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        buf = b" " * size
+        buf = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, buf)
-        log = buf.decode("utf-8", errors="replace").replace("\x00", "")
+        log = bytes(buf).decode("utf-8", errors="replace").replace("\x00", "")
         if int(err) != 0:
             raise _Failed(log or str(err))
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         nvrtc.nvrtcGetCUBIN(prog, cubin)
         mapping = {}
         for ne in name_expressions:

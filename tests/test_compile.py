@@ -3,6 +3,7 @@ usage, errors, and the `python -m harness compile` command."""
 
 import json
 import subprocess
+import textwrap
 import sys
 from pathlib import Path
 
@@ -384,3 +385,36 @@ def test_nvrtcs_version_and_arches_from_its_library_are_the_bindings_and_a_libra
         monkeypatch.undo()
         for cached in (toolchain._nvrtc_library, toolchain.nvrtc_version, toolchain.nvrtc_supported_arches):
             cached.cache_clear()
+
+
+def test_nvrtcs_log_and_cubin_are_read_into_buffers_of_their_own_never_a_shared_bytes_object():
+    # cuda-bindings 13.3 writes a log or a cubin into the very buffer it is handed. An empty
+    # log is one byte (its NUL), and `b" " * 1` is CPython's one shared b" ": on the H100
+    # (cuda-bindings 13.3.1) a compile turned every later print's separator into a NUL. The
+    # child wraps the bindings so that they write in place, as 13.3 does, whatever is installed.
+    code = textwrap.dedent('''
+        import ctypes
+        from pathlib import Path
+        from cuda.bindings import nvrtc
+        from harness.backends import _compile_nvrtc
+
+        def in_place(real):
+            def call(prog, buf):
+                mine = bytearray(len(buf))
+                result = real(prog, mine)
+                if isinstance(buf, bytes):  # what a C binding does with the bytes it is given
+                    ctypes.memmove(ctypes.c_char_p(buf), bytes(mine), len(buf))
+                else:
+                    buf[:] = mine
+                return result
+            return call
+
+        nvrtc.nvrtcGetProgramLog = in_place(nvrtc.nvrtcGetProgramLog)
+        nvrtc.nvrtcGetCUBIN = in_place(nvrtc.nvrtcGetCUBIN)
+        cubin, _, log = _compile_nvrtc(Path("k.cu"), 'extern "C" __global__ void k() {}', ["-arch=sm_90"], [])
+        print(repr(log), cubin[:4] == b"\\x7fELF", b" "[0], "a", "b")
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "'' True 32 a b\n", repr(proc.stdout)

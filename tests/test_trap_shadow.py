@@ -30,9 +30,9 @@ def _ptx(text: str, options: list[str], name_expressions=()) -> str:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         assert int(err) == 0, err
         _, size = nvrtc.nvrtcGetPTXSize(prog)
-        buf = b" " * size
+        buf = bytearray(size)  # NVRTC writes into it (never into a bytes object: see harness/backends.py)
         nvrtc.nvrtcGetPTX(prog, buf)
-        return buf.decode()
+        return bytes(buf).decode()
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
