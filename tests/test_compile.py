@@ -3,8 +3,8 @@ usage, errors, and the `python -m harness compile` command."""
 
 import json
 import subprocess
-import textwrap
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
