@@ -103,10 +103,10 @@ def run_campaign(config: CampaignConfig, listener: Listener | None = None,
     start = time.perf_counter()
     child.reset()
     listener.phase("validating controls")
-    collect = Collector(rootdir=config.rootdir.resolve(), kernel_root=config.path(config.kernel_root))
+    root = config.path(config.kernel_root)
+    collect = Collector(rootdir=config.rootdir.resolve(), kernel_root=root)
     controls = validate(config, collect)
     listener.total(len(controls))
-    root = config.path(config.kernel_root)
     cache_dir = config.cache()
     if config.static:
         from harness.arch import resolve_arch
