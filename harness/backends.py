@@ -54,7 +54,7 @@ def _compile_nvrtc(path: Path, text: str, options: list[str], name_expressions) 
         # NVRTC writes into the buffer it is given: a bytearray, never a bytes object. Some
         # cuda-bindings (13.3) write into the bytes passed, and `b" " * 1` (the size of an empty
         # log) is CPython's one shared b" ": its space became a NUL for the whole process
-        # (every print's separator, every JSON report's spaces after it).
+        # (every lone space it then encoded, print's separators among them).
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         buf = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, buf)
