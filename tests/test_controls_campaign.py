@@ -84,6 +84,8 @@ def child_env():
         mp.setenv("PYTHONPATH", str(REPO))
         # the fake compile gate asserts that a sandboxed run hits the compile check's cubin
         mp.setenv("FAKE_SUITE_SANDBOX_MUST_HIT", "1")
+        # the fake gate that plays Ctrl-C signals this process
+        mp.setenv("HARNESS_FAKE_SUITE_CAMPAIGN_PID", str(os.getpid()))
         yield
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from harness.runs import forkserver
 
 ENV = "HARNESS_CONTROLS_COLLECT_OUT"
 COLLECT_TIMEOUT = 600  # seconds; collection imports the gate modules, nothing more
@@ -34,22 +37,34 @@ def pytest_collection_finish(session) -> None:
 def collect_gates(modules: list[str], *, rootdir: Path, kernel_root: Path) -> tuple[set[str], str | None]:
     """(node ids collected from `modules`, None) or (set(), the collection errors)."""
     with tempfile.TemporaryDirectory(prefix="harness-collect-") as tmp:
-        out = Path(tmp) / "collected.json"
+        out, log = Path(tmp) / "collected.json", Path(tmp) / "pytest.log"
         env = dict(os.environ, **{ENV: str(out), "PYTHONDONTWRITEBYTECODE": "1"})
-        cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "harness.controls.collect"]
-        cmd += ["-p", "no:cacheprovider", f"--kernel-root={kernel_root}", *modules]
+        args = ["--collect-only", "-q", "-p", "harness.controls.collect", "-p", "no:cacheprovider",
+                f"--kernel-root={kernel_root}", *modules]
+        shown = " ".join([sys.executable, "-m", "pytest", *args])
+        proc, _ = forkserver.start(args, cwd=Path(rootdir), env=env, stdout=log)
         try:
-            proc = subprocess.run(cmd, cwd=rootdir, env=env, capture_output=True, text=True,
-                                  stdin=subprocess.DEVNULL, timeout=COLLECT_TIMEOUT)
+            proc.wait(timeout=COLLECT_TIMEOUT)
         except subprocess.TimeoutExpired:
-            return set(), f"$ {' '.join(cmd)}\ncollecting the gates took longer than {COLLECT_TIMEOUT} s"
+            return set(), f"$ {shown}\ncollecting the gates took longer than {COLLECT_TIMEOUT} s"
+        finally:
+            _end(proc)
         if not out.is_file():
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
-            return set(), f"$ {' '.join(cmd)}\n(exit status {proc.returncode})\n{tail}"
+            tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-30:])
+            return set(), f"$ {shown}\n(exit status {proc.returncode})\n{tail}"
         data = json.loads(out.read_text())
     if data["errors"]:
         return set(), "\n".join(data["errors"])
     return set(data["nodeids"]), None
+
+
+def _end(proc) -> None:
+    """The collect and anything it started, gone (its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 class Collector:

@@ -180,6 +180,7 @@ def _baseline(targets: list[str], root: Path, config: CampaignConfig, cache_dir:
             cache_dir=cache,
             require_gpu=config.require_gpu,
             arch=config.arch,
+            spawn=config.naive,  # the naive way: a new interpreter a run
         )
     return Baseline.of(run)
 
@@ -298,6 +299,7 @@ def _run_control(
             require_gpu=config.require_gpu,
             arch=arch,
             device=device,
+            spawn=config.naive,
         )
     return _classify(control, run, compiled, time.perf_counter() - start, config.require_gpu)
 

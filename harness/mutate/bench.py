@@ -229,7 +229,8 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
         try:
             naive = run_campaign(naive_config, listener=clock, executor_factory=Executors(
                 lambda report, cache, arch, device: FreshProcessExecutor(config.rootdir, report, cold, arch=arch,
-                                                                         require_gpu=config.require_gpu, device=device)))
+                                                                         require_gpu=config.require_gpu, device=device,
+                                                                         spawn=True)))
             clock.cancel()
             n, naive_results = _summary(naive), naive.results
         except KeyboardInterrupt:  # the rate over the mutants it finished, and their verdicts

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.records import GateRecord, Outcome
+from harness.runs import forkserver
 from harness.runs.result import Executor, ExecutorFactory, GateOutcome, GateRuns
 
 
@@ -134,11 +135,13 @@ def run_gates(
     arch: str | None = None,
     device: str | None = None,
     env: dict[str, str] | None = None,
+    spawn: bool = False,
 ) -> GateRuns:
     """Run pytest over `targets` (node ids or files relative to `rootdir`) in a fresh process:
     every gate its gates.json names, in its order; `env`: variables set for that process alone
     (this process's environment is not touched: other threads start processes of their own
-    meanwhile)."""
+    meanwhile). The process is a fork of the fork server where that is what a spawn would be
+    (`harness.runs.forkserver`); `spawn`: a new interpreter always (the benches' naive way)."""
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     gates_json = report_dir / "gates.json"
@@ -153,38 +156,34 @@ def run_gates(
     # The child's own temp dir, removed once it ended: a pytest killed at its deadline or by an
     # interrupt cannot remove what its pool made there.
     child_tmp = tempfile.mkdtemp(prefix="harness-child-")
-    with open(log, "wb") as out:
-        out.write(("$ " + " ".join(cmd) + "\n").encode())
-        out.flush()
-        proc = subprocess.Popen(
-            cmd,
-            cwd=rootdir,
-            env={**child_environment(cache_dir, device), "TMPDIR": child_tmp, **(env or {})},
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    log.write_bytes(("$ " + " ".join(cmd) + "\n").encode())
+    proc, spawned_because = forkserver.start(
+        cmd[3:], cwd=Path(rootdir), env={**child_environment(cache_dir, device), "TMPDIR": child_tmp, **(env or {})},
+        stdout=log, fork=not spawn,
+    )
+    with _live_lock:
+        _live.add(proc)
+        if _stopping.is_set():
+            _kill_group(proc)
+    try:
+        proc.wait(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        proc.wait()
+    except BaseException:  # KeyboardInterrupt: the child must not outlive us
+        _kill_group(proc)
+        proc.wait()
+        raise
+    finally:
         with _live_lock:
-            _live.add(proc)
-            if _stopping.is_set():
-                _kill_group(proc)
-        try:
-            proc.wait(timeout=deadline)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            proc.wait()
-        except BaseException:  # KeyboardInterrupt: the child must not outlive us
-            _kill_group(proc)
-            proc.wait()
-            raise
-        finally:
-            with _live_lock:
-                _live.discard(proc)
-            # Anything the child started in its group dies with it.
-            _kill_group(proc)
-            shutil.rmtree(child_tmp, ignore_errors=True)
+            _live.discard(proc)
+        # Anything the child started in its group dies with it.
+        _kill_group(proc)
+        shutil.rmtree(child_tmp, ignore_errors=True)
+    if spawned_because is not None and not spawn:
+        with open(log, "a") as f:
+            f.write(f"\n# this pytest was spawned, not forked from the fork server: {spawned_because}\n")
     seconds = time.perf_counter() - start
     if timed_out:
         return GateRuns((), True, None, seconds, str(log))
@@ -223,6 +222,7 @@ class FreshProcessExecutor(Executor):
     device: str | None = None
     per_gate: bool = False
     start_seconds: float = FRESH_START_SECONDS  # added to a mutant's deadline
+    spawn: bool = False  # a new interpreter a run, never a fork (the naive way a bench times)
     _counter: itertools.count = field(default_factory=itertools.count, repr=False)
 
     def close(self) -> None:
@@ -233,7 +233,7 @@ class FreshProcessExecutor(Executor):
             list(gates), kernel_root=mutant_sandbox, rootdir=self.rootdir,
             report_dir=Path(self.report_dir) / f"{Path(mutant_sandbox).parent.name}-{next(self._counter)}",
             deadline=deadline, cache_dir=self.cache_dir, require_gpu=self.require_gpu, arch=self.arch,
-            device=self.device,
+            device=self.device, spawn=self.spawn,
         )
         records = run.records
         outcomes = tuple(records.get(g) or GateOutcome(g, Outcome.NOT_RUN) for g in gates)
