@@ -70,11 +70,12 @@ BENCHES = {
     "gates": "time the GPU gate run against an older tree (--before DIR), in one run",
     "mutate": "the mutation campaign against the naive way (a fresh pytest per mutant) on the same mutants",
     "startup": "pytest's start-up with and without the harness plugin: an unrelated project and this one",
+    "fresh": "a fresh gate run spawned against forked from the fork server, alternating, in one run",
 }
 
 
 def bench_usage() -> str:
-    lines = ["usage: python -m harness bench {gates,mutate,startup} [options]", "",
+    lines = ["usage: python -m harness bench {gates,mutate,startup,fresh} [options]", "",
              "Benchmarks that print their figures and write them as JSON and Markdown (default: "
              "harness-report/bench in the rootdir; --out DIR to record them elsewhere, e.g. docs/observed).", "",
              "benchmarks:"]
@@ -101,10 +102,17 @@ def _bench_startup(argv: list[str]) -> int:
     return main(argv)
 
 
+def _bench_fresh(argv: list[str]) -> int:
+    from harness.runs.fresh_bench import main
+
+    return main(argv)
+
+
 def main(argv: list[str]) -> int:
     from harness.commands import dispatch
 
-    return dispatch(argv, {"gates": bench_gates, "mutate": _bench_mutate, "startup": _bench_startup},
+    return dispatch(argv, {"gates": bench_gates, "mutate": _bench_mutate, "startup": _bench_startup,
+                           "fresh": _bench_fresh},
                     bench_usage(), "benchmark")
 
 

@@ -258,3 +258,15 @@ def test_the_server_ends_with_the_process_that_started_it(tmp_path):
         time.sleep(0.05)
     pytest.fail(f"the fork server {server_pid} outlived the process that started it")
 
+
+def test_the_fresh_bench_times_both_ways_and_checks_they_agree(tmp_path, monkeypatch):
+    from harness.runs import fresh_bench
+
+    monkeypatch.chdir(SUITE)
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
+    assert fresh_bench.main(["gates/gate_value.py", "--runs", "1", "--out", str(tmp_path / "out")]) == 0
+    data = json.loads((tmp_path / "out" / "bench-fresh.json").read_text())
+    assert [r["way"] for r in data["runs"]] == ["spawn", "fork"]
+    assert data["summary"]["same_outcomes"] and data["summary"]["gates"] == 5
+    assert all(r["cpu_s"] > 0 and r["exit"] == 0 for r in data["runs"])
+    assert "| forked |" in (tmp_path / "out" / "bench-fresh.md").read_text()
