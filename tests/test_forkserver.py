@@ -207,7 +207,7 @@ def test_the_server_imports_no_module_of_a_pytest_plugins_distribution():
         print(json.dumps({"failed": failed, "plugin_packages": sorted(plugin_packages), "modules": sorted(sys.modules)}))
     """)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", probe, str(REPO / "harness" / "runs" / "forkserver_main.py")],
+    out = subprocess.run([sys.executable, "-c", probe, str(REPO / "harness" / "_forkserver.py")],
                          cwd="/", env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.splitlines()[-1])
@@ -221,7 +221,7 @@ def test_the_server_imports_no_module_of_a_pytest_plugins_distribution():
 def test_a_server_with_a_thread_forks_nothing(tmp_path):
     import runpy
 
-    server = runpy.run_path(str(REPO / "harness" / "runs" / "forkserver_main.py"), run_name="probe")
+    server = runpy.run_path(str(REPO / "harness" / "_forkserver.py"), run_name="probe")
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
     thread.start()

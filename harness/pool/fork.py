@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness._forkserver import nvidia_device_opened as _nvidia_device_opened  # stdlib only
 from harness._settings import SERVER_START_ENV  # noqa: E402
 
 
@@ -35,22 +36,6 @@ def server_start_mode() -> tuple[str, str]:
     if opened:
         return "spawn", "this process has initialised CUDA (an NVIDIA device file is open)"
     return "fork", "this process has no other thread and no CUDA context"
-
-
-def _nvidia_device_opened() -> bool | None:
-    """Whether this process holds an NVIDIA device file open (cuInit opens /dev/nvidiactl):
-    None where /proc cannot say."""
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/nvidia"):
-                return True
-        except OSError:
-            continue
-    return False
 
 
 @dataclass(frozen=True)

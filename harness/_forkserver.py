@@ -1,4 +1,5 @@
 """The fork server's own process (`harness.runs.forkserver` starts it and says what it is for).
+Its stdlib-only helpers serve the harness too (`nvidia_device_opened`: the pool's fork check).
 
 Run as a script (`python -c "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')" THIS FD`)
 in `/`, so it imports no module of the harness: pytest rewrites the asserts of every module of a
