@@ -81,7 +81,9 @@ def config(suite: Path, **kw) -> CampaignConfig:
 @pytest.fixture(scope="module")
 def child_env():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", str(REPO))
+        # the harness importable from the suite's folder, and what PYTHONPATH held kept (the
+        # device's wheels: tree-sitter, without which a child's cache key would differ)
+        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
         # the fake compile gate asserts that a sandboxed run hits the compile check's cubin
         mp.setenv("FAKE_SUITE_SANDBOX_MUST_HIT", "1")
         # the fake gate that plays Ctrl-C signals this process

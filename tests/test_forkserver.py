@@ -73,6 +73,13 @@ def _run(root: Path, tmp_path: Path, name: str, **env_extra) -> tuple[dict, str,
     return json.loads(out.read_text()), log.read_text(), why, code
 
 
+@pytest.fixture(autouse=True)
+def harness_importable(monkeypatch):
+    """The runs here import the harness from any folder, also where it is not installed (the
+    device runs from a checkout), and keep what PYTHONPATH held (the device's wheels)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+
+
 @pytest.fixture
 def fresh_servers():  # a process with no fork server yet
     forkserver.shutdown()
