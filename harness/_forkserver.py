@@ -146,7 +146,7 @@ def _shadowed(cwd: str, origins: dict[str, tuple[bool, tuple[str, ...]]]) -> str
     return None
 
 
-def _why_not_fork(req: dict, origins: dict[str, str]) -> str | None:
+def _why_not_fork(req: dict, origins: dict[str, tuple[bool, tuple[str, ...]]]) -> str | None:
     if threading.active_count() > 1 or _tasks() != 1:
         return f"the fork server runs {max(threading.active_count(), _tasks())} threads"
     if nvidia_device_opened() is not False:
