@@ -265,9 +265,12 @@ def test_the_server_ends_with_the_process_that_started_it(tmp_path):
             os.kill(server_pid, 0)
         except ProcessLookupError:
             return
-        with open(f"/proc/{server_pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # ended, not yet reaped by init
-                return
+        try:
+            with open(f"/proc/{server_pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # ended, not yet reaped by init
+                    return
+        except FileNotFoundError:  # reaped since
+            return
         time.sleep(0.05)
     pytest.fail(f"the fork server {server_pid} outlived the process that started it")
 
