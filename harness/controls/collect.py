@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-from harness.runs import forkserver
 
 ENV = "HARNESS_CONTROLS_COLLECT_OUT"
 COLLECT_TIMEOUT = 600  # seconds; collection imports the gate modules, nothing more
@@ -36,19 +32,18 @@ def pytest_collection_finish(session) -> None:
 
 def collect_gates(modules: list[str], *, rootdir: Path, kernel_root: Path) -> tuple[set[str], str | None]:
     """(node ids collected from `modules`, None) or (set(), the collection errors)."""
+    # here, not at the top: a collect's own pytest loads this module as a plugin, and needs none of it
+    from harness.runs.fresh import run_pytest
+
     with tempfile.TemporaryDirectory(prefix="harness-collect-") as tmp:
         out, log = Path(tmp) / "collected.json", Path(tmp) / "pytest.log"
         env = dict(os.environ, **{ENV: str(out), "PYTHONDONTWRITEBYTECODE": "1"})
         args = ["--collect-only", "-q", "-p", "harness.controls.collect", "-p", "no:cacheprovider",
                 f"--kernel-root={kernel_root}", *modules]
         shown = " ".join([sys.executable, "-m", "pytest", *args])
-        proc, _ = forkserver.start(args, cwd=Path(rootdir), env=env, stdout=log)
-        try:
-            proc.wait(timeout=COLLECT_TIMEOUT)
-        except subprocess.TimeoutExpired:
+        proc, _, timed_out = run_pytest(args, cwd=Path(rootdir), env=env, stdout=log, timeout=COLLECT_TIMEOUT)
+        if timed_out:
             return set(), f"$ {shown}\ncollecting the gates took longer than {COLLECT_TIMEOUT} s"
-        finally:
-            _end(proc)
         if not out.is_file():
             tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-30:])
             return set(), f"$ {shown}\n(exit status {proc.returncode})\n{tail}"
@@ -56,15 +51,6 @@ def collect_gates(modules: list[str], *, rootdir: Path, kernel_root: Path) -> tu
     if data["errors"]:
         return set(), "\n".join(data["errors"])
     return set(data["nodeids"]), None
-
-
-def _end(proc) -> None:
-    """The collect and anything it started, gone (its own session)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 class Collector:

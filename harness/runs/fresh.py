@@ -123,6 +123,35 @@ def child_environment(cache_dir: Path, device: str | None = None) -> dict[str, s
     return env
 
 
+def run_pytest(args: list[str], *, cwd: Path, env: dict, stdout: Path, timeout: float,
+               fork: bool = True) -> tuple:
+    """`python -m pytest ARGS` (`forkserver.start`: forked where that is what a spawn would be),
+    waited for up to `timeout` seconds: (the process, why it was spawned or None, whether it ran
+    past `timeout`). Past it, or on an interrupt (here or `kill_all`), it is killed with
+    everything it started; whatever it left in its group dies with it at its end."""
+    proc, spawned_because = forkserver.start(args, cwd=cwd, env=env, stdout=stdout, fork=fork)
+    timed_out = False
+    with _live_lock:
+        _live.add(proc)
+        if _stopping.is_set():
+            _kill_group(proc)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        proc.wait()
+    except BaseException:  # KeyboardInterrupt: the child must not outlive us
+        _kill_group(proc)
+        proc.wait()
+        raise
+    finally:
+        with _live_lock:
+            _live.discard(proc)
+        _kill_group(proc)
+    return proc, spawned_because, timed_out
+
+
 def run_gates(
     targets: list[str],
     *,
@@ -152,34 +181,16 @@ def run_gates(
         require_gpu=require_gpu, arch=arch, deadline=deadline,
     )
     start = time.perf_counter()
-    timed_out = False
     # The child's own temp dir, removed once it ended: a pytest killed at its deadline or by an
     # interrupt cannot remove what its pool made there.
     child_tmp = tempfile.mkdtemp(prefix="harness-child-")
     log.write_bytes(("$ " + " ".join(cmd) + "\n").encode())
-    proc, spawned_because = forkserver.start(
-        cmd[3:], cwd=Path(rootdir), env={**child_environment(cache_dir, device), "TMPDIR": child_tmp, **(env or {})},
-        stdout=log, fork=not spawn,
-    )
-    with _live_lock:
-        _live.add(proc)
-        if _stopping.is_set():
-            _kill_group(proc)
     try:
-        proc.wait(timeout=deadline)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-        proc.wait()
-    except BaseException:  # KeyboardInterrupt: the child must not outlive us
-        _kill_group(proc)
-        proc.wait()
-        raise
+        proc, spawned_because, timed_out = run_pytest(
+            cmd[3:], cwd=Path(rootdir), env={**child_environment(cache_dir, device), "TMPDIR": child_tmp, **(env or {})},
+            stdout=log, timeout=deadline, fork=not spawn,
+        )
     finally:
-        with _live_lock:
-            _live.discard(proc)
-        # Anything the child started in its group dies with it.
-        _kill_group(proc)
         shutil.rmtree(child_tmp, ignore_errors=True)
     if spawned_because is not None and not spawn:
         with open(log, "a") as f:

@@ -14,7 +14,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,23 +27,20 @@ def _children_cpu() -> float:
 
 def _one(way: str, targets: list[str], *, rootdir: Path, kernel_root: Path, cache_dir: Path, require_gpu: bool,
          deadline: float, folder: Path) -> dict:
-    from harness.runs import forkserver
-    from harness.runs.fresh import _kill_group, child_environment, pytest_command
+    from harness.runs.fresh import child_environment, pytest_command, run_pytest
 
     folder.mkdir(parents=True)
     cmd = pytest_command(targets, kernel_root=kernel_root, report_dir=folder, cache_dir=cache_dir,
                          require_gpu=require_gpu, arch=None, deadline=deadline)
     env = {**child_environment(cache_dir), "TMPDIR": str(folder)}
     before, start = _children_cpu(), time.perf_counter()
-    proc, why = forkserver.start(cmd[3:], cwd=rootdir, env=env, stdout=folder / "pytest.log", fork=way == "fork")
-    try:
-        if way == "fork" and why is not None:
-            raise SystemExit(f"error: the fork server did not fork this run: {why}")
-        code = proc.wait(timeout=deadline)
-    except subprocess.TimeoutExpired:
+    proc, why, timed_out = run_pytest(cmd[3:], cwd=rootdir, env=env, stdout=folder / "pytest.log", timeout=deadline,
+                                      fork=way == "fork")
+    if timed_out:
         raise SystemExit(f"error: a {way} run went past its deadline ({deadline:.0f} s); see {folder / 'pytest.log'}")
-    finally:
-        _kill_group(proc)
+    if way == "fork" and why is not None:
+        raise SystemExit(f"error: the fork server did not fork this run: {why}")
+    code = proc.returncode
     wall = time.perf_counter() - start
     cpu = proc.cpu_seconds if way == "fork" else _children_cpu() - before
     report = folder / "gates.json"
