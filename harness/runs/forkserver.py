@@ -126,12 +126,7 @@ class _Server:
         except (OSError, Timeout, ChannelClosed):
             hello = {}
         if hello.get("op") != "hello":
-            self.control.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self._end()
             self.log.seek(0)
             tail = self.log.read().decode(errors="replace").strip().splitlines()[-5:]
             self.log.close()
@@ -162,13 +157,16 @@ class _Server:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def close(self) -> None:
+    def _end(self) -> None:
         self.control.close()  # the server ends at EOF, and any child still running with it
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def close(self) -> None:
+        self._end()
         self.log.close()
 
 
