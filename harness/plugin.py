@@ -262,7 +262,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
     if st.serving and channel.is_server():
         server.server_configured()
     elif (before_collection and not st.serving and not st.is_controller and st.sanitizer_cmd is None
-          and device._driver_present()):
+          and not config.option.collectonly and device._driver_present()):
         # Where a GPU may be, the server imports CuPy while this process collects. Forked from
         # here, before any collection: it has this process's imports and conftests already.
         st.pool = new_pool(st, config, fork=True)

@@ -122,10 +122,13 @@ def test_opting_out_with_p_no_harness_plugin_works_where_a_conftest_names_the_pl
     assert "gates by kind" not in result.stdout.str()
 
 
-def test_collect_only_starts_no_pool_and_probes_no_device(user, monkeypatch, tmp_path):
+@pytest.mark.parametrize("driver", ["as this machine has it", "present"])
+def test_collect_only_starts_no_pool_and_probes_no_device(user, monkeypatch, tmp_path, driver):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("HARNESS_POOL_TRACE", str(tmp_path / "trace"))
     user.makeini("[pytest]\nharness_gates = .\n")
+    if driver == "present":  # where libcuda loads, a run forks its pool's server before collecting; --collect-only must not
+        user.makeconftest("import harness.device\n\nharness.device._driver_present = lambda: True\n")
     user.makepyfile(test_g="import pytest\n\n@pytest.mark.gpu\n@pytest.mark.anchor\ndef test_on_device():\n    pass\n")
     result = user.runpytest_subprocess(*PLUGIN, "--collect-only", "-q", "--require-gpu")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
