@@ -20,11 +20,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns "auto" into a number of workers
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """The README's test command (`python -m pytest`, naming no path: the testpaths) on a
-    machine with no NVIDIA driver spreads the harness's own tests over the CPUs, one xdist
-    worker more than it has: most of them wait on child processes, and the extra worker uses a
-    core while another waits (on two cores, 167-168 s against 186 s with one worker a core, the
-    same CPU: docs/observed/test-suite-time-2core.md). PYTEST_XDIST_AUTO_NUM_WORKERS, where set,
-    is xdist's `-n auto` count and is kept. Anything else runs as asked: a path or `-n` named,
+    machine with no NVIDIA driver spreads the harness's own tests over the CPUs (`-n auto`):
+    most of them wait on child processes. Anything else runs as asked: a path or `-n` named,
     `-p no:xdist`, `--pdb`, and a machine with a GPU, whose gates the pool already spreads
     over it (the harness's children name their gates, so they never spread)."""
     if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
@@ -34,18 +31,13 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     from harness.device import _driver_present
 
     if not _driver_present():
-        config.option.numprocesses = "auto" if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else _cpus() + 1
-        # Each worker keeps to one BLAS/OpenMP thread, and so does every process it
+        config.option.numprocesses = "auto"
+        # A worker a core: each keeps to one BLAS/OpenMP thread, and so does every process it
         # starts (NumPy's OpenBLAS otherwise starts a thread a core in each and spins them
         # after every call: 20 of the run's 294 CPU-seconds on two cores). Read at import,
         # so set before xdist starts its workers; a value already set is kept.
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(name, "1")
-
-
-def _cpus() -> int:
-    """The CPUs this process may run on (a container's or a CI job's share, not the host's)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @pytest.hookimpl(optionalhook=True)
