@@ -362,9 +362,10 @@ def pytest_runtestloop(session: pytest.Session):
         shutil.rmtree(out, ignore_errors=True)
     write_reports(report_dir, ref, result)
     tr = config.pluginmanager.get_plugin("terminalreporter")
-    for line in table(ref, result):
+    unrun = not_compared(gates, {side: run for side, (_, run) in runs.items()})
+    for line in table(ref, result) + not_compared_lines(unrun):
         (tr.write_line(line) if tr is not None else print(line))
-    _report_today(session, runs["today"][1], {g.nodeid: g for g in result})
+    _report_today(session, runs["today"][1], {g.nodeid: g for g in result}, unrun)
     differ = [g for g in result if g.differs]
     if not config.getoption("compare_allow_differ"):
         session.testsfailed += len(differ)
@@ -382,19 +383,47 @@ def timing_repeat(config) -> int:
     return repeat
 
 
-def _report_today(session: pytest.Session, runs, compared: dict) -> None:
+def not_compared(gates: list[str], runs: dict) -> dict[str, str]:
+    """{gate: why} for each gate that a side gave no verdict (its process died, its deadline,
+    an executor that lost it): nothing was compared for it, so it is red, never left out."""
+    out = {}
+    for g in gates:
+        missing = [f"{'REF' if side == 'ref' else side} gave no verdict: {_outcome(run, g)}"
+                   for side, run in runs.items() if g not in run.records]
+        if missing:
+            out[g] = "not compared: " + "; ".join(missing)
+    return out
+
+
+def not_compared_lines(unrun: dict[str, str]) -> list[str]:
+    if not unrun:
+        return []
+    return [f"{len(unrun)} gate(s) not compared, each red: a side gave no verdict for it"] + \
+        [f"  {g}: {why}" for g, why in unrun.items()]
+
+
+def _report_today(session: pytest.Session, runs, compared: dict, unrun: dict[str, str]) -> None:
     """Each gate's report is today's verdict, with what the comparison found as properties
     (`compare <arm>`: JUnit, gates.json): the summary, pytest's counts and the require-gpu rule
-    read them as those of any run."""
+    read them as those of any run. A gate a side gave no verdict for (`unrun`) is red."""
     from harness.gate_verdicts import synthetic
     from harness.records import Outcome
 
     for item in session.items:
         rec = runs.records.get(item.nodeid)
-        if rec is None:
+        if rec is None and item.nodeid not in unrun:
             continue
         gate = compared.get(item.nodeid)
         props = [(f"compare {a.arm}", _arm_text(a)) for a in (gate.arms if gate else [])]
+        if item.nodeid in unrun:
+            why = unrun[item.nodeid]
+            props += [("route", "error"), ("first_failure_line", why)]
+            item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+            for report in synthetic(item, Outcome.FAILED.value, why, props,
+                                    duration=rec.duration if rec is not None else 0.0, message=why):
+                item.ihook.pytest_runtest_logreport(report=report)
+            item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+            continue
         if rec.red:
             props += [("route", str(rec.route or "error")), ("first_failure_line", rec.first_failure_line or "")]
             longrepr = rec.failure_message or rec.first_failure_line or "red"

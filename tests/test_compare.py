@@ -83,6 +83,39 @@ def set_scale(pytester, value: str) -> None:
     (pytester.path / "kernels" / "k.cu").write_text(f'#define SCALE {value}\nextern "C" __global__ void k() {{}}\n')
 
 
+DIES_TODAY = """
+import os
+import re
+import signal
+
+import pytest
+
+from harness.kernels import kernel_root
+
+
+@pytest.mark.structural
+def test_dies_where_the_scale_moved():
+    if "SCALE 3\\n" not in (kernel_root() / "k.cu").read_text():
+        os.kill(os.getpid(), signal.SIGKILL)  # a change that takes the gate's process down with it
+"""
+
+
+def test_a_gate_a_side_gives_no_verdict_for_is_red_not_left_out(project):
+    # Today's process dies in its gate: nothing of today is compared, and the run must not be green
+    (project.path / "gates" / "test_dies.py").write_text(DIES_TODAY)
+    git(project.path, "add", ".")
+    git(project.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "a gate that dies")
+    set_scale(project, "4")
+    result = project.runpytest_subprocess(*PLUGIN, "gates/test_dies.py", "--harness-report=report", "--compare-to=HEAD")
+    out = result.stdout.str()
+    assert result.ret == 1, out
+    assert "1 gate(s) not compared, each red: a side gave no verdict for it" in out
+    line = next(x for x in result.stdout.lines if x.strip().startswith("gates/test_dies.py::test_dies_where_the_scale_moved: not compared"))
+    assert "today gave no verdict: not run (the pytest process exited -9 without a report" in line
+    assert "REF gave no verdict" not in line  # REF's side ran it and passed
+    result.assert_outcomes(failed=1)
+
+
 @pytest.mark.parametrize("ref", ["HEAD", "main", "v1", "sha"])
 def test_every_kind_of_revision_gives_the_kernel_tree_it_names_and_removes_it(project, ref):
     from harness.compare import kernel_tree_at
