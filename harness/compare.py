@@ -417,6 +417,8 @@ def _report_today(session: pytest.Session, runs, compared: dict, unrun: dict[str
         props = [(f"compare {a.arm}", _arm_text(a)) for a in (gate.arms if gate else [])]
         if item.nodeid in unrun:
             why = unrun[item.nodeid]
+            if rec is not None and rec.red:  # REF gave none; today's own failure is kept beside it
+                why += f"; today {_outcome(runs, item.nodeid)}: {rec.first_failure_line or 'red'}"
             props += [("route", "error"), ("first_failure_line", why)]
             item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
             for report in synthetic(item, Outcome.FAILED.value, why, props,
@@ -482,6 +484,8 @@ def idle_gates(gates: list[GateComparison]) -> dict[str, list[str]]:
 def nothing_compared(g: GateComparison) -> str:
     """What to do about a gate with no arm output on either side (one line, the same for every
     such gate of one cause)."""
+    if g.ref_outcome.startswith("not run") or g.today_outcome.startswith("not run"):
+        return "no arm output: a side gave no verdict (not compared, so red: named below)"
     if g.ref_outcome.startswith("skipped") and g.today_outcome.startswith("skipped"):
         return "no arm output: skipped on both sides"
     if g.kind in ("trap", "refusal"):

@@ -113,6 +113,8 @@ def test_a_gate_a_side_gives_no_verdict_for_is_red_not_left_out(project):
     line = next(x for x in result.stdout.lines if x.strip().startswith("gates/test_dies.py::test_dies_where_the_scale_moved: not compared"))
     assert "today gave no verdict: not run (the pytest process exited -9 without a report" in line
     assert "REF gave no verdict" not in line  # REF's side ran it and passed
+    assert "a side gave no verdict (not compared, so red: named below): gates/test_dies.py" in out
+    assert "host-only gates" not in out  # not the idle gate's advice: the gate did not finish
     result.assert_outcomes(failed=1)
 
 
