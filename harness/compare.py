@@ -420,23 +420,19 @@ def _report_today(session: pytest.Session, runs, compared: dict, unrun: dict[str
             if rec is not None and rec.red:  # REF gave none; today's own failure is kept beside it
                 why += f"; today {_outcome(runs, item.nodeid)}: {rec.first_failure_line or 'red'}"
             props += [("route", "error"), ("first_failure_line", why)]
-            item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-            for report in synthetic(item, Outcome.FAILED.value, why, props,
-                                    duration=rec.duration if rec is not None else 0.0, message=why):
-                item.ihook.pytest_runtest_logreport(report=report)
-            item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-            continue
-        if rec.red:
-            props += [("route", str(rec.route or "error")), ("first_failure_line", rec.first_failure_line or "")]
-            longrepr = rec.failure_message or rec.first_failure_line or "red"
-        elif rec.outcome == Outcome.SKIPPED:
-            longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {rec.skip_reason or 'skipped today'}")
+            outcome, longrepr, message = Outcome.FAILED.value, why, why
         else:
-            longrepr = None
-        outcome = Outcome.FAILED.value if rec.red else str(rec.outcome)
+            if rec.red:
+                props += [("route", str(rec.route or "error")), ("first_failure_line", rec.first_failure_line or "")]
+                longrepr = rec.failure_message or rec.first_failure_line or "red"
+            elif rec.outcome == Outcome.SKIPPED:
+                longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {rec.skip_reason or 'skipped today'}")
+            else:
+                longrepr = None
+            outcome, message = (Outcome.FAILED.value if rec.red else str(rec.outcome)), rec.failure_message
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        for report in synthetic(item, outcome, longrepr, props, duration=rec.duration,
-                                message=rec.failure_message):
+        for report in synthetic(item, outcome, longrepr, props, duration=rec.duration if rec is not None else 0.0,
+                                message=message):
             item.ihook.pytest_runtest_logreport(report=report)
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 

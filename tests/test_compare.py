@@ -85,7 +85,6 @@ def set_scale(pytester, value: str) -> None:
 
 DIES_TODAY = """
 import os
-import re
 import signal
 
 import pytest
