@@ -415,3 +415,24 @@ class TestTheBench:
             ("multiply_to_add", Verdict.SURVIVED), ("value_changed", Verdict.KILLED)]
         # every run compiled into a cold cache of its own, not the --cache-dir the bench was given
         assert not (suite / "cache").exists()
+
+
+def test_a_skipped_control_is_not_judged_alike_in_the_progress_line_table_reports_and_exit_status(
+        tmp_path, child_env, capsys, monkeypatch):
+    # its one expected gate needs a GPU: the children see none, whatever this machine has
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    suite = copy_suite(tmp_path)
+    status = run_cli(suite, "--controls-dir", str(suite / "controls_extra"), "gpu_only")
+    out, err = capsys.readouterr()
+    assert status == ExitStatus.OK, err  # not judged is not counted against the exit status
+    assert "gpu_only: skipped, not judged (every gate it expects needs a GPU)" in err  # the progress line
+    (row,) = [line for line in out.splitlines() if line.strip().startswith("│ gpu_only")]
+    assert [cell.strip() for cell in row.strip("│ ").split("│")][:3] == ["gpu_only", "skipped", "not judged"]
+    assert "0 of 0 controls as expected in" in out and "1 control(s) skipped, not judged: " in out
+    md = (suite / "report" / "controls.md").read_text()
+    assert "| gpu_only | skipped | not judged |" in md
+    assert "**0 of 0 controls as expected**" in md and "\n1 control(s) skipped, not judged: " in md
+    data = json.loads((suite / "report" / "controls.json").read_text())
+    (entry,) = data["controls"]
+    assert (entry["verdict"], entry["matches_expectation"]) == ("skipped", None)
+    assert (data["ok"], data["judged"], data["as_expected"], data["skipped"]) == (True, 0, 0, 1)

@@ -103,3 +103,28 @@ def test_with_no_device_a_control_is_decided_by_the_expected_gates_that_ran():
     green = GateCheck("g::structural", Route.ASSERTION, None, "passed", None, None, False, "passed")
     assert decide((green, gpu), device=False) == (Verdict.SURVIVED, False)  # what ran must still go red
     assert [c.reason for c in judged_without_device((ran, gpu))] == ["red by assertion", NOT_JUDGED]
+
+
+@pytest.mark.parametrize("verdict", [*Verdict, None], ids=[*(v.value for v in Verdict), "static"])
+def test_every_verdict_has_one_word_and_renders_in_the_table_the_markdown_and_the_json(verdict):
+    import io
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from harness.controls import report
+    from harness.controls.results import CampaignResult, ControlResult
+
+    # a name and a reason with markup-like brackets must print as they are
+    check = GateCheck(GATE, Route.ASSERTION, None, "passed", None, None, False, "why [/] not")
+    result = ControlResult("ctl[/]", "d", "w", (), verdict, verdict is None, (check,), (), 1.0)
+    campaign = CampaignResult(mode="campaign", kernel_root=Path("k"), arch="sm_90", baseline=None,
+                              controls=(result,), seconds=1.0)
+    text = io.StringIO()
+    Console(file=text, width=200).print(report.table(campaign))
+    word = report.verdict_text(result)
+    assert f"│ ctl[/]  │ {word} " in text.getvalue() and "why [/] not" in text.getvalue()
+    assert f"| ctl[/] | {word} |" in report.campaign_markdown(campaign)
+    assert json.loads(json.dumps(report.campaign_json(campaign)))["controls"][0]["verdict"] == (
+        None if verdict is None else word)

@@ -138,9 +138,12 @@ class _Progress:
         else:
             from harness.controls.report import verdict_text
 
-            verdict = verdict_text(result)
-            mark = "as expected" if result.matches else "NOT as expected"
-            self.console.print(f"{result.name}: {verdict}, {mark} ({result.seconds:.1f} s)"
+            from harness.controls.results import Expectation
+
+            mark = result.expectation.value
+            if result.expectation is Expectation.NOT_JUDGED:
+                mark += " (every gate it expects needs a GPU)"
+            self.console.print(f"{result.name}: {verdict_text(result)}, {mark} ({result.seconds:.1f} s)"
                                + (f" on {place} ({self.nodes[place]} there so far)" if place else ""), markup=False)
 
 
@@ -221,13 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     out.print(report.table(campaign))
     judged = campaign.judged
     differ = [r.name for r in judged if not r.matches]
-    n = len(judged)
-    out.print(f"{n - len(differ)} of {n} controls as expected in {campaign.seconds:.1f} s "
-              f"({campaign.mode}); report: {escape(str(md_path))}")
-    unjudged = len(campaign.controls) - n
-    if unjudged:
-        out.print(f"[yellow]{unjudged} control(s) skipped[/]: every gate they expect needs a GPU, and "
-                  "--no-require-gpu ran none; run them on a machine with a GPU")
+    head, skipped = report.summary(campaign)
+    out.print(f"{head} in {campaign.seconds:.1f} s ({campaign.mode}); report: {escape(str(md_path))}")
+    if skipped:
+        out.print(skipped, style="yellow", markup=False)
     not_judged = sum(1 for r in judged for c in r.checks if c.outcome == Outcome.SKIPPED)
     if not_judged and not config.require_gpu:
         out.print(f"{not_judged} expected GPU gate(s) not judged (no GPU): those controls were decided by the "

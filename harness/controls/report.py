@@ -4,13 +4,13 @@ and the rich result table."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.controls.results import CampaignResult, ControlResult
+from harness.controls.results import CampaignResult, ControlResult, Expectation
 from harness.runs.verdict import Verdict
 
-VERSION = 1
+VERSION = 2  # 2: a skipped control's matches_expectation is null (not judged); the counts
 
 
 def observed(check) -> str:
@@ -20,18 +20,59 @@ def observed(check) -> str:
     return check.outcome
 
 
-# The controls' words for the shared verdicts: a control that kills its gate proves it.
-WORDS = {Verdict.KILLED: "proven", Verdict.KILLED_BY_TRAP: "guard-only", Verdict.COMPILE_ERROR: "invalid"}
+@dataclass(frozen=True)
+class Shown:
+    """A verdict as the controls' outputs show it: its word, and its style on the terminal."""
+
+    word: str
+    style: str
+
+
+# Every shared verdict in the controls' words (a control that kills its gate proves it). The
+# mutants' own verdicts never reach a control, but have a word too: no verdict can lack one.
+SHOWN = {
+    Verdict.KILLED: Shown("proven", "bold green"),
+    Verdict.KILLED_BY_TRAP: Shown("guard-only", "yellow"),
+    Verdict.TIMEOUT: Shown("timeout", "bold red"),
+    Verdict.SURVIVED: Shown("survived", "bold red"),
+    Verdict.NO_COVERAGE: Shown("no-coverage", "bold red"),
+    Verdict.EQUIVALENT: Shown("equivalent", "yellow"),
+    Verdict.DUPLICATE: Shown("duplicate", "yellow"),
+    Verdict.COMPILE_ERROR: Shown("invalid", "bold red"),
+    Verdict.PENDING: Shown("pending", "yellow"),
+    Verdict.SKIPPED: Shown("skipped", "yellow"),
+}
+STATIC = Shown("applies and compiles", "green")  # --static: no gate ran, the control applies and compiles
+
+# The "as expected" column of the table and of controls.md.
+CELL = {Expectation.MET: Shown("yes", ""), Expectation.NOT_MET: Shown("no", "bold red"),
+        Expectation.NOT_JUDGED: Shown("not judged", "yellow")}
 
 
 def word(verdict: Verdict) -> str:
-    return WORDS.get(verdict, verdict.value)
+    return SHOWN[verdict].word
+
+
+def shown(result: ControlResult) -> Shown:
+    if result.verdict is None:
+        return STATIC if result.matches else SHOWN[Verdict.COMPILE_ERROR]
+    return SHOWN[result.verdict]
 
 
 def verdict_text(result: ControlResult) -> str:
-    if result.verdict is None:
-        return "applies and compiles" if result.matches else "invalid"
-    return word(result.verdict)
+    return shown(result).word
+
+
+SKIPPED_WHY = ("every gate they expect needs a GPU, and --no-require-gpu ran none; run them on a machine with a "
+               "GPU")
+
+
+def summary(campaign: CampaignResult) -> tuple[str, str | None]:
+    """How many of the judged controls were as expected; and the skipped ones, counted apart."""
+    judged = campaign.judged
+    head = f"{sum(r.matches for r in judged)} of {len(judged)} controls as expected"
+    skipped = len(campaign.controls) - len(judged)
+    return head, f"{skipped} control(s) skipped, not judged: {SKIPPED_WHY}" if skipped else None
 
 
 def campaign_json(campaign: CampaignResult) -> dict:
@@ -50,7 +91,7 @@ def campaign_json(campaign: CampaignResult) -> dict:
             "description": r.description,
             "why": r.why,
             "verdict": word(r.verdict) if r.verdict is not None else None,
-            "matches_expectation": r.matches,
+            "matches_expectation": None if r.expectation is Expectation.NOT_JUDGED else r.matches,
             "seconds": round(r.seconds, 3),
             "edits": [asdict(e) for e in r.edits],
             "compiled": list(r.compiled),
@@ -77,6 +118,9 @@ def campaign_json(campaign: CampaignResult) -> dict:
         "version": VERSION,
         "mode": campaign.mode,
         "ok": campaign.ok,
+        "judged": len(campaign.judged),
+        "as_expected": sum(r.matches for r in campaign.judged),
+        "skipped": len(campaign.controls) - len(campaign.judged),
         "kernel_root": str(campaign.kernel_root),
         "arch": campaign.arch,
         "seconds": round(campaign.seconds, 3),
@@ -97,13 +141,11 @@ def _code(text: str) -> str:
 def campaign_markdown(campaign: CampaignResult) -> str:
     lines = [f"# Negative controls ({campaign.mode})", ""]
     n = len(campaign.controls)
-    judged = campaign.judged
-    met = sum(r.matches for r in judged)
-    lines.append(f"**{met} of {len(judged)} controls as expected** in {campaign.seconds:.1f} s; arch "
-                 f"{campaign.arch or 'n/a'}; kernel root `{campaign.kernel_root}`.")
-    if len(judged) < n:
-        lines.append(f"{n - len(judged)} control(s) skipped: every gate they expect needs a GPU, and this run had "
-                     "none (--no-require-gpu).")
+    head, skipped = summary(campaign)
+    lines.append(f"**{head}** in {campaign.seconds:.1f} s; arch {campaign.arch or 'n/a'}; kernel root "
+                 f"`{campaign.kernel_root}`.")
+    if skipped:
+        lines.append(f"{skipped}.")
     b = campaign.baseline
     if b is not None:
         state = "green" if b.ok else "**RED: no control was run**"
@@ -115,7 +157,9 @@ def campaign_markdown(campaign: CampaignResult) -> str:
     if n:
         lines += ["", "| control | verdict | as expected | seconds |", "| --- | --- | --- | --- |"]
         for r in campaign.controls:
-            lines.append(f"| {r.name} | {verdict_text(r)} | {'yes' if r.matches else '**no**'} | {r.seconds:.1f} |")
+            cell = CELL[r.expectation].word
+            cell = f"**{cell}**" if r.expectation is Expectation.NOT_MET else cell
+            lines.append(f"| {r.name} | {verdict_text(r)} | {cell} | {r.seconds:.1f} |")
     for r in campaign.controls:
         lines += ["", f"## {r.name}: {verdict_text(r)}", "", _cell(r.description), "", f"Why: {_cell(r.why)}", ""]
         for e in r.edits:
@@ -151,34 +195,23 @@ def write(report_dir: Path, campaign: CampaignResult) -> tuple[Path, Path]:
     return j, m
 
 
-STYLE = {
-    "proven": "bold green",
-    "guard-only": "yellow",
-    "survived": "bold red",
-    "invalid": "bold red",
-    "timeout": "bold red",
-    "applies and compiles": "green",
-}
-
-
 def table(campaign: CampaignResult):
-    from rich.markup import escape
+    """The rich result table; its cells are Text, never markup, so no name or message can break it."""
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=f"negative controls ({campaign.mode})", title_justify="left")
     for col, just in (("control", "left"), ("verdict", "left"), ("as expected", "left"),
                       ("expected gate: observed", "left"), ("kill row", "right"), ("s", "right")):
         t.add_column(col, justify=just, overflow="fold")
     for r in campaign.controls:
-        verdict = verdict_text(r)
-        shown = f"[{STYLE.get(verdict, '')}]{verdict}[/]"
-        detail = "\n".join(
-            escape(f"{c.gate.split('::')[-1]}: {observed(c)}")
-            + ("" if c.met else f" [red]({escape(c.reason)})[/]")
+        verdict, cell = shown(r), CELL[r.expectation]
+        detail = Text("\n").join(
+            Text.assemble(f"{c.gate.split('::')[-1]}: {observed(c)}", ("" if c.met else (f" ({c.reason})", "red")))
             for c in r.checks
         )
-        if r.note and not detail:
-            detail = escape(r.note.splitlines()[0])
-        t.add_row(escape(r.name), shown, "yes" if r.matches else "[bold red]no[/]", detail,
+        if r.note and not r.checks:
+            detail = Text(r.note.splitlines()[0])
+        t.add_row(Text(r.name), Text(verdict.word, style=verdict.style), Text(cell.word, style=cell.style), detail,
                   str(len(r.kill_row)) if r.log is not None else "", f"{r.seconds:.1f}")
     return t

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,18 @@ from harness.runs.result import CampaignRun
 from harness.runs.verdict import Verdict
 from harness.controls.classify import GateCheck
 from harness.controls.edits import Edit
+
+
+class Expectation(str, enum.Enum):
+    """Whether a control's result is what it expects; every output says it in these words."""
+
+    MET = "as expected"
+    NOT_MET = "NOT as expected"
+    # skipped with no device (--no-require-gpu): counted neither way, and not in the exit status
+    NOT_JUDGED = "not judged"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,12 @@ class ControlResult:
     note: str | None = None  # why invalid / timed out / crashed
     log: Path | None = None  # the child's pytest output
     ran_on: dict | None = None  # on a cluster (--ray): {"node", "node_id", "gpu"} of the run
+
+    @property
+    def expectation(self) -> Expectation:
+        if self.verdict is Verdict.SKIPPED:
+            return Expectation.NOT_JUDGED
+        return Expectation.MET if self.matches else Expectation.NOT_MET
 
 
 @dataclass(kw_only=True)
