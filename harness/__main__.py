@@ -1,4 +1,4 @@
-"""`python -m harness COMMAND`: compile, controls, mutate, bench and report (`usage()` lists them)."""
+"""`python -m harness COMMAND`: compile, controls, mutate, bench, report and cache (`commands()` lists them)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import os
 import sys
 import time
 import warnings
+
+from harness.commands import Command, Commands
 
 
 def compile_parser() -> argparse.ArgumentParser:
@@ -129,33 +131,9 @@ def _bench_main(argv: list[str]) -> int:
 
 
 def _report_main(argv: list[str]) -> int:
-    """`python -m harness report merge DIR... [--out DIR]`: the N shards' reports as one."""
-    from harness.commands import dispatch
+    from harness.report_cli import main
 
-    def merge_main(args: list[str]) -> int:
-        from pathlib import Path
-
-        from harness.report import MergeError, merge, write_reports
-
-        parser = argparse.ArgumentParser(prog="python -m harness report merge",
-                                         description="Merge the gates.json of the N shards of one gate run "
-                                                     "(pytest --shard K/N --harness-report DIR on each host) into "
-                                                     "one gates.json and summary.md.")
-        parser.add_argument("dirs", nargs="+", metavar="DIR", help="each shard's --harness-report folder")
-        parser.add_argument("--out", default="harness-report", metavar="DIR",
-                            help="where the merged gates.json and summary.md go (default harness-report)")
-        ns = parser.parse_args(args)
-        try:
-            records, facts = merge([Path(d) for d in ns.dirs])
-        except MergeError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        json_path, md_path = write_reports(Path(ns.out), records, facts)
-        print(f"{len(records)} gates from {len(ns.dirs)} report(s): {json_path}, {md_path}")
-        return 1 if any(r.red for r in records) else 0
-
-    return dispatch(argv, {"merge": merge_main}, "usage: python -m harness report merge DIR... [--out DIR]",
-                    "report command")
+    return main(argv)
 
 
 def _cache_main(argv: list[str]) -> int:
@@ -170,35 +148,36 @@ def _mutate_main(argv: list[str]) -> int:
     return main(argv)
 
 
-COMMANDS = {"compile": _compile_main, "controls": _controls_main, "mutate": _mutate_main, "bench": _bench_main,
-            "report": _report_main, "cache": _cache_main}
-SUMMARIES = {
-    "compile": "compile every .cu under the kernel root with NVRTC; print registers, spills and shared memory",
-    "controls": "run the negative controls: perturb a sandbox copy, prove each named gate goes red by its assertion",
-    "mutate": "mutate the device code, screen equivalent mutants on the CPU, report what the gates miss",
-    "bench": "benchmarks: `bench gates` (the GPU gate run against an older tree), `bench mutate` (the campaign "
-             "against the naive way)",
-    "report": "`report merge DIR...`: the gates.json of the N shards of one `--shard K/N` run as one report",
-    "cache": "`cache info|prune|clear`: what the disk cache keeps (cubins, mutants' cubins, verdicts, host data), "
-             "its bound (HARNESS_CACHE_MAX), and clearing it",
-}
+def commands() -> Commands:
+    """The one table of the commands: `--help` and the dispatch both read it. A command with
+    subcommands of its own names them from its table."""
+    from harness.bench import BENCHES
+    from harness.cache_cli import ACTIONS
+    from harness.report_cli import REPORTS
 
-
-def usage() -> str:
-    width = max(map(len, COMMANDS))
-    lines = ["usage: python -m harness COMMAND [options]", "",
-             "The harness's commands. Each reads the settings a pytest run reads (the project found from the "
-             "working folder up, its ini keys, and HARNESS_KERNEL_ROOT, HARNESS_CACHE_DIR, HARNESS_ARCH).", "",
-             "commands:"]
-    lines += [f"  {name:<{width}}  {SUMMARIES[name]}" for name in COMMANDS]
-    lines += ["", "python -m harness COMMAND --help describes a command's options."]
-    return "\n".join(lines)
+    return Commands(
+        prog="python -m harness", what="command", metavar="COMMAND",
+        intro="The harness's commands. Each reads the settings a pytest run reads (the project found from the "
+              "working folder up, its ini keys, and HARNESS_KERNEL_ROOT, HARNESS_CACHE_DIR, HARNESS_ARCH).",
+        table=(
+            Command("compile", "compile every .cu under the kernel root with NVRTC; print registers, spills and "
+                               "shared memory", _compile_main),
+            Command("controls", "run the negative controls: perturb a sandbox copy, prove each named gate goes red "
+                                "by its assertion", _controls_main),
+            Command("mutate", "mutate the device code, screen equivalent mutants on the CPU, report what the gates "
+                              "miss", _mutate_main),
+            Command("bench", f"`bench {'|'.join(BENCHES.names)}`: benchmarks, their figures written as JSON and "
+                             "Markdown (bench --help says what each times)", _bench_main),
+            Command("report", f"`report {'|'.join(REPORTS.names)}`: over the reports gate runs write (report --help "
+                              "says what each does)", _report_main),
+            Command("cache", f"`cache {'|'.join(ACTIONS)}`: what the disk cache keeps (cubins, mutants' cubins, "
+                             "verdicts, host data), its bound (HARNESS_CACHE_MAX), and clearing it", _cache_main),
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.commands import dispatch
-
-    return dispatch(list(sys.argv[1:] if argv is None else argv), COMMANDS, usage(), "command")
+    return commands().dispatch(list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`python -m harness bench`: the benchmarks' entry (`bench_usage`), and `bench gates`: the gate run's
+"""`python -m harness bench`: the benchmarks' entry (`BENCHES`), and `bench gates`: the gate run's
 speed, the old way against this one, in one run.
 
 Both trees run the same gates on the same machine with the same warm compile cache (and,
@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness.commands import Command, Commands
 
 SUMMARY = re.compile(r"\b\d+ (?:passed|failed)\b.* in ([0-9.]+)s")
 
@@ -66,24 +68,6 @@ def _collect_ids(tree: Path, env: dict) -> list[str]:
     return [line.strip() for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")]
 
 
-BENCHES = {
-    "gates": "time the GPU gate run against an older tree (--before DIR), in one run",
-    "mutate": "the mutation campaign against the naive way (a fresh pytest per mutant) on the same mutants",
-    "startup": "pytest's start-up with and without the harness plugin: an unrelated project and this one",
-    "fresh": "a fresh gate run spawned against forked from the fork server, alternating, in one run",
-}
-
-
-def bench_usage() -> str:
-    lines = ["usage: python -m harness bench {gates,mutate,startup,fresh} [options]", "",
-             "Benchmarks that print their figures and write them as JSON and Markdown (default: "
-             "harness-report/bench in the rootdir; --out DIR to record them elsewhere, e.g. docs/observed).", "",
-             "benchmarks:"]
-    lines += [f"  {name:<8} {text}" for name, text in BENCHES.items()]
-    lines += ["", "python -m harness bench NAME --help describes a benchmark's options."]
-    return "\n".join(lines)
-
-
 def default_out() -> Path:
     from harness._settings import report_root
 
@@ -109,11 +93,7 @@ def _bench_fresh(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from harness.commands import dispatch
-
-    return dispatch(argv, {"gates": bench_gates, "mutate": _bench_mutate, "startup": _bench_startup,
-                           "fresh": _bench_fresh},
-                    bench_usage(), "benchmark")
+    return BENCHES.dispatch(argv)
 
 
 def bench_gates(argv: list[str]) -> int:
@@ -204,3 +184,19 @@ def _device_name() -> str:
         return f"{len(out)} x {out[0]}" if out else "no GPU"
     except (OSError, subprocess.SubprocessError):
         return "no GPU"
+
+
+BENCHES = Commands(
+    prog="python -m harness bench", what="benchmark",
+    intro="Benchmarks that print their figures and write them as JSON and Markdown (default: harness-report/bench "
+          "in the rootdir; --out DIR to record them elsewhere, e.g. docs/observed).",
+    table=(
+        Command("gates", "time the GPU gate run against an older tree (--before DIR), in one run", bench_gates),
+        Command("mutate", "the mutation campaign against the naive way (a fresh pytest per mutant) on the same "
+                          "mutants", _bench_mutate),
+        Command("startup", "pytest's start-up with and without the harness plugin: an unrelated project and this "
+                           "one", _bench_startup),
+        Command("fresh", "a fresh gate run spawned against forked from the fork server, alternating, in one run",
+                _bench_fresh),
+    ),
+)

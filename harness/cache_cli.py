@@ -15,14 +15,17 @@ KEEPS = ("the cubins the real tree compiles to (its modules, for every source st
          "whose cubin is cached then never imports cuda.core)")
 
 
+# Its actions, each with what it does; the command's help and `python -m harness --help` read them.
+ACTIONS = {"info": "where it is and what it holds", "prune": "down to the bound now", "clear": "remove it all"}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m harness cache",
         description="The harness's disk cache: " + KEEPS + ". The cubins and verdicts together stay under "
                     "HARNESS_CACHE_MAX (default 256M; 0 for no bound): past it, the least recently used go "
                     "first, the sandboxes' before the real tree's. Everything in it is made again when missing.")
-    p.add_argument("action", choices=("info", "prune", "clear"),
-                   help="info: where it is and what it holds; prune: down to the bound now; clear: remove it all")
+    p.add_argument("action", choices=tuple(ACTIONS), help="; ".join(f"{k}: {v}" for k, v in ACTIONS.items()))
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="the cache (default: HARNESS_CACHE_DIR, else ini harness_cache_dir, else "
                         "$XDG_CACHE_HOME/harness/cubin)")

@@ -3,6 +3,7 @@ settings from any folder of the project (found as pytest finds it), reports in t
 and one clear line for bad input. No GPU needed."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -91,3 +92,40 @@ def test_bench_mutate_help_is_its_own_and_names_the_benchmarks_options():
     bad = harness("bench", "mutate", "--naive-jobs", "abc")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: --naive-jobs 'abc' is not a whole number; pass e.g. --naive-jobs 16"
+
+
+def subcommand_tables():
+    """Each command with subcommands of its own: (its name, the names its dispatch knows)."""
+    from harness.bench import BENCHES
+    from harness.cache_cli import ACTIONS
+    from harness.report_cli import REPORTS
+
+    return [("bench", BENCHES.names), ("report", REPORTS.names), ("cache", tuple(ACTIONS))]
+
+
+@pytest.mark.parametrize("command, names", subcommand_tables(), ids=[c for c, _ in subcommand_tables()])
+def test_help_names_every_subcommand_the_dispatch_knows(command, names, capsys):
+    from harness.__main__ import commands, main
+
+    assert main(["--help"]) == 0
+    top = capsys.readouterr().out
+    listed = {line.split()[0] for line in top.splitlines() if line.startswith("  ") and line[2] != " "}
+    assert {c.name for c in commands().table} == listed
+    (line,) = [line for line in top.splitlines() if line.startswith(f"  {command} ")]
+    for name in names:
+        assert re.search(rf"`{command} (\S+\|)?{name}(\|\S+)?`", line), (name, line)
+        # and the dispatch runs it: its own --help, status 0
+        with pytest.raises(SystemExit) as done:
+            main([command, name, "--help"]) if command != "cache" else main([command, "--help"])
+        assert done.value.code == 0
+    capsys.readouterr()
+
+
+def test_report_help_describes_its_commands_on_stdout():
+    run = harness("report", "--help")
+    assert run.returncode == 0 and run.stderr == ""
+    assert run.stdout.startswith("usage: python -m harness report {merge}")
+    assert "\n  merge  the gates.json of the N shards of one `pytest --shard K/N` run" in run.stdout
+    assert "python -m harness report NAME --help describes" in run.stdout
+    merge = harness("report", "merge", "--help")
+    assert merge.returncode == 0 and "--out DIR" in merge.stdout
