@@ -130,3 +130,11 @@ def test_every_docs_path_named_in_the_repository_exists():
             if not (REPO / named).exists():
                 missing.add(f"{path.relative_to(REPO)}: {named}")
     assert not missing, sorted(missing)
+
+
+def test_the_docs_count_of_this_repos_controls_is_the_number_of_control_files():
+    """Where a page says how many controls `controls/` holds today, it is the number of files."""
+    files = len(list((REPO / "controls").glob("*.toml")))
+    said = {(page.name, int(n)) for page in (REPO / "docs").glob("*.md")
+            for n in re.findall(r"`controls/` holds (\d+) controls", page.read_text())}
+    assert said and {n for _, n in said} == {files}, f"controls/ holds {files} controls; the docs say {sorted(said)}"
