@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,16 +154,50 @@ class MergeError(ValueError):
     """Reports that cannot be one: the message is one line naming the fix."""
 
 
+GATES_JSON_HOLDS = ('a gates.json is what `pytest --harness-report DIR` writes: {"version": 1, "gates": [{"nodeid": '
+                    '..., "outcome": ...}, ...]}; pass that folder')
+SHARD = re.compile(r"([1-9][0-9]*)/([1-9][0-9]*)")
+
+
+def _read_gates_json(folder: Path) -> dict:
+    """The gates.json in `folder`, checked to be one a gate run wrote. Raises MergeError naming
+    the file and what it must hold."""
+    path = folder / "gates.json"
+    if not path.is_file():
+        raise MergeError(f"{folder} holds no gates.json: pass the --harness-report DIR of each shard")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise MergeError(f"{path} is not JSON ({exc.msg}: line {exc.lineno} column {exc.colno}): "
+                         f"{GATES_JSON_HOLDS}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MergeError(f"{path} cannot be read ({getattr(exc, 'strerror', None) or exc}): "
+                         f"{GATES_JSON_HOLDS}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("gates"), list):
+        raise MergeError(f"{path} holds no gates list: {GATES_JSON_HOLDS}")
+    outcomes = [o.value for o in Outcome]
+    for i, gate in enumerate(data["gates"]):
+        if not isinstance(gate, dict) or not isinstance(gate.get("nodeid"), str) or not gate["nodeid"]:
+            raise MergeError(f"{path}: gates[{i}] has no nodeid: {GATES_JSON_HOLDS}")
+        if gate.get("outcome", Outcome.PASSED.value) not in outcomes:
+            raise MergeError(f"{path}: gates[{i}] has outcome {gate.get('outcome')!r}, not one of "
+                             f"{', '.join(outcomes)}: {GATES_JSON_HOLDS}")
+        if not isinstance(gate.get("duration", 0.0), (int, float)) or isinstance(gate.get("duration"), bool):
+            raise MergeError(f"{path}: gates[{i}] has duration {gate.get('duration')!r}, not a number of seconds: "
+                             f"{GATES_JSON_HOLDS}")
+    shard = data.get("shard")
+    match = SHARD.fullmatch(shard) if isinstance(shard, str) else None
+    if shard is not None and (match is None or int(match[1]) > int(match[2])):
+        raise MergeError(f"{path}: shard {shard!r} is not K/N with 1 <= K <= N, as `pytest --shard K/N` writes "
+                         f"it: {GATES_JSON_HOLDS}")
+    return data
+
+
 def merge(directories: list[Path]) -> tuple[list[GateRecord], RunFacts]:
     """The gates.json of the N shards of one gate run (`--shard K/N` on N hosts) as one run:
     every gate once, in the shards' order; the devices of all. Refuses a missing gates.json,
     a gate in two reports, a shard missing or named twice, and runs for different archs."""
-    reports = []
-    for d in directories:
-        path = Path(d) / "gates.json"
-        if not path.is_file():
-            raise MergeError(f"{d} holds no gates.json: pass the --harness-report DIR of each shard")
-        reports.append((Path(d), json.loads(path.read_text())))
+    reports = [(Path(d), _read_gates_json(Path(d))) for d in directories]
     shards = [data.get("shard") for _, data in reports]
     if any(shards):
         counts = {s.split("/")[1] for s in shards if s}
@@ -170,6 +205,9 @@ def merge(directories: list[Path]) -> tuple[list[GateRecord], RunFacts]:
         if None in shards or len(counts) > 1 or sorted(shards) != sorted(want):
             raise MergeError(f"the reports hold shards {', '.join(str(s) for s in shards)}, not each of "
                              f"{', '.join(sorted(want))} once: pass the report folder of every shard of one run")
+    if not any(data["gates"] for _, data in reports):
+        raise MergeError("the reports hold no gate: nothing to merge; pass the --harness-report DIR of each shard of "
+                         "a run that ran its gates")
     archs = sorted({data.get("arch") for _, data in reports if data.get("arch")})
     if len(archs) > 1:
         raise MergeError(f"the reports ran for different archs ({', '.join(archs)}): merge only the shards of one "

@@ -121,6 +121,12 @@ def kernel_root_problem(root: str | os.PathLike, option: str, needs_cu: bool = T
     return None
 
 
+def kernel_root_option(source: str) -> str:
+    """What `kernel_root_problem` names for a kernel root that came from `source`
+    (`harness._settings.Project.kernel_root_source`): the default is fixed by --kernel-root."""
+    return "--kernel-root" if source == "the default" else source
+
+
 def arch_problem(arch: str | None, source: str) -> str | None:
     if not arch:
         return None

@@ -23,14 +23,19 @@ SUITE = Path(__file__).parent / "fixtures" / "controls_suite"
 KERNEL = 'extern "C" __global__ void plain(float* out) { out[threadIdx.x] = 2.0f; }\n'
 
 
+def python_path() -> str:
+    """This checkout's harness first, what PYTHONPATH held kept (the device's extra wheels)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+
+
 def run_harness(*args, cwd, env=None):
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
                           env=full_env, timeout=300)
 
 
 def run_pytest(*args, cwd, env=None):
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
                           capture_output=True, text=True, env=full_env, timeout=300)
 
@@ -298,3 +303,74 @@ def test_pytest_reads_harness_arch_too(tree):
         "    assert resolve_arch() == 'sm_80'\n")
     result = run_pytest("test_x.py", cwd=project, env={"HARNESS_ARCH": "sm_80"})
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------ report merge, and report folders that are files
+
+
+def shard_report(folder: Path, text: str | None = None) -> Path:
+    """A --harness-report folder whose gates.json holds `text` (default: one passed gate)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if text is None:
+        text = json.dumps({"version": 1, "arch": "sm_90", "gates": [{"nodeid": "t.py::test_a", "outcome": "passed"}]})
+    (folder / "gates.json").write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"version": 1, "gates": [', "is not JSON (Expecting value: line 1 column 26)"),
+    ("{}", "holds no gates list"),
+    ('{"version": 1, "gates": [{"outcome": "passed"}]}', "gates[0] has no nodeid"),
+    ('{"version": 1, "gates": [{"nodeid": "t.py::a", "outcome": "green"}]}', "gates[0] has outcome 'green'"),
+    ('{"version": 1, "shard": "one", "gates": []}', "shard 'one' is not K/N"),
+    ("[1, 2]", "holds no gates list"),
+], ids=["truncated", "empty-object", "gate-without-nodeid", "unknown-outcome", "bad-shard", "a-list"])
+def test_report_merge_of_a_gates_json_that_is_not_one_names_the_file_and_what_it_must_hold(tmp_path, text, needle):
+    bad = shard_report(tmp_path / "bad", text)
+    result = run_harness("report", "merge", str(bad), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 2
+    line = one_clear_line(result, f"{bad / 'gates.json'}", needle)
+    assert line.startswith("error: ") and "pytest --harness-report" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_merge_of_reports_holding_no_gate_is_refused(tmp_path):
+    empty = shard_report(tmp_path / "empty", '{"version": 1, "gates": []}')
+    result = run_harness("report", "merge", str(empty), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 2
+    one_clear_line(result, "the reports hold no gate", "nothing to merge")
+
+
+def test_report_merge_out_that_is_a_file_is_one_usage_error_before_the_merge(tmp_path):
+    good = shard_report(tmp_path / "good")
+    blocker = tmp_path / "out"
+    blocker.write_text("")
+    result = run_harness("report", "merge", str(good), "--out", str(blocker), cwd=tmp_path)
+    assert result.returncode == 2
+    one_clear_line(result, f"--out {blocker} is a file, not a folder", "pass a folder")
+
+
+def test_mutate_report_that_is_a_file_is_one_usage_error_before_the_campaign(tmp_path):
+    suite = tmp_path / "suite"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "mutate_suite", suite)
+    blocker = tmp_path / "rep"
+    blocker.write_text("")
+    result = run_harness("mutate", "--static", "--report", str(blocker), "--cache-dir", str(tmp_path / "c"),
+                         cwd=suite)
+    assert result.returncode == 2
+    one_clear_line(result, f"--report {blocker} is a file, not a folder", "pass a folder")
+
+
+# ------------------------------------------------------------------ an ini kernel root that holds no .cu
+
+
+@pytest.mark.parametrize("command", [("mutate", "--static"), ("controls", "--static")], ids=["mutate", "controls"])
+def test_an_ini_kernel_root_holding_no_cu_is_one_line_naming_the_ini_key(tmp_path, command):
+    project = tmp_path / "p"
+    (project / "kern").mkdir(parents=True)
+    (project / "pytest.ini").write_text("[pytest]\nkernel_root = kern\n")
+    result = run_harness(*command, "--cache-dir", str(tmp_path / "c"), cwd=project,
+                         env={"HARNESS_KERNEL_ROOT": ""})
+    assert result.returncode == 2
+    one_clear_line(result, f"kernel root {project / 'kern'} holds no .cu file: set the ini key kernel_root")
+    assert not (project / "harness-report").exists()

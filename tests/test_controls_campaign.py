@@ -436,3 +436,25 @@ def test_a_skipped_control_is_not_judged_alike_in_the_progress_line_table_report
     (entry,) = data["controls"]
     assert (entry["verdict"], entry["matches_expectation"]) == ("skipped", None)
     assert (data["ok"], data["judged"], data["as_expected"], data["skipped"]) == (True, 0, 0, 1)
+
+
+def test_a_child_pytest_that_refuses_its_arguments_says_why_in_the_run_and_the_baseline(tmp_path, child_env):
+    from harness.runs.fresh import run_gates
+    from harness.runs.result import Baseline
+
+    suite = copy_suite(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    def run(target, kernel_root):
+        return run_gates([target], kernel_root=kernel_root, rootdir=suite, report_dir=tmp_path / "r", deadline=120,
+                         cache_dir=suite / "cache", require_gpu=False)
+
+    # the child's usage error before any report: the note quotes it, not only the log's path
+    refused = Baseline.of(run("gates/gate_value.py", empty))
+    assert f"harness: kernel root {empty} holds no .cu file" in refused.note, refused.note
+    # a usage error after the report was written (a gate that breaks the vocabulary): the same
+    (suite / "gates" / "gate_no_kind.py").write_text("import pytest\n\n\n@pytest.mark.gpu\ndef test_no_kind():\n"
+                                                     "    pass\n")
+    vocabulary = Baseline.of(run("gates/gate_no_kind.py", suite / "kernels"))
+    assert not vocabulary.ok and "harness: 1 gate(s) break the vocabulary" in vocabulary.note, vocabulary.note

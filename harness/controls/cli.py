@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    from harness.usage import UsageError, arch_problem, folder_problem, kernel_root_problem
+    from harness.usage import UsageError, arch_problem, folder_problem, kernel_root_option, kernel_root_problem
 
     try:
         config = config_from(args)
@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     root = config.path(config.kernel_root)
     problems = (
         arch_problem(config.arch, "--arch" if args.arch else _settings.ARCH_ENV),
-        kernel_root_problem(root, "--kernel-root"),
+        kernel_root_problem(root, kernel_root_option(
+            _settings.resolve(kernel_root=args.kernel_root, rootdir=args.rootdir).kernel_root_source)),
         None if config.cache_dir is None else folder_problem(config.cache_dir, "--cache-dir", "the compiled cubins"),
         folder_problem(config.report_dir, "--report", "controls.json, controls.md and the run logs"),
     )

@@ -266,9 +266,17 @@ def main(argv: list[str] | None = None) -> int:
             check_arch(config.arch)
         except ArchError as exc:
             return usage(str(exc))
-    root = config.path(config.kernel_root)
-    if not root.is_dir():
-        return usage(f"the kernel root {root} is not a folder: pass --kernel-root DIR (or the ini key kernel_root)")
+    from harness.usage import folder_problem, kernel_root_option, kernel_root_problem
+
+    source = _settings.resolve(kernel_root=args.kernel_root, rootdir=args.rootdir).kernel_root_source
+    problems = (
+        kernel_root_problem(config.path(config.kernel_root), kernel_root_option(source)),
+        folder_problem(config.path(config.report_dir), "--report", "mutation.json, mutation.html and mutants.jsonl"),
+        None if config.cache_dir is None else folder_problem(config.cache_dir, "--cache-dir", "the compiled cubins"),
+    )
+    for problem in problems:
+        if problem:
+            return usage(problem)
     from harness.mutate.campaign import prepare
 
     try:

@@ -198,8 +198,10 @@ def run_gates(
     seconds = time.perf_counter() - start
     if timed_out:
         return GateRuns((), True, None, seconds, str(log))
+    refused = _usage_error(log) if proc.returncode == USAGE_ERROR else None
     if not gates_json.is_file():
-        return GateRuns((), False, f"the pytest process exited {proc.returncode} without a report; see {log}",
+        why = f": {refused}" if refused else ""
+        return GateRuns((), False, f"the pytest process exited {proc.returncode} without a report{why}; see {log}",
                         seconds, str(log))
     report = json.loads(gates_json.read_text())
     records: dict[str, GateRecord] = {}
@@ -210,7 +212,21 @@ def run_gates(
         if previous is None or (rec.red and not previous.red):
             records[rec.nodeid] = rec
     facts = {k: v for k, v in report.items() if k != "gates"}
-    return GateRuns(tuple(records.values()), False, None, seconds, str(log), facts=facts)
+    return GateRuns(tuple(records.values()), False, None, seconds, str(log), facts=facts,
+                    stop_note=f"pytest refused the run: {refused}" if refused else None)
+
+
+USAGE_ERROR = 4  # pytest.ExitCode.USAGE_ERROR, without importing pytest here
+
+
+def _usage_error(log: Path) -> str | None:
+    """The line a pytest that refused its arguments printed (`ERROR: ...`), so a note can say
+    why, not only where the log is."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((line.removeprefix("ERROR: ").strip() for line in lines if line.startswith("ERROR: ")), None)
 
 
 # A fresh pytest pays for its start (interpreter, imports, collection, a server, a CUDA

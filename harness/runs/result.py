@@ -63,7 +63,7 @@ class Baseline:
     def of(cls, run: GateRuns) -> "Baseline":
         note = run.note()
         if note is None and not run.records:
-            note = f"the baseline ran no gate; see {run.log}"
+            note = f"the baseline ran no gate{': ' + run.stop_note if run.stop_note else ''}; see {run.log}"
         facts = run.facts or {}
         return cls(len(run.records), run.red, run.seconds, facts.get("arch"), facts.get("device"), run.log, note)
 
