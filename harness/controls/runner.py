@@ -96,7 +96,15 @@ def validate(config: CampaignConfig, collect: Collector | None = None) -> list[C
 def run_campaign(config: CampaignConfig, listener: Listener | None = None,
                  cluster: "Cluster | None" = None) -> CampaignResult:
     """The campaign; on a Ray `cluster` (`harness.runs.cluster.connect`) each control's gates
-    run on one of its GPU actors, as many controls at once as it has GPUs."""
+    run on one of its GPU actors, as many controls at once as it has GPUs. Interrupted, it
+    leaves no sandbox behind (`harness.runs.sandbox.swept_on_interrupt`)."""
+    from harness.runs.sandbox import swept_on_interrupt
+
+    with swept_on_interrupt():
+        return _campaign(config, listener, cluster)
+
+
+def _campaign(config: CampaignConfig, listener: Listener | None, cluster: "Cluster | None") -> CampaignResult:
     if config.kill_row not in KILL_ROWS:
         raise ValueError(f"kill_row {config.kill_row!r} is not one of {', '.join(KILL_ROWS)}")
     listener = listener or _Quiet()

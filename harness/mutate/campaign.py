@@ -165,6 +165,17 @@ def dependents_of(root: Path, files: set[str]) -> dict[str, tuple[str, ...]]:
 
 def run_campaign(config: MutateConfig, listener: Listener | None = None,
                  executor_factory: ExecutorFactory | None = None) -> MutationCampaign:
+    """The campaign (module docstring). Interrupted, it leaves no sandbox behind: its slots'
+    threads and the screen's workers are gone when the interrupt leaves it, and what an
+    interrupt left half made or half removed is swept."""
+    from harness.runs.sandbox import swept_on_interrupt
+
+    with swept_on_interrupt():
+        return _campaign(config, listener, executor_factory)
+
+
+def _campaign(config: MutateConfig, listener: Listener | None,
+              executor_factory: ExecutorFactory | None) -> MutationCampaign:
     from harness.arch import resolve_arch
     from harness.runs.compilecheck import declared_names
     from harness.mutate import screen

@@ -52,9 +52,9 @@ class ScreenContext:
     cache_dir: Path
     names: dict  # {module relpath: ModuleSettings}: the compile settings its launcher declares
     dependents: dict  # {source relpath: (module relpaths,)}
-    # the campaign's process: in every sandbox's name, so sweeping after a killed screening
-    # worker never touches the sandboxes of another campaign screening the same mutants
+    # the campaign's process: in the name of its screen's home and of every sandbox
     owner: str = field(default_factory=lambda: str(os.getpid()))
+    home: Path | None = None  # where the sandboxes are made (`compile_all` makes it; None: the temp folder)
 
 
 def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
@@ -65,7 +65,7 @@ def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
 
     start = time.perf_counter()
     modules = ctx.dependents.get(mutant.file, ())
-    with sandbox(ctx.kernel_root, f"mutant-{mutant.id}-{ctx.owner}") as copy:
+    with sandbox(ctx.kernel_root, f"mutant-{mutant.id}-{ctx.owner}", parent=ctx.home) as copy:
         original = (copy / mutant.file).read_bytes()
         write(copy, mutant.file, mutant.apply(original).decode("utf-8"))
         prints, keys = [], []
@@ -87,7 +87,7 @@ def compile_shipped(mutant: Mutant, shipped, ctx: ScreenContext) -> tuple[Compil
     from harness.runs.cluster import read_entries
 
     root = shipped.kernel()
-    here = dataclasses.replace(ctx, kernel_root=root, cache_dir=shipped.cache(), names=_names_here(root))
+    here = dataclasses.replace(ctx, kernel_root=root, cache_dir=shipped.cache(), names=_names_here(root), home=None)
     compiled = compile_mutant(mutant, here)
     return compiled, read_entries(here.cache_dir, compiled.keys)
 
@@ -125,11 +125,15 @@ POOL_RESTARTS = 3
 
 def compile_all(mutants: list[Mutant], ctx: ScreenContext, jobs: int, on_done=None,
                 cpu_map=None) -> dict[str, Compiled]:
-    """Every mutant compiled, `jobs` at once; `on_done(Compiled)` after each. A worker that
-    dies (killed, out of memory) breaks the pool: its sandboxes are swept and a fresh pool
-    takes the mutants not done yet. `cpu_map` (an executor factory's, on a cluster): each
-    compile a task there instead, its cache entries written into this host's cache."""
+    """Every mutant compiled, `jobs` at once; `on_done(Compiled)` after each. Every sandbox is
+    made in one home folder of this screen (`harness.runs.sandbox.sandbox_home`), removed once
+    its workers are gone, however the screen ends. A worker that dies (killed, out of memory)
+    breaks the pool: the home is emptied of what it left and a fresh pool takes the mutants
+    not done yet. `cpu_map` (an executor factory's, on a cluster): each compile a task there
+    instead, its cache entries written into this host's cache."""
     from concurrent.futures.process import BrokenProcessPool
+
+    from harness.runs.sandbox import sandbox_home
 
     out: dict[str, Compiled] = {}
 
@@ -149,20 +153,22 @@ def compile_all(mutants: list[Mutant], ctx: ScreenContext, jobs: int, on_done=No
         cpu_map(functools.partial(compile_shipped, ctx=ctx), mutants, shipped_back)
         return out
 
-    if jobs <= 1:
-        for m in mutants:
-            done(compile_mutant(m, ctx))
-        return out
-    for attempt in range(POOL_RESTARTS + 1):
-        todo = [m for m in mutants if m.id not in out]
-        if not todo:
-            break
-        try:
-            _pool_round(todo, ctx, jobs, done)
-        except BrokenProcessPool:
-            sweep_sandboxes([m.id for m in todo], ctx.owner)
-            if attempt == POOL_RESTARTS:
-                raise
+    with sandbox_home(f"screen-{ctx.owner}") as home:
+        ctx = dataclasses.replace(ctx, home=home)
+        if jobs <= 1:
+            for m in mutants:
+                done(compile_mutant(m, ctx))
+            return out
+        for attempt in range(POOL_RESTARTS + 1):
+            todo = [m for m in mutants if m.id not in out]
+            if not todo:
+                break
+            try:
+                _pool_round(todo, ctx, jobs, done)
+            except BrokenProcessPool:
+                _empty(home)  # the dead worker's sandbox
+                if attempt == POOL_RESTARTS:
+                    raise
     return out
 
 
@@ -174,29 +180,33 @@ def _pool_round(todo: list[Mutant], ctx: ScreenContext, jobs: int, done) -> None
         for future in as_completed(futures):
             done(future.result())
     except BaseException:
-        processes = list((getattr(pool, "_processes", None) or {}).values())
+        processes = _workers(pool)
         pool.shutdown(wait=False, cancel_futures=True)
         for proc in processes:
-            proc.kill()  # a worker killed mid-compile cannot run its sandbox's `finally`:
+            proc.kill()  # no worker may make, or leave half-removed, a sandbox after the home goes
         for proc in processes:
             proc.join(timeout=10)
-        sweep_sandboxes([m.id for m in todo], ctx.owner)  # so its sandbox is removed here
         raise
     finally:
         pool.shutdown(wait=True)
 
 
-def sweep_sandboxes(ids: list[str], owner: str | None = None) -> None:
-    """Remove the sandboxes of these mutants that a killed worker left in the temp folder
-    (only this campaign's: `owner`, the ScreenContext's)."""
-    import shutil
-    import tempfile
+def _workers(pool: ProcessPoolExecutor) -> list:
+    """The pool's worker processes: those it registered, and any it started but had not yet
+    registered when an interrupt cut its start short."""
+    from concurrent.futures.process import _process_worker
 
-    base = Path(tempfile.gettempdir())
-    wanted = tuple(f"harness-mutant-{i}-{owner}-" if owner else f"harness-mutant-{i}-" for i in ids)
-    for entry in base.glob("harness-mutant-*"):
-        if entry.name.startswith(wanted):
-            shutil.rmtree(entry, ignore_errors=True)
+    found = {p.pid: p for p in (getattr(pool, "_processes", None) or {}).values()}
+    found.update({p.pid: p for p in multiprocessing.active_children()
+                  if getattr(p, "_target", None) is _process_worker})
+    return list(found.values())
+
+
+def _empty(home: Path) -> None:
+    import shutil
+
+    for entry in home.iterdir():
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 class Classifier:
