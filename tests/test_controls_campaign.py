@@ -458,3 +458,27 @@ def test_a_child_pytest_that_refuses_its_arguments_says_why_in_the_run_and_the_b
                                                      "    pass\n")
     vocabulary = Baseline.of(run("gates/gate_no_kind.py", suite / "kernels"))
     assert not vocabulary.ok and "harness: 1 gate(s) break the vocabulary" in vocabulary.note, vocabulary.note
+
+
+def test_an_interrupted_cli_campaign_reports_what_ran_and_never_an_earlier_run(tmp_path, child_env, capsys,
+                                                                              monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # gpu_only is skipped, whatever this machine has
+    suite = copy_suite(tmp_path)
+    extra = ("--controls-dir", str(suite / "controls_extra"))
+    assert run_cli(suite, *extra, "killed") == ExitStatus.CONTROLS_DIFFER  # an earlier run's report
+    assert "## killed: " in (suite / "report" / "controls.md").read_text()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        # in file order: gpu_only runs, then the fake gate of `interrupts` sends this process SIGINT
+        status = run_cli(suite, *extra, "gpu_only", "interrupts")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert status == ExitStatus.INTERRUPTED
+    md = (suite / "report" / "controls.md").read_text()
+    assert "## killed" not in md
+    assert md.startswith("# Negative controls (campaign): INTERRUPTED\n")
+    assert "interrupted after 1 of 2 controls; the others did not run" in md and "## gpu_only: skipped" in md
+    data = json.loads((suite / "report" / "controls.json").read_text())
+    assert (data["interrupted"], data["ok"]) == (True, False)
+    assert [c["name"] for c in data["controls"]] == ["gpu_only"]
+    assert "report of what ran: " in capsys.readouterr().err

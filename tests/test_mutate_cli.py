@@ -198,6 +198,8 @@ def test_ctrl_c_or_a_kill_during_the_screen_leaves_nothing_behind(suite, signum)
     before = tree_hash(root)
     cmd = [sys.executable, "-m", "harness", "mutate", "--rootdir", str(suite), "--no-require-gpu", "--static",
            "--cache-dir", str(suite / "cache"), "--report", str(suite / "report"), "--arch", "sm_90", "--jobs", "2"]
+    (suite / "report").mkdir()
+    (suite / "report" / "mutation.json").write_text("an earlier run's report")
     proc = subprocess.Popen(cmd, cwd=suite, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     lines = []
@@ -213,6 +215,7 @@ def test_ctrl_c_or_a_kill_during_the_screen_leaves_nothing_behind(suite, signum)
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == ExitStatus.INTERRUPTED, "".join(lines)
     assert tree_hash(root) == before
+    assert not (suite / "report" / "mutation.json").exists(), "an earlier run's report stood for this one"
     # every process of the run gone first (multiprocessing's resource tracker exits once its
     # pipe closes; a screening worker once its interrupt is handled): then nothing of theirs
     # can still be removing, or making, a sandbox. Waited for, not slept on; bounded against a hang.
@@ -223,10 +226,12 @@ def test_ctrl_c_or_a_kill_during_the_screen_leaves_nothing_behind(suite, signum)
     from harness.mutate.generate import generate, select_files
 
     ids = {m.id for m in generate(root, select_files(root, []), tuple(OPERATORS))[0]}
-    # this run's sandboxes: harness-mutant-<id>-<the campaign's pid>-<random> (another run,
-    # killed before this one, may have left its own)
+    # this run's sandboxes: harness-mutant-<id>-<the campaign's pid>-<random>, and its screen's
+    # home, harness-screen-<the campaign's pid>-<random>, where its workers make theirs
+    # (another run, killed before this one, may have left its own)
     left = [p for p in Path(tempfile.gettempdir()).glob("harness-mutant-*")
             if p.name.split("-")[2] in ids and p.name.split("-")[3] == str(proc.pid)]
+    left += list(Path(tempfile.gettempdir()).glob(f"harness-screen-{proc.pid}-*"))
     assert left == [], "no sandbox outlives the run"
 
 
@@ -277,3 +282,15 @@ def test_an_unknown_recheck_process_is_refused(suite, capsys):
         run(suite, "--recheck-in", "container")
     assert exc.value.code == 2
     assert "--recheck-in" in capsys.readouterr().err
+
+
+def test_a_run_that_ends_before_its_report_leaves_no_report_of_an_earlier_run(suite, capsys):
+    """A red baseline writes no report: the one an earlier run left must not stand for this run."""
+    report = suite / "report"
+    report.mkdir()
+    for name in ("mutation.json", "mutation.html"):
+        (report / name).write_text("an earlier run's report")
+    sum_cu = suite / "kernels" / "sum.cu"
+    sum_cu.write_text(sum_cu.read_text().replace("in[i] + 1;", "in[i] + 2;"))  # test_adds_one goes red
+    assert run(suite, "--static", "--jobs", "1", *NO_HANG) == ExitStatus.BASELINE_RED
+    assert sorted(p.name for p in report.iterdir() if p.name.startswith("mutation.")) == []

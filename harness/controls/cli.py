@@ -98,6 +98,8 @@ class _Progress:
                                  TimeElapsedColumn(), console=console, transient=True)
         self.task = None
         self.nodes: dict[str, int] = {}
+        self.selected: int | None = None
+        self.results: list = []  # the controls finished so far: what an interrupted run reports
 
     def __enter__(self):
         if self.live:
@@ -116,6 +118,7 @@ class _Progress:
             self.console.print(text, markup=False)
 
     def total(self, n: int) -> None:
+        self.selected = n
         if self.live:
             self.progress.update(self.task, total=n)
 
@@ -128,6 +131,7 @@ class _Progress:
     def finished(self, result) -> None:
         from harness.runs.cluster import where
 
+        self.results.append(result)
         place = where(result.ran_on)
         if place:  # on a cluster: the live count of controls each node's GPU ran
             self.nodes[place] = self.nodes.get(place, 0) + 1
@@ -201,14 +205,27 @@ def main(argv: list[str] | None = None) -> int:
 
     from harness.interrupt import sigterm_as_interrupt
 
+    import time
+
+    report.remove(config.path(config.report_dir))
+    progress = _Progress(err)
+    start = time.perf_counter()
     try:
-        with sigterm_as_interrupt(), _Progress(err) as progress:  # a cancelled CI job: as Ctrl-C
+        with sigterm_as_interrupt(), progress:  # a cancelled CI job: as Ctrl-C
             campaign = run_campaign(config, progress, cluster)
     except ControlSpecError as exc:
         err.print(escape(str(exc)))
         return ExitStatus.USAGE
     except KeyboardInterrupt:
-        err.print("[bold red]interrupted[/]: children killed, sandboxes removed, the kernel root untouched")
+        from harness.controls.results import CampaignResult
+
+        mode = "static" if config.static else "naive" if config.naive else "campaign"
+        cut = CampaignResult(mode=mode, kernel_root=config.path(config.kernel_root), arch=config.arch, baseline=None,
+                             controls=tuple(progress.results), seconds=time.perf_counter() - start, interrupted=True,
+                             selected=progress.selected)
+        _, md_path = report.write(config.path(config.report_dir), cut)
+        err.print("[bold red]interrupted[/]: children killed, sandboxes removed, the kernel root untouched; "
+                  f"report of what ran: {escape(str(md_path))}")
         return ExitStatus.INTERRUPTED
     except DeviceLost as exc:
         err.print(f"[bold red]device lost[/]: a gate worker could not start on the GPU that served the campaign "

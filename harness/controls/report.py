@@ -118,6 +118,8 @@ def campaign_json(campaign: CampaignResult) -> dict:
         "version": VERSION,
         "mode": campaign.mode,
         "ok": campaign.ok,
+        "interrupted": campaign.interrupted,
+        "selected": campaign.selected,
         "judged": len(campaign.judged),
         "as_expected": sum(r.matches for r in campaign.judged),
         "skipped": len(campaign.controls) - len(campaign.judged),
@@ -139,8 +141,12 @@ def _code(text: str) -> str:
 
 
 def campaign_markdown(campaign: CampaignResult) -> str:
-    lines = [f"# Negative controls ({campaign.mode})", ""]
+    lines = [f"# Negative controls ({campaign.mode})" + (": INTERRUPTED" if campaign.interrupted else ""), ""]
     n = len(campaign.controls)
+    if campaign.interrupted:
+        of = f" of {campaign.selected}" if campaign.selected is not None else ""
+        lines += [f"**This run was interrupted** (Ctrl-C): interrupted after {n}{of} controls; the others did not "
+                  "run, and what is below is only what finished before it.", ""]
     head, skipped = summary(campaign)
     lines.append(f"**{head}** in {campaign.seconds:.1f} s; arch {campaign.arch or 'n/a'}; kernel root "
                  f"`{campaign.kernel_root}`.")
@@ -186,10 +192,20 @@ def campaign_markdown(campaign: CampaignResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+FILES = ("controls.json", "controls.md")
+
+
+def remove(report_dir: Path) -> None:
+    """An earlier run's reports, removed as a run starts: however this one ends, they never
+    stand for it."""
+    for name in FILES:
+        (Path(report_dir) / name).unlink(missing_ok=True)
+
+
 def write(report_dir: Path, campaign: CampaignResult) -> tuple[Path, Path]:
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    j, m = report_dir / "controls.json", report_dir / "controls.md"
+    j, m = (report_dir / name for name in FILES)
     j.write_text(json.dumps(campaign_json(campaign), indent=2) + "\n")
     m.write_text(campaign_markdown(campaign))
     return j, m

@@ -53,6 +53,8 @@ class ControlResult:
 class CampaignResult(CampaignRun):
     mode: str  # "campaign", "naive" or "static"
     controls: tuple[ControlResult, ...]
+    interrupted: bool = False  # Ctrl-C: `controls` are those that finished before it
+    selected: int | None = None  # how many controls the campaign was to run (known once validated)
 
     @property
     def judged(self) -> tuple[ControlResult, ...]:
@@ -61,6 +63,6 @@ class CampaignResult(CampaignRun):
 
     @property
     def ok(self) -> bool:
-        if self.baseline_red:
+        if self.baseline_red or self.interrupted:
             return False
         return all(c.matches for c in self.judged)

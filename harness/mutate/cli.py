@@ -415,6 +415,7 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
     from harness.mutate import report
     from harness.mutate.campaign import DeviceLostError, run_campaign
 
+    report.remove(config.path(config.report_dir))
     try:
         with _Progress(err) as progress:
             campaign = run_campaign(config, progress, executor_factory=factory)
@@ -442,7 +443,7 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
         for line in _worker_lines(config, executors):  # where the time went so far: a cut campaign says it too
             err.print(line, markup=False)
         err.print("[bold red]interrupted[/]: workers and children killed, sandboxes removed, the kernel root "
-                  "untouched; continue with --resume")
+                  "untouched; continue with --resume, or write the report of what ran with --report-only")
         return ExitStatus.INTERRUPTED
     except DeviceLostError as exc:
         err.print(f"[bold red]device lost[/]: {escape(str(exc))}")

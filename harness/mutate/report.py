@@ -233,10 +233,20 @@ def mutation_html(campaign) -> str:
     return _PAGE.replace("__DATA__", json.dumps(data).replace("</", "<\\/"))
 
 
+FILES = ("mutation.json", "mutation.html")
+
+
+def remove(directory: Path) -> None:
+    """An earlier run's reports, removed as a campaign starts: however this one ends (a red
+    baseline, Ctrl-C), they never stand for it. mutants.jsonl stays: --resume reads it."""
+    for name in FILES:
+        (Path(directory) / name).unlink(missing_ok=True)
+
+
 def write(directory: Path, campaign) -> tuple[Path, Path]:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    j, h = directory / "mutation.json", directory / "mutation.html"
+    j, h = (directory / name for name in FILES)
     j.write_text(json.dumps(mutation_json(campaign), indent=1) + "\n", encoding="utf-8")
     h.write_text(mutation_html(campaign), encoding="utf-8")
     return j, h
