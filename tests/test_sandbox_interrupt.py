@@ -124,9 +124,10 @@ def test_an_interrupt_in_the_screen_leaves_no_sandbox_of_its_workers(temp, tmp_p
 
 def interrupt_once_made(frame, event, arg):
     """A profile function raising KeyboardInterrupt where a sandbox folder has been made and no
-    `with` owns it yet (`temp_folder` yielding it): no `finally` of its own can remove it."""
+    `with` owns it yet (`temp_folder` yielding it; not a child pytest's temp folder, made the
+    same way): no `finally` of its own can remove it."""
     if event == "return" and frame.f_code.co_name == "temp_folder" and frame.f_code.co_filename.endswith(
-            "/harness/runs/sandbox.py"):
+            "/harness/runs/sandbox.py") and frame.f_locals.get("label") != "child":
         sys.setprofile(None)
         raise KeyboardInterrupt("a sandbox made, its with not entered")
 

@@ -11,9 +11,8 @@ so the two can be timed against each other on the device.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -31,7 +30,7 @@ from harness.runs.config import RunConfig
 from harness.runs.compilecheck import compile_perturbed, declared_names
 from harness.runs.result import Baseline, GateRuns
 from harness.runs.slots import from_list, run_in_slots
-from harness.runs.sandbox import sandbox, write
+from harness.runs.sandbox import sandbox, temp_folder, write
 from harness.runs.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -193,23 +192,14 @@ def _baseline(targets: list[str], root: Path, config: CampaignConfig, cache_dir:
     return Baseline.of(run)
 
 
-class _cache:
+@contextmanager
+def _cache(config: CampaignConfig, cache_dir: Path):
     """The shared cache folder, or (naive) a cold one made and removed per run."""
-
-    def __init__(self, config: CampaignConfig, cache_dir: Path):
-        self.naive = config.naive
-        self.cache_dir = cache_dir
-        self.tmp: str | None = None
-
-    def __enter__(self) -> Path:
-        if self.naive:
-            self.tmp = tempfile.mkdtemp(prefix="harness-naive-cache-")
-            return Path(self.tmp)
-        return self.cache_dir
-
-    def __exit__(self, *exc) -> None:
-        if self.tmp:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+    if not config.naive:
+        yield cache_dir
+        return
+    with temp_folder("naive-cache") as cold:
+        yield cold
 
 
 # ---------------------------------------------------------------- one control

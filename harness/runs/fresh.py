@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import itertools
 import threading
 import time
@@ -24,6 +22,7 @@ from typing import Sequence
 from harness.records import GateRecord, Outcome
 from harness.runs import forkserver
 from harness.runs.result import Executor, ExecutorFactory, GateOutcome, GateRuns
+from harness.runs.sandbox import temp_folder
 
 
 # Every child process alive now, so an interrupted campaign can kill them all.
@@ -183,15 +182,13 @@ def run_gates(
     start = time.perf_counter()
     # The child's own temp dir, removed once it ended: a pytest killed at its deadline or by an
     # interrupt cannot remove what its pool made there.
-    child_tmp = tempfile.mkdtemp(prefix="harness-child-")
     log.write_bytes(("$ " + " ".join(cmd) + "\n").encode())
-    try:
+    with temp_folder("child") as child_tmp:
         proc, spawned_because, timed_out = run_pytest(
-            cmd[3:], cwd=Path(rootdir), env={**child_environment(cache_dir, device), "TMPDIR": child_tmp, **(env or {})},
+            cmd[3:], cwd=Path(rootdir),
+            env={**child_environment(cache_dir, device), "TMPDIR": str(child_tmp), **(env or {})},
             stdout=log, timeout=deadline, fork=not spawn,
         )
-    finally:
-        shutil.rmtree(child_tmp, ignore_errors=True)
     if spawned_because is not None and not spawn:
         with open(log, "a") as f:
             f.write(f"\n# this pytest was spawned, not forked from the fork server: {spawned_because}\n")

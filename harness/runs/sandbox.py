@@ -37,14 +37,25 @@ def temp_folder(label: str, parent: Path | None = None):
     removed on every way out. It is registered before it is made and unregistered only once
     it is gone, so an interrupt wherever it lands (even where no `finally` of this can run:
     between the folder made and the `with` that owns it) leaves it to `sweep`."""
-    base = (Path(parent or tempfile.gettempdir()) / f"harness-{_safe(label)}-{secrets.token_hex(6)}").resolve()
-    _made.add(base)
+    base = _reserve(Path(parent or tempfile.gettempdir()), f"harness-{_safe(label)}-")
     try:
-        base.mkdir(mode=0o700)
         yield base
     finally:
         shutil.rmtree(base, ignore_errors=True)
         _made.discard(base)
+
+
+def _reserve(parent: Path, prefix: str) -> Path:
+    """A new folder `prefix<8 random hex digits>` in `parent` (as long a name as mkdtemp's:
+    a child's socket path in it must stay short), registered before it is made."""
+    while True:
+        base = (parent / f"{prefix}{secrets.token_hex(4)}").resolve()
+        _made.add(base)
+        try:
+            base.mkdir(mode=0o700)
+            return base
+        except FileExistsError:
+            _made.discard(base)
 
 
 @contextmanager
