@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from harness.commands import Command, Commands
+from harness.usage import ExitStatus, UsageError
 
 SUMMARY = re.compile(r"\b\d+ (?:passed|failed)\b.* in ([0-9.]+)s")
 
@@ -74,6 +75,18 @@ def default_out() -> Path:
     return report_root() / "bench"
 
 
+def out_folder(arg: str | None) -> Path:
+    """Where a benchmark writes its figures (--out, else `default_out`), checked before it runs.
+    Raises harness.usage.UsageError when no folder can be made there."""
+    from harness.usage import UsageError, output_folder_problem
+
+    out = Path(arg) if arg else default_out()
+    problem = output_folder_problem(out, "--out" if arg else "the default --out", "the benchmark's JSON and Markdown")
+    if problem:
+        raise UsageError(problem)
+    return out
+
+
 def _bench_mutate(argv: list[str]) -> int:
     from harness.mutate.bench import main
 
@@ -114,6 +127,11 @@ def bench_gates(argv: list[str]) -> int:
                         help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
     parser.add_argument("--name", default="bench-gates", help="file name stem for the JSON and Markdown")
     args = parser.parse_args(argv)
+    try:
+        out = out_folder(args.out)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitStatus.USAGE
     before = Path(args.before).resolve()
     after = find_rootdir()
     if not (before / "gates").is_dir():
@@ -158,7 +176,6 @@ def bench_gates(argv: list[str]) -> int:
               "after_old_gates_median_s": a["pytest_s"], "repeat": args.repeat,
               "added_gates": full["gates"] - a["gates"],
               "added_gates_pytest_s": round((full["pytest_s"] or 0) - (a["pytest_s"] or 0), 2)}
-    out = Path(args.out) if args.out else default_out()
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Gate-run benchmark ({result['device']})", "", "`python -m harness bench gates --before DIR "

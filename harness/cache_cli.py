@@ -43,14 +43,24 @@ def main(argv: list[str]) -> int:
     from harness.compile_options import OPTIONS_FOLDER
     from harness.cubin_cache import PRUNED_FOLDERS, SANDBOX_FOLDER, CacheLimitError, limit_bytes, prune, usage
 
+    from harness.usage import ExitStatus, folder_problem, rootdir_problem
+
     args = parser().parse_args(argv)
+    if rootdir_problem(args.rootdir):
+        print(f"error: {rootdir_problem(args.rootdir)}", file=sys.stderr)
+        return ExitStatus.USAGE
     project = _settings.resolve(cache_dir=args.cache_dir, rootdir=args.rootdir)
     cache = project.settings.cache_dir
+    source = "the cache folder" if project.cache_source == "the default" else project.cache_source
+    problem = folder_problem(cache, source, "the harness's disk cache")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return ExitStatus.USAGE
     try:
         limit = limit_bytes()
     except CacheLimitError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitStatus.USAGE
     bound = _mb(limit) if limit else "none (HARNESS_CACHE_MAX=0)"
     if args.action == "info":
         u = usage(cache)
@@ -62,11 +72,11 @@ def main(argv: list[str]) -> int:
         print(f"  verdict store:       {u.verdicts[1]:6d} entries, {_mb(u.verdicts[0])}")
         print(f"  host cache:          {_mb(u.host)} (its own bound: the last three source states)")
         print("clear it all: python -m harness cache clear; down to the bound: python -m harness cache prune")
-        return 0
+        return ExitStatus.OK
     if args.action == "prune":
         done = prune(cache, limit)
         print(f"{cache}: removed {done.removed} entries ({_mb(done.freed)}), {_mb(done.kept)} kept (bound {bound})")
-        return 0
+        return ExitStatus.OK
     removed = []
     if cache.is_dir():  # only what the harness writes there: a cache folder shared with anything else keeps the rest
         for entry in cache.iterdir():
@@ -76,7 +86,7 @@ def main(argv: list[str]) -> int:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry.name)
     print(f"{cache}: cleared ({len(removed)} folder(s) removed); every cubin compiles again when next needed")
-    return 0
+    return ExitStatus.OK
 
 
 if __name__ == "__main__":

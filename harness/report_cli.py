@@ -23,16 +23,19 @@ def merge_parser() -> argparse.ArgumentParser:
 
 def merge_main(argv: list[str]) -> int:
     from harness.report import MergeError, merge, write_reports
-    from harness.usage import folder_problem
+    from harness.usage import output_folder_problem
 
     def error(text: str) -> int:
         print(f"error: {text}", file=sys.stderr)
         return ExitStatus.USAGE
 
     ns = merge_parser().parse_args(argv)
-    problem = folder_problem(ns.out, "--out", "the merged gates.json and summary.md")
+    problem = output_folder_problem(ns.out, "--out", "the merged gates.json and summary.md")
     if problem:
         return error(problem)
+    if Path(ns.out).resolve() in {Path(d).resolve() for d in ns.dirs}:
+        return error(f"--out {ns.out} is one of the reports merged: the merged gates.json would replace that shard's; "
+                     "pass another folder")
     try:
         records, facts = merge([Path(d) for d in ns.dirs])
     except MergeError as exc:

@@ -77,7 +77,7 @@ def tree_env(tree: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from harness._settings import find_rootdir, report_root
+    from harness._settings import find_rootdir
 
     parser = argparse.ArgumentParser(prog="python -m harness bench startup",
                                      description="pytest's start-up (--collect-only wall time) with and without "
@@ -91,6 +91,14 @@ def main(argv: list[str]) -> int:
                         help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
     parser.add_argument("--name", default="bench-startup", help="file name stem for the JSON and Markdown")
     args = parser.parse_args(argv)
+    from harness.bench import out_folder
+    from harness.usage import ExitStatus, UsageError
+
+    try:
+        out = out_folder(args.out)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitStatus.USAGE
     if args.repeat < 1:
         print(f"error: --repeat {args.repeat}: pass 1 or more", file=sys.stderr)
         return 2
@@ -116,7 +124,6 @@ def main(argv: list[str]) -> int:
             cases[f"the --before tree's project ({before.name}), no plugin"] = (before, WITHOUT, tree_env(before))
         rows = measure(cases, args.repeat)
     command = f"python -m harness bench startup --repeat {args.repeat}" + (" --before DIR" if before else "")
-    out = Path(args.out) if args.out else report_root() / "bench"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps({"command": command, "repeat": args.repeat,
                                                       "before": str(before) if before else None, "runs": rows},

@@ -121,6 +121,37 @@ def kernel_root_problem(root: str | os.PathLike, option: str, needs_cu: bool = T
     return None
 
 
+def output_folder_problem(path: str | os.PathLike, option: str, holds: str) -> str | None:
+    """A folder the command writes `holds` into: `folder_problem`'s, and it must be writable, or
+    makeable (the first missing folder on its path is made and removed to find out), so a
+    command finds out before it runs, not after."""
+    problem = folder_problem(path, option, holds)
+    if problem:
+        return problem
+    target = Path(path).resolve()
+    missing, existing = None, target
+    while not existing.exists():
+        missing, existing = existing, existing.parent
+    if missing is None:
+        if os.access(target, os.W_OK | os.X_OK):
+            return None
+        return f"{option} {path} cannot be written: pass a folder you can write for {holds}"
+    try:
+        missing.mkdir()
+        missing.rmdir()
+    except OSError as exc:
+        return f"{option} {path} cannot be made ({exc.strerror or exc}): pass a folder you can write for {holds}"
+    return None
+
+
+def rootdir_problem(rootdir: str | os.PathLike | None) -> str | None:
+    """--rootdir, when given, must be a folder."""
+    if rootdir is None or Path(rootdir).is_dir():
+        return None
+    return (f"--rootdir {rootdir} is not a folder: pass the folder of the project's pytest configuration "
+            "(pytest.ini, pyproject.toml, tox.ini or setup.cfg), or leave it out to find it from the working folder up")
+
+
 def kernel_root_option(source: str) -> str:
     """What `kernel_root_problem` names for a kernel root that came from `source`
     (`harness._settings.Project.kernel_root_source`): the default is fixed by --kernel-root."""

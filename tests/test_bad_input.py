@@ -374,3 +374,100 @@ def test_an_ini_kernel_root_holding_no_cu_is_one_line_naming_the_ini_key(tmp_pat
     assert result.returncode == 2
     one_clear_line(result, f"kernel root {project / 'kern'} holds no .cu file: set the ini key kernel_root")
     assert not (project / "harness-report").exists()
+
+
+# ------------------------------------------------------------------ more bad input to the commands (issue 49)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--static", "--naive"], "--static runs no gate: drop --naive"),
+    (["--static", "--executor", "fresh"], "--static runs no gate: drop --executor"),
+    (["--static", "--ray"], "--static runs no gate: drop --ray"),
+    (["--naive", "--executor", "warm"], "--naive runs a fresh pytest over the whole gates folder per control: drop "
+                                        "--executor"),
+], ids=["static-naive", "static-executor", "static-ray", "naive-executor"])
+def test_controls_refuse_options_that_contradict_each_other(tmp_path, args, words):
+    result = run_harness("controls", *args, "--no-require-gpu", "--rootdir", str(SUITE), "--report",
+                         str(tmp_path / "r"), "value_changed", cwd=tmp_path)
+    assert result.returncode == 2
+    one_clear_line(result, words)
+    assert not (tmp_path / "r").exists()
+
+
+UNMAKEABLE = "/proc/harness-no-folder-can-be-made-here"
+
+
+@pytest.mark.parametrize("command", [
+    ("controls", "--static", "--rootdir", str(SUITE), "value_changed", "--report"),
+    ("mutate", "--static", "--rootdir", str(SUITE.parent / "mutate_suite"), "--report"),
+    ("report", "merge", "{good}", "--out"),
+    ("bench", "startup", "--out"),
+    ("bench", "fresh", "--out"),
+    ("bench", "mutate", "--rootdir", str(SUITE.parent / "mutate_suite"), "--out"),
+    ("bench", "gates", "--before", str(REPO), "--out"),
+], ids=["controls", "mutate", "report-merge", "bench-startup", "bench-fresh", "bench-mutate", "bench-gates"])
+def test_an_output_folder_that_cannot_be_made_is_one_usage_error_before_anything_runs(tmp_path, command):
+    good = shard_report(tmp_path / "good")
+    args = [a.replace("{good}", str(good)) for a in command]
+    result = run_harness(*args, UNMAKEABLE, cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2
+    option = args[-1]
+    one_clear_line(result, f"{option} {UNMAKEABLE} cannot be made (", "pass a folder you can write")
+
+
+def test_a_folder_named_like_a_control_file_is_a_problem_named_with_the_fix(tmp_path):
+    suite = tmp_path / "suite"
+    shutil.copytree(SUITE, suite)
+    (suite / "controls" / "stray.toml").mkdir()
+    result = run_harness("controls", "--static", "--rootdir", str(suite), "--report", str(tmp_path / "r"),
+                         cwd=tmp_path)
+    assert result.returncode == 2
+    one_clear_line(result, "stray.toml: is a folder, not a control file; move it out of the controls folder")
+
+
+def test_mutate_gates_naming_nothing_is_one_usage_error_before_the_baseline(tmp_path):
+    suite = tmp_path / "suite"
+    shutil.copytree(SUITE.parent / "mutate_suite", suite)
+    result = run_harness("mutate", "--static", "--gates", "nowhere", "--cache-dir", str(tmp_path / "c"), cwd=suite)
+    assert result.returncode == 2
+    one_clear_line(result, f"--gates nowhere: no file or folder {suite / 'nowhere'}",
+                   "pass gate paths relative to the rootdir")
+    assert not (suite / "harness-report").exists()
+
+
+def test_report_only_over_a_results_file_of_corrupt_lines_is_one_line(tmp_path):
+    suite = tmp_path / "suite"
+    shutil.copytree(SUITE.parent / "mutate_suite", suite)
+    report = suite / "report"
+    report.mkdir()
+    (report / "mutants.jsonl").write_text('[1, 2]\n{"version": 1, "mutant": 3}\n"text"\n{"id": "torn\n')
+    result = run_harness("mutate", "--report-only", "--report", str(report), cwd=suite)
+    assert result.returncode == 2
+    one_clear_line(result, "mutants.jsonl holds no result for the mutants these arguments generate")
+
+
+def test_report_merge_refuses_to_write_over_a_report_it_merges(tmp_path):
+    good = shard_report(tmp_path / "good")
+    before = (good / "gates.json").read_text()
+    result = run_harness("report", "merge", str(good), "--out", str(good), cwd=tmp_path)
+    assert result.returncode == 2
+    one_clear_line(result, f"--out {good} is one of the reports merged", "pass another folder")
+    assert (good / "gates.json").read_text() == before and not (good / "summary.md").exists()
+
+
+@pytest.mark.parametrize("action", ["info", "prune", "clear"])
+def test_cache_commands_refuse_a_cache_dir_that_is_a_file(tmp_path, action):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = run_harness("cache", action, "--cache-dir", str(blocker), cwd=tmp_path)
+    assert result.returncode == 2
+    one_clear_line(result, f"--cache-dir {blocker} is a file, not a folder")
+
+
+@pytest.mark.parametrize("command", [("controls", "--static"), ("mutate", "--static"), ("cache", "info")],
+                         ids=["controls", "mutate", "cache"])
+def test_a_rootdir_that_is_not_a_folder_is_one_usage_error_naming_it(tmp_path, command):
+    result = run_harness(*command, "--rootdir", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert result.returncode == 2
+    one_clear_line(result, f"--rootdir {tmp_path / 'nowhere'} is not a folder",
+                   "pass the folder of the project's pytest configuration")

@@ -63,6 +63,7 @@ def static_run(tmp_path_factory):
     (["--deadline", "soon"], ["--deadline 'soon' is not a number of seconds or auto"]),
     (["--max-per-file", "0"], ["--max-per-file must be at least 1"]),
     (["--operators", "arithmetic,nope"], ["'nope'", *OPERATORS]),
+    (["--operators", ""], ["(none named)", *OPERATORS]),
     (["--since", "no-such-ref-anywhere"], ["--since no-such-ref-anywhere", "no commit by that name"]),
     (["missing.cu"], ["missing.cu: no such file"]),
     (["--kernel-root", "nowhere"], ["is not a folder"]),

@@ -151,6 +151,19 @@ class _Progress:
                                + (f" on {place} ({self.nodes[place]} there so far)" if place else ""), markup=False)
 
 
+def _conflict(args: argparse.Namespace) -> str | None:
+    """Options that contradict each other: one would be silently ignored."""
+    if args.static:
+        for flag, given in (("--naive", args.naive), ("--executor", args.executor is not None),
+                            ("--ray", args.ray is not None)):
+            if given:
+                return f"--static runs no gate: drop {flag}, which chooses how the gates run"
+    elif args.naive and args.executor is not None:
+        return ("--naive runs a fresh pytest over the whole gates folder per control: drop --executor, or drop "
+                "--naive to choose the executor")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -160,8 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    from harness.usage import UsageError, arch_problem, folder_problem, kernel_root_option, kernel_root_problem
+    from harness.usage import (UsageError, arch_problem, folder_problem, kernel_root_option, kernel_root_problem,
+                               output_folder_problem, rootdir_problem)
 
+    problem = rootdir_problem(args.rootdir) or _conflict(args)
+    if problem:
+        err.print(f"[bold red]error:[/] {escape(problem)}")
+        return ExitStatus.USAGE
     try:
         config = config_from(args)
     except UsageError as exc:
@@ -173,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         kernel_root_problem(root, kernel_root_option(
             _settings.resolve(kernel_root=args.kernel_root, rootdir=args.rootdir).kernel_root_source)),
         None if config.cache_dir is None else folder_problem(config.cache_dir, "--cache-dir", "the compiled cubins"),
-        folder_problem(config.report_dir, "--report", "controls.json, controls.md and the run logs"),
+        output_folder_problem(config.report_dir, "--report", "controls.json, controls.md and the run logs"),
     )
     for problem in problems:
         if problem:

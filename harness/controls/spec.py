@@ -340,7 +340,9 @@ def load_controls(
     files = control_files(controls_dir)
     if not files:
         raise ControlSpecError([Problem(controls_dir, None, "holds no control (*.toml); write one TOML file per control (see docs/controls.md)")])
-    problems: list[Problem] = []
+    problems: list[Problem] = [Problem(p, None, "is a folder, not a control file; move it out of the controls folder "
+                                            "(each control is one .toml file)")
+                               for p in sorted(controls_dir.glob("*.toml")) if p.is_dir()]
     controls: list[Control] = []
     for path in files:
         control, found = parse_control(path)

@@ -158,7 +158,6 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
     """`naive_clock(label, limit=...)` makes the naive half's listener (a test passes one on
     a clock it moves, with a timer it fires); the CLI's is `_Clock`."""
     from harness.mutate.campaign import run_campaign
-    from harness._settings import report_root
     from harness.mutate.cli import (UsageError, _executor_factory, _positive_int, build_parser, config_from,
                                     positive_seconds)
     from harness.runs.fresh import FreshProcessExecutor
@@ -182,7 +181,10 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
     if args.static:
         print("error: the benchmark runs the gates: drop --static", file=sys.stderr)
         return 2
+    from harness.bench import out_folder
+
     try:
+        out = out_folder(mine.out)
         config = config_from(args)
         naive_jobs = (_positive_int(mine.naive_jobs, "--naive-jobs", "16") if mine.naive_jobs is not None
                       else (os.cpu_count() or 1))
@@ -194,7 +196,6 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-mutate-"))
     kept = False  # the two halves' reports, runs and the naive cache go with the run (kept: a red baseline's)
     try:
-        out = Path(mine.out) if mine.out else report_root() / "bench"
         out.mkdir(parents=True, exist_ok=True)
         warm_config = replace(config, report_dir=tmp / "campaign", resume=False)
         factory, executors = _executor_factory(warm_config, "warm")

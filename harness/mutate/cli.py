@@ -143,6 +143,16 @@ def config_from(args):
     )
 
 
+def _gates_problem(config, source: str) -> str | None:
+    """Each of what the baseline runs (a file or folder, a node id's file) must be there."""
+    for gate in config.gates:
+        path = config.rootdir / gate.split("::", 1)[0]
+        if not path.exists():
+            return (f"{source} {gate}: no file or folder {path}; pass gate paths relative to the rootdir "
+                    f"{config.rootdir} (--gates PATH, or the ini key harness_gates)")
+    return None
+
+
 def _survivors(campaign) -> bool:
     return any(r.verdict is Verdict.SURVIVED for r in campaign.ordered())
 
@@ -255,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[bold red]error:[/] {escape(text)}")
         return ExitStatus.USAGE
 
+    from harness.usage import folder_problem, kernel_root_option, kernel_root_problem, output_folder_problem
+    from harness.usage import rootdir_problem
+
+    if rootdir_problem(args.rootdir):
+        return usage(rootdir_problem(args.rootdir))
     try:
         config = config_from(args)
     except (UsageError, UnknownOperator) as exc:
@@ -266,13 +281,14 @@ def main(argv: list[str] | None = None) -> int:
             check_arch(config.arch)
         except ArchError as exc:
             return usage(str(exc))
-    from harness.usage import folder_problem, kernel_root_option, kernel_root_problem
-
-    source = _settings.resolve(kernel_root=args.kernel_root, rootdir=args.rootdir).kernel_root_source
+    project = _settings.resolve(kernel_root=args.kernel_root, rootdir=args.rootdir)
     problems = (
-        kernel_root_problem(config.path(config.kernel_root), kernel_root_option(source)),
-        folder_problem(config.path(config.report_dir), "--report", "mutation.json, mutation.html and mutants.jsonl"),
+        kernel_root_problem(config.path(config.kernel_root), kernel_root_option(project.kernel_root_source)),
+        output_folder_problem(config.path(config.report_dir), "--report",
+                              "mutation.json, mutation.html and mutants.jsonl"),
         None if config.cache_dir is None else folder_problem(config.cache_dir, "--cache-dir", "the compiled cubins"),
+        _gates_problem(config, "--gates" if args.gates else "ini harness_gates" if project.gate_paths else
+                       "--gates (default gates)"),
     )
     for problem in problems:
         if problem:

@@ -332,8 +332,8 @@ class UnknownOperator(ValueError):
 
 
 def parse_operators(spec: str | None) -> tuple[str, ...]:
-    """Operator names from a comma-separated list; all when `spec` is None or empty."""
-    if not spec:
+    """Operator names from a comma-separated list; all when `spec` is None (an empty list names none)."""
+    if spec is None:
         return tuple(OPERATORS)
     names = tuple(n.strip() for n in spec.split(",") if n.strip())
     unknown = [n for n in names if n not in OPERATORS]

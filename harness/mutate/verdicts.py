@@ -87,18 +87,19 @@ def append_result(path: Path, result: MutantResult) -> None:
 
 
 def read_results(path: Path) -> dict[str, MutantResult]:
-    """The finished mutants of an earlier run, by id; a torn last line is ignored."""
+    """The finished mutants of an earlier run, by id; a line that is not one (a torn last
+    line, a damaged file) is ignored: its mutant runs again."""
     out: dict[str, MutantResult] = {}
     if not Path(path).is_file():
         return out
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             d = json.loads(line)
-        except ValueError:
+            if not isinstance(d, dict) or d.pop("version", None) != RESULTS_VERSION:
+                continue
+            r = MutantResult.from_json(d)
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        if d.pop("version", None) != RESULTS_VERSION:
-            continue
-        r = MutantResult.from_json(d)
         out[r.mutant.id] = r
     return out
 

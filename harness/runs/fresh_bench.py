@@ -50,7 +50,7 @@ def _one(way: str, targets: list[str], *, rootdir: Path, kernel_root: Path, cach
 
 
 def main(argv: list[str]) -> int:
-    from harness._settings import project_settings, report_root
+    from harness._settings import project_settings
     from harness.runs import forkserver
 
     parser = argparse.ArgumentParser(prog="python -m harness bench fresh",
@@ -65,6 +65,14 @@ def main(argv: list[str]) -> int:
                         help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
     parser.add_argument("--name", default="bench-fresh", help="file name stem for the JSON and Markdown")
     args = parser.parse_args(argv)
+    from harness.bench import out_folder
+    from harness.usage import ExitStatus, UsageError
+
+    try:
+        out = out_folder(args.out)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitStatus.USAGE
     if args.runs < 1:
         parser.error("--runs must be 1 or more")
     rootdir, settings = project_settings()
@@ -114,7 +122,6 @@ def main(argv: list[str]) -> int:
     summary["outcomes"] = {o: sum(1 for _, got in first if got == o) for o in sorted({got for _, got in first})}
     for r in runs:  # each run's outcomes once in the record: the first run's, and whether each run's matched
         r["same_outcomes_as_the_first_run"] = r.pop("outcomes") == first
-    out = Path(args.out) if args.out else report_root() / "bench"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps({"summary": summary, "runs": runs},
                                                       indent=1) + "\n")
