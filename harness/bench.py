@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from harness.commands import Command, Commands
-from harness.usage import ExitStatus, UsageError
+from harness.usage import ExitStatus, UsageError, bench_out_folder
 
 SUMMARY = re.compile(r"\b\d+ (?:passed|failed)\b.* in ([0-9.]+)s")
 
@@ -69,22 +69,6 @@ def _collect_ids(tree: Path, env: dict) -> list[str]:
     return [line.strip() for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")]
 
 
-def default_out() -> Path:
-    from harness._settings import report_root
-
-    return report_root() / "bench"
-
-
-def out_folder(arg: str | None) -> Path:
-    """Where a benchmark writes its figures (--out, else `default_out`), checked before it runs.
-    Raises harness.usage.UsageError when no folder can be made there."""
-    from harness.usage import UsageError, output_folder_problem
-
-    out = Path(arg) if arg else default_out()
-    problem = output_folder_problem(out, "--out" if arg else "the default --out", "the benchmark's JSON and Markdown")
-    if problem:
-        raise UsageError(problem)
-    return out
 
 
 def _bench_mutate(argv: list[str]) -> int:
@@ -128,7 +112,7 @@ def bench_gates(argv: list[str]) -> int:
     parser.add_argument("--name", default="bench-gates", help="file name stem for the JSON and Markdown")
     args = parser.parse_args(argv)
     try:
-        out = out_folder(args.out)
+        out = bench_out_folder(args.out)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitStatus.USAGE

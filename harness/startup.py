@@ -91,11 +91,10 @@ def main(argv: list[str]) -> int:
                         help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
     parser.add_argument("--name", default="bench-startup", help="file name stem for the JSON and Markdown")
     args = parser.parse_args(argv)
-    from harness.bench import out_folder
-    from harness.usage import ExitStatus, UsageError
+    from harness.usage import ExitStatus, UsageError, bench_out_folder
 
     try:
-        out = out_folder(args.out)
+        out = bench_out_folder(args.out)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitStatus.USAGE

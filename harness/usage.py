@@ -144,6 +144,18 @@ def output_folder_problem(path: str | os.PathLike, option: str, holds: str) -> s
     return None
 
 
+def bench_out_folder(arg: str | None) -> Path:
+    """Where a benchmark writes its figures (--out, else harness-report/bench in the rootdir),
+    checked before it runs. Raises UsageError when no folder can be made there."""
+    from harness._settings import report_root
+
+    out = Path(arg) if arg else report_root() / "bench"
+    problem = output_folder_problem(out, "--out" if arg else "the default --out", "the benchmark's JSON and Markdown")
+    if problem:
+        raise UsageError(problem)
+    return out
+
+
 def rootdir_problem(rootdir: str | os.PathLike | None) -> str | None:
     """--rootdir, when given, must be a folder."""
     if rootdir is None or Path(rootdir).is_dir():

@@ -11,7 +11,7 @@ HARNESS = Path(__file__).resolve().parent.parent / "harness"
 
 # Top to bottom: a module may import its own layer's modules and those of lower layers.
 LAYERS = [
-    {"harness.__main__", "harness.bench", "harness.startup"},
+    {"harness.__main__", "harness.bench", "harness.startup", "harness.report_cli"},
     {"harness.controls", "harness.mutate", "harness.compare"},  # the campaigns, side by side
     {"harness.runs"},  # the run layer both campaigns stand on
     {"harness.plugin", "harness.plugin_pool", "harness.gate_verdicts", "harness._serve", "harness.kinds",

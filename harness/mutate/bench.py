@@ -181,10 +181,10 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
     if args.static:
         print("error: the benchmark runs the gates: drop --static", file=sys.stderr)
         return 2
-    from harness.bench import out_folder
+    from harness.usage import bench_out_folder
 
     try:
-        out = out_folder(mine.out)
+        out = bench_out_folder(mine.out)
         config = config_from(args)
         naive_jobs = (_positive_int(mine.naive_jobs, "--naive-jobs", "16") if mine.naive_jobs is not None
                       else (os.cpu_count() or 1))
