@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from harness.gitref import is_shallow, names_a_commit, repo_of
-from harness.kinds import is_gate, kinds_of
+from harness.kinds import kinds_of, owned
 from harness.ref_launchers import LAUNCHERS_OF_ENV
 from harness.timing import DEFAULT_REPEAT, DEFAULT_WARMUP, TIMING_ENV
 from harness.usage import UsageError
@@ -324,7 +324,7 @@ def pytest_runtestloop(session: pytest.Session):
     st = config.stash[state_key]
     if st.serving:
         return None
-    kinds = {item.nodeid: kinds_of(item) for item in session.items if is_gate(item, st.gate_paths)}
+    kinds = {item.nodeid: kinds_of(item) for item in session.items if owned(item)}
     gates = list(kinds)
     today = _settings.current().kernel_root
     report_dir = Path(st.report_dir or _settings.report_root(config.rootpath))

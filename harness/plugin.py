@@ -3,8 +3,8 @@ isolation, failure routes, reports and the terminal summary. In lifecycle order.
 
 Installed, the plugin loads in every pytest run of the environment, so it stays inert until
 a project opts in (`opt_in_reason`): a harness ini key, a harness command-line option (or
-HARNESS_REQUIRE_GPU / HARNESS_KERNEL_ROOT), or a collected item that is a gate
-(`harness.kinds.is_gate`). Inert, it imports nothing heavy, checks nothing and writes
+HARNESS_REQUIRE_GPU / HARNESS_KERNEL_ROOT), or a collected item that can only be a gate
+(`harness.kinds.claim`: a kind marker or a harness fixture, never a common name such as `gpu`). Inert, it imports nothing heavy, checks nothing and writes
 nothing. Active, it owns the gates only; every other test runs as plain pytest runs it."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import pytest
 from harness import _settings, coverage, cufiles, device, usage
 from harness._settings import GATES_INI
 from harness.gate_verdicts import Recorder, is_gpu, properties, props_of, run_facts, synthetic, worker_reports
-from harness.kinds import MARKERS, REQUIRE_GPU_ENV, check_kinds, is_gate, opt_in_reason
+from harness.kinds import (MARKERS, REQUIRE_GPU_ENV, check_kinds, claim, foreign_markers, gate_key, is_gate,
+                           opt_in_reason, owned)
 from harness.plugin_pool import (lanes_wanted, new_pool, plan_lanes, probe_beside_xdist, refuse_without_device, run_in_pool,
                                  start_pool)
 from harness.records import GateRecord, Outcome, Route
@@ -319,18 +320,20 @@ def pytest_collection_modifyitems_in_pool_order(session: pytest.Session, config:
         return
     from harness.plugin_pool import pool_order
 
-    items[:] = pool_order(items, lambda it: _is_gate(it) and is_gpu(it))
+    items[:] = pool_order(items, lambda it: owned(it) and is_gpu(it))
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     st = _state(config)
-    gates = [it for it in items if is_gate(it, st.gate_paths)]
+    foreign = foreign_markers(config)  # harness marker names the project registers as its own
     if not st.active:
-        if not gates:
-            return  # no harness option, ini key or gate: this run is plain pytest's
+        why = next(((it, reason) for it in items if (reason := claim(it, foreign))), None)
+        if why is None:
+            return  # no harness option, ini key or item that can only be a gate: this run is plain pytest's
         # (no ini key opted it in, so there are no harness_gates paths: activation adds no gate)
-        _activate(config, f"{gates[0].nodeid} is a gate (a harness marker or fixture)", before_collection=False)
-    check_kinds(gates)  # one kind marker per gate, as --strict-markers for names
+        _activate(config, f"{why[0].nodeid} {why[1]}", before_collection=False)
+    gates = [it for it in items if is_gate(it, st.gate_paths, foreign)]
+    check_kinds(gates, foreign)  # one kind marker per gate, as --strict-markers for names
     for it in gates:
         it.stash[gate_key] = True
     if st.serving:
@@ -379,13 +382,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 # ------------------------------------------------------------------ running gates
 
 
-gate_key = pytest.StashKey[bool]()  # on each item the harness owns (harness.kinds.is_gate)
-
-
-def _is_gate(item: pytest.Item) -> bool:
-    return item.stash.get(gate_key, False)
-
-
 def _deadline(item: pytest.Item) -> tuple[float, str]:
     st = _state(item.config)
     marker = item.get_closest_marker("deadline")
@@ -422,8 +418,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     planned at the run's first item, whatever it is."""
     st = _state(item.config)
     if st.active and not st.serving and st.pool is not None and st.lanes is None:  # the run's first item
-        st.lanes = plan_lanes(st, item, _deadline, _is_gate) or False
-    if not st.active or st.serving or st.pool is None or not _is_gate(item) or not is_gpu(item) \
+        st.lanes = plan_lanes(st, item, _deadline, owned) or False
+    if not st.active or st.serving or st.pool is None or not owned(item) or not is_gpu(item) \
             or item.get_closest_marker("skip"):
         return None
     from harness.pool import controller
@@ -454,13 +450,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _is_gate(item):
+    if owned(item):
         coverage.begin(item.nodeid)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    if not _is_gate(item):  # an ordinary test: its reports are pytest's own
+    if not owned(item):  # an ordinary test: its reports are pytest's own
         yield
         return
     if call.when == "setup":
@@ -511,7 +507,7 @@ class _GateWatcher:
         if st is None or st.active or "kind" not in props_of(report):
             return
         self.config.pluginmanager.unregister(self)
-        _activate(self.config, f"{report.nodeid} is a gate (a harness marker or fixture)", before_collection=False)
+        _activate(self.config, f"{report.nodeid} is a gate (an xdist worker collected it as one)", before_collection=False)
         self.config.stash[recorder_key].pytest_runtest_logreport(report)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.kinds import is_gate
+from harness.kinds import owned
 
 SNAPSHOT_DIR = "__snapshots__"
 KEEP_WHOLE = 4096  # elements: an arm this small is stored whole, a larger one as a digest of its bits
@@ -49,13 +49,6 @@ def folder_of(item: pytest.Item) -> Path:
     return Path(item.path).parent / SNAPSHOT_DIR / Path(item.path).stem
 
 
-def _active(item: pytest.Item) -> bool:
-    from harness.plugin import state_key
-
-    st = item.config.stash.get(state_key, None)
-    return st is not None and st.active and is_gate(item, st.gate_paths)
-
-
 def side_folder(out: Path, kernel_root: Path) -> Path:
     """Where a comparison run's gates over `kernel_root` write their arm outputs."""
     return Path(out) / hashlib.sha256(str(Path(kernel_root).resolve()).encode()).hexdigest()[:16]
@@ -67,7 +60,7 @@ def pytest_runtest_call(item: pytest.Item):
 
     update = bool(item.config.getoption("snapshot_update", False))
     out = os.environ.get(ARMS_OUT_ENV)
-    if not _active(item) or not (update or out or folder_of(item).is_dir()):
+    if not owned(item) or not (update or out or folder_of(item).is_dir()):
         return (yield)
     from harness import arms, timing
 
