@@ -29,8 +29,8 @@ from harness.plugin_pool import (lanes_wanted, new_pool, plan_lanes, probe_besid
 from harness.records import GateRecord, Outcome, Route
 from harness.report import classify_route, failure_message, first_line, write_reports
 
-# bit snapshots, comparisons and --shard, features of their own
-pytest_plugins = ["harness.snapshots", "harness.compare", "harness.shard"]
+# bit snapshots (and the line an update run ends with), comparisons and --shard, features of their own
+pytest_plugins = ["harness.snapshots", "harness.snapshot_tally", "harness.compare", "harness.shard"]
 if TYPE_CHECKING:
     from harness.pool import controller
 
