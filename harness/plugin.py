@@ -140,6 +140,7 @@ class HarnessState:
         self.shadow_worker = None  # outside the trap lane (xdist): the worker trap gates run in the shadow in
         self.lanes = None  # harness.pool.lanes.Lanes, False where the run takes one lane; None: not planned yet
         self.gate_times = None  # harness.pool.lanes.GateTimes: what each GPU gate took, for the next split
+        self.notes: list[str] = []  # lines the summary says of a setting that runs but means less than it seems
 
 
 def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[float, str]:
@@ -229,10 +230,13 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
     if project.kernel_root_explicit and not st.serving:
         # Named on the command line or in the environment, a folder with no .cu is a slip; named
         # in the ini, it need only exist (a project may configure its tree before its first kernel).
-        problem = usage.kernel_root_problem(st.kernel_root, project.kernel_root_source,
-                                            needs_cu=not project.kernel_root_source.startswith("ini "))
+        named_in_ini = project.kernel_root_source.startswith("ini ")
+        problem = usage.kernel_root_problem(st.kernel_root, project.kernel_root_source, needs_cu=not named_in_ini)
         if problem:
             raise pytest.UsageError(f"harness: {problem}")
+        empty = usage.kernel_root_problem(st.kernel_root, project.kernel_root_source) if named_in_ini else None
+        if empty:  # it runs, but compiles nothing: the summary says so in one line
+            st.notes.append(f"harness: {empty}")
     if project.cache_source != "the default" and not st.serving:
         problem = usage.folder_problem(project.settings.cache_dir, project.cache_source, "the compiled cubins")
         if problem:
