@@ -227,6 +227,8 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
     except IncludeDirError as exc:
         raise pytest.UsageError(f"harness: {exc}") from None
     st.kernel_root, st.gate_paths = project.settings.kernel_root, project.gate_paths
+    if not st.serving:
+        st.notes += _setting_notes(config, st)
     if project.kernel_root_explicit and not st.serving:
         # Named on the command line or in the environment, a folder with no .cu is a slip; named
         # in the ini, it need only exist (a project may configure its tree before its first kernel).
@@ -271,6 +273,21 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
         # Where a GPU may be, the server imports CuPy while this process collects. Forked from
         # here, before any collection: it has this process's imports and conftests already.
         st.pool = new_pool(st, config, fork=True)
+
+
+def _setting_notes(config: pytest.Config, st: HarnessState) -> list[str]:
+    """Settings that run but mean less than they seem, each a line for the summary."""
+    notes = []
+    for path in st.gate_paths:
+        if not path.exists():
+            shown = path.relative_to(config.rootpath) if path.is_relative_to(config.rootpath) else path
+            notes.append(f"harness: ini harness_gates names {shown} ({path}), which does not exist: no test is a gate "
+                         "by it; fix the path, or remove it")
+    if config.option.harness_lanes and st.is_controller:
+        notes.append(f"harness: --harness-lanes {config.option.harness_lanes} has no effect under xdist (-n): each "
+                     "xdist worker runs its GPU gates on a worker of its own, in order; drop -n to spread them over "
+                     "lanes")
+    return notes
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -340,6 +357,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     check_kinds(gates, foreign)  # one kind marker per gate, as --strict-markers for names
     for it in gates:
         it.stash[gate_key] = True
+        if it.get_closest_marker("deadline") is not None:
+            _deadline(it)  # a bad value is a usage error now, not mid-run (nor never, where GPU gates skip)
     if st.serving:
         return
     from harness.pool import controller

@@ -58,16 +58,13 @@ def folder_of(item: pytest.Item) -> Path:
 
 def place_problem(folder: Path) -> str | None:
     """Why `folder` (a gate module's snapshot folder) cannot be made and written, or None."""
-    import os
+    from harness.usage import writable_problem
 
-    for p in (folder, *folder.parents):
-        if p.exists():
-            if not p.is_dir():
-                return f"{p} is a file: move it, or run without --snapshot-update"
-            if not os.access(p, os.W_OK):
-                return f"{p} is not writable: make it writable, or run without --snapshot-update"
-            return None
-    return None
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return f"{blocker} is a file: move it, or run without --snapshot-update"
+    unwritable = writable_problem(folder)
+    return f"{unwritable}: make it writable, or run without --snapshot-update" if unwritable else None
 
 
 @pytest.hookimpl(trylast=True)

@@ -312,6 +312,11 @@ def test_launchers_swap_in_place_and_back(tmp_path, monkeypatch):
     (["--compare-to=HEAD", "-n", "2"], "--compare-to runs the gates itself, each tree's in processes of its own: "
                                        "drop -n/--dist"),
     (["--compare-to=HEAD", "--sanitize=memcheck"], "--sanitize does not reach the runs --compare-to starts"),
+    (["--compare-to=HEAD", "--harness-real-traps"], "--harness-real-traps does not reach the runs --compare-to"),
+    (["--compare-to=HEAD", "--include-dir=gates"], "--include-dir does not reach the runs --compare-to starts: name "
+                                                   "the folders in the ini key harness_include_dirs"),
+    (["--compare-to=gates"], "--compare-to gates: the folder holds no .cu file"),
+    (["--compare-to=no-such-branch"], "--compare-to no-such-branch: no such revision in"),
 ])
 def test_comparison_options_out_of_place_are_one_line(project, monkeypatch, args, says):
     monkeypatch.setenv("HARNESS_SANITIZER", "/bin/true")  # a compute-sanitizer is found: the combination is the error
@@ -506,3 +511,33 @@ def test_this_repositorys_bare_run_under_compare_to_is_not_spread_over_xdist(tmp
                             cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout + result.stderr
     assert "no gate selected, nothing compared" in result.stdout
+
+
+READ_ONLY_ROOTDIR = """
+import os
+import tempfile
+
+_mkdtemp = tempfile.mkdtemp
+
+
+def _refuse_the_rootdir(*args, dir=None, **kwargs):  # as a read-only checkout does
+    if dir is not None and os.path.realpath(dir) == os.path.realpath(os.getcwd()):
+        raise OSError(30, "Read-only file system")
+    return _mkdtemp(*args, dir=dir, **kwargs)
+
+
+tempfile.mkdtemp = _refuse_the_rootdir
+"""
+
+
+def test_a_report_folder_that_cannot_be_made_is_one_line_before_anything_runs(project, tmp_path, monkeypatch):
+    import os
+
+    (tmp_path / "read_only_rootdir.py").write_text(READ_ONLY_ROOTDIR)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
+    result = project.runpytest_subprocess(*PLUGIN, "-p", "read_only_rootdir", "gates", "--compare-to=HEAD")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    assert f"--compare-to writes compare.json and compare.md to {project.path / 'harness-report'}, which cannot be " \
+           f"made: {project.path} takes no new folder (Read-only file system); pass --harness-report DIR" \
+        in result.stderr.str()
+    assert "collected" not in result.stdout.str()

@@ -205,13 +205,19 @@ def test_a_snapshot_that_cannot_be_written_fails_its_gate_in_one_line(project):
 
 @pytest.mark.parametrize("writable", [True, False])
 def test_a_snapshot_place_that_is_not_writable_is_named(tmp_path, monkeypatch, writable):
-    import os
+    import tempfile
 
     from harness.snapshots import place_problem
 
-    monkeypatch.setattr(os, "access", lambda path, mode: writable)
+    if not writable:  # a read-only place refuses a new folder (root passes permission bits: the test cannot chmod)
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(tempfile, "mkdtemp", refuse)
     problem = place_problem(tmp_path / "gates" / "__snapshots__" / "test_k")
     if writable:
         assert problem is None
+        assert list(tmp_path.iterdir()) == []  # the probe left nothing
     else:
-        assert problem == f"{tmp_path} is not writable: make it writable, or run without --snapshot-update"
+        assert problem == f"{tmp_path} takes no new folder (Permission denied): make it writable, or run without " \
+                          "--snapshot-update"

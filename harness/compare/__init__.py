@@ -91,9 +91,14 @@ def usage_problem(config: pytest.Config, ref: str) -> str | None:
     if config.getoption("snapshot_update", False):
         return ("--snapshot-update stores today's arms, --compare-to compares two trees' arms: run them one after "
                 "the other (the comparison first)")
-    if config.getoption("sanitize", None):
-        return ("--sanitize does not reach the runs --compare-to starts: run the gates under the sanitizer "
-                "without --compare-to")
+    for flag, given in (("--sanitize", config.getoption("sanitize", None)),
+                        ("--harness-real-traps", config.getoption("harness_real_traps", False)),
+                        ("--harness-wait-hung", config.getoption("harness_wait_hung", False))):
+        if given:
+            return f"{flag} does not reach the runs --compare-to starts: run the gates with it without --compare-to"
+    if config.getoption("include_dir", None):
+        return ("--include-dir does not reach the runs --compare-to starts: name the folders in the ini key "
+                "harness_include_dirs, which they read")
     repeat = config.getoption("compare_repeat", None)
     if repeat is not None and not config.getoption("compare_timing", False):
         return (f"--compare-repeat {repeat} is the count of timed launches --compare-timing makes: add "
@@ -101,7 +106,13 @@ def usage_problem(config: pytest.Config, ref: str) -> str | None:
     if config.getoption("harness_serve", False):
         return None
     from harness import _settings
+    from harness.usage import writable_problem
 
+    report_dir = config.getoption("harness_report", None) or _settings.report_root(config.rootpath)
+    unwritable = writable_problem(report_dir)
+    if unwritable:
+        return (f"--compare-to writes compare.json and compare.md to {report_dir}, which cannot be made: {unwritable}; "
+                "pass --harness-report DIR naming a folder you can write to")
     return ref_problem(ref, _settings.current().kernel_root)
 
 
