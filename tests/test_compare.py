@@ -349,8 +349,21 @@ def test_plain():
 """
 
 
+DRIVER_PRESENT = "import harness.device\n\nharness.device._driver_present = lambda: True\n"
+
+
+def with_driver(project, monkeypatch, driver: str) -> None:
+    """Where a driver is present the run forks its pool's server at configure (and each side's
+    pytest too): the other path a comparison takes. Faked; no device answers (none is visible)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    if driver == "present":
+        (project.path / "conftest.py").write_text(DRIVER_PRESENT)
+
+
+@pytest.mark.parametrize("driver", ["as this machine has it", "present"])
 @pytest.mark.parametrize("targets", [["tests"], ["tests", "gates"]])
-def test_ordinary_tests_run_once_as_without_the_option(project, tmp_path, monkeypatch, targets):
+def test_ordinary_tests_run_once_as_without_the_option(project, tmp_path, monkeypatch, targets, driver):
+    with_driver(project, monkeypatch, driver)
     (project.mkdir("tests") / "test_plain.py").write_text(PLAIN)
     runs = tmp_path / "runs"
     monkeypatch.setenv("RUNS", str(runs))
@@ -409,7 +422,9 @@ def test_compile_items_are_compared_over_each_sides_own_kernel_file(project, tmp
     result.assert_outcomes(passed=5)
 
 
-def test_nothing_of_a_comparison_is_left_behind_but_its_reports(project, tmp_path):
+@pytest.mark.parametrize("driver", ["as this machine has it", "present"])
+def test_nothing_of_a_comparison_is_left_behind_but_its_reports(project, tmp_path, monkeypatch, driver):
+    with_driver(project, monkeypatch, driver)
     for args in (["--compare-to=HEAD"], ["--compare-to=HEAD", "gates/test_k.py::test_scaled"]):
         compare(project, *args)
     set_scale(project, "4")

@@ -170,8 +170,11 @@ def test_on_the_device():
 """
 
 
-def test_snapshot_update_says_why_it_stored_nothing(project, monkeypatch):
+@pytest.mark.parametrize("driver", ["as this machine has it", "present"])
+def test_snapshot_update_says_why_it_stored_nothing(project, monkeypatch, driver):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    if driver == "present":  # the run forks its pool's server and probes there; no device answers
+        (project.path / "conftest.py").write_text("import harness.device\n\nharness.device._driver_present = lambda: True\n")
     (project.path / "gates" / "test_k.py").write_text(NOTHING_TO_STORE)
     result = run(project, "--snapshot-update")
     result.assert_outcomes(passed=1, skipped=1)
