@@ -151,7 +151,8 @@ def test_a_moved_snapshot_is_one_message_without_the_harness_hook_source(project
 
 def test_snapshot_update_says_how_many_arms_of_which_gates_it_stored_where(project):
     result = run(project, "--snapshot-update")
-    result.stdout.fnmatch_lines(["snapshots: stored 2 arm(s) of 1 gate(s) under gates/__snapshots__"])
+    result.stdout.fnmatch_lines(["snapshots: stored 2 arm(s) of 1 gate(s) (gates/test_k.py::test_sum) under "
+                                 "gates/__snapshots__"])
 
 
 NOTHING_TO_STORE = """
