@@ -23,17 +23,18 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.compare.arms import GateComparison
-from harness.compare.report import table, write_reports
-from harness.compare.sides import Side, not_compared, not_compared_lines, report_today
-from harness.compare.tree import check_launchers, kernel_tree_at, ref_problem
 from harness.kinds import kinds_of, owned
 from harness.ref_launchers import LAUNCHERS_OF_ENV
 from harness.timing import DEFAULT_REPEAT, DEFAULT_WARMUP, TIMING_ENV
 from harness.usage import UsageError
+
+if TYPE_CHECKING:  # the comparison's own modules load only in a run that compares
+    from harness.compare.arms import GateComparison
+    from harness.compare.sides import Side
 
 
 def repeat_value(text: str) -> int:
@@ -106,6 +107,7 @@ def usage_problem(config: pytest.Config, ref: str) -> str | None:
     if config.getoption("harness_serve", False):
         return None
     from harness import _settings
+    from harness.compare.tree import ref_problem
     from harness.usage import writable_problem
 
     report_dir = config.getoption("harness_report", None) or _settings.report_root(config.rootpath)
@@ -153,6 +155,8 @@ def pytest_runtestloop(session: pytest.Session):
         others = f" ({len(items)} other test(s) ran as without --compare-to)" if items else ""
         _say(config, [f"compare to {ref}: no gate selected, nothing compared{others}"])
         return done
+    from harness.compare.sides import report_today
+
     found = compare(session, st, ref, gates)
     report_today(gates, found.today, {g.nodeid: g for g in found.gates}, found.unrun)
     if not config.getoption("compare_allow_differ"):
@@ -194,7 +198,9 @@ def compare(session: pytest.Session, st, ref: str, items: list[pytest.Item]) -> 
     what was found. The temporary folders (REF's tree, the arm outputs, the sides' runs) go on
     every way out."""
     from harness import _settings
-    from harness.compare.sides import compare_gate, settle
+    from harness.compare.report import table, write_reports
+    from harness.compare.sides import compare_gate, not_compared, not_compared_lines, settle
+    from harness.compare.tree import check_launchers, kernel_tree_at
     from harness.snapshots import ARMS_OUT_ENV, side_folder
 
     config = session.config
