@@ -22,11 +22,13 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     """The README's test command (`python -m pytest`, naming no path: the testpaths) on a
     machine with no NVIDIA driver spreads the harness's own tests over the CPUs (`-n auto`):
     most of them wait on child processes. Anything else runs as asked: a path or `-n` named,
-    `-p no:xdist`, `--pdb`, and a machine with a GPU, whose gates the pool already spreads
+    `-p no:xdist`, `--pdb`, `--compare-to` (it runs the gates itself, each tree's in runs of its
+    own, and refuses xdist), and a machine with a GPU, whose gates the pool already spreads
     over it (the harness's children name their gates, so they never spread)."""
     if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
             or config.args_source is not pytest.Config.ArgsSource.TESTPATHS or config.option.numprocesses is not None
-            or config.option.dist != "no" or config.option.usepdb or config.option.collectonly):
+            or config.option.dist != "no" or config.option.usepdb or config.option.collectonly
+            or getattr(config.option, "compare_to", None) is not None):
         return
     from harness.device import _driver_present
 

@@ -7,6 +7,11 @@ file and line of NVRTC's first error. Its report carries each kernel's registers
 bytes and shared memory as user properties (JUnit `<properties>`) and as a report section
 (`pytest -rA` prints it).
 
+An item compiles its file as found under the kernel root in place when it runs: a pool worker
+switched to another tree (a sandbox, a comparison's REF) compiles that tree's file at the same
+path. A comparison's side run over another tree collects today's node ids (the kernel root named
+in `HARNESS_LAUNCHERS_OF`, `harness.ref_launchers`) the same way.
+
 Collected two ways, by the plugin's hooks once a project has opted in:
 - `collect_file`: a `.cu` under the kernel root in a folder pytest visits
   (`pytest kernels_cu`, `pytest kernels_cu/x.cu`, or testpaths naming the kernel root);
@@ -30,6 +35,25 @@ def _kernel_root() -> Path:
     return _settings.current().kernel_root
 
 
+def _named_roots() -> tuple[Path, ...]:
+    """The kernel roots whose `.cu` files name compile items here: the kernel root, and in a
+    comparison's side run the one today's node ids name."""
+    import os
+
+    from harness.ref_launchers import LAUNCHERS_OF_ENV
+
+    today = os.environ.get(LAUNCHERS_OF_ENV)
+    return (_kernel_root(), *((Path(today),) if today else ()))
+
+
+def kernel_file(path: Path) -> str | None:
+    """`path` relative to the kernel root that names it (posix), or None when none does."""
+    for root in _named_roots():
+        if _under(path, root.resolve()):
+            return Path(path).resolve().relative_to(root.resolve()).as_posix()
+    return None
+
+
 def _under(path: Path, folder: Path) -> bool:
     try:
         return path.resolve().is_relative_to(folder)
@@ -50,11 +74,14 @@ class CompileItem(pytest.Item):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.add_marker(KIND)
+        self.kernel_file = kernel_file(self.path) or self.path.name  # its path in any kernel tree
 
     def runtest(self) -> None:
         from harness.compile import compile_file
 
-        mod = compile_file(self.path)  # the launcher's declared settings, as every tool reads them
+        # The file in the kernel tree in place now (this one, or the one a worker was switched to),
+        # with its launcher's declared settings, as every tool reads them.
+        mod = compile_file(_kernel_root() / self.kernel_file)
         lines = []
         for r in mod.resources:
             self.user_properties.append(
@@ -110,8 +137,9 @@ def set_aside_by_file(mod) -> str:
 
 
 def collect_file(file_path: Path, parent):
-    """A `.cu` under the kernel root that pytest's collection reaches, as a CuFile."""
-    if file_path.suffix == ".cu" and _under(file_path, _kernel_root()):
+    """A `.cu` under the kernel root (or the root today's node ids name, `_named_roots`) that
+    pytest's collection reaches, as a CuFile."""
+    if file_path.suffix == ".cu" and kernel_file(file_path) is not None:
         return CuFile.from_parent(parent, path=file_path)
     return None
 

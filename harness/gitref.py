@@ -29,3 +29,9 @@ def names_a_commit(repo: Path, ref: str) -> bool:
 def is_shallow(repo: Path) -> bool:
     check = _git(repo, "rev-parse", "--is-shallow-repository")
     return check is not None and check.stdout.strip() == "true"
+
+
+def has_path(repo: Path, ref: str, path: str) -> bool:
+    """Whether revision `ref` of `repo` holds `path` (relative to the repository's top; "" is the top)."""
+    check = _git(repo, "cat-file", "-e", f"{ref}:{path}")
+    return check is not None and check.returncode == 0

@@ -1,11 +1,19 @@
-"""Which runs are harness runs (`opt_in_reason`), which items are gates, and the gate
+"""Which runs are harness runs (`opt_in_reason`, `claim`), which items are gates, and the gate
 vocabulary (the markers) enforced on them at collection.
 
-A gate is an item the harness owns: a `.cu` compile item, an item under one of the ini
-`harness_gates` paths, an item that carries a harness marker (`gpu`, a kind, `deadline`,
-`memory_safety`, `names_faults`), or one that uses a harness fixture (`kernel_root`,
-`gpu_device`). Every other item is an ordinary test: the harness neither checks nor
-records it, and pytest runs it as it would without the plugin.
+A run is the harness's when it names a harness ini key, option or variable (`opt_in_reason`), or
+when it collects an item that can only be a gate (`claim`): one with a kind marker the project
+does not register as its own, or one using a harness fixture that really is the harness's (a
+project's own `kernel_root` fixture is the project's). `gpu`, `deadline`, `memory_safety` and
+`names_faults` qualify a gate and are common names (a project's own `@pytest.mark.gpu`): they
+never opt a run in by themselves.
+
+In a harness run a gate is an item the harness owns: a `.cu` compile item, an item under one of
+the ini `harness_gates` paths, an item that carries a harness marker (`gpu`, a kind, `deadline`,
+`memory_safety`, `names_faults`) that the project does not register as its own (ini `markers`,
+a conftest), or one that uses a harness fixture (`kernel_root`, `gpu_device`). Every other item
+is an ordinary test: the harness neither checks nor records it, and pytest runs it as it would
+without the plugin.
 
 Every gate carries exactly one kind marker (`anchor`, `link`, `invariance`, `determinism`,
 `refusal`, `trap`, `structural`; `compile` items carry theirs), as `--strict-markers` enforces known markers.
@@ -16,6 +24,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+import pytest
 
 from harness._settings import GATES_INI, INCLUDE_DIRS_INI, KERNEL_ROOT_ENV
 from harness.report import KINDS
@@ -72,12 +82,52 @@ def opt_in_reason(config) -> str | None:
     return None
 
 
-HARNESS_MARKERS = (*KINDS, "gpu", "deadline", "memory_safety", "names_faults")
+QUALIFIERS = ("gpu", "deadline", "memory_safety", "names_faults")  # qualify a gate; never claim a run alone
+HARNESS_MARKERS = (*KINDS, *QUALIFIERS)
 HARNESS_FIXTURES = ("kernel_root", "gpu_device")
+FIXTURES_MODULE = "harness.plugin"  # where the harness's own fixtures are defined
+
+gate_key = pytest.StashKey[bool]()  # on each item the harness owns, set at collection
+
+
+def owned(item) -> bool:
+    """Whether the harness took `item` as a gate at collection (`is_gate`)."""
+    return item.stash.get(gate_key, False)
 
 
 def kinds_of(item) -> list[str]:
     return [k for k in KINDS if item.get_closest_marker(k) is not None]
+
+
+def foreign_markers(config) -> frozenset[str]:
+    """Harness marker names that something else registers as its own in this run (the project's
+    ini `markers`, a conftest, another plugin): on a test, such a name is not the harness's word."""
+    ours = {f"{name}: {text}" for name, text in MARKERS.items()}
+    names = {line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers") if line not in ours}
+    return frozenset(names.intersection(HARNESS_MARKERS))
+
+
+def _harness_fixture(item, name: str) -> bool:
+    """`item` uses fixture `name` and it resolves to the harness's own, not a project's namesake."""
+    if name not in getattr(item, "fixturenames", ()):
+        return False
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.get(name) if info is not None else None
+    return bool(defs) and getattr(defs[-1].func, "__module__", None) == FIXTURES_MODULE
+
+
+def _markers(item, names, foreign: frozenset[str]) -> list[str]:
+    return [m for m in names if m not in foreign and item.get_closest_marker(m) is not None]
+
+
+def claim(item, foreign: frozenset[str] = frozenset()) -> str | None:
+    """Why `item` makes a run that has not opted in a harness run, or None: a kind marker the
+    project does not register itself, or a harness fixture (never a qualifier such as `gpu`)."""
+    kinds = _markers(item, KINDS, foreign)
+    if kinds:
+        return f"carries @pytest.mark.{kinds[0]}, a harness kind"
+    fixtures = [f for f in HARNESS_FIXTURES if _harness_fixture(item, f)]
+    return f"uses the harness fixture {fixtures[0]}" if fixtures else None
 
 
 def _under_any(path: Path, folders: tuple[Path, ...]) -> bool:
@@ -88,16 +138,16 @@ def _under_any(path: Path, folders: tuple[Path, ...]) -> bool:
     return any(resolved == f or resolved.is_relative_to(f) for f in folders)
 
 
-def is_gate(item, gate_paths: tuple[Path, ...] = ()) -> bool:
-    """Whether the harness owns `item` (module docstring)."""
-    if any(item.get_closest_marker(m) is not None for m in HARNESS_MARKERS):
+def is_gate(item, gate_paths: tuple[Path, ...] = (), foreign: frozenset[str] = frozenset()) -> bool:
+    """Whether the harness owns `item` in a harness run (module docstring)."""
+    if _markers(item, HARNESS_MARKERS, foreign):
         return True
-    if any(f in getattr(item, "fixturenames", ()) for f in HARNESS_FIXTURES):
+    if any(_harness_fixture(item, f) for f in HARNESS_FIXTURES):
         return True
     return bool(gate_paths) and _under_any(item.path, gate_paths)
 
 
-def kind_problems(gates) -> list[str]:
+def kind_problems(gates, foreign: frozenset[str] = frozenset()) -> list[str]:
     """One line per gate whose kind markers are not exactly one."""
     problems = []
     for item in gates:
@@ -107,17 +157,22 @@ def kind_problems(gates) -> list[str]:
         if kinds:
             problems.append(f"{item.nodeid}: has kinds {', '.join(kinds)}; a gate has exactly one: keep the one "
                             "its assertion makes")
-        else:
-            problems.append(f"{item.nodeid}: has no kind; mark it with exactly one of "
-                            f"{', '.join('@pytest.mark.' + k for k in KINDS if k != 'compile')}")
+            continue
+        line = (f"{item.nodeid}: has no kind; mark it with exactly one of "
+                f"{', '.join('@pytest.mark.' + k for k in KINDS if k != 'compile')}")
+        qualifiers = _markers(item, QUALIFIERS, foreign)
+        if qualifiers:  # a common name: it may be the project's own marker
+            name = qualifiers[0]
+            line += (f" (@pytest.mark.{name} makes it a gate in a harness run; if {name} is your project's own "
+                     f"marker, register it in your ini `markers` and the harness leaves a test that carries only "
+                     f"it alone, or run without the harness: -p no:harness.plugin)")
+        problems.append(line)
     return problems
 
 
-def check_kinds(gates) -> None:
+def check_kinds(gates, foreign: frozenset[str] = frozenset()) -> None:
     """Raise pytest.UsageError listing every gate with no kind or two."""
-    import pytest
-
-    problems = kind_problems(gates)
+    problems = kind_problems(gates, foreign)
     if problems:
         shown = problems[:20]
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""

@@ -3,8 +3,8 @@ isolation, failure routes, reports and the terminal summary. In lifecycle order.
 
 Installed, the plugin loads in every pytest run of the environment, so it stays inert until
 a project opts in (`opt_in_reason`): a harness ini key, a harness command-line option (or
-HARNESS_REQUIRE_GPU / HARNESS_KERNEL_ROOT), or a collected item that is a gate
-(`harness.kinds.is_gate`). Inert, it imports nothing heavy, checks nothing and writes
+HARNESS_REQUIRE_GPU / HARNESS_KERNEL_ROOT), or a collected item that can only be a gate
+(`harness.kinds.claim`: a kind marker or a harness fixture, never a common name such as `gpu`). Inert, it imports nothing heavy, checks nothing and writes
 nothing. Active, it owns the gates only; every other test runs as plain pytest runs it."""
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ import pytest
 from harness import _settings, coverage, cufiles, device, usage
 from harness._settings import GATES_INI
 from harness.gate_verdicts import Recorder, is_gpu, properties, props_of, run_facts, synthetic, worker_reports
-from harness.kinds import MARKERS, REQUIRE_GPU_ENV, check_kinds, is_gate, opt_in_reason
+from harness.kinds import (MARKERS, REQUIRE_GPU_ENV, check_kinds, claim, foreign_markers, gate_key, is_gate,
+                           opt_in_reason, owned)
 from harness.plugin_pool import (lanes_wanted, new_pool, plan_lanes, probe_beside_xdist, refuse_without_device, run_in_pool,
                                  start_pool)
 from harness.records import GateRecord, Outcome, Route
 from harness.report import classify_route, failure_message, first_line, write_reports
 
-# bit snapshots, comparisons and --shard, features of their own
-pytest_plugins = ["harness.snapshots", "harness.compare", "harness.shard"]
+# bit snapshots (and the line an update run ends with), comparisons and --shard, features of their own
+pytest_plugins = ["harness.snapshots", "harness.snapshot_tally", "harness.compare", "harness.shard"]
 if TYPE_CHECKING:
     from harness.pool import controller
 
@@ -139,6 +140,7 @@ class HarnessState:
         self.shadow_worker = None  # outside the trap lane (xdist): the worker trap gates run in the shadow in
         self.lanes = None  # harness.pool.lanes.Lanes, False where the run takes one lane; None: not planned yet
         self.gate_times = None  # harness.pool.lanes.GateTimes: what each GPU gate took, for the next split
+        self.notes: list[str] = []  # lines the summary says of a setting that runs but means less than it seems
 
 
 def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[float, str]:
@@ -225,13 +227,18 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
     except IncludeDirError as exc:
         raise pytest.UsageError(f"harness: {exc}") from None
     st.kernel_root, st.gate_paths = project.settings.kernel_root, project.gate_paths
+    if not st.serving:
+        st.notes += _setting_notes(config, st)
     if project.kernel_root_explicit and not st.serving:
         # Named on the command line or in the environment, a folder with no .cu is a slip; named
         # in the ini, it need only exist (a project may configure its tree before its first kernel).
-        problem = usage.kernel_root_problem(st.kernel_root, project.kernel_root_source,
-                                            needs_cu=not project.kernel_root_source.startswith("ini "))
+        named_in_ini = project.kernel_root_source.startswith("ini ")
+        problem = usage.kernel_root_problem(st.kernel_root, project.kernel_root_source, needs_cu=not named_in_ini)
         if problem:
             raise pytest.UsageError(f"harness: {problem}")
+        empty = usage.kernel_root_problem(st.kernel_root, project.kernel_root_source) if named_in_ini else None
+        if empty:  # it runs, but compiles nothing: the summary says so in one line
+            st.notes.append(f"harness: {empty}")
     if project.cache_source != "the default" and not st.serving:
         problem = usage.folder_problem(project.settings.cache_dir, project.cache_source, "the compiled cubins")
         if problem:
@@ -266,6 +273,21 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
         # Where a GPU may be, the server imports CuPy while this process collects. Forked from
         # here, before any collection: it has this process's imports and conftests already.
         st.pool = new_pool(st, config, fork=True)
+
+
+def _setting_notes(config: pytest.Config, st: HarnessState) -> list[str]:
+    """Settings that run but mean less than they seem, each a line for the summary."""
+    notes = []
+    for path in st.gate_paths:
+        if not path.exists():
+            shown = path.relative_to(config.rootpath) if path.is_relative_to(config.rootpath) else path
+            notes.append(f"harness: ini harness_gates names {shown} ({path}), which does not exist: no test is a gate "
+                         "by it; fix the path, or remove it")
+    if config.option.harness_lanes and st.is_controller:
+        notes.append(f"harness: --harness-lanes {config.option.harness_lanes} has no effect under xdist (-n): each "
+                     "xdist worker runs its GPU gates on a worker of its own, in order; drop -n to spread them over "
+                     "lanes")
+    return notes
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -319,20 +341,24 @@ def pytest_collection_modifyitems_in_pool_order(session: pytest.Session, config:
         return
     from harness.plugin_pool import pool_order
 
-    items[:] = pool_order(items, lambda it: _is_gate(it) and is_gpu(it))
+    items[:] = pool_order(items, lambda it: owned(it) and is_gpu(it))
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     st = _state(config)
-    gates = [it for it in items if is_gate(it, st.gate_paths)]
+    foreign = foreign_markers(config)  # harness marker names the project registers as its own
     if not st.active:
-        if not gates:
-            return  # no harness option, ini key or gate: this run is plain pytest's
+        why = next(((it, reason) for it in items if (reason := claim(it, foreign))), None)
+        if why is None:
+            return  # no harness option, ini key or item that can only be a gate: this run is plain pytest's
         # (no ini key opted it in, so there are no harness_gates paths: activation adds no gate)
-        _activate(config, f"{gates[0].nodeid} is a gate (a harness marker or fixture)", before_collection=False)
-    check_kinds(gates)  # one kind marker per gate, as --strict-markers for names
+        _activate(config, f"{why[0].nodeid} {why[1]}", before_collection=False)
+    gates = [it for it in items if is_gate(it, st.gate_paths, foreign)]
+    check_kinds(gates, foreign)  # one kind marker per gate, as --strict-markers for names
     for it in gates:
         it.stash[gate_key] = True
+        if it.get_closest_marker("deadline") is not None:
+            _deadline(it)  # a bad value is a usage error now, not mid-run (nor never, where GPU gates skip)
     if st.serving:
         return
     from harness.pool import controller
@@ -379,13 +405,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 # ------------------------------------------------------------------ running gates
 
 
-gate_key = pytest.StashKey[bool]()  # on each item the harness owns (harness.kinds.is_gate)
-
-
-def _is_gate(item: pytest.Item) -> bool:
-    return item.stash.get(gate_key, False)
-
-
 def _deadline(item: pytest.Item) -> tuple[float, str]:
     st = _state(item.config)
     marker = item.get_closest_marker("deadline")
@@ -422,8 +441,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     planned at the run's first item, whatever it is."""
     st = _state(item.config)
     if st.active and not st.serving and st.pool is not None and st.lanes is None:  # the run's first item
-        st.lanes = plan_lanes(st, item, _deadline, _is_gate) or False
-    if not st.active or st.serving or st.pool is None or not _is_gate(item) or not is_gpu(item) \
+        st.lanes = plan_lanes(st, item, _deadline, owned) or False
+    if not st.active or st.serving or st.pool is None or not owned(item) or not is_gpu(item) \
             or item.get_closest_marker("skip"):
         return None
     from harness.pool import controller
@@ -454,13 +473,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _is_gate(item):
+    if owned(item):
         coverage.begin(item.nodeid)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    if not _is_gate(item):  # an ordinary test: its reports are pytest's own
+    if not owned(item):  # an ordinary test: its reports are pytest's own
         yield
         return
     if call.when == "setup":
@@ -511,7 +530,7 @@ class _GateWatcher:
         if st is None or st.active or "kind" not in props_of(report):
             return
         self.config.pluginmanager.unregister(self)
-        _activate(self.config, f"{report.nodeid} is a gate (a harness marker or fixture)", before_collection=False)
+        _activate(self.config, f"{report.nodeid} is a gate (an xdist worker collected it as one)", before_collection=False)
         self.config.stash[recorder_key].pytest_runtest_logreport(report)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.kinds import is_gate
+from harness.kinds import owned
 
 SNAPSHOT_DIR = "__snapshots__"
 KEEP_WHOLE = 4096  # elements: an arm this small is stored whole, a larger one as a digest of its bits
@@ -35,8 +35,15 @@ PROPERTY = "snapshot"  # the user property (JUnit, gates.json) that says what th
 ARMS_OUT_ENV = "HARNESS_ARMS_OUT"
 
 
+STORED = re.compile(r"stored (\d+) arm\(s\) in (.+)")  # the property's text when --snapshot-update stored one
+
+
 class SnapshotMoved(AssertionError):
     """An arm output's bits differ from its snapshot's."""
+
+
+class SnapshotNotStored(RuntimeError):
+    """--snapshot-update could not write a gate's snapshot."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,11 +56,40 @@ def folder_of(item: pytest.Item) -> Path:
     return Path(item.path).parent / SNAPSHOT_DIR / Path(item.path).stem
 
 
-def _active(item: pytest.Item) -> bool:
-    from harness.plugin import state_key
+def place_problem(folder: Path) -> str | None:
+    """Why `folder` (a gate module's snapshot folder) cannot be made and written, or None."""
+    from harness.usage import writable_problem
 
-    st = item.config.stash.get(state_key, None)
-    return st is not None and st.active and is_gate(item, st.gate_paths)
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return f"{blocker} is a file: move it, or run without --snapshot-update"
+    unwritable = writable_problem(folder)
+    return f"{unwritable}: make it writable, or run without --snapshot-update" if unwritable else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--snapshot-update: every gate module's snapshot folder can be written, or one line before any gate runs."""
+    if not config.getoption("snapshot_update", False) or config.getoption("harness_serve", False):
+        return
+    seen = set()
+    for item in items:
+        folder = folder_of(item)
+        if folder in seen or not owned(item):
+            continue
+        seen.add(folder)
+        problem = place_problem(folder)
+        if problem:
+            raise pytest.UsageError(f"harness: --snapshot-update cannot store the bit snapshots of "
+                                    f"{shown_path(Path(item.path), config.rootpath)} in {shown_path(folder, config.rootpath)}: "
+                                    f"{problem}")
+
+
+def shown_path(path: Path, rootdir: Path) -> str:
+    try:
+        return Path(path).relative_to(rootdir).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def side_folder(out: Path, kernel_root: Path) -> Path:
@@ -67,7 +103,7 @@ def pytest_runtest_call(item: pytest.Item):
 
     update = bool(item.config.getoption("snapshot_update", False))
     out = os.environ.get(ARMS_OUT_ENV)
-    if not _active(item) or not (update or out or folder_of(item).is_dir()):
+    if not owned(item) or not (update or out or folder_of(item).is_dir()):
         return (yield)
     from harness import arms, timing
 
@@ -87,6 +123,15 @@ def pytest_runtest_call(item: pytest.Item):
     if outputs and not out:
         item.user_properties.append((PROPERTY, settle(item, outputs, update)))
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    rep = yield
+    if call.excinfo is not None and isinstance(call.excinfo.value, (SnapshotMoved, SnapshotNotStored)):
+        # the message alone, as assert_bits_eq's: the hook that raised it is no part of the gate
+        rep.longrepr = str(call.excinfo.value)
+    return rep
 
 
 def toolchain_key(modules: dict[str, list[str]]) -> tuple[str, dict]:
@@ -126,7 +171,11 @@ def settle(item: pytest.Item, outputs: dict, update: bool) -> str:
     folder = folder_of(item) / key
     path = folder / file_name(item.nodeid)
     if update:
-        write(folder, path, outputs, key=what)
+        try:
+            write(folder, path, outputs, key=what)
+        except OSError as exc:
+            raise SnapshotNotStored(f"bit snapshot {path}: not stored: {exc.strerror or exc}; make {folder} "
+                                    "writable, or run without --snapshot-update") from None
         return f"stored {len(outputs)} arm(s) in {path}"
     if not path.is_file():
         others = sorted(p.name for p in folder_of(item).iterdir() if p.is_dir() and p.name != key)
@@ -200,3 +249,4 @@ def compare(stored: dict, outputs: dict) -> list[str]:
             else:
                 lines += bits_mismatch_lines(name, array, from_bits(bits, array.dtype).reshape(array.shape)) or []
     return lines
+

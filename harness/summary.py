@@ -59,6 +59,8 @@ def trap_line(records: list[GateRecord]) -> str | None:
 
 
 def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
+    for note in getattr(st, "notes", ()):
+        terminalreporter.write_line(note)
     others = others_line(getattr(st, "others", {}))
     if not records:
         if others:

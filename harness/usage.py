@@ -103,6 +103,23 @@ def folder_problem(path: str | os.PathLike, option: str, holds: str) -> str | No
             f"for {holds} (it is created when missing)")
 
 
+def writable_problem(path: str | os.PathLike) -> str | None:
+    """Why no folder can be made or written at `path`, or None: tried by making (and removing) a
+    folder in its nearest existing parent, which a read-only place or a missing permission refuses
+    (permission bits alone do not say it: root passes them, a read-only mount does not)."""
+    import tempfile
+
+    target = Path(path).resolve()
+    parent = next((p for p in (target, *target.parents) if p.exists()), None)
+    if parent is None or not parent.is_dir():
+        return None  # a file in the way: folder_problem's to say
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".harness-probe-", dir=parent))
+    except OSError as exc:
+        return f"{parent} takes no new folder ({exc.strerror or exc})"
+    return None
+
+
 def kernel_root_problem(root: str | os.PathLike, option: str, needs_cu: bool = True) -> str | None:
     """An explicitly named kernel root (by `option`: an option, a variable or "ini kernel_root")
     must be a folder, holding at least one .cu file unless `needs_cu` is false."""
@@ -208,6 +225,10 @@ def check_configuration(config) -> None:
         problems.append(arch_problem(os.environ.get(_settings.ARCH_ENV), _settings.ARCH_ENV))
     if getattr(opt, "harness_report", None):
         problems.append(folder_problem(opt.harness_report, "--harness-report", "gates.json and summary.md"))
+        unwritable = writable_problem(opt.harness_report)
+        if unwritable:
+            problems.append(f"--harness-report {opt.harness_report} cannot be made: {unwritable}; pass a folder you "
+                            "can write to")
     problems.append(server_start_problem(os.environ.get(SERVER_START_ENV)))
     for problem in problems:
         if problem:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.compare import compare_arm, compare_sides, ordered
+from harness.compare.arms import compare_arm, compare_sides, ordered
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = ("-p", "harness.plugin")
@@ -110,7 +110,9 @@ def test_a_gate_a_side_gives_no_verdict_for_is_red_not_left_out(project):
     assert result.ret == 1, out
     assert "1 gate(s) not compared, each red: a side gave no verdict for it" in out
     line = next(x for x in result.stdout.lines if x.strip().startswith("gates/test_dies.py::test_dies_where_the_scale_moved: not compared"))
-    assert "today gave no verdict: not run (the pytest process exited -9 without a report" in line
+    assert "today gave no verdict: not run (the pytest process exited -9 without a report; its log: " \
+        "report/compare-today.log)" in line, line
+    assert (project.path / "report" / "compare-today.log").is_file()
     assert "REF gave no verdict" not in line  # REF's side ran it and passed
     assert "a side gave no verdict (not compared, so red: named below): gates/test_dies.py" in out
     assert "host-only gates" not in out  # not the idle gate's advice: the gate did not finish
@@ -119,7 +121,7 @@ def test_a_gate_a_side_gives_no_verdict_for_is_red_not_left_out(project):
 
 @pytest.mark.parametrize("ref", ["HEAD", "main", "v1", "sha"])
 def test_every_kind_of_revision_gives_the_kernel_tree_it_names_and_removes_it(project, ref):
-    from harness.compare import kernel_tree_at
+    from harness.compare.tree import kernel_tree_at
 
     ref = git(project.path, "rev-parse", "HEAD").strip() if ref == "sha" else ref
     (project.path / "kernels" / "k.cu").write_text("// today's, uncommitted\n")
@@ -299,11 +301,137 @@ def test_launchers_swap_in_place_and_back(tmp_path, monkeypatch):
     (["--compare-timing"], "--compare-timing belongs to a comparison: add --compare-to REF"),
     (["--compare-allow-differ"], "--compare-allow-differ belongs to a comparison"),
     (["--compare-to=HEAD", "--compare-timing", "--compare-repeat=0"], "--compare-repeat 0: give a count"),
+    (["--compare-to=HEAD", "--compare-timing", "--compare-repeat=x"], "--compare-repeat 'x': give a count"),
+    (["--compare-to=HEAD", "--compare-repeat=5"], "--compare-repeat 5 is the count of timed launches "
+                                                  "--compare-timing makes: add --compare-timing, or drop"),
+    (["--compare-to=HEAD", "--snapshot-update"], "--snapshot-update stores today's arms, --compare-to compares "
+                                                 "two trees' arms: run them one after the other"),
+    (["--compare-to="], "--compare-to needs a REF: a git revision"),
+    (["--compare-to=gates/test_k.py"], "--compare-to gates/test_k.py is a file: pass a folder holding the old "
+                                       "kernel tree, or a git revision"),
+    (["--compare-to=HEAD", "-n", "2"], "--compare-to runs the gates itself, each tree's in processes of its own: "
+                                       "drop -n/--dist"),
+    (["--compare-to=HEAD", "--sanitize=memcheck"], "--sanitize does not reach the runs --compare-to starts"),
+    (["--compare-to=HEAD", "--harness-real-traps"], "--harness-real-traps does not reach the runs --compare-to"),
+    (["--compare-to=HEAD", "--include-dir=gates"], "--include-dir does not reach the runs --compare-to starts: name "
+                                                   "the folders in the ini key harness_include_dirs"),
+    (["--compare-to=gates"], "--compare-to gates: the folder holds no .cu file"),
+    (["--compare-to=no-such-branch"], "--compare-to no-such-branch: no such revision in"),
 ])
-def test_timing_options_out_of_place_are_one_line(project, args, says):
+def test_comparison_options_out_of_place_are_one_line(project, monkeypatch, args, says):
+    monkeypatch.setenv("HARNESS_SANITIZER", "/bin/true")  # a compute-sanitizer is found: the combination is the error
     result = compare(project, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    err = result.stderr.str()
+    assert says in err, err
+    assert "Traceback" not in err and "collected" not in result.stdout.str()  # said before any collection
+
+
+def test_a_revision_without_the_kernel_root_is_one_line_before_anything_runs(project):
+    git(project.path, "mv", "kernels", "kernels2")
+    git(project.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "moved")
+    git(project.path, "mv", "kernels2", "kernels")
+    result = compare(project, "--compare-to=HEAD")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert says in result.stderr.str()
+    assert "--compare-to HEAD: HEAD has no kernels/; compare with a revision that has the kernel root" \
+        in result.stderr.str()
+    assert "collected" not in result.stdout.str()
+
+
+PLAIN = """
+import os
+from pathlib import Path
+
+
+def test_plain():
+    with open(Path(os.environ["RUNS"]), "a") as f:
+        f.write(f"{os.getpid()}\\n")
+"""
+
+
+DRIVER_PRESENT = "import harness.device\n\nharness.device._driver_present = lambda: True\n"
+
+
+def with_driver(project, monkeypatch, driver: str) -> None:
+    """Where a driver is present the run forks its pool's server at configure (and each side's
+    pytest too): the other path a comparison takes. Faked; no device answers (none is visible)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    if driver == "present":
+        (project.path / "conftest.py").write_text(DRIVER_PRESENT)
+
+
+@pytest.mark.parametrize("driver", ["as this machine has it", "present"])
+@pytest.mark.parametrize("targets", [["tests"], ["tests", "gates"]])
+def test_ordinary_tests_run_once_as_without_the_option(project, tmp_path, monkeypatch, targets, driver):
+    with_driver(project, monkeypatch, driver)
+    (project.mkdir("tests") / "test_plain.py").write_text(PLAIN)
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("RUNS", str(runs))
+    result = project.runpytest_subprocess(*PLUGIN, *targets, "--harness-report=report", "--compare-to=HEAD")
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    assert len(runs.read_text().splitlines()) == 1, runs.read_text()  # once, and by no side's run
+    if targets == ["tests"]:
+        result.assert_outcomes(passed=1)
+        assert "compare to HEAD: no gate selected, nothing compared (1 other test(s) ran as without --compare-to)" in out
+    else:
+        result.assert_outcomes(passed=4)  # the three gates, today's verdicts, and the ordinary test
+        assert "compare to HEAD: 3 gate(s), 3 arm(s): 3 same bits" in out
+        assert "1 other test(s), not gates (run as plain pytest runs them): 1 passed" in out
+
+
+REFUSES_REF = """
+import pytest
+
+
+def pytest_configure(config):
+    if "harness-compare-" in (config.getoption("kernel_root", None) or ""):
+        raise pytest.UsageError("this project runs no gate over a REF tree")
+"""
+
+
+def test_a_side_that_gave_no_verdict_says_why_in_its_own_words_on_the_terminal(project):
+    (project.path / "conftest.py").write_text(REFUSES_REF)
+    result = compare(project, "--compare-to=HEAD")
+    assert result.ret == 1
+    line = next(x for x in result.stdout.lines if x.strip().startswith("gates/test_k.py::test_scaled: not compared"))
+    assert "REF gave no verdict: not run (the pytest process exited 4 without a report; its pytest said: " \
+        "ERROR: this project runs no gate over a REF tree; its log: report/compare-ref.log)" in line, line
+    assert "ERROR: this project runs no gate over a REF tree" in (project.path / "report" / "compare-ref.log").read_text()
+
+
+def test_compile_items_are_compared_over_each_sides_own_kernel_file(project, tmp_path):
+    # a bare run collects the .cu compile items: unchanged against its own revision, every one is green
+    result = project.runpytest_subprocess(*PLUGIN, "--harness-report=report", "--compare-to=HEAD")
+    assert result.ret == 0, result.stdout.str()
+    result.assert_outcomes(passed=4)
+    (cu,) = [g for g in report(project)["gates"] if g["nodeid"] == "kernels/k.cu::compile"]
+    assert cu["ref_outcome"] == cu["today_outcome"] == "passed" and cu["kind"] == "compile"
+    assert "1 gate(s) with no arm output: compile gates give their verdict by compiling" in result.stdout.str()
+    # REF's side compiles REF's file: one that does not compile there, and a file new today
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "k.cu").write_text("#define SCALE 3\nthis is not C++\n")
+    (project.path / "kernels" / "new.cu").write_text('extern "C" __global__ void n() {}\n')
+    result = project.runpytest_subprocess(*PLUGIN, "--harness-report=report", f"--compare-to={old}")
+    gates = {g["nodeid"]: g for g in report(project)["gates"]}
+    assert gates["kernels/k.cu::compile"]["ref_outcome"] == "failed by compile"
+    assert gates["kernels/k.cu::compile"]["today_outcome"] == "passed"
+    assert gates["kernels/new.cu::compile"]["ref_outcome"] == "not in REF (new today)"
+    assert result.ret == 0, result.stdout.str()  # today's verdicts: every gate green, no arm moved
+    result.assert_outcomes(passed=5)
+
+
+@pytest.mark.parametrize("driver", ["as this machine has it", "present"])
+def test_nothing_of_a_comparison_is_left_behind_but_its_reports(project, tmp_path, monkeypatch, driver):
+    with_driver(project, monkeypatch, driver)
+    for args in (["--compare-to=HEAD"], ["--compare-to=HEAD", "gates/test_k.py::test_scaled"]):
+        compare(project, *args)
+    set_scale(project, "4")
+    assert compare(project, "--compare-to=HEAD").ret == 1  # red: still nothing of the sides kept
+    assert sorted(p.name for p in (project.path / "report").iterdir()) == [
+        "compare.json", "compare.md", "gates.json", "summary.md"]
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_a_host_gate_that_launches_nothing_and_records_nothing_says_so(project):
@@ -365,6 +493,7 @@ def test_the_materialised_tree_goes_on_ctrl_c_and_a_killed_worker(project, tmp_p
         assert "compare to HEAD: 1 gate(s)" in out, out
     assert list((tmp_path / "tmp").glob("harness-compare-*")) == [], out
     assert list((tmp_path / "tmp").glob("harness-arms-*")) == [], out
+    assert not (project.path / "report" / "compare").exists(), out  # no side's run folder either
 
 
 def test_an_arm_too_large_for_a_snapshot_is_still_compared_whole(project, tmp_path):
@@ -381,3 +510,49 @@ def test_large():
     (arm,) = gate["arms"]
     assert result.ret == 1 and arm["status"] == "differs" and arm["differing"] == 4999, arm
     assert arm["first"]["index"] == "[1]" and arm["first"]["ref"] == "5.0" and arm["first"]["today"] == "3.0"
+
+
+def test_this_repositorys_bare_run_under_compare_to_is_not_spread_over_xdist(tmp_path):
+    # With no driver, the repository's conftest spreads a bare run over the CPUs (-n auto); a
+    # comparison refuses xdist, so the conftest must leave a bare comparison in one process.
+    import os
+    import sys
+
+    (tmp_path / "no_driver_here.py").write_text("import harness.device\n\nharness.device._driver_present = lambda: False\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p),
+           "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no_driver_here", "-p", "no:cacheprovider", "-q",
+                             f"--compare-to={REPO / 'kernels_cu'}", "-k", "no_such_test_anywhere"],
+                            cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout + result.stderr
+    assert "no gate selected, nothing compared" in result.stdout
+
+
+READ_ONLY_ROOTDIR = """
+import os
+import tempfile
+
+_mkdtemp = tempfile.mkdtemp
+
+
+def _refuse_the_rootdir(*args, dir=None, **kwargs):  # as a read-only checkout does
+    if dir is not None and os.path.realpath(dir) == os.path.realpath(os.getcwd()):
+        raise OSError(30, "Read-only file system")
+    return _mkdtemp(*args, dir=dir, **kwargs)
+
+
+tempfile.mkdtemp = _refuse_the_rootdir
+"""
+
+
+def test_a_report_folder_that_cannot_be_made_is_one_line_before_anything_runs(project, tmp_path, monkeypatch):
+    import os
+
+    (tmp_path / "read_only_rootdir.py").write_text(READ_ONLY_ROOTDIR)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
+    result = project.runpytest_subprocess(*PLUGIN, "-p", "read_only_rootdir", "gates", "--compare-to=HEAD")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    assert f"--compare-to writes compare.json and compare.md to {project.path / 'harness-report'}, which cannot be " \
+           f"made: {project.path} takes no new folder (Read-only file system); pass --harness-report DIR" \
+        in result.stderr.str()
+    assert "collected" not in result.stdout.str()

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from harness import kernels, timing
-from harness.compare import GateComparison, compare_timing, nothing_compared, table
+from harness.compare.arms import GateComparison, compare_timing
+from harness.compare.report import nothing_compared, table
 
 
 class Clock:

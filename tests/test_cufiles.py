@@ -119,3 +119,33 @@ def test_the_table_counts_gates_by_kind_and_ordinary_tests_apart(project):
     assert rows == ["compile"], result.stdout.str()
     result.stdout.fnmatch_lines(["1 other test(s), not gates (run as plain pytest runs them): 1 passed"])
     assert "(no kind)" not in result.stdout.str()
+
+
+SWITCH_TREE = LOAD_PLUGIN + '''
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    from harness import _settings
+
+    _settings.configure(kernel_root=Path(os.environ["OTHER_TREE"]))  # as a pool worker switched to another tree
+'''
+
+
+def test_a_compile_item_compiles_the_file_of_the_kernel_tree_in_place_when_it_runs(project, tmp_path, monkeypatch):
+    # A warm worker runs a comparison's REF side (or a sandbox) by switching the kernel root, not
+    # by collecting again: the item must compile that tree's file at its path, not the one it was
+    # collected from.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "good.cu").write_text(BAD)
+    (other / "good.py").write_text('NAME_EXPRESSIONS = ()\n')
+    monkeypatch.setenv("OTHER_TREE", str(other))
+    project.makeconftest(SWITCH_TREE)
+    result = project.runpytest_subprocess("kernels/good.cu")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"{other / 'good.cu'}:2: does not compile"])

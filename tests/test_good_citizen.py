@@ -83,6 +83,36 @@ def test_gates_beside_ordinary_tests_only_the_gates_are_checked_and_counted(user
     assert result.ret == pytest.ExitCode.USAGE_ERROR  # a harness marker makes it a gate, wherever it lives
     assert "tests/test_marked.py::test_gpu_without_kind: has no kind" in result.stderr.str()
     assert "test_no_kind_needed" not in result.stderr.str()
+    # gpu is a common name: the message says how to keep it the project's own, or turn the harness off
+    assert "if gpu is your project's own marker, register it in your ini `markers`" in result.stderr.str()
+    assert "-p no:harness.plugin" in result.stderr.str()
+    user.makeini("[pytest]\nharness_gates = gates\nmarkers =\n    gpu: this project's own: needs a GPU\n")
+    result = user.runpytest_subprocess(*PLUGIN)  # registered, it is the project's: an ordinary test
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["*3 other test(s), not gates (run as plain pytest runs them): 2 passed, 1 failed*"])
+
+
+OWN_NAMES = {
+    "its own gpu marker": "import pytest\n\n@pytest.mark.gpu\ndef test_needs_gpu():\n    assert False\n",
+    "its own link marker, registered": "import pytest\n\n@pytest.mark.link\ndef test_link():\n    assert False\n",
+    "its own kernel_root fixture": "import pytest\n\n@pytest.fixture\ndef kernel_root():\n    return 'k'\n\n"
+                                   "def test_uses_it(kernel_root):\n    assert kernel_root == 'x'\n",
+}
+
+
+@pytest.mark.parametrize("what", list(OWN_NAMES))
+def test_a_project_that_never_opted_in_keeps_plain_pytest_results_whatever_its_names(user, tmp_path, what):
+    # a common marker name, a kind name the project registers, a fixture named as the harness's:
+    # none is the harness's, so the run is plain pytest's (exit 1, every test run), and inert
+    user.makepyfile(test_own=OWN_NAMES[what], test_plain=PLAIN)
+    user.makeini("[pytest]\nmarkers =\n    link: the project's own: a network link test\n")
+    before = _files(user.path)
+    result = user.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider", "--strict-markers")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=2, failed=1)
+    out = result.stdout.str() + result.stderr.str()
+    assert "harness" not in out.replace("plugins: harness", "")
+    assert _files(user.path) == before and not any((tmp_path / "tmp").iterdir())
 
 
 def test_a_harness_marker_alone_opts_a_project_in(user):

@@ -15,7 +15,7 @@ LAYERS = [
     {"harness.controls", "harness.mutate", "harness.compare"},  # the campaigns, side by side
     {"harness.runs"},  # the run layer both campaigns stand on
     {"harness.plugin", "harness.plugin_pool", "harness.gate_verdicts", "harness._serve", "harness.kinds",
-     "harness.summary", "harness.report", "harness.cufiles", "harness.snapshots"},
+     "harness.summary", "harness.report", "harness.cufiles", "harness.snapshots", "harness.snapshot_tally"},
     {"harness.pool"},  # the warm pool's processes
 ]
 # Everything else in harness/ is the base: records, compile, kernels, device, usage, ...

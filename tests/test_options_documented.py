@@ -61,7 +61,9 @@ def plugin_options() -> _Recorder:
     rec = _Recorder()
     plugin.pytest_addoption(rec)
     for name in plugin.pytest_plugins:
-        importlib.import_module(name).pytest_addoption(rec)
+        feature = importlib.import_module(name)
+        if hasattr(feature, "pytest_addoption"):  # a feature plugin may add no option (snapshot_tally)
+            feature.pytest_addoption(rec)
     return rec
 
 

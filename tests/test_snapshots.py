@@ -127,3 +127,101 @@ def test_arms_are_named_by_label_and_order_and_kept_only_when_armed():
     assert list(kept) == ["x", "x#1", "x#2", "y"] and kept["x#2"].tolist() == [3]
     arms.note("x", np.zeros(1))
     assert arms.end() == {}
+
+
+def failure_section(result, test: str) -> list[str]:
+    """The lines pytest printed for one failed test, under its `___ test ___` header."""
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if line.strip("_ ") == test)
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith(("___", "===", "- generated xml")))
+    return [line for line in lines[start + 1:end] if line.strip()]
+
+
+def test_a_moved_snapshot_is_one_message_without_the_harness_hook_source(project, monkeypatch):
+    run(project, "--snapshot-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("ARM_SHIFT", "1")
+    result = run(project)
+    result.assert_outcomes(failed=1)
+    section = failure_section(result, "test_sum")
+    assert section[0].startswith("bit snapshot ") and section[0].endswith(": the bits moved"), section
+    assert section[1] == "sum: 1 of 64 elements differ bitwise (float32)", section
+    assert section[-1] == "accept the new bits with --snapshot-update", section
+    assert len(section) < 20 and not any("snapshots.py" in line or "yield" in line for line in section), section
+
+
+def test_snapshot_update_says_how_many_arms_of_which_gates_it_stored_where(project):
+    result = run(project, "--snapshot-update")
+    result.stdout.fnmatch_lines(["snapshots: stored 2 arm(s) of 1 gate(s) (gates/test_k.py::test_sum) under "
+                                 "gates/__snapshots__"])
+
+
+NOTHING_TO_STORE = """
+import pytest
+
+
+@pytest.mark.structural
+def test_records_nothing():
+    assert True
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_on_the_device():
+    assert True
+"""
+
+
+@pytest.mark.parametrize("driver", ["as this machine has it", "present"])
+def test_snapshot_update_says_why_it_stored_nothing(project, monkeypatch, driver):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    if driver == "present":  # the run forks its pool's server and probes there; no device answers
+        (project.path / "conftest.py").write_text("import harness.device\n\nharness.device._driver_present = lambda: True\n")
+    (project.path / "gates" / "test_k.py").write_text(NOTHING_TO_STORE)
+    result = run(project, "--snapshot-update")
+    result.assert_outcomes(passed=1, skipped=1)
+    line = next(x for x in result.stdout.lines if x.startswith("snapshots: "))
+    assert line.startswith("snapshots: none stored: "), line
+    assert "1 GPU gate(s) skipped (GPU gate: " in line and "run on a machine with a CUDA device" in line, line
+    assert "1 gate(s) recorded no arm output (assert_bits_eq, assert_close and harness.record note them)" in line
+
+
+def test_snapshot_update_where_a_file_is_in_the_way_is_one_line(project):
+    (project.path / "gates" / "__snapshots__").write_text("not a folder\n")
+    result = run(project, "--snapshot-update")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = [x for x in result.stderr.lines if x.strip()]
+    assert len(err) == 1 and err[0].startswith("ERROR: harness: --snapshot-update cannot store the bit snapshots of "
+                                               "gates/test_k.py"), err
+    assert "is a file" in err[0]
+
+
+def test_a_snapshot_that_cannot_be_written_fails_its_gate_in_one_line(project):
+    run(project, "--snapshot-update").assert_outcomes(passed=1)
+    (stored,) = (project.path / "gates" / "__snapshots__").rglob("*.npz")
+    stored.unlink()
+    stored.mkdir()  # a folder where the file goes: the write itself fails, past every check before it
+    result = run(project, "--snapshot-update")
+    result.assert_outcomes(failed=1)
+    section = failure_section(result, "test_sum")
+    assert len(section) == 1 and section[0].startswith(f"bit snapshot {stored}: not stored: "), section
+    assert "run without --snapshot-update" in section[0]
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_a_snapshot_place_that_is_not_writable_is_named(tmp_path, monkeypatch, writable):
+    import tempfile
+
+    from harness.snapshots import place_problem
+
+    if not writable:  # a read-only place refuses a new folder (root passes permission bits: the test cannot chmod)
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    problem = place_problem(tmp_path / "gates" / "__snapshots__" / "test_k")
+    if writable:
+        assert problem is None
+        assert list(tmp_path.iterdir()) == []  # the probe left nothing
+    else:
+        assert problem == f"{tmp_path} takes no new folder (Permission denied): make it writable, or run without " \
+                          "--snapshot-update"
