@@ -195,10 +195,21 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+KEEP_A_CACHE = ("compile", "controls", "mutate", "bench", "cache")  # the commands HARNESS_CACHE_MAX bounds
+
+
 def main(argv: list[str] | None = None) -> int:
     from harness.commands import dispatch
+    from harness.cubin_cache import CACHE_MAX_ENV
+    from harness.usage import cache_max_problem
 
-    return dispatch(list(sys.argv[1:] if argv is None else argv), COMMANDS, usage(), "command")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in KEEP_A_CACHE and not {"-h", "--help"} & set(argv[1:]):
+        problem = cache_max_problem(os.environ.get(CACHE_MAX_ENV))
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    return dispatch(argv, COMMANDS, usage(), "command")
 
 
 if __name__ == "__main__":

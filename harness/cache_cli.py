@@ -4,6 +4,7 @@ make it keep less."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 
@@ -38,16 +39,17 @@ def _mb(n: int) -> str:
 def main(argv: list[str]) -> int:
     from harness import _settings
     from harness.compile_options import OPTIONS_FOLDER
-    from harness.cubin_cache import PRUNED_FOLDERS, SANDBOX_FOLDER, CacheLimitError, limit_bytes, prune, usage
+    from harness.cubin_cache import CACHE_MAX_ENV, PRUNED_FOLDERS, SANDBOX_FOLDER, limit_bytes, prune, usage
+    from harness.usage import cache_max_problem
 
     args = parser().parse_args(argv)
     project = _settings.resolve(cache_dir=args.cache_dir, rootdir=args.rootdir)
     cache = project.settings.cache_dir
-    try:
-        limit = limit_bytes()
-    except CacheLimitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    problem = cache_max_problem(os.environ.get(CACHE_MAX_ENV))
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
+    limit = limit_bytes()
     bound = _mb(limit) if limit else "none (HARNESS_CACHE_MAX=0)"
     if args.action == "info":
         u = usage(cache)

@@ -1,0 +1,122 @@
+"""Bad input on the compile path gets one clear line, from `python -m harness compile`, from
+the `.cu` compile items under pytest and from `harness.compile.compile_file`: what was wrong,
+where (file and line where there is one) and what to do. No traceback, no pytest internals,
+and nothing accepted silently. No GPU needed."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import harness
+from harness.compile import CompileError, compile_file
+
+IMPORT_ROOT = Path(harness.__file__).resolve().parents[1]
+KERNEL = 'extern "C" __global__ void plain(float* out) { out[threadIdx.x] = 2.0f; }\n'
+
+
+def child_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    for var in ("HARNESS_KERNEL_ROOT", "HARNESS_CACHE_MAX", "HARNESS_ARCH"):
+        env.pop(var, None)
+    env.update(extra)
+    return env
+
+
+def _without_file_permission_override():
+    """In the child before exec: drop the capabilities that let root read any file, so a
+    file with mode 000 is as unreadable to it as to any user."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP: exec then grants root no more than this set
+
+
+def run(args, cwd, *, env=None, unprivileged=False, timeout=300):
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env or child_env(), capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=_without_file_permission_override if unprivileged else None)
+
+
+def compile_cmd(root: Path, cache: Path, *extra, env=None, unprivileged=False):
+    return run(["-m", "harness", "compile", "--kernel-root", str(root), "--cache-dir", str(cache), *extra],
+               root.parent, env=env, unprivileged=unprivileged)
+
+
+def pytest_run(project: Path, *extra, env=None, unprivileged=False):
+    return run(["-m", "pytest", "-p", "no:cacheprovider", "-q", *extra], project, env=env, unprivileged=unprivileged)
+
+
+def one_line(result, *needles: str, stream: str = "stderr") -> str:
+    """The run failed with no traceback, and exactly one line of `stream` holds every needle."""
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert "Traceback" not in out and "_pytest" not in out and "pluggy" not in out, out
+    text = result.stderr if stream == "stderr" else result.stdout
+    lines = [line for line in text.splitlines() if all(n in line for n in needles)]
+    assert len(lines) == 1, (needles, out)
+    return lines[0]
+
+
+def failure_section(result, item: str) -> list[str]:
+    """The lines pytest prints for `item`'s failure, between its `___ item ___` header and the
+    next section."""
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("_") and f" {item} " in line)
+    body = []
+    for line in lines[start + 1:]:
+        if line.startswith(("___", "===", "---")):
+            break
+        body.append(line)
+    return [line for line in body if line.strip()]
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """A project whose pytest.ini names the kernel root `kernels/`, holding one plain kernel."""
+    p = tmp_path / "project"
+    (p / "kernels").mkdir(parents=True)
+    (p / "pytest.ini").write_text("[pytest]\nkernel_root = kernels\n")
+    (p / "kernels" / "k.cu").write_text(KERNEL)
+    return p
+
+
+@pytest.fixture
+def cache(tmp_path) -> Path:
+    return tmp_path / "cache"
+
+
+# ------------------------------------------------------------------ HARNESS_CACHE_MAX
+
+
+def test_a_cache_bound_that_is_not_a_size_is_refused_by_the_compile_command(project, cache):
+    result = compile_cmd(project / "kernels", cache, env=child_env(HARNESS_CACHE_MAX="banana"))
+    assert result.returncode == 2
+    one_line(result, "HARNESS_CACHE_MAX='banana' is not a size", "write e.g. HARNESS_CACHE_MAX=256M")
+    assert "modules compiled" not in result.stdout
+
+
+def test_a_cache_bound_that_is_not_a_size_is_a_usage_error_in_pytest(project):
+    result = pytest_run(project, env=child_env(HARNESS_CACHE_MAX="banana"))
+    assert result.returncode == 4  # pytest's usage error: nothing ran
+    one_line(result, "harness: HARNESS_CACHE_MAX='banana' is not a size", "write e.g. HARNESS_CACHE_MAX=256M")
+    assert "passed" not in result.stdout
+
+
+@pytest.mark.parametrize("command", [("cache", "info"), ("controls", "--static")])
+def test_every_command_that_keeps_a_cache_refuses_the_same_bad_bound_in_the_same_words(project, cache, command):
+    result = run(["-m", "harness", *command, "--cache-dir", str(cache)], project,
+                 env=child_env(HARNESS_CACHE_MAX="banana"))
+    assert result.returncode == 2
+    one_line(result, "HARNESS_CACHE_MAX='banana' is not a size", "write e.g. HARNESS_CACHE_MAX=256M")
+
+
+def test_a_cache_bound_that_is_a_size_is_accepted_by_compile_and_pytest(project, cache):
+    env = child_env(HARNESS_CACHE_MAX="64M")
+    assert compile_cmd(project / "kernels", cache, env=env).returncode == 0
+    assert pytest_run(project, env=env).returncode == 0
