@@ -34,7 +34,7 @@ def _compile_main(argv: list[str]) -> int:
 
     from harness import _settings
     from harness.arch import ArchError, resolve_arch
-    from harness.compile import CompileError, compile_file, find_sources
+    from harness.compile import CompileError, UnreadableSource, compile_file, find_sources, not_files
     from harness.modsettings import LauncherError
     from harness.toolchain import IncludeDirError, NvccNotFound
     from harness.usage import folder_problem, kernel_root_problem
@@ -63,7 +63,7 @@ def _compile_main(argv: list[str]) -> int:
     _settings.configure(kernel_root=root, cache_dir=settings.cache_dir, arch=args.arch,
                         include_dirs=settings.include_dirs)
     try:
-        sources = find_sources(root)
+        sources = sorted(find_sources(root) + not_files(root))
         arch = resolve_arch(args.arch)
     except (FileNotFoundError, ArchError) as exc:
         return usage_error(str(exc))
@@ -84,7 +84,7 @@ def _compile_main(argv: list[str]) -> int:
                                    use_cache=not args.no_cache)
             except (CompileError, LauncherError, IncludeDirError, NvccNotFound) as exc:
                 failures.append(str(exc) if isinstance(exc, CompileError) else f"{rel}: {exc}")
-                what = {CompileError: "compile error", LauncherError: "launcher error",
+                what = {CompileError: "compile error", LauncherError: "launcher error", UnreadableSource: "unreadable",
                         IncludeDirError: "include error", NvccNotFound: "nvcc not found"}[type(exc)]
                 table.add_row(escape(rel), f"[bold red]{what}[/]", "", "", "", "", "", "", "")
                 continue

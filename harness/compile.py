@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -57,6 +58,42 @@ class CompileError(Exception):
         if m:
             return Path(m.group(1)), int(m.group(2))
         return self.source, None
+
+
+class UnreadableSource(CompileError):
+    """The `.cu`, or a header it includes, cannot be read: a one-line message naming the
+    file, why, and what to do."""
+
+    def __init__(self, path: Path, message: str):
+        Exception.__init__(self, message)
+        self.source, self.log, self.options = path, message, ()
+
+    @classmethod
+    def of(cls, path: Path, exc: OSError | None, source: Path) -> "UnreadableSource":
+        """Why `path` (the `.cu` `source`, or a header it includes) cannot be read."""
+        header = path != source
+        if path.is_symlink() and not path.exists():
+            why = f"a symlink to {os.readlink(path)}, which does not exist: fix the link or remove it"
+        elif path.is_dir():
+            why = ("a folder, not a .cu file: every *.cu under the kernel root is compiled as a kernel file; "
+                   "rename it")
+        else:
+            reason = (exc.strerror if exc is not None and exc.strerror else str(exc)) if exc else "not a regular file"
+            fix = "drop the #include" if header else "move it out of the kernel root"
+            why = f"cannot be read ({reason}): make it readable (chmod a+r {path}), or {fix}"
+        if header:
+            head, _, fix = why.partition(": ")
+            why = f"{head}, and {source.name} includes it: {fix}"
+        return cls(path, f"{path}: {why}")
+
+
+@contextmanager
+def _reading(source: Path):
+    """An OSError while reading `source` or a header it reaches is an `UnreadableSource`."""
+    try:
+        yield
+    except OSError as exc:
+        raise UnreadableSource.of(Path(exc.filename) if exc.filename else source, exc, source) from None
 
 
 _LOG_ERROR = re.compile(r"^(.+?)\((\d+)\): (?:catastrophic )?error", re.MULTILINE)
@@ -134,6 +171,8 @@ def compile_file(
     path = Path(source)
     if not path.is_absolute():
         path = root / path
+    if not path.is_file() and (path.is_symlink() or path.exists()):
+        raise UnreadableSource.of(path, None, path)
     path = path.resolve()
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such .cu file under the kernel root {root}")
@@ -146,21 +185,22 @@ def compile_file(
     cache = Path(cache_dir) if cache_dir is not None else run_settings.cache_dir
     spellings = cache if use_cache else None  # cuda.core's option spellings, kept beside the cubins
     provisional = normalise_options(nvrtc_options(arch, ms, inc, spellings), inc)
-    text_source = _read_source(path, provisional)
-    closure, closure_files = closure_with_files(path, inc)
-    view = None
-    view_missing = False
-    if ms.device_view:
-        from harness.deviceview import DeviceViewError, available
+    with _reading(path):
+        text_source = _read_source(path, provisional)
+        closure, closure_files = closure_with_files(path, inc)
+        view = None
+        view_missing = False
+        if ms.device_view:
+            from harness.deviceview import DeviceViewError, available
 
-        view_missing = not available()
-    if ms.device_view and not view_missing:
-        from harness.closureview import closure_view
+            view_missing = not available()
+        if ms.device_view and not view_missing:
+            from harness.closureview import closure_view
 
-        try:
-            view = closure_view(path, text_source, inc, name_expressions)
-        except DeviceViewError as exc:
-            raise CompileError(path, str(exc), provisional, what="could not derive the device view of") from None
+            try:
+                view = closure_view(path, text_source, inc, name_expressions)
+            except DeviceViewError as exc:
+                raise CompileError(path, str(exc), provisional, what="could not derive the device view of") from None
     compiled_text = view.view.text if view is not None else text_source
     program = path
     if view is not None and view.headers_changed:  # the compiler reads the headers' views from a folder made on a miss
@@ -263,3 +303,11 @@ def find_sources(kernel_root: str | os.PathLike) -> list[Path]:
             "pass --kernel-root DIR to the folder holding your .cu files"
         )
     return sorted(p.resolve() for p in root.rglob("*.cu") if p.is_file())
+
+
+def not_files(kernel_root: str | os.PathLike) -> list[Path]:
+    """The `*.cu` entries under the kernel root that are not files (a broken symlink, a folder):
+    `find_sources` skips them, so the compile command and the compile items name them instead
+    (`compile_file` raises `UnreadableSource` for one)."""
+    root = Path(kernel_root)
+    return sorted(p.parent.resolve() / p.name for p in root.rglob("*.cu") if not p.is_file())

@@ -71,10 +71,12 @@ class CompileItem(pytest.Item):
                                                        + set_aside_by_file(mod))
 
     def repr_failure(self, excinfo, style=None):
-        from harness.compile import CompileError
+        from harness.compile import CompileError, UnreadableSource
         from harness.modsettings import LauncherError
 
         exc = excinfo.value
+        if isinstance(exc, UnreadableSource):
+            return str(exc)
         if isinstance(exc, CompileError):
             path, line = exc.location
             head = f"{path}:{line}: does not compile" if line else f"{path}: does not compile"
@@ -128,9 +130,9 @@ def add_unreached(collector, rep) -> None:
     if not root.is_dir():
         return
     reached = [Path(p).resolve() for p in getattr(collector, "_initialpaths", ())]
-    for source in sorted(p for p in root.rglob("*.cu") if p.is_file()):
-        if any(_under(source, r) for r in reached):
-            continue  # pytest's own collection reaches it through collect_file
-        if not source.resolve().is_relative_to(config.rootpath):
+    for source in sorted(root.rglob("*.cu")):
+        if source.is_file() and any(_under(source, r) for r in reached):
+            continue  # pytest's own collection reaches it through collect_file; never a broken link or a folder
+        if not (source.parent.resolve() / source.name).is_relative_to(config.rootpath):
             continue  # node ids are relative to the rootdir; a kernel root outside it is compiled by the command
-        rep.result.append(CuFile.from_parent(collector, path=source))
+        rep.result.append(CuFile.from_parent(collector, path=source.parent.resolve() / source.name))

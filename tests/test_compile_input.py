@@ -120,3 +120,89 @@ def test_a_cache_bound_that_is_a_size_is_accepted_by_compile_and_pytest(project,
     env = child_env(HARNESS_CACHE_MAX="64M")
     assert compile_cmd(project / "kernels", cache, env=env).returncode == 0
     assert pytest_run(project, env=env).returncode == 0
+
+
+# ------------------------------------------------------------------ a .cu or header that cannot be read
+
+
+def unreadable(path: Path) -> Path:
+    """`path` with mode 000, or a skip where this machine cannot make a file unreadable to a
+    child (root that may not drop its capabilities)."""
+    path.chmod(0)
+    probe = run(["-c", f"open({str(path)!r}).read()"], path.parent, unprivileged=True)
+    if probe.returncode == 0:
+        pytest.skip("a file with mode 000 stays readable to a child process on this machine")
+    return path
+
+
+@pytest.fixture
+def u_cu(project) -> Path:
+    cu = project / "kernels" / "u.cu"
+    cu.write_text(KERNEL)
+    return cu
+
+
+def test_an_unreadable_cu_is_one_line_in_the_compile_command_and_the_rest_compile(project, cache, u_cu):
+    (project / "kernels" / "b.cu").write_text(KERNEL.replace("plain", "other"))
+    cu = unreadable(u_cu)
+    result = compile_cmd(project / "kernels", cache, unprivileged=True)
+    assert result.returncode == 1
+    one_line(result, f"{cu}: cannot be read (Permission denied)", "make it readable")
+    assert "2 of 3 modules compiled" in result.stdout
+
+
+def test_an_unreadable_cu_fails_its_compile_item_in_one_line(project, u_cu):
+    unreadable(u_cu)
+    result = pytest_run(project, unprivileged=True)
+    assert result.returncode == 1
+    assert "1 failed, 1 passed" in result.stdout, result.stdout
+    (line,) = failure_section(result, "u.cu::compile")
+    assert line.startswith(f"{u_cu}: cannot be read (Permission denied)") and "make it readable" in line
+    assert "Traceback" not in result.stdout and "_pytest" not in result.stdout
+
+
+def test_an_unreadable_header_names_the_header_and_the_cu_that_includes_it(project, cache):
+    (project / "kernels" / "h.cuh").write_text("#pragma once\n#define TWO 2.0f\n")
+    (project / "kernels" / "k.cu").write_text('#include "h.cuh"\n' + KERNEL.replace("2.0f", "TWO"))
+    header = unreadable(project / "kernels" / "h.cuh")
+    result = compile_cmd(project / "kernels", cache, unprivileged=True)
+    assert result.returncode == 1
+    one_line(result, f"{header}: cannot be read (Permission denied)", "k.cu includes it", "make it readable")
+
+
+def test_a_cu_that_is_a_broken_symlink_is_named_not_skipped(project, cache):
+    link = project / "kernels" / "gone.cu"
+    link.symlink_to(project / "kernels" / "moved_away.cu")
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, f"{link}: a symlink to {project / 'kernels' / 'moved_away.cu'}, which does not exist",
+             "fix the link or remove it")
+    assert "1 of 2 modules compiled" in result.stdout
+    run_ = pytest_run(project)
+    assert run_.returncode == 1 and "1 failed, 1 passed" in run_.stdout, run_.stdout
+    (line,) = failure_section(run_, "gone.cu::compile")
+    assert "which does not exist" in line
+
+
+def test_a_folder_named_like_a_cu_file_is_named_not_skipped(project, cache):
+    (project / "kernels" / "odd.cu").mkdir()
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, f"{project / 'kernels' / 'odd.cu'}: a folder, not a .cu file", "rename it")
+
+
+def test_compile_file_raises_one_line_for_a_cu_it_cannot_read(tmp_path, monkeypatch):
+    (tmp_path / "k.cu").write_text(KERNEL)
+    real = Path.read_bytes
+
+    def denied(self):
+        if self.name == "k.cu":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(CompileError) as info:
+        compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
+    assert str(info.value).splitlines() == [
+        f"{tmp_path / 'k.cu'}: cannot be read (Permission denied): make it readable (chmod a+r "
+        f"{tmp_path / 'k.cu'}), or move it out of the kernel root"]
