@@ -19,10 +19,13 @@ headers reach the compiler through `harness.closureview`):
   struct, class or union definition with no `__global__` / `__device__` in it that no kept
   code names (a host `Timer`, an exception class); `using namespace` of a host library
   (torch, at, c10, pybind11);
-- **set aside**: every `#include` the include path cannot resolve (torch, ATen, cuBLAS,
-  the C++ standard library headers NVRTC lacks and the harness has no shim for), that
-  names a host-only library (`HOST_HEADERS`), or the device runtime API's header
-  (`DEVICE_RUNTIME_HEADERS`);
+- **set aside**: every `#include <...>` the include path cannot resolve (torch, ATen,
+  cuBLAS, the C++ standard library headers NVRTC lacks and the harness has no shim for),
+  every `#include` that names a host-only library (`HOST_HEADERS`), and the device runtime
+  API's header (`DEVICE_RUNTIME_HEADERS`). A quoted `#include "..."` of anything else is
+  the project's own header: kept, so a misspelled one is the compiler's error naming the
+  file and line, and one in a branch the preprocessor skips (`#ifdef USE_ROCM`) is left
+  out as the upstream build leaves it out;
 - **kept**: everything else, byte for byte: kernels, device functions, class templates,
   constants, macros, `#if` blocks (both branches: the preprocessor still chooses).
 
@@ -59,7 +62,7 @@ from typing import Callable
 
 from harness import cuda_syntax
 
-VERSION = "2"  # part of the cache key: bump when the rules change
+VERSION = "3"  # part of the cache key: bump when the rules change
 
 DEVICE_FUNCTION_MARKERS = cuda_syntax.DEVICE_MARKERS  # ("__global__", "__device__")
 DEVICE_VARIABLE_MARKERS = ("__device__", "__constant__", "__shared__", "__managed__", "__global__")
@@ -420,7 +423,7 @@ def _view(parsed: _Parsed, dropped: list[_Item], rescued: list[_Item]) -> Device
             reason = "a host-only library header"
         elif name in DEVICE_RUNTIME_HEADERS:
             reason = "the device runtime API, which needs relocatable device code the harness does not link"
-        elif unit.resolve(name, quoted) is None:
+        elif not quoted and unit.resolve(name, quoted) is None:
             reason = "not found on the include path; device code must not need it"
         else:
             continue

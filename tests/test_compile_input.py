@@ -206,3 +206,38 @@ def test_compile_file_raises_one_line_for_a_cu_it_cannot_read(tmp_path, monkeypa
     assert str(info.value).splitlines() == [
         f"{tmp_path / 'k.cu'}: cannot be read (Permission denied): make it readable (chmod a+r "
         f"{tmp_path / 'k.cu'}), or move it out of the kernel root"]
+
+
+# ------------------------------------------------------------------ quoted includes
+
+
+def test_a_misspelled_quoted_include_is_a_compile_error_naming_the_file_and_line(tmp_path):
+    (tmp_path / "real.h").write_text("#pragma once\n#define TWO 2.0f\n")
+    (tmp_path / "k.cu").write_text('// a kernel\n#include "raal.h"\n' + KERNEL)
+    with pytest.raises(CompileError) as info:
+        compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
+    head = str(info.value).splitlines()[0]
+    assert head == f'NVRTC could not compile {tmp_path / "k.cu"}: line 2: cannot open source file "raal.h"', head
+
+
+def test_a_misspelled_quoted_include_in_a_kernel_root_header_names_the_header_and_line(tmp_path):
+    (tmp_path / "common.cuh").write_text('#pragma once\n\n#include "helpres.cuh"\n')
+    (tmp_path / "k.cu").write_text('#include "common.cuh"\n' + KERNEL)
+    with pytest.raises(CompileError) as info:
+        compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
+    head = str(info.value).splitlines()[0]
+    assert head.endswith(f'{tmp_path / "common.cuh"} line 3: cannot open source file "helpres.cuh"'), head
+
+
+def test_a_quoted_include_the_preprocessor_skips_may_be_missing(tmp_path):
+    """The view does not evaluate `#if`: a quoted include of another platform's header stays
+    in the view, and the preprocessor leaves it out, as the upstream build does."""
+    (tmp_path / "k.cu").write_text('#ifdef USE_ROCM\n#include "hip_compat.h"\n#endif\n' + KERNEL)
+    mod = compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
+    assert [r.kernel for r in mod.resources] == ["plain"] and not mod.set_aside
+
+
+def test_a_quoted_include_of_a_host_library_is_still_set_aside(tmp_path):
+    (tmp_path / "k.cu").write_text('#include "torch/extension.h"\n' + KERNEL)
+    mod = compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
+    assert [s.what for s in mod.set_aside] == ['#include "torch/extension.h"']
