@@ -35,7 +35,8 @@ def _compile_main(argv: list[str]) -> int:
     from harness import _settings
     from harness.arch import ArchError, resolve_arch
     from harness.compile import CompileError, UnreadableSource, compile_file, find_sources, not_files
-    from harness.modsettings import LauncherError
+    from harness import kernelfile
+    from harness.modsettings import LauncherError, declared_settings
     from harness.toolchain import IncludeDirError, NvccNotFound
     from harness.usage import folder_problem, kernel_root_problem
 
@@ -96,8 +97,14 @@ def _compile_main(argv: list[str]) -> int:
             backend = mod.compiler
             details.append(f"{rel}: compiled by {mod.compiler} ({mod.backend_reason}); device view set aside: "
                            + ("nothing" if not mod.set_aside else "; ".join(map(str, mod.set_aside))))
+            problem = kernelfile.problem(mod, declared_settings(src).host_only, src.with_suffix(".py"))
+            if problem:  # compiled, but its gate proves nothing (or HOST_ONLY says otherwise)
+                failures.append(problem)
+                table.add_row(escape(rel), "[bold red]" + ("no kernel" if not mod.resources else "HOST_ONLY, yet "
+                              "kernels") + "[/]", "", "", "", cache, f"{mod.seconds:.2f}", backend, escape(aside))
+                continue
             if not mod.resources:
-                table.add_row(escape(rel), "(no kernels)", "", "", "", cache, f"{mod.seconds:.2f}", backend,
+                table.add_row(escape(rel), "(host-only: HOST_ONLY)", "", "", "", cache, f"{mod.seconds:.2f}", backend,
                               escape(aside))
             for i, r in enumerate(mod.resources):
                 spill = f"[bold red]{r.spill_bytes}[/]" if r.spill_bytes else "0"

@@ -52,9 +52,15 @@ class CompileItem(pytest.Item):
         self.add_marker(KIND)
 
     def runtest(self) -> None:
+        from harness import kernelfile
         from harness.compile import compile_file
+        from harness.modsettings import declared_settings
 
         mod = compile_file(self.path)  # the launcher's declared settings, as every tool reads them
+        host_only = declared_settings(self.path).host_only
+        problem = kernelfile.problem(mod, host_only, self.path.with_suffix(".py"))
+        if problem:
+            pytest.fail(problem, pytrace=False)
         lines = []
         for r in mod.resources:
             self.user_properties.append(
@@ -66,7 +72,8 @@ class CompileItem(pytest.Item):
         self.user_properties.append(("backend", f"{mod.compiler} ({mod.backend_reason})"))
         self.user_properties.append(("set aside", mod_set_aside(mod)))
         self.user_properties.append(("compile options", " ".join(mod.options)))
-        self.add_report_section("call", "resources", "\n".join(lines) or "(no kernels)")
+        self.add_report_section("call", "resources", "\n".join(lines) or (
+            f"none: host-only (HOST_ONLY = True in {self.path.with_suffix('.py')})"))
         self.add_report_section("call", "device view", f"backend: {mod.compiler} ({mod.backend_reason})\n"
                                                        + set_aside_by_file(mod))
 

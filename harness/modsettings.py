@@ -14,6 +14,7 @@ controls and campaigns) reads them here, so they all build the same cubin:
     INCLUDE_DIRS = ()      # extra include folders, relative to the launcher's folder
     COMPILER = "auto"      # "auto", "nvrtc" or "nvcc" (harness.backends: the backend rule)
     DEVICE_VIEW = True     # compile the device-only view of the file (harness.deviceview)
+    HOST_ONLY = False      # True: the file holds host code only, on purpose (harness.kernelfile)
 
 A `.cu` with no launcher compiles with the defaults. A constant of the wrong type is a
 `LauncherError` naming the launcher, the constant and an example.
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 CONSTANTS = ("NAME_EXPRESSIONS", "DEFINES", "FAST_MATH", "FTZ", "FMAD", "EXTRA_FLAGS", "INCLUDE_DIRS", "COMPILER",
-             "DEVICE_VIEW")
+             "DEVICE_VIEW", "HOST_ONLY")
 COMPILERS = ("auto", "nvrtc", "nvcc")
 
 
@@ -49,6 +50,7 @@ class ModuleSettings:
     include_dirs: tuple[Path, ...] = ()  # absolute
     compiler: str = "auto"
     device_view: bool = True
+    host_only: bool = False  # no compile option: what the compile gate expects of the cubin
     declared_in: str | None = field(default=None, compare=False)  # the launcher, for messages
 
     @property
@@ -200,5 +202,6 @@ def declared_settings(source: str | os.PathLike) -> ModuleSettings:
         include_dirs=include_dirs,
         compiler=compiler,
         device_view=_bool(launcher, "DEVICE_VIEW", g("DEVICE_VIEW", True)),
+        host_only=_bool(launcher, "HOST_ONLY", g("HOST_ONLY", False)),
         declared_in=str(launcher),
     )

@@ -241,3 +241,70 @@ def test_a_quoted_include_of_a_host_library_is_still_set_aside(tmp_path):
     (tmp_path / "k.cu").write_text('#include "torch/extension.h"\n' + KERNEL)
     mod = compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
     assert [s.what for s in mod.set_aside] == ['#include "torch/extension.h"']
+
+
+# ------------------------------------------------------------------ a .cu that compiles to no kernel
+
+HOST_ONLY_CU = "#include <vector>\nint count(const std::vector<int>& v) { return (int)v.size(); }\n"
+TEMPLATE_CU = ("template <int N>\n__global__ __launch_bounds__(N) void scale(float* x) { x[threadIdx.x] *= N; }\n"
+               "void launch(float* x) { scale<128><<<1, 128>>>(x); }\n")
+
+
+def test_a_cu_with_only_host_code_fails_the_compile_command_saying_it_holds_no_kernel(project, cache):
+    (project / "kernels" / "host.cu").write_text(HOST_ONLY_CU)
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, f"{project / 'kernels' / 'host.cu'}: compiled to no kernel: no __global__ function in it or "
+                     "the headers it includes (the device view set aside 2 host items)",
+             f"declare HOST_ONLY = True in {project / 'kernels' / 'host.py'}")
+    assert "1 of 2 modules compiled" in result.stdout
+
+
+def test_a_cu_with_only_host_code_fails_its_compile_item_in_one_line(project):
+    (project / "kernels" / "host.cu").write_text(HOST_ONLY_CU)
+    result = pytest_run(project)
+    assert result.returncode == 1 and "1 failed, 1 passed" in result.stdout, result.stdout
+    (line,) = failure_section(result, "host.cu::compile")
+    assert "compiled to no kernel" in line and "HOST_ONLY = True" in line
+
+
+def test_a_cu_whose_kernels_are_templates_nothing_instantiates_names_them_and_name_expressions(project, cache):
+    (project / "kernels" / "tmpl.cu").write_text(TEMPLATE_CU)
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, f"{project / 'kernels' / 'tmpl.cu'}: compiled to no kernel: its kernels are templates that "
+                     "only host code instantiated (scale, line 2), and the device view set that aside",
+             f"NAME_EXPRESSIONS in {project / 'kernels' / 'tmpl.py'}", 'e.g. NAME_EXPRESSIONS = ("scale<...>",)')
+
+
+def test_naming_the_instances_gives_the_kernels_and_a_green_compile(project, cache):
+    (project / "kernels" / "tmpl.cu").write_text(TEMPLATE_CU)
+    (project / "kernels" / "tmpl.py").write_text('NAME_EXPRESSIONS = ("scale<128>",)\n')
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 0, result.stderr
+    assert "scale<128>" in " ".join(result.stdout.split()) or "_Z5scale" in result.stdout
+
+
+def test_a_host_only_cu_declared_in_its_launcher_compiles_green_and_says_so(project, cache):
+    (project / "kernels" / "host.cu").write_text(HOST_ONLY_CU)
+    (project / "kernels" / "host.py").write_text("HOST_ONLY = True  # the extension's bindings: no kernel\n")
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 0, result.stderr
+    assert "(host-only: HOST_ONLY)" in result.stdout
+    run_ = pytest_run(project, "-rA")
+    assert run_.returncode == 0 and "2 passed" in run_.stdout, run_.stdout
+    assert "host-only (HOST_ONLY = True in" in run_.stdout
+
+
+def test_host_only_declared_for_a_cu_with_kernels_fails_naming_them(project, cache):
+    (project / "kernels" / "k.py").write_text("HOST_ONLY = True\n")
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, f"{project / 'kernels' / 'k.py'} declares HOST_ONLY = True, but",
+             "compiles to kernels: plain", "remove HOST_ONLY")
+
+
+def test_host_only_must_be_true_or_false(project, cache):
+    (project / "kernels" / "k.py").write_text('HOST_ONLY = "yes"\n')
+    result = compile_cmd(project / "kernels", cache)
+    one_line(result, "HOST_ONLY must be True or False, got 'yes'")
