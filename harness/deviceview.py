@@ -26,6 +26,10 @@ headers reach the compiler through `harness.closureview`):
   the project's own header: kept, so a misspelled one is the compiler's error naming the
   file and line, and one in a branch the preprocessor skips (`#ifdef USE_ROCM`) is left
   out as the upstream build leaves it out;
+- **stand-in**: the line of each set-aside `#include` (not the device runtime's) includes
+  `STANDIN_HEADER` instead: what device code commonly got through a host header (the
+  standard integer types, size_t, limits, type traits, the min/max family, `__half`,
+  `__nv_bfloat16`) stays declared where the host header declared it;
 - **kept**: everything else, byte for byte: kernels, device functions, class templates,
   constants, macros, `#if` blocks (both branches: the preprocessor still chooses).
 
@@ -62,7 +66,7 @@ from typing import Callable
 
 from harness import cuda_syntax
 
-VERSION = "3"  # part of the cache key: bump when the rules change
+VERSION = "4"  # part of the cache key: bump when the rules change
 
 DEVICE_FUNCTION_MARKERS = cuda_syntax.DEVICE_MARKERS  # ("__global__", "__device__")
 DEVICE_VARIABLE_MARKERS = ("__device__", "__constant__", "__shared__", "__managed__", "__global__")
@@ -73,14 +77,22 @@ HOST_HEADERS = frozenset({"Python.h", "curand.h", "cuda_profiler_api.h", "iostre
                           "string", "map", "unordered_map", "set", "unordered_set", "memory", "thread", "mutex",
                           "chrono", "random", "stdexcept", "exception", "cstdlib", "stdlib.h", "cstring", "string.h",
                           "iomanip", "ostream", "istream", "list", "deque", "optional", "tuple", "functional",
-                          "algorithm", "numeric", "cstdio"})
-# cstdio: printf is built into NVRTC; the shim is for files that only include it.
+                          "numeric", "cstdio"})
+# cstdio: printf is built into NVRTC; the shim is for files that only include it. <algorithm>
+# is not here: its min/max family is device code too (harness/shims/algorithm under NVRTC).
 
 
 # The device runtime API (kernels launching kernels) needs relocatable device code linked
 # with cudadevrt, which the harness does not do; under NVRTC its header does not even open
 # (it includes crt/ headers the runtime wheel lacks). nvcc's cuda_runtime.h includes it anyway.
 DEVICE_RUNTIME_HEADERS = frozenset({"cuda_device_runtime_api.h"})
+
+
+# What device code may still need from a set-aside host header (the standard integer types,
+# the min/max family, __half...): harness/standin/, on the include path of both compilers.
+# Each set-aside #include's line includes it instead, so those names are declared where the
+# host header declared them, and the file keeps its line numbers.
+STANDIN_HEADER = "harness_set_aside.h"
 
 
 def is_host_header(name: str) -> bool:
@@ -412,6 +424,7 @@ def _view(parsed: _Parsed, dropped: list[_Item], rescued: list[_Item]) -> Device
         spans.append((it.node.start_byte, end))
     kept_host = tuple(SetAside(it.node.start_point[0] + 1, _what(src, it), "host-only, kept: kept code names it",
                                unit.label) for it in rescued)
+    standins = []  # set-aside includes whose line includes STANDIN_HEADER instead
 
     for inc in parsed.includes:
         if any(s <= inc.start_byte < e for s, e in spans):
@@ -433,9 +446,11 @@ def _view(parsed: _Parsed, dropped: list[_Item], rescued: list[_Item]) -> Device
         if src[end - 1:end] == b"\n":
             end -= 1
         spans.append((inc.start_byte, end))
+        if name not in DEVICE_RUNTIME_HEADERS:
+            standins.append((inc.start_byte, end))
 
     set_aside.sort(key=lambda s: s.line)
-    view = _blank(src, sorted(spans)).decode("utf-8") if spans else unit.text
+    view = _blank(src, sorted(spans), standins).decode("utf-8") if spans else unit.text
     return DeviceView(view, tuple(set_aside), kept_host)
 
 
@@ -444,10 +459,14 @@ def _is_prototype(node) -> bool:
                                                for c in node.children_by_field_name("declarator") or [])
 
 
-def _blank(src: bytes, spans) -> bytes:
+def _blank(src: bytes, spans, standins=()) -> bytes:
+    """`src` with every span blanked (newlines kept); a span in `standins` (a set-aside
+    `#include`, on one line) holds `#include <STANDIN_HEADER>` instead."""
     out = bytearray(src)
     for s, e in spans:
         for i in range(s, e):
             if out[i] not in (0x0A,):
                 out[i] = 0x20
+    for s, e in sorted(standins, reverse=True):  # from the end: a longer line moves nothing before it
+        out[s:e] = f"#include <{STANDIN_HEADER}>".encode()
     return bytes(out)
