@@ -418,3 +418,37 @@ def test_nvrtcs_log_and_cubin_are_read_into_buffers_of_their_own_never_a_shared_
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "'' True 32 a b\n", repr(proc.stdout)
+
+
+# ------------------------------------------------------------------ an upstream build's nvcc flags
+
+# A torch extension's setup.py passes these to nvcc (causal-conv1d's and fast-hadamard-transform's).
+UPSTREAM_NVCC_FLAGS = ("-O3", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+                       "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
+                       "--ptxas-options=-v", "-lineinfo", "--threads", "4")
+RELAXED_CONSTEXPR = textwrap.dedent("""\
+    constexpr int twice(int n) { return 2 * n; }
+    template <int N> struct Traits { static constexpr int kSmem = twice(N); };
+    extern "C" __global__ void k(float* out) { out[threadIdx.x] = Traits<64>::kSmem + twice(threadIdx.x); }
+    """)
+
+
+def test_an_upstream_builds_nvcc_flags_are_taken_by_nvrtc_as_nvrtc_spells_them(tmp_path):
+    (tmp_path / "k.cu").write_text(RELAXED_CONSTEXPR)
+    (tmp_path / "k.py").write_text(f"FAST_MATH = True\nEXTRA_FLAGS = {UPSTREAM_NVCC_FLAGS!r}\n")
+    mod = compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
+    assert mod.backend == "nvrtc" and [r.kernel for r in mod.resources] == ["k"]
+    extra = mod.options[mod.options.index("--std=c++17") + 1:]
+    assert extra == ("-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-default-device",
+                     "--use_fast_math", "--ptxas-options=-v", "-lineinfo"), extra
+
+
+def test_nvcc_gets_an_upstream_builds_flags_verbatim(tmp_path):
+    from harness import toolchain
+
+    if toolchain.find_nvcc() is None:
+        pytest.skip("nvcc is not installed here")
+    (tmp_path / "k.cu").write_text(RELAXED_CONSTEXPR)
+    (tmp_path / "k.py").write_text(f"COMPILER = 'nvcc'\nEXTRA_FLAGS = {UPSTREAM_NVCC_FLAGS!r}\n")
+    mod = compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
+    assert mod.backend == "nvcc" and mod.options[-len(UPSTREAM_NVCC_FLAGS):] == UPSTREAM_NVCC_FLAGS
