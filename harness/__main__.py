@@ -36,6 +36,7 @@ def _compile_main(argv: list[str]) -> int:
     from harness.arch import ArchError, resolve_arch
     from harness.compile import CompileError, UnreadableSource, compile_file, find_sources, not_files
     from harness import kernelfile
+    from harness.deviceview import grouped
     from harness.modsettings import LauncherError, declared_settings
     from harness.toolchain import IncludeDirError, NvccNotFound
     from harness.usage import folder_problem, kernel_root_problem
@@ -96,7 +97,7 @@ def _compile_main(argv: list[str]) -> int:
                 f"{len(headers)} header{'s' if len(headers) > 1 else ''})")
             backend = mod.compiler
             details.append(f"{rel}: compiled by {mod.compiler} ({mod.backend_reason}); device view set aside: "
-                           + ("nothing" if not mod.set_aside else "; ".join(map(str, mod.set_aside))))
+                           + ("nothing" if not mod.set_aside else "; ".join(grouped(mod.set_aside))))
             problem = kernelfile.problem(mod, declared_settings(src).host_only, src.with_suffix(".py"))
             if problem:  # compiled, but its gate proves nothing (or HOST_ONLY says otherwise)
                 failures.append(problem)

@@ -267,13 +267,15 @@ def compile_file(
                 "installed (pip install tree-sitter tree-sitter-cuda; on a machine with no registry, carry their "
                 "wheels), so host code and host-only includes were not set aside")
         if set_aside:
+            from harness.deviceview import grouped
+
             log_text = log_text.rstrip() + (
                 "\n\nthe device view set aside (if device code needs one of these, see docs/your-kernels.md, "
-                "'Host code'):\n" + "\n".join(f"  {s}" for s in set_aside))
+                "'Host code'):\n" + "\n".join(f"  {s}" for s in grouped(set_aside)))
         if view is not None and view.kept_host:
             log_text = log_text.rstrip() + (
-                "\n\nkept although host-only, because kept code names them (device code cannot call or read host "
-                "code: give it __device__, or a __device__ twin):\n" + "\n".join(f"  {s}" for s in view.kept_host))
+                "\n\nkept although host-only, because kept code names them (each with what makes it usable in "
+                "device code):\n" + "\n".join(f"  {s}" for s in view.kept_host))
         raise CompileError(path, log_text, options,
                            what="nvcc could not compile" if backend == "nvcc" else "NVRTC could not compile") from None
     finally:

@@ -103,18 +103,24 @@ class CompileItem(pytest.Item):
 def mod_set_aside(mod) -> str:
     """What the device view set aside, one line ("nothing" when the file is device code only);
     an item of a kernel-root header starts with the header's path."""
-    return "; ".join(str(s) for s in mod.set_aside) if mod.set_aside else "nothing"
+    from harness.deviceview import grouped
+
+    return "; ".join(grouped(mod.set_aside)) if mod.set_aside else "nothing"
 
 
 def set_aside_by_file(mod) -> str:
     """What the device view set aside, a block per file (the `.cu`, then each kernel-root
     header), one item a line."""
+    from dataclasses import replace
+
+    from harness.deviceview import grouped
+
     if not mod.set_aside:
         return "set aside: nothing"
     lines = []
     for file in dict.fromkeys(s.file for s in mod.set_aside):
         lines.append(f"set aside in {file or mod.source.name}:")
-        lines += [f"  line {s.line}: {s.what} ({s.reason})" for s in mod.set_aside if s.file == file]
+        lines += [f"  {g}" for g in grouped([replace(s, file="") for s in mod.set_aside if s.file == file])]
     return "\n".join(lines)
 
 
