@@ -48,6 +48,10 @@ def _compile_main(argv: list[str]) -> int:
         print(f"error: {text}", file=sys.stderr)
         return 2
 
+    if args.arch is not None and not args.arch.strip():
+        return usage_error("--arch is empty: pass e.g. --arch sm_90, or leave it out (then HARNESS_ARCH, else the "
+                           "device's arch, else sm_90)")
+
     try:
         _, settings = _settings.project_settings(kernel_root=args.kernel_root, cache_dir=args.cache_dir, arch=args.arch,
                                                  include_dir=args.include_dir)

@@ -37,15 +37,22 @@ from harness.trap_shadow import TRAP_SHADOW_PREAMBLE
 class CompileError(Exception):
     """A `.cu` did not compile. The message carries NVRTC's log and the options used."""
 
-    def __init__(self, source: Path, log: str, options: tuple[str, ...], what: str = "NVRTC could not compile"):
+    def __init__(self, source: Path, log: str, options: tuple[str, ...], what: str = "NVRTC could not compile",
+                 name_expressions: tuple[str, ...] = (), launcher: str | None = None):
         self.source = source
         self.log = log
         self.options = options
         first = _LOG_ERROR_LINE.search(log)
         head = f"{what} {source}"
-        if first:
+        if first and first.group(1) == _NAME_MAP:  # NVRTC's own file of the name expressions
+            head += (f": NAME_EXPRESSIONS{f' in {launcher}' if launcher else ''} {tuple(name_expressions)!r} names "
+                     f"something {Path(source).name} does not define: {first.group(3).strip()}")
+        elif first:
             where = "" if first.group(1) == str(source) else f"{first.group(1)} "
             head += f": {where}line {first.group(2)}: {first.group(3).strip()}"
+        elif _LOG_OPTION_ERROR.search(log):  # an option, not a line: EXTRA_FLAGS, a --pre-include
+            m = _LOG_OPTION_ERROR.search(log)
+            head += f": {m.group(1) or ''}{m.group(2).strip()}"
         lines = [head, "", log.rstrip() or "(NVRTC printed no log)", ""]
         lines.append("options: " + " ".join(options))
         super().__init__("\n".join(lines))
@@ -97,6 +104,8 @@ def _reading(source: Path):
 
 
 _LOG_ERROR = re.compile(r"^(.+?)\((\d+)\): (?:catastrophic )?error", re.MULTILINE)
+_LOG_OPTION_ERROR = re.compile(r"^(?:(nvrtc: )error: |Command-line error: )(.*)$", re.MULTILINE)
+_NAME_MAP = "__nv_name_map"
 _LOG_ERROR_LINE = re.compile(r"^(.+?)\((\d+)\): (?:catastrophic )?error: ?(.*)$", re.MULTILINE)
 
 
@@ -128,13 +137,21 @@ class CompiledModule:
 def _read_source(path: Path, options: tuple[str, ...]) -> str:
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise CompileError(path, f"{path}({line}): error: byte 0x{data[exc.start]:02x} at column {column} is not "
-                                 "UTF-8: NVRTC reads sources as UTF-8; save the file as UTF-8 (or remove the byte)",
-                           options, what="could not read") from None
+        raise _bad_byte(path, data, exc.start, "is not UTF-8: NVRTC reads sources as UTF-8; save the file as UTF-8 "
+                                               "(or remove the byte)", options) from None
+    if "\0" in text:  # NVRTC and the syntax tree would stop reading there
+        raise _bad_byte(path, data, data.index(b"\0"), "is a NUL: a source file holds text; remove it (a file "
+                                                       "half-written, or not source at all?)", options)
+    return text
+
+
+def _bad_byte(path: Path, data: bytes, at: int, why: str, options) -> CompileError:
+    line = data.count(b"\n", 0, at) + 1
+    column = at - (data.rfind(b"\n", 0, at) + 1) + 1
+    return CompileError(path, f"{path}({line}): error: byte 0x{data[at]:02x} at column {column} {why}", options,
+                        what="could not read")
 
 
 # ---------------------------------------------------------------- the entry point
@@ -277,7 +294,8 @@ def compile_file(
                 "\n\nkept although host-only, because kept code names them (each with what makes it usable in "
                 "device code):\n" + "\n".join(f"  {s}" for s in view.kept_host))
         raise CompileError(path, log_text, options,
-                           what="nvcc could not compile" if backend == "nvcc" else "NVRTC could not compile") from None
+                           what="nvcc could not compile" if backend == "nvcc" else "NVRTC could not compile",
+                           name_expressions=name_expressions, launcher=ms.declared_in) from None
     finally:
         if inc.view is not None:
             shutil.rmtree(inc.view, ignore_errors=True)

@@ -56,6 +56,11 @@ class CompileItem(pytest.Item):
         from harness.compile import compile_file
         from harness.modsettings import declared_settings
 
+        root = _kernel_root()
+        if not _under(self.path, root):
+            pytest.fail(f"{self.path} is not under the kernel root {root}: the compile gates compile the kernel "
+                        "root's .cu files; pass --kernel-root DIR (or set the ini key kernel_root) to its folder",
+                        pytrace=False)
         mod = compile_file(self.path)  # the launcher's declared settings, as every tool reads them
         host_only = declared_settings(self.path).host_only
         problem = kernelfile.problem(mod, host_only, self.path.with_suffix(".py"))
@@ -125,8 +130,10 @@ def set_aside_by_file(mod) -> str:
 
 
 def collect_file(file_path: Path, parent):
-    """A `.cu` under the kernel root that pytest's collection reaches, as a CuFile."""
-    if file_path.suffix == ".cu" and _under(file_path, _kernel_root()):
+    """A `.cu` under the kernel root that pytest's collection reaches, as a CuFile; and one named
+    on the command line outside it, whose compile gate fails saying so (pytest would answer
+    `not found`)."""
+    if file_path.suffix == ".cu" and (_under(file_path, _kernel_root()) or parent.session.isinitpath(file_path)):
         return CuFile.from_parent(parent, path=file_path)
     return None
 

@@ -68,6 +68,15 @@ def problem(mod, host_only: bool, launcher: Path) -> str | None:
         return None
     if host_only:
         return None
+    from harness.source import strip_comments_and_literals
+
+    try:
+        blank = not strip_comments_and_literals(mod.source.read_text(encoding="utf-8", errors="replace")).strip()
+    except OSError:
+        blank = False
+    if blank:
+        return f"{mod.source}: compiled to no kernel: the file holds no code (empty, or comments only): write its " \
+               "kernels, or remove it"
     written = []
     for path, _ in mod.files or ((mod.source, ""),):
         try:

@@ -423,10 +423,11 @@ def test_nvrtcs_log_and_cubin_are_read_into_buffers_of_their_own_never_a_shared_
 
 # ------------------------------------------------------------------ an upstream build's nvcc flags
 
-# A torch extension's setup.py passes these to nvcc (causal-conv1d's and fast-hadamard-transform's).
+# A torch extension's setup.py passes these to nvcc (causal-conv1d's and fast-hadamard-transform's;
+# their --use_fast_math is the launcher's FAST_MATH = True).
 UPSTREAM_NVCC_FLAGS = ("-O3", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-                       "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
-                       "--ptxas-options=-v", "-lineinfo", "--threads", "4")
+                       "--expt-relaxed-constexpr", "--expt-extended-lambda", "--ptxas-options=-v", "-lineinfo",
+                       "--threads", "4")
 RELAXED_CONSTEXPR = textwrap.dedent("""\
     constexpr int twice(int n) { return 2 * n; }
     template <int N> struct Traits { static constexpr int kSmem = twice(N); };
@@ -441,7 +442,7 @@ def test_an_upstream_builds_nvcc_flags_are_taken_by_nvrtc_as_nvrtc_spells_them(t
     assert mod.backend == "nvrtc" and [r.kernel for r in mod.resources] == ["k"]
     extra = mod.options[mod.options.index("--std=c++17") + 1:]
     assert extra == ("-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-default-device",
-                     "--use_fast_math", "--ptxas-options=-v", "-lineinfo"), extra
+                     "--ptxas-options=-v", "-lineinfo"), extra
 
 
 def test_nvcc_gets_an_upstream_builds_flags_verbatim(tmp_path):

@@ -308,3 +308,95 @@ def test_host_only_must_be_true_or_false(project, cache):
     (project / "kernels" / "k.py").write_text('HOST_ONLY = "yes"\n')
     result = compile_cmd(project / "kernels", cache)
     one_line(result, "HOST_ONLY must be True or False, got 'yes'")
+
+
+# ------------------------------------------------------------------ launcher settings and compiler options
+
+
+@pytest.mark.parametrize("flag,owner", [
+    ("-arch=sm_80", "the arch is the run's"), ("--gpu-architecture=sm_80", "the arch is the run's"),
+    ("-gencode=arch=compute_80,code=sm_80", "the arch is the run's"), ("--use_fast_math", "FAST_MATH = True"),
+    ("--fmad=false", "FMAD = False"), ("--ftz=true", "FTZ = True"), ("--prec-div=false", "FAST_MATH = True"),
+    ("-I/opt/include", "INCLUDE_DIRS"), ("--include-path=/opt/include", "INCLUDE_DIRS")])
+def test_an_extra_flag_that_a_setting_owns_is_one_line_naming_the_setting(project, cache, flag, owner):
+    """NVRTC takes the last of two such flags with only a warning in its log: the module would
+    be built otherwise than its recorded settings say (or, for -I, with headers the cache key
+    never hashes)."""
+    (project / "kernels" / "k.py").write_text(f"EXTRA_FLAGS = ({flag!r},)\n")
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, f"{project / 'kernels' / 'k.py'}: EXTRA_FLAGS sets {flag}", owner)
+
+
+def test_an_option_nvrtc_does_not_know_names_it_on_the_first_line(project, cache):
+    (project / "kernels" / "k.py").write_text('EXTRA_FLAGS = ("--bogus",)\n')
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, f"NVRTC could not compile {project / 'kernels' / 'k.cu'}: nvrtc: unrecognized option --bogus "
+                     "found")
+
+
+def test_a_pre_include_that_does_not_exist_names_it_on_the_first_line(project, cache):
+    (project / "kernels" / "k.py").write_text('EXTRA_FLAGS = ("--pre-include=nope.h",)\n')
+    result = compile_cmd(project / "kernels", cache)
+    one_line(result, f"NVRTC could not compile {project / 'kernels' / 'k.cu'}: cannot open source file \"nope.h\"")
+
+
+def test_a_define_whose_value_spans_lines_is_one_line_naming_it(project, cache):
+    (project / "kernels" / "k.py").write_text('DEFINES = {"A": "1\\n2"}\n')
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, "DEFINES value of 'A' is '1\\n2', which spans lines", "a macro's value is one line")
+
+
+def test_an_empty_name_expression_is_one_line(project, cache):
+    (project / "kernels" / "k.py").write_text('NAME_EXPRESSIONS = ("plain", "")\n')
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, "NAME_EXPRESSIONS holds an empty string", 'write e.g. NAME_EXPRESSIONS = ("my_kernel<256>",)')
+
+
+def test_a_name_expression_that_names_no_kernel_says_so_not_nvrtcs_internal_file(project, cache):
+    (project / "kernels" / "k.py").write_text('NAME_EXPRESSIONS = ("plain", "nosuch<1>")\n')
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    line = one_line(result, f"NVRTC could not compile {project / 'kernels' / 'k.cu'}: NAME_EXPRESSIONS in "
+                            f"{project / 'kernels' / 'k.py'} ('plain', 'nosuch<1>') names something k.cu does not "
+                            'define: identifier "nosuch" is undefined')
+    assert "__nv_name_map" not in line
+
+
+def test_an_empty_arch_is_refused_not_read_as_the_default(project, cache):
+    result = compile_cmd(project / "kernels", cache, "--arch", "")
+    assert result.returncode == 2
+    one_line(result, "--arch is empty", "pass e.g. --arch sm_90, or leave it out")
+
+
+# ------------------------------------------------------------------ odd sources
+
+
+def test_a_nul_byte_in_a_cu_names_its_line_and_column(project, cache):
+    (project / "kernels" / "z.cu").write_bytes(KERNEL.encode() + b"// \x00\n")
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, f"could not read {project / 'kernels' / 'z.cu'}: line 2: byte 0x00 at column 4 is a NUL",
+             "a source file holds text")
+
+
+def test_an_empty_cu_says_it_is_empty(project, cache):
+    (project / "kernels" / "e.cu").write_text("\n// nothing yet\n")
+    result = compile_cmd(project / "kernels", cache)
+    assert result.returncode == 1
+    one_line(result, f"{project / 'kernels' / 'e.cu'}: compiled to no kernel: the file holds no code",
+             "write its kernels, or remove it")
+
+
+def test_a_cu_named_to_pytest_outside_the_kernel_root_fails_in_one_line_naming_the_root(project):
+    outside = project / "experiments" / "o.cu"  # in the project, beside the kernel root
+    outside.parent.mkdir()
+    outside.write_text(KERNEL)
+    result = pytest_run(project, str(outside))
+    assert result.returncode == 1, result.stdout
+    (line,) = failure_section(result, "o.cu::compile")
+    assert line == (f"{outside} is not under the kernel root {project / 'kernels'}: the compile gates compile the "
+                    "kernel root's .cu files; pass --kernel-root DIR (or set the ini key kernel_root) to its folder")
