@@ -10,7 +10,8 @@ controls and campaigns) reads them here, so they all build the same cubin:
     FAST_MATH = False      # --use_fast_math (implies FTZ, approximate division and sqrt)
     FTZ = False            # --ftz (default: FAST_MATH)
     FMAD = True            # --fmad
-    EXTRA_FLAGS = ()       # more compiler flags, verbatim (e.g. "--maxrregcount=64")
+    EXTRA_FLAGS = ()       # more compiler flags (e.g. "--maxrregcount=64"; an upstream build's nvcc flags:
+                           # harness.compile_options.nvrtc_extra_flags)
     INCLUDE_DIRS = ()      # extra include folders, relative to the launcher's folder
     COMPILER = "auto"      # "auto", "nvrtc" or "nvcc" (harness.backends: the backend rule)
     DEVICE_VIEW = True     # compile the device-only view of the file (harness.deviceview)

@@ -211,21 +211,24 @@ def test_compile_file_raises_one_line_for_a_cu_it_cannot_read(tmp_path, monkeypa
 # ------------------------------------------------------------------ quoted includes
 
 
+def compile_error_head(root: Path) -> str:
+    """The first line of the CompileError compiling `root`/k.cu raises."""
+    with pytest.raises(CompileError) as info:
+        compile_file("k.cu", kernel_root=root, arch="sm_90", use_cache=False)
+    return str(info.value).splitlines()[0]
+
+
 def test_a_misspelled_quoted_include_is_a_compile_error_naming_the_file_and_line(tmp_path):
     (tmp_path / "real.h").write_text("#pragma once\n#define TWO 2.0f\n")
     (tmp_path / "k.cu").write_text('// a kernel\n#include "raal.h"\n' + KERNEL)
-    with pytest.raises(CompileError) as info:
-        compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
-    head = str(info.value).splitlines()[0]
+    head = compile_error_head(tmp_path)
     assert head == f'NVRTC could not compile {tmp_path / "k.cu"}: line 2: cannot open source file "raal.h"', head
 
 
 def test_a_misspelled_quoted_include_in_a_kernel_root_header_names_the_header_and_line(tmp_path):
     (tmp_path / "common.cuh").write_text('#pragma once\n\n#include "helpres.cuh"\n')
     (tmp_path / "k.cu").write_text('#include "common.cuh"\n' + KERNEL)
-    with pytest.raises(CompileError) as info:
-        compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
-    head = str(info.value).splitlines()[0]
+    head = compile_error_head(tmp_path)
     assert head.endswith(f'{tmp_path / "common.cuh"} line 3: cannot open source file "helpres.cuh"'), head
 
 
@@ -328,18 +331,13 @@ def test_an_extra_flag_that_a_setting_owns_is_one_line_naming_the_setting(projec
     one_line(result, f"{project / 'kernels' / 'k.py'}: EXTRA_FLAGS sets {flag}", owner)
 
 
-def test_an_option_nvrtc_does_not_know_names_it_on_the_first_line(project, cache):
-    (project / "kernels" / "k.py").write_text('EXTRA_FLAGS = ("--bogus",)\n')
+@pytest.mark.parametrize("flag,said", [("--bogus", "nvrtc: unrecognized option --bogus found"),
+                                       ("--pre-include=nope.h", 'cannot open source file "nope.h"')])
+def test_an_option_nvrtc_refuses_is_named_on_the_first_line(project, cache, flag, said):
+    (project / "kernels" / "k.py").write_text(f"EXTRA_FLAGS = ({flag!r},)\n")
     result = compile_cmd(project / "kernels", cache)
     assert result.returncode == 1
-    one_line(result, f"NVRTC could not compile {project / 'kernels' / 'k.cu'}: nvrtc: unrecognized option --bogus "
-                     "found")
-
-
-def test_a_pre_include_that_does_not_exist_names_it_on_the_first_line(project, cache):
-    (project / "kernels" / "k.py").write_text('EXTRA_FLAGS = ("--pre-include=nope.h",)\n')
-    result = compile_cmd(project / "kernels", cache)
-    one_line(result, f"NVRTC could not compile {project / 'kernels' / 'k.cu'}: cannot open source file \"nope.h\"")
+    one_line(result, f"NVRTC could not compile {project / 'kernels' / 'k.cu'}: {said}")
 
 
 def test_a_define_whose_value_spans_lines_is_one_line_naming_it(project, cache):
