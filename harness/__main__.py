@@ -36,8 +36,10 @@ def _compile_main(argv: list[str]) -> int:
 
     from harness import _settings
     from harness.arch import ArchError, resolve_arch
-    from harness.compile import CompileError, compile_file, find_sources
-    from harness.modsettings import LauncherError
+    from harness.compile import CompileError, UnreadableSource, compile_file, find_sources, not_files
+    from harness import kernelfile
+    from harness.deviceview import grouped
+    from harness.modsettings import LauncherError, declared_settings
     from harness.toolchain import IncludeDirError, NvccNotFound
     from harness.usage import folder_problem, kernel_root_problem
 
@@ -47,6 +49,10 @@ def _compile_main(argv: list[str]) -> int:
     def usage_error(text: str) -> int:
         print(f"error: {text}", file=sys.stderr)
         return 2
+
+    if args.arch is not None and not args.arch.strip():
+        return usage_error("--arch is empty: pass e.g. --arch sm_90, or leave it out (then HARNESS_ARCH, else the "
+                           "device's arch, else sm_90)")
 
     try:
         _, settings = _settings.project_settings(kernel_root=args.kernel_root, cache_dir=args.cache_dir, arch=args.arch,
@@ -65,7 +71,7 @@ def _compile_main(argv: list[str]) -> int:
     _settings.configure(kernel_root=root, cache_dir=settings.cache_dir, arch=args.arch,
                         include_dirs=settings.include_dirs)
     try:
-        sources = find_sources(root)
+        sources = sorted(find_sources(root) + not_files(root))
         arch = resolve_arch(args.arch)
     except (FileNotFoundError, ArchError) as exc:
         return usage_error(str(exc))
@@ -86,7 +92,7 @@ def _compile_main(argv: list[str]) -> int:
                                    use_cache=not args.no_cache)
             except (CompileError, LauncherError, IncludeDirError, NvccNotFound) as exc:
                 failures.append(str(exc) if isinstance(exc, CompileError) else f"{rel}: {exc}")
-                what = {CompileError: "compile error", LauncherError: "launcher error",
+                what = {CompileError: "compile error", LauncherError: "launcher error", UnreadableSource: "unreadable",
                         IncludeDirError: "include error", NvccNotFound: "nvcc not found"}[type(exc)]
                 table.add_row(escape(rel), f"[bold red]{what}[/]", "", "", "", "", "", "", "")
                 continue
@@ -97,9 +103,15 @@ def _compile_main(argv: list[str]) -> int:
                 f"{len(headers)} header{'s' if len(headers) > 1 else ''})")
             backend = mod.compiler
             details.append(f"{rel}: compiled by {mod.compiler} ({mod.backend_reason}); device view set aside: "
-                           + ("nothing" if not mod.set_aside else "; ".join(map(str, mod.set_aside))))
+                           + ("nothing" if not mod.set_aside else "; ".join(grouped(mod.set_aside))))
+            problem = kernelfile.problem(mod, declared_settings(src).host_only, src.with_suffix(".py"))
+            if problem:  # compiled, but its gate proves nothing (or HOST_ONLY says otherwise)
+                failures.append(problem)
+                table.add_row(escape(rel), "[bold red]" + ("no kernel" if not mod.resources else "HOST_ONLY, yet "
+                              "kernels") + "[/]", "", "", "", cache, f"{mod.seconds:.2f}", backend, escape(aside))
+                continue
             if not mod.resources:
-                table.add_row(escape(rel), "(no kernels)", "", "", "", cache, f"{mod.seconds:.2f}", backend,
+                table.add_row(escape(rel), "(host-only: HOST_ONLY)", "", "", "", cache, f"{mod.seconds:.2f}", backend,
                               escape(aside))
             for i, r in enumerate(mod.resources):
                 spill = f"[bold red]{r.spill_bytes}[/]" if r.spill_bytes else "0"
@@ -176,8 +188,20 @@ def commands() -> Commands:
     )
 
 
+KEEP_A_CACHE = ("compile", "controls", "mutate", "bench", "cache")  # the commands HARNESS_CACHE_MAX bounds
+
+
 def main(argv: list[str] | None = None) -> int:
-    return commands().dispatch(list(sys.argv[1:] if argv is None else argv))
+    from harness.cubin_cache import CACHE_MAX_ENV
+    from harness.usage import cache_max_problem
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in KEEP_A_CACHE and not {"-h", "--help"} & set(argv[1:]):
+        problem = cache_max_problem(os.environ.get(CACHE_MAX_ENV))
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    return commands().dispatch(argv)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ make it keep less."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 
@@ -41,9 +42,8 @@ def _mb(n: int) -> str:
 def main(argv: list[str]) -> int:
     from harness import _settings
     from harness.compile_options import OPTIONS_FOLDER
-    from harness.cubin_cache import PRUNED_FOLDERS, SANDBOX_FOLDER, CacheLimitError, limit_bytes, prune, usage
-
-    from harness.usage import ExitStatus, folder_problem, rootdir_problem
+    from harness.cubin_cache import CACHE_MAX_ENV, PRUNED_FOLDERS, SANDBOX_FOLDER, limit_bytes, prune, usage
+    from harness.usage import ExitStatus, cache_max_problem, folder_problem, rootdir_problem
 
     args = parser().parse_args(argv)
     if rootdir_problem(args.rootdir):
@@ -52,15 +52,11 @@ def main(argv: list[str]) -> int:
     project = _settings.resolve(cache_dir=args.cache_dir, rootdir=args.rootdir)
     cache = project.settings.cache_dir
     source = "the cache folder" if project.cache_source == "the default" else project.cache_source
-    problem = folder_problem(cache, source, "the harness's disk cache")
+    problem = folder_problem(cache, source, "the harness's disk cache") or cache_max_problem(os.environ.get(CACHE_MAX_ENV))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return ExitStatus.USAGE
-    try:
-        limit = limit_bytes()
-    except CacheLimitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitStatus.USAGE
+    limit = limit_bytes()
     bound = _mb(limit) if limit else "none (HARNESS_CACHE_MAX=0)"
     if args.action == "info":
         u = usage(cache)

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -36,15 +37,22 @@ from harness.trap_shadow import TRAP_SHADOW_PREAMBLE
 class CompileError(Exception):
     """A `.cu` did not compile. The message carries NVRTC's log and the options used."""
 
-    def __init__(self, source: Path, log: str, options: tuple[str, ...], what: str = "NVRTC could not compile"):
+    def __init__(self, source: Path, log: str, options: tuple[str, ...], what: str = "NVRTC could not compile",
+                 name_expressions: tuple[str, ...] = (), launcher: str | None = None):
         self.source = source
         self.log = log
         self.options = options
         first = _LOG_ERROR_LINE.search(log)
         head = f"{what} {source}"
-        if first:
+        if first and first.group(1) == _NAME_MAP:  # NVRTC's own file of the name expressions
+            head += (f": NAME_EXPRESSIONS{f' in {launcher}' if launcher else ''} {tuple(name_expressions)!r} names "
+                     f"something {Path(source).name} does not define: {first.group(3).strip()}")
+        elif first:
             where = "" if first.group(1) == str(source) else f"{first.group(1)} "
             head += f": {where}line {first.group(2)}: {first.group(3).strip()}"
+        elif _LOG_OPTION_ERROR.search(log):  # an option, not a line: EXTRA_FLAGS, a --pre-include
+            m = _LOG_OPTION_ERROR.search(log)
+            head += f": {m.group(1) or ''}{m.group(2).strip()}"
         lines = [head, "", log.rstrip() or "(NVRTC printed no log)", ""]
         lines.append("options: " + " ".join(options))
         super().__init__("\n".join(lines))
@@ -59,7 +67,45 @@ class CompileError(Exception):
         return self.source, None
 
 
+class UnreadableSource(CompileError):
+    """The `.cu`, or a header it includes, cannot be read: a one-line message naming the
+    file, why, and what to do."""
+
+    def __init__(self, path: Path, message: str):
+        Exception.__init__(self, message)
+        self.source, self.log, self.options = path, message, ()
+
+    @classmethod
+    def of(cls, path: Path, exc: OSError | None, source: Path) -> "UnreadableSource":
+        """Why `path` (the `.cu` `source`, or a header it includes) cannot be read."""
+        header = path != source
+        if path.is_symlink() and not path.exists():
+            why = f"a symlink to {os.readlink(path)}, which does not exist: fix the link or remove it"
+        elif path.is_dir():
+            why = ("a folder, not a .cu file: every *.cu under the kernel root is compiled as a kernel file; "
+                   "rename it")
+        else:
+            reason = (exc.strerror if exc is not None and exc.strerror else str(exc)) if exc else "not a regular file"
+            fix = "drop the #include" if header else "move it out of the kernel root"
+            why = f"cannot be read ({reason}): make it readable (chmod a+r {path}), or {fix}"
+        if header:
+            head, _, fix = why.partition(": ")
+            why = f"{head}, and {source.name} includes it: {fix}"
+        return cls(path, f"{path}: {why}")
+
+
+@contextmanager
+def _reading(source: Path):
+    """An OSError while reading `source` or a header it reaches is an `UnreadableSource`."""
+    try:
+        yield
+    except OSError as exc:
+        raise UnreadableSource.of(Path(exc.filename) if exc.filename else source, exc, source) from None
+
+
 _LOG_ERROR = re.compile(r"^(.+?)\((\d+)\): (?:catastrophic )?error", re.MULTILINE)
+_LOG_OPTION_ERROR = re.compile(r"^(?:(nvrtc: )error: |Command-line error: )(.*)$", re.MULTILINE)
+_NAME_MAP = "__nv_name_map"
 _LOG_ERROR_LINE = re.compile(r"^(.+?)\((\d+)\): (?:catastrophic )?error: ?(.*)$", re.MULTILINE)
 
 
@@ -91,13 +137,21 @@ class CompiledModule:
 def _read_source(path: Path, options: tuple[str, ...]) -> str:
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise CompileError(path, f"{path}({line}): error: byte 0x{data[exc.start]:02x} at column {column} is not "
-                                 "UTF-8: NVRTC reads sources as UTF-8; save the file as UTF-8 (or remove the byte)",
-                           options, what="could not read") from None
+        raise _bad_byte(path, data, exc.start, "is not UTF-8: NVRTC reads sources as UTF-8; save the file as UTF-8 "
+                                               "(or remove the byte)", options) from None
+    if "\0" in text:  # NVRTC and the syntax tree would stop reading there
+        raise _bad_byte(path, data, data.index(b"\0"), "is a NUL: a source file holds text; remove it (a file "
+                                                       "half-written, or not source at all?)", options)
+    return text
+
+
+def _bad_byte(path: Path, data: bytes, at: int, why: str, options) -> CompileError:
+    line = data.count(b"\n", 0, at) + 1
+    column = at - (data.rfind(b"\n", 0, at) + 1) + 1
+    return CompileError(path, f"{path}({line}): error: byte 0x{data[at]:02x} at column {column} {why}", options,
+                        what="could not read")
 
 
 # ---------------------------------------------------------------- the entry point
@@ -134,6 +188,8 @@ def compile_file(
     path = Path(source)
     if not path.is_absolute():
         path = root / path
+    if not path.is_file() and (path.is_symlink() or path.exists()):
+        raise UnreadableSource.of(path, None, path)
     path = path.resolve()
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such .cu file under the kernel root {root}")
@@ -146,21 +202,22 @@ def compile_file(
     cache = Path(cache_dir) if cache_dir is not None else run_settings.cache_dir
     spellings = cache if use_cache else None  # cuda.core's option spellings, kept beside the cubins
     provisional = normalise_options(nvrtc_options(arch, ms, inc, spellings), inc)
-    text_source = _read_source(path, provisional)
-    closure, closure_files = closure_with_files(path, inc)
-    view = None
-    view_missing = False
-    if ms.device_view:
-        from harness.deviceview import DeviceViewError, available
+    with _reading(path):
+        text_source = _read_source(path, provisional)
+        closure, closure_files = closure_with_files(path, inc)
+        view = None
+        view_missing = False
+        if ms.device_view:
+            from harness.deviceview import DeviceViewError, available
 
-        view_missing = not available()
-    if ms.device_view and not view_missing:
-        from harness.closureview import closure_view
+            view_missing = not available()
+        if ms.device_view and not view_missing:
+            from harness.closureview import closure_view
 
-        try:
-            view = closure_view(path, text_source, inc, name_expressions)
-        except DeviceViewError as exc:
-            raise CompileError(path, str(exc), provisional, what="could not derive the device view of") from None
+            try:
+                view = closure_view(path, text_source, inc, name_expressions)
+            except DeviceViewError as exc:
+                raise CompileError(path, str(exc), provisional, what="could not derive the device view of") from None
     compiled_text = view.view.text if view is not None else text_source
     program = path
     if view is not None and view.headers_changed:  # the compiler reads the headers' views from a folder made on a miss
@@ -227,15 +284,18 @@ def compile_file(
                 "installed (pip install tree-sitter tree-sitter-cuda; on a machine with no registry, carry their "
                 "wheels), so host code and host-only includes were not set aside")
         if set_aside:
+            from harness.deviceview import grouped
+
             log_text = log_text.rstrip() + (
                 "\n\nthe device view set aside (if device code needs one of these, see docs/your-kernels.md, "
-                "'Host code'):\n" + "\n".join(f"  {s}" for s in set_aside))
+                "'Host code'):\n" + "\n".join(f"  {s}" for s in grouped(set_aside)))
         if view is not None and view.kept_host:
             log_text = log_text.rstrip() + (
-                "\n\nkept although host-only, because kept code names them (device code cannot call or read host "
-                "code: give it __device__, or a __device__ twin):\n" + "\n".join(f"  {s}" for s in view.kept_host))
+                "\n\nkept although host-only, because kept code names them (each with what makes it usable in "
+                "device code):\n" + "\n".join(f"  {s}" for s in view.kept_host))
         raise CompileError(path, log_text, options,
-                           what="nvcc could not compile" if backend == "nvcc" else "NVRTC could not compile") from None
+                           what="nvcc could not compile" if backend == "nvcc" else "NVRTC could not compile",
+                           name_expressions=name_expressions, launcher=ms.declared_in) from None
     finally:
         if inc.view is not None:
             shutil.rmtree(inc.view, ignore_errors=True)
@@ -263,3 +323,11 @@ def find_sources(kernel_root: str | os.PathLike) -> list[Path]:
             "pass --kernel-root DIR to the folder holding your .cu files"
         )
     return sorted(p.resolve() for p in root.rglob("*.cu") if p.is_file())
+
+
+def not_files(kernel_root: str | os.PathLike) -> list[Path]:
+    """The `*.cu` entries under the kernel root that are not files (a broken symlink, a folder):
+    `find_sources` skips them, so the compile command and the compile items name them instead
+    (`compile_file` raises `UnreadableSource` for one)."""
+    root = Path(kernel_root)
+    return sorted(p.parent.resolve() / p.name for p in root.rglob("*.cu") if not p.is_file())

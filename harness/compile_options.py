@@ -31,7 +31,39 @@ def nvrtc_options(arch: str, ms: ModuleSettings, inc: IncludePath, cache_dir: Pa
         define_macro=[name if value is None else f"{name}={value}" for name, value in ms.defines] or None,
     ))
     real = dict(zip(marks, folders))
-    return [_INCLUDE_MARKS.sub(lambda m: real[m.group(0)], o) for o in spelled] + list(ms.extra_flags)
+    return [_INCLUDE_MARKS.sub(lambda m: real[m.group(0)], o) for o in spelled] + nvrtc_extra_flags(ms.extra_flags)
+
+
+# An upstream build's nvcc flags (a torch extension's setup.py) that NVRTC does not take, as
+# NVRTC takes them, so a launcher declares the upstream build's EXTRA_FLAGS as they are:
+# - relaxed constexpr: NVRTC's JIT mode allows no host function at all, so the unannotated
+#   constexpr helpers device code calls compile as device functions (-default-device); the
+#   device view has set aside every unannotated function no kept code names;
+# - extended lambdas: a __device__ lambda handed to a kernel from host code, set aside;
+# - -O<n>, --threads <n>: nvcc's host-code optimisation and parallel build (ptxas already
+#   optimises device code fully).
+_AS_NVRTC = {"--expt-relaxed-constexpr": "-default-device", "-expt-relaxed-constexpr": "-default-device"}
+_HOST_SIDE = re.compile(r"^(-O[0-3s]?|--optimize=\d|-?-expt-extended-lambda|-?-extended-lambda|--threads=\d+|-t\d+)$")
+_HOST_SIDE_WITH_VALUE = ("--threads", "-t", "--optimize")
+
+
+def nvrtc_extra_flags(flags) -> list[str]:
+    """A module's EXTRA_FLAGS as NVRTC receives them: nvcc-only flags of an upstream build
+    spelled for NVRTC or dropped (above), the rest verbatim, each once."""
+    out, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+            continue
+        if flag in _HOST_SIDE_WITH_VALUE:
+            skip = True
+            continue
+        if _HOST_SIDE.match(flag):
+            continue
+        flag = _AS_NVRTC.get(flag, flag)
+        if flag not in out or not flag.startswith("-default-device"):
+            out.append(flag)
+    return out
 
 
 _INCLUDE_MARK = "@harness-include-{}@"

@@ -47,10 +47,12 @@ def _named_roots() -> tuple[Path, ...]:
 
 
 def kernel_file(path: Path) -> str | None:
-    """`path` relative to the kernel root that names it (posix), or None when none does."""
+    """`path` relative to the kernel root that names it (posix), or None when none does: where
+    the file is, not where a symlink leads."""
+    folder = Path(path).parent
     for root in _named_roots():
-        if _under(path, root.resolve()):
-            return Path(path).resolve().relative_to(root.resolve()).as_posix()
+        if _under(folder, root.resolve()):
+            return (folder.resolve().relative_to(root.resolve()) / Path(path).name).as_posix()
     return None
 
 
@@ -74,14 +76,24 @@ class CompileItem(pytest.Item):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.add_marker(KIND)
-        self.kernel_file = kernel_file(self.path) or self.path.name  # its path in any kernel tree
+        self.kernel_file = kernel_file(self.path)  # its path in any kernel tree; None outside the root
 
     def runtest(self) -> None:
+        from harness import kernelfile
         from harness.compile import compile_file
+        from harness.modsettings import declared_settings
 
+        if self.kernel_file is None:
+            pytest.fail(f"{self.path} is not under the kernel root {_kernel_root()}: the compile gates compile the "
+                        "kernel root's .cu files; pass --kernel-root DIR (or set the ini key kernel_root) to its folder",
+                        pytrace=False)
         # The file in the kernel tree in place now (this one, or the one a worker was switched to),
         # with its launcher's declared settings, as every tool reads them.
-        mod = compile_file(_kernel_root() / self.kernel_file)
+        source = _kernel_root() / self.kernel_file
+        mod = compile_file(source)
+        problem = kernelfile.problem(mod, declared_settings(source).host_only, source.with_suffix(".py"))
+        if problem:
+            pytest.fail(problem, pytrace=False)
         lines = []
         for r in mod.resources:
             self.user_properties.append(
@@ -93,15 +105,18 @@ class CompileItem(pytest.Item):
         self.user_properties.append(("backend", f"{mod.compiler} ({mod.backend_reason})"))
         self.user_properties.append(("set aside", mod_set_aside(mod)))
         self.user_properties.append(("compile options", " ".join(mod.options)))
-        self.add_report_section("call", "resources", "\n".join(lines) or "(no kernels)")
+        self.add_report_section("call", "resources", "\n".join(lines) or (
+            f"none: host-only (HOST_ONLY = True in {self.path.with_suffix('.py')})"))
         self.add_report_section("call", "device view", f"backend: {mod.compiler} ({mod.backend_reason})\n"
                                                        + set_aside_by_file(mod))
 
     def repr_failure(self, excinfo, style=None):
-        from harness.compile import CompileError
+        from harness.compile import CompileError, UnreadableSource
         from harness.modsettings import LauncherError
 
         exc = excinfo.value
+        if isinstance(exc, UnreadableSource):
+            return str(exc)
         if isinstance(exc, CompileError):
             path, line = exc.location
             head = f"{path}:{line}: does not compile" if line else f"{path}: does not compile"
@@ -121,25 +136,32 @@ class CompileItem(pytest.Item):
 def mod_set_aside(mod) -> str:
     """What the device view set aside, one line ("nothing" when the file is device code only);
     an item of a kernel-root header starts with the header's path."""
-    return "; ".join(str(s) for s in mod.set_aside) if mod.set_aside else "nothing"
+    from harness.deviceview import grouped
+
+    return "; ".join(grouped(mod.set_aside)) if mod.set_aside else "nothing"
 
 
 def set_aside_by_file(mod) -> str:
     """What the device view set aside, a block per file (the `.cu`, then each kernel-root
     header), one item a line."""
+    from dataclasses import replace
+
+    from harness.deviceview import grouped
+
     if not mod.set_aside:
         return "set aside: nothing"
     lines = []
     for file in dict.fromkeys(s.file for s in mod.set_aside):
         lines.append(f"set aside in {file or mod.source.name}:")
-        lines += [f"  line {s.line}: {s.what} ({s.reason})" for s in mod.set_aside if s.file == file]
+        lines += [f"  {g}" for g in grouped([replace(s, file="") for s in mod.set_aside if s.file == file])]
     return "\n".join(lines)
 
 
 def collect_file(file_path: Path, parent):
     """A `.cu` under the kernel root (or the root today's node ids name, `_named_roots`) that
-    pytest's collection reaches, as a CuFile."""
-    if file_path.suffix == ".cu" and kernel_file(file_path) is not None:
+    pytest's collection reaches, as a CuFile; and one named on the command line outside it, whose
+    compile gate fails saying so (pytest would answer `not found`)."""
+    if file_path.suffix == ".cu" and (kernel_file(file_path) is not None or parent.session.isinitpath(file_path)):
         return CuFile.from_parent(parent, path=file_path)
     return None
 
@@ -156,9 +178,9 @@ def add_unreached(collector, rep) -> None:
     if not root.is_dir():
         return
     reached = [Path(p).resolve() for p in getattr(collector, "_initialpaths", ())]
-    for source in sorted(p for p in root.rglob("*.cu") if p.is_file()):
-        if any(_under(source, r) for r in reached):
-            continue  # pytest's own collection reaches it through collect_file
-        if not source.resolve().is_relative_to(config.rootpath):
+    for source in sorted(root.rglob("*.cu")):
+        if source.is_file() and any(_under(source, r) for r in reached):
+            continue  # pytest's own collection reaches it through collect_file; never a broken link or a folder
+        if not (source.parent.resolve() / source.name).is_relative_to(config.rootpath):
             continue  # node ids are relative to the rootdir; a kernel root outside it is compiled by the command
-        rep.result.append(CuFile.from_parent(collector, path=source))
+        rep.result.append(CuFile.from_parent(collector, path=source.parent.resolve() / source.name))

@@ -19,10 +19,17 @@ headers reach the compiler through `harness.closureview`):
   struct, class or union definition with no `__global__` / `__device__` in it that no kept
   code names (a host `Timer`, an exception class); `using namespace` of a host library
   (torch, at, c10, pybind11);
-- **set aside**: every `#include` the include path cannot resolve (torch, ATen, cuBLAS,
-  the C++ standard library headers NVRTC lacks and the harness has no shim for), that
-  names a host-only library (`HOST_HEADERS`), or the device runtime API's header
-  (`DEVICE_RUNTIME_HEADERS`);
+- **set aside**: every `#include <...>` the include path cannot resolve (torch, ATen,
+  cuBLAS, the C++ standard library headers NVRTC lacks and the harness has no shim for),
+  every `#include` that names a host-only library (`HOST_HEADERS`), and the device runtime
+  API's header (`DEVICE_RUNTIME_HEADERS`). A quoted `#include "..."` of anything else is
+  the project's own header: kept, so a misspelled one is the compiler's error naming the
+  file and line, and one in a branch the preprocessor skips (`#ifdef USE_ROCM`) is left
+  out as the upstream build leaves it out;
+- **stand-in**: the line of each set-aside `#include` (not the device runtime's) includes
+  `STANDIN_HEADER` instead: what device code commonly got through a host header (the
+  standard integer types, size_t, limits, type traits, the min/max family, `__half`,
+  `__nv_bfloat16`) stays declared where the host header declared it;
 - **kept**: everything else, byte for byte: kernels, device functions, class templates,
   constants, macros, `#if` blocks (both branches: the preprocessor still chooses).
 
@@ -35,7 +42,9 @@ Set-aside text is replaced by blanks with every newline kept, so compiler messag
 the file's own line numbers. `DeviceView.set_aside` lists each item with its line, reason
 and file (`SetAside.file`: a header's path in the kernel root); the compile table and the
 compile items report them. `DeviceView.kept_host` lists the host items kept only because
-kept code names them; a failed compile prints both lists.
+kept code names them that device code cannot use as they are (functions, variables, types
+with member functions; not an alias or a plain data struct, which device code uses as it is),
+each with what makes it usable there; a failed compile prints both lists.
 
 Limits:
 - `#if` branches are not evaluated: a function whose head differs between branches, or a
@@ -59,7 +68,7 @@ from typing import Callable
 
 from harness import cuda_syntax
 
-VERSION = "2"  # part of the cache key: bump when the rules change
+VERSION = "4"  # part of the cache key: bump when the rules change
 
 DEVICE_FUNCTION_MARKERS = cuda_syntax.DEVICE_MARKERS  # ("__global__", "__device__")
 DEVICE_VARIABLE_MARKERS = ("__device__", "__constant__", "__shared__", "__managed__", "__global__")
@@ -70,14 +79,22 @@ HOST_HEADERS = frozenset({"Python.h", "curand.h", "cuda_profiler_api.h", "iostre
                           "string", "map", "unordered_map", "set", "unordered_set", "memory", "thread", "mutex",
                           "chrono", "random", "stdexcept", "exception", "cstdlib", "stdlib.h", "cstring", "string.h",
                           "iomanip", "ostream", "istream", "list", "deque", "optional", "tuple", "functional",
-                          "algorithm", "numeric", "cstdio"})
-# cstdio: printf is built into NVRTC; the shim is for files that only include it.
+                          "numeric", "cstdio"})
+# cstdio: printf is built into NVRTC; the shim is for files that only include it. <algorithm>
+# is not here: its min/max family is device code too (harness/shims/algorithm under NVRTC).
 
 
 # The device runtime API (kernels launching kernels) needs relocatable device code linked
 # with cudadevrt, which the harness does not do; under NVRTC its header does not even open
 # (it includes crt/ headers the runtime wheel lacks). nvcc's cuda_runtime.h includes it anyway.
 DEVICE_RUNTIME_HEADERS = frozenset({"cuda_device_runtime_api.h"})
+
+
+# What device code may still need from a set-aside host header (the standard integer types,
+# the min/max family, __half...): harness/standin/, on the include path of both compilers.
+# Each set-aside #include's line includes it instead, so those names are declared where the
+# host header declared them, and the file keeps its line numbers.
+STANDIN_HEADER = "harness_set_aside.h"
 
 
 def is_host_header(name: str) -> bool:
@@ -106,6 +123,30 @@ class SetAside:
     def __str__(self) -> str:
         where = f"{self.file} line {self.line}" if self.file else f"line {self.line}"
         return f"{where}: {self.what} ({self.reason})"
+
+
+def grouped(items) -> list[str]:
+    """`SetAside` items as lines, those of one file with the same text and reason as one:
+    `lines 383-391, 402: 10 instantiations of launch (...)`, so a host dispatch's explicit
+    instantiations do not bury the rest. In order of each group's first line."""
+    groups: dict[tuple, list[int]] = {}
+    for s in items:
+        groups.setdefault((s.file, s.what, s.reason), []).append(s.line)
+    out = []
+    for (file, what, reason), lines in groups.items():
+        if len(lines) == 1:
+            out.append(str(SetAside(lines[0], what, reason, file)))
+            continue
+        runs, start = [], None
+        for i, n in enumerate(sorted(lines)):
+            start = n if start is None else start
+            if i + 1 == len(lines) or sorted(lines)[i + 1] != n + 1:
+                runs.append(f"{start}-{n}" if n != start else str(n))
+                start = None
+        kind, _, name = what.partition(" ")
+        label = f"{len(lines)} instantiations of {name}" if kind == "instantiation" else f"{what} ({len(lines)} times)"
+        out.append(f"{file + ' ' if file else ''}lines {', '.join(runs)}: {label} ({reason})")
+    return out
 
 
 @dataclass(frozen=True)
@@ -227,6 +268,7 @@ class _Item:
     kind: str  # "function", "variable", "alias", "type", "using-namespace"
     names: list[str]
     device: bool
+    fix: str = ""  # kept because kept code names it: what makes it usable in device code ("": nothing to)
 
 
 @dataclass(frozen=True)
@@ -348,15 +390,17 @@ def _parse(unit: Unit, fn_markers: set[str], var_markers: set[str]) -> _Parsed:
                 is_fn = inner.type in ("function_definition", "template_instantiation") or _is_prototype(inner)
                 head = _head(src, inner)
                 if is_fn:
-                    items.append(_Item(child, "function", _declared_names(src, inner), has(fn_markers, head)))
+                    items.append(_Item(child, "function", _declared_names(src, inner), has(fn_markers, head),
+                                       _FIX_CONSTEXPR if "constexpr" in _IDENT.findall(head) else _FIX_FUNCTION))
                 else:  # a constexpr constant is usable in device code: kept
                     items.append(_Item(child, "variable", _declared_names(src, inner),
-                                       has(var_markers, head) or "constexpr" in _IDENT.findall(head)))
+                                       has(var_markers, head) or "constexpr" in _IDENT.findall(head), _FIX_VARIABLE))
             elif t in _TYPES and child.child_by_field_name("body") is not None:
                 name = child.child_by_field_name("name")
                 whole = src[child.start_byte:child.end_byte].decode(errors="replace")
                 names = [_last_ident(src[name.start_byte:name.end_byte].decode(errors="replace"))] if name else []
-                items.append(_Item(child, "type", [n for n in names if n], not names or has(fn_markers, whole)))
+                items.append(_Item(child, "type", [n for n in names if n], not names or has(fn_markers, whole),
+                                   _FIX_TYPE if _has_member_functions(child) else ""))
             elif t in ("alias_declaration", "type_definition", "using_declaration"):
                 body = src[child.start_byte:child.end_byte].decode(errors="replace")
                 m = re.match(r"\s*using\s+namespace\s+([A-Za-z_]\w*)", body)
@@ -379,6 +423,33 @@ def _parse(unit: Unit, fn_markers: set[str], var_markers: set[str]) -> _Parsed:
 
     visit(tree.root_node)
     return _Parsed(unit, src, items, includes)
+
+
+_FIX_FUNCTION = "give it __device__ (__host__ __device__ to keep it on the host too), or write a __device__ twin"
+_FIX_CONSTEXPR = ("a constexpr function: declare the upstream build's --expt-relaxed-constexpr in EXTRA_FLAGS (NVRTC: "
+                  "-default-device), or give it __host__ __device__")
+_FIX_VARIABLE = "device code cannot read a host variable: make it constexpr, or __device__ or __constant__"
+_FIX_TYPE = "its member functions are host code: give those device code calls __host__ __device__"
+
+
+def _has_member_functions(node) -> bool:
+    """Whether a struct, class or union declares a member function (a constructor, an
+    operator): one with only data members and nested types is plain data, device code as
+    much as host code."""
+    body = node.child_by_field_name("body")
+    stack = list(body.named_children) if body is not None else []
+    while stack:
+        n = stack.pop()
+        if n.type == "function_definition":
+            return True
+        if n.type in ("field_declaration", "declaration"):
+            if any(d.type == "function_declarator" for d in n.children_by_field_name("declarator")):
+                return True
+        if n.type in ("template_declaration", "field_declaration", "struct_specifier", "class_specifier",
+                      "union_specifier", "field_declaration_list", "access_specifier", "preproc_if", "preproc_ifdef",
+                      "preproc_else", "preproc_elif"):
+            stack += list(n.named_children)
+    return False
 
 
 def _what(src: bytes, it: _Item) -> str:
@@ -407,8 +478,9 @@ def _view(parsed: _Parsed, dropped: list[_Item], rescued: list[_Item]) -> Device
         after = it.node.next_sibling  # a type definition's `;` is its own token
         end = after.end_byte if it.kind == "type" and after is not None and after.type == ";" else it.node.end_byte
         spans.append((it.node.start_byte, end))
-    kept_host = tuple(SetAside(it.node.start_point[0] + 1, _what(src, it), "host-only, kept: kept code names it",
-                               unit.label) for it in rescued)
+    kept_host = tuple(SetAside(it.node.start_point[0] + 1, _what(src, it), f"host-only, kept: kept code names it; "
+                               f"{it.fix}", unit.label) for it in rescued if it.fix)  # an alias, plain data: usable
+    standins = []  # set-aside includes whose line includes STANDIN_HEADER instead
 
     for inc in parsed.includes:
         if any(s <= inc.start_byte < e for s, e in spans):
@@ -420,7 +492,7 @@ def _view(parsed: _Parsed, dropped: list[_Item], rescued: list[_Item]) -> Device
             reason = "a host-only library header"
         elif name in DEVICE_RUNTIME_HEADERS:
             reason = "the device runtime API, which needs relocatable device code the harness does not link"
-        elif unit.resolve(name, quoted) is None:
+        elif not quoted and unit.resolve(name, quoted) is None:
             reason = "not found on the include path; device code must not need it"
         else:
             continue
@@ -430,9 +502,11 @@ def _view(parsed: _Parsed, dropped: list[_Item], rescued: list[_Item]) -> Device
         if src[end - 1:end] == b"\n":
             end -= 1
         spans.append((inc.start_byte, end))
+        if name not in DEVICE_RUNTIME_HEADERS:
+            standins.append((inc.start_byte, end))
 
     set_aside.sort(key=lambda s: s.line)
-    view = _blank(src, sorted(spans)).decode("utf-8") if spans else unit.text
+    view = _blank(src, sorted(spans), standins).decode("utf-8") if spans else unit.text
     return DeviceView(view, tuple(set_aside), kept_host)
 
 
@@ -441,10 +515,14 @@ def _is_prototype(node) -> bool:
                                                for c in node.children_by_field_name("declarator") or [])
 
 
-def _blank(src: bytes, spans) -> bytes:
+def _blank(src: bytes, spans, standins=()) -> bytes:
+    """`src` with every span blanked (newlines kept); a span in `standins` (a set-aside
+    `#include`, on one line) holds `#include <STANDIN_HEADER>` instead."""
     out = bytearray(src)
     for s, e in spans:
         for i in range(s, e):
             if out[i] not in (0x0A,):
                 out[i] = 0x20
+    for s, e in sorted(standins, reverse=True):  # from the end: a longer line moves nothing before it
+        out[s:e] = f"#include <{STANDIN_HEADER}>".encode()
     return bytes(out)

@@ -112,6 +112,8 @@ def include_path(source: Path, kernel_root: Path, module_dirs=(), backend: str =
         system = [(toolchain.cuda_include_dir().resolve(), f"@cuda-headers({toolchain.cuda_headers_version()})")]
         system += [(d, f"@cccl({toolchain.cccl_version()})") for d in toolchain.cccl_dirs()[0]]
         system.append((toolchain.SHIMS, f"@harness-shims({toolchain.shims_version()[:8]})"))
+    # the device view's stand-in for a set-aside host header, last: it shadows nothing
+    system.append((toolchain.STANDIN, f"@harness-standin({toolchain.shims_version(toolchain.STANDIN)[:8]})"))
     return IncludePath(Path(source).resolve().parent, root, tuple(user), tuple(system))
 
 

@@ -10,10 +10,12 @@ controls and campaigns) reads them here, so they all build the same cubin:
     FAST_MATH = False      # --use_fast_math (implies FTZ, approximate division and sqrt)
     FTZ = False            # --ftz (default: FAST_MATH)
     FMAD = True            # --fmad
-    EXTRA_FLAGS = ()       # more compiler flags, verbatim (e.g. "--maxrregcount=64")
+    EXTRA_FLAGS = ()       # more compiler flags (e.g. "--maxrregcount=64"; an upstream build's nvcc flags:
+                           # harness.compile_options.nvrtc_extra_flags)
     INCLUDE_DIRS = ()      # extra include folders, relative to the launcher's folder
     COMPILER = "auto"      # "auto", "nvrtc" or "nvcc" (harness.backends: the backend rule)
     DEVICE_VIEW = True     # compile the device-only view of the file (harness.deviceview)
+    HOST_ONLY = False      # True: the file holds host code only, on purpose (harness.kernelfile)
 
 A `.cu` with no launcher compiles with the defaults. A constant of the wrong type is a
 `LauncherError` naming the launcher, the constant and an example.
@@ -24,12 +26,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 CONSTANTS = ("NAME_EXPRESSIONS", "DEFINES", "FAST_MATH", "FTZ", "FMAD", "EXTRA_FLAGS", "INCLUDE_DIRS", "COMPILER",
-             "DEVICE_VIEW")
+             "DEVICE_VIEW", "HOST_ONLY")
 COMPILERS = ("auto", "nvrtc", "nvcc")
 
 
@@ -49,6 +52,7 @@ class ModuleSettings:
     include_dirs: tuple[Path, ...] = ()  # absolute
     compiler: str = "auto"
     device_view: bool = True
+    host_only: bool = False  # no compile option: what the compile gate expects of the cubin
     declared_in: str | None = field(default=None, compare=False)  # the launcher, for messages
 
     @property
@@ -97,7 +101,11 @@ def normalise_defines(defines, origin: str) -> tuple[tuple[str, str | None], ...
     for k, v in defines.items():
         if not isinstance(k, str) or not k.isidentifier():
             raise LauncherError(f"{origin}: DEFINES key {k!r} is not a macro name; write e.g. DEFINES = {{\"BLOCK\": 256}}")
-        out.append((k, None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))))
+        value = None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
+        if value is not None and ("\n" in value or "\r" in value):
+            raise LauncherError(f"{origin}: DEFINES value of {k!r} is {value!r}, which spans lines: a macro's value "
+                                "is one line on the command line; write e.g. DEFINES = {\"BLOCK\": 256}")
+        out.append((k, value))
     return tuple(sorted(out))
 
 
@@ -151,6 +159,33 @@ def _load_launcher(launcher: Path):
     return mod
 
 
+# EXTRA_FLAGS that another setting owns: a compiler takes the last of two with a warning in its
+# log at most, so the module would be built otherwise than its recorded settings say, and a
+# header found through an -I of its own would be missing from the cache key.
+_OWNED_FLAGS = (
+    (re.compile(r"^(-arch|--gpu-architecture|-gencode|--generate-code|-code|--gpu-code)(=|$)"),
+     lambda v: "the arch is the run's (--arch, HARNESS_ARCH or the device's): drop it"),
+    (re.compile(r"^-?-use_fast_math$"), lambda v: "write FAST_MATH = True instead"),
+    (re.compile(r"^-?-fmad(?:=(\w+))?$"), lambda v: f"write FMAD = {(v or 'true').lower() == 'true'} instead"),
+    (re.compile(r"^-?-ftz(?:=(\w+))?$"), lambda v: f"write FTZ = {(v or 'true').lower() == 'true'} instead"),
+    (re.compile(r"^-?-prec-(?:div|sqrt)(?:=(\w+))?$"),
+     lambda v: "write FAST_MATH = True instead (approximate division and square root)"),
+    (re.compile(r"^(-I|--include-path(=|$)|-isystem)"),
+     lambda v: 'write INCLUDE_DIRS = ("DIR",) instead, so that their headers are in the cache key'),
+)
+
+
+def _extra_flags(launcher: Path, flags: tuple[str, ...]) -> tuple[str, ...]:
+    for flag in flags:
+        for pattern, fix in _OWNED_FLAGS:
+            m = pattern.match(flag)
+            if m:
+                value = m.group(1) if m.groups() and m.group(1) and not m.group(1).startswith("-") else None
+                raise LauncherError(f"{launcher}: EXTRA_FLAGS sets {flag}: {fix(value)} (a second spelling of a "
+                                    "setting the harness records would make the record wrong)")
+    return flags
+
+
 def _bool(launcher: Path, name: str, value, allow_none: bool = False):
     if isinstance(value, bool) or (allow_none and value is None):
         return value
@@ -180,6 +215,9 @@ def declared_settings(source: str | os.PathLike) -> ModuleSettings:
             f"{launcher}: NAME_EXPRESSIONS must be a tuple of C++ name expressions (strings), got "
             f"{names!r}; write e.g. NAME_EXPRESSIONS = (\"my_kernel<256>\",) (note the trailing comma)"
         )
+    if any(not n.strip() for n in names):
+        raise LauncherError(f"{launcher}: NAME_EXPRESSIONS holds an empty string: each entry names a kernel; write "
+                            "e.g. NAME_EXPRESSIONS = (\"my_kernel<256>\",)")
     compiler = g("COMPILER", "auto")
     if compiler not in COMPILERS:
         raise LauncherError(f"{launcher}: COMPILER must be one of {', '.join(map(repr, COMPILERS))}, got {compiler!r}")
@@ -196,9 +234,10 @@ def declared_settings(source: str | os.PathLike) -> ModuleSettings:
         fast_math=_bool(launcher, "FAST_MATH", g("FAST_MATH", False)),
         ftz=_bool(launcher, "FTZ", g("FTZ", None), allow_none=True),
         fmad=_bool(launcher, "FMAD", g("FMAD", True)),
-        extra_flags=_strings(launcher, "EXTRA_FLAGS", g("EXTRA_FLAGS", ()), "--maxrregcount=64"),
+        extra_flags=_extra_flags(launcher, _strings(launcher, "EXTRA_FLAGS", g("EXTRA_FLAGS", ()), "--maxrregcount=64")),
         include_dirs=include_dirs,
         compiler=compiler,
         device_view=_bool(launcher, "DEVICE_VIEW", g("DEVICE_VIEW", True)),
+        host_only=_bool(launcher, "HOST_ONLY", g("HOST_ONLY", False)),
         declared_in=str(launcher),
     )

@@ -39,6 +39,7 @@ __all__ = [
     "mentions",
     "reachable_functions",
     "strip_comments_and_literals",
+    "struct_fields",
 ]
 
 
@@ -265,6 +266,33 @@ def function(text: str, name: str) -> FunctionSource:
 def function_body(text: str, name: str) -> str:
     """The brace-matched body of the one definition of `name` (comments blanked)."""
     return function(text, name).body
+
+
+def struct_fields(text: str, name: str) -> list[tuple[str, str]]:
+    """[(field, type)] of the data members of `struct name { ... };`, in declaration order: what
+    a launcher that packs the struct by hand (a NumPy structured dtype) must match. `int a, b;`
+    is two fields of type `int`; a pointer's type ends in `*` (`void *__restrict__ p` is
+    (`p`, `void*`)); `using`, `static` members and member functions are not fields. Raises
+    `SourceError` when the file does not define the struct once."""
+    clean = strip_comments_and_literals(text)
+    found = list(re.finditer(rf"\b(?:struct|class)\s+{re.escape(name)}\s*(?::[^{{;]*)?{{", clean))
+    if len(found) != 1:
+        raise SourceError(f"`struct {name} {{` is defined {len(found)} times here; a structural gate needs one "
+                          "definition (check the name)")
+    body = clean[found[0].end():_matching(clean, found[0].end() - 1, "{", "}")]
+    fields = []
+    for decl in body.split(";"):
+        decl = " ".join(decl.replace("__restrict__", " ").split())
+        if not decl or "(" in decl or decl.startswith(("using ", "typedef ", "static ", "public:", "private:")):
+            continue
+        head = re.match(rf"((?:const |volatile |unsigned |signed )*{_IDENT}(?:::{_IDENT})*)\s*(.*)$", decl)
+        if head is None:
+            continue
+        for declarator in head.group(2).split(","):
+            declarator = declarator.split("=")[0].strip()
+            stars = len(declarator) - len(declarator.lstrip("*"))
+            fields.append((declarator.lstrip("* ").split("[")[0].strip(), head.group(1) + "*" * stars))
+    return fields
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 NVCC_ENV = "HARNESS_NVCC"
 SHIMS = Path(__file__).resolve().parent / "shims"
+STANDIN = Path(__file__).resolve().parent / "standin"  # harness_set_aside.h (harness.deviceview), both compilers
 
 
 class IncludeDirError(ValueError):
@@ -184,9 +185,11 @@ def cccl_version() -> str:
 
 
 @lru_cache(maxsize=None)
-def shims_version() -> str:
+def shims_version(folder: Path = SHIMS) -> str:
+    """A hash of the files in `folder` (the NVRTC shims by default; `STANDIN` too): their
+    version in the cache key and the recorded options."""
     h = hashlib.sha256()
-    for p in sorted(SHIMS.iterdir()):
+    for p in sorted(folder.iterdir()):
         if p.is_file():
             h.update(p.name.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:16]

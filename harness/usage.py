@@ -210,6 +210,20 @@ def server_start_problem(value: str | None) -> str | None:
             "its server where that is safe) or set spawn to start the server as a fresh interpreter")
 
 
+def cache_max_problem(value: str | None) -> str | None:
+    """HARNESS_CACHE_MAX (`harness.cubin_cache.CACHE_MAX_ENV`): unset, empty, or a size. Every
+    command that keeps a cache and the pytest plugin check it here, before any work."""
+    from harness.cubin_cache import CacheLimitError, parse_size
+
+    if value is None or not value.strip():
+        return None
+    try:
+        parse_size(value)
+    except CacheLimitError as exc:
+        return f"{exc} (unset it for the default, 256M)"
+    return None
+
+
 def check_configuration(config) -> None:
     """The plugin's options and the environment, checked once before collection: raises
     pytest.UsageError (one line, `harness: ...`) on the first problem. The kernel root and the
@@ -218,6 +232,7 @@ def check_configuration(config) -> None:
 
     from harness import _settings
     from harness._settings import SERVER_START_ENV
+    from harness.cubin_cache import CACHE_MAX_ENV
 
     opt = config.option
     problems = []
@@ -230,6 +245,7 @@ def check_configuration(config) -> None:
             problems.append(f"--harness-report {opt.harness_report} cannot be made: {unwritable}; pass a folder you "
                             "can write to")
     problems.append(server_start_problem(os.environ.get(SERVER_START_ENV)))
+    problems.append(cache_max_problem(os.environ.get(CACHE_MAX_ENV)))
     for problem in problems:
         if problem:
             raise pytest.UsageError(f"harness: {problem}")

@@ -181,7 +181,8 @@ def test_a_header_whose_device_code_needs_host_code_names_the_header_and_line(tm
     assert f"{(tmp_path / 'h.cuh').resolve()}(9): error: identifier \"cublasHandle_t\" is undefined" in text
     assert "h.cuh line 3: #include <cublas_v2.h> (a host-only library header)" in text
     assert "kept although host-only, because kept code names them" in text
-    assert f"h.cuh line {line}: declaration g_scale (host-only, kept: kept code names it)" in text
+    assert (f"h.cuh line {line}: declaration g_scale (host-only, kept: kept code names it; device code cannot read "
+            "a host variable: make it constexpr, or __device__ or __constant__)") in text
     assert "harness-view-" not in text  # no temporary folder named: the user's own files
 
 
@@ -303,7 +304,22 @@ def test_a_host_type_is_set_aside_unless_kept_code_names_it_or_it_has_device_mem
     assert view.text.splitlines()[0].strip() == "" and view.text.splitlines()[1:] == header.splitlines()[1:]
 
 
-def test_a_headers_host_alias_that_the_cu_names_is_kept():
+def test_a_headers_host_alias_that_the_cu_names_is_kept_and_not_called_host_only():
     header = "using index_t = int;\ntypedef float acc_t;\n"
     view = views("__global__ void k(acc_t* x) { x[0] = 1.f; }\n", header)[1]
-    assert [s.what for s in view.set_aside] == ["alias index_t"] and view.kept_host[0].what == "alias acc_t"
+    assert [s.what for s in view.set_aside] == ["alias index_t"] and view.kept_host == ()
+
+
+def test_a_plain_data_struct_a_kernel_takes_is_kept_and_not_called_host_only():
+    """A parameter struct (data members, a nested alias, no member function) is as much device
+    code as host code: kept, and not listed with host code device code cannot use."""
+    header = ("struct ConvParams {\n    using index_t = uint32_t;\n    int batch, dim;\n    index_t stride;\n"
+              "    void *__restrict__ x_ptr;\n    static constexpr int kMax = 4;\n};\n"
+              "struct Timer { int t; void start() { t = 0; } };\n"
+              "constexpr int twice(int n) { return 2 * n; }\n")
+    view = views("__global__ void k(ConvParams p, Timer* t) { p.batch = twice(p.dim); }\n", header)[1]
+    assert view.set_aside == ()
+    assert [(s.what, s.reason.split("; ", 1)[1]) for s in view.kept_host] == [
+        ("type Timer", "its member functions are host code: give those device code calls __host__ __device__"),
+        ("function twice", "a constexpr function: declare the upstream build's --expt-relaxed-constexpr in "
+                           "EXTRA_FLAGS (NVRTC: -default-device), or give it __host__ __device__")]

@@ -2,6 +2,7 @@
 usage, errors, and the `python -m harness compile` command."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -418,3 +419,81 @@ def test_nvrtcs_log_and_cubin_are_read_into_buffers_of_their_own_never_a_shared_
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "'' True 32 a b\n", repr(proc.stdout)
+
+
+# ------------------------------------------------------------------ an upstream build's nvcc flags
+
+# A torch extension's setup.py passes these to nvcc (causal-conv1d's and fast-hadamard-transform's;
+# their --use_fast_math is the launcher's FAST_MATH = True).
+UPSTREAM_NVCC_FLAGS = ("-O3", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+                       "--expt-relaxed-constexpr", "--expt-extended-lambda", "--ptxas-options=-v", "-lineinfo",
+                       "--threads", "4")
+RELAXED_CONSTEXPR = textwrap.dedent("""\
+    constexpr int twice(int n) { return 2 * n; }
+    template <int N> struct Traits { static constexpr int kSmem = twice(N); };
+    extern "C" __global__ void k(float* out) { out[threadIdx.x] = Traits<64>::kSmem + twice(threadIdx.x); }
+    """)
+
+
+def test_an_upstream_builds_nvcc_flags_are_taken_by_nvrtc_as_nvrtc_spells_them(tmp_path):
+    (tmp_path / "k.cu").write_text(RELAXED_CONSTEXPR)
+    (tmp_path / "k.py").write_text(f"FAST_MATH = True\nEXTRA_FLAGS = {UPSTREAM_NVCC_FLAGS!r}\n")
+    mod = compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
+    assert mod.backend == "nvrtc" and [r.kernel for r in mod.resources] == ["k"]
+    extra = mod.options[mod.options.index("--std=c++17") + 1:]
+    assert extra == ("-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-default-device",
+                     "--ptxas-options=-v", "-lineinfo"), extra
+
+
+def test_nvcc_gets_an_upstream_builds_flags_verbatim(tmp_path):
+    from harness import toolchain
+
+    if toolchain.find_nvcc() is None:
+        pytest.skip("nvcc is not installed here")
+    (tmp_path / "k.cu").write_text(RELAXED_CONSTEXPR)
+    (tmp_path / "k.py").write_text(f"COMPILER = 'nvcc'\nEXTRA_FLAGS = {UPSTREAM_NVCC_FLAGS!r}\n")
+    mod = compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", use_cache=False)
+    assert mod.backend == "nvcc" and mod.options[-len(UPSTREAM_NVCC_FLAGS):] == UPSTREAM_NVCC_FLAGS
+
+
+# ------------------------------------------------------------------ what the device view set aside, grouped
+
+INSTANTIATED = textwrap.dedent("""\
+    #include <vector>
+    template <typename T> __global__ void k(T* x) { x[threadIdx.x] += T(1); }
+    template <typename T> void launch(T* x, int n) { k<T><<<1, n>>>(x); }
+    template <typename T> void launch2(T* x, int n) { k<T><<<2, n>>>(x); }
+    template void launch<float>(float*, int);
+    template void launch<double>(double*, int);
+    template void launch<int>(int*, int);
+    template void launch<short>(short*, int);
+
+    template void launch2<float>(float*, int);
+    template void launch2<double>(double*, int);
+    template void launch<unsigned>(unsigned*, int);
+    """)
+
+
+def test_explicit_instantiations_set_aside_are_one_line_per_template_in_the_command_and_the_item(tmp_path):
+    root = tmp_path / "kernels"
+    root.mkdir()
+    (tmp_path / "pytest.ini").write_text("[pytest]\nkernel_root = kernels\n")
+    (root / "k.cu").write_text(INSTANTIATED)
+    (root / "k.py").write_text('NAME_EXPRESSIONS = ("k<float>",)\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    cmd = subprocess.run([sys.executable, "-m", "harness", "compile", "--cache-dir", str(tmp_path / "c")], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert cmd.returncode == 0, cmd.stderr
+    (detail,) = [line for line in cmd.stdout.splitlines() if line.startswith("k.cu: compiled by")]
+    assert detail.endswith(
+        "device view set aside: line 1: #include <vector> (a host-only library header); line 3: function launch (host "
+        "code: no __global__ or __device__, and no kept code names it); line 4: function launch2 (host code: no "
+        "__global__ or __device__, and no kept code names it); lines 5-8, 12: 5 instantiations of launch (host code: "
+        "no __global__ or __device__, and no kept code names it); lines 10-11: 2 instantiations of launch2 (host "
+        "code: no __global__ or __device__, and no kept code names it)"), detail
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"], cwd=tmp_path,
+                         env={**env, "HARNESS_CACHE_DIR": str(tmp_path / "c")}, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout
+    assert "  lines 5-8, 12: 5 instantiations of launch (host code" in run.stdout
+    assert "line 5: instantiation" not in run.stdout

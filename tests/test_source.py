@@ -17,6 +17,7 @@ from harness.source import (
     mentions,
     reachable_functions,
     strip_comments_and_literals,
+    struct_fields,
 )
 
 KERNEL = r"""
@@ -187,3 +188,20 @@ def test_read_source_returns_the_text_and_notes_it_for_the_running_gate(tmp_path
         assert str(f) in coverage.current().sources or "k.cu" in coverage.current().sources
     finally:
         coverage.reset()
+
+
+def test_struct_fields_lists_a_structs_data_members_in_order_with_pointer_types():
+    text = ("// struct Params { int stale; };\n"
+            "struct Params : public Base {\n    using index_t = uint32_t;\n    int batch, dim;  // two\n"
+            "    bool silu;\n    index_t stride;\n    void *__restrict__ x_ptr;\n    const float *w, bias[4];\n"
+            "    unsigned int n = 3;\n    static constexpr int kMax = 4;\n    int size() const { return batch; }\n};\n")
+    assert struct_fields(text, "Params") == [
+        ("batch", "int"), ("dim", "int"), ("silu", "bool"), ("stride", "index_t"), ("x_ptr", "void*"),
+        ("w", "const float*"), ("bias", "const float"), ("n", "unsigned int")]
+
+
+def test_struct_fields_of_a_struct_defined_twice_or_not_at_all_names_the_problem():
+    with pytest.raises(SourceError, match=r"`struct P \{` is defined 0 times here"):
+        struct_fields("struct Q { int a; };", "P")
+    with pytest.raises(SourceError, match=r"is defined 2 times here"):
+        struct_fields("struct P { int a; };\nstruct P { int b; };", "P")
