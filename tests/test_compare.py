@@ -395,8 +395,8 @@ def test_a_side_that_gave_no_verdict_says_why_in_its_own_words_on_the_terminal(p
     result = compare(project, "--compare-to=HEAD")
     assert result.ret == 1
     line = next(x for x in result.stdout.lines if x.strip().startswith("gates/test_k.py::test_scaled: not compared"))
-    assert "REF gave no verdict: not run (the pytest process exited 4 without a report; its pytest said: " \
-        "ERROR: this project runs no gate over a REF tree; its log: report/compare-ref.log)" in line, line
+    assert "REF gave no verdict: not run (the pytest process exited 4 without a report: this project runs no " \
+        "gate over a REF tree; its log: report/compare-ref.log)" in line, line
     assert "ERROR: this project runs no gate over a REF tree" in (project.path / "report" / "compare-ref.log").read_text()
 
 

@@ -71,6 +71,8 @@ def settle(name: str, run: GateRuns, gates: list[str], absent: frozenset[str], r
     if note and run.log:
         note = note.replace(f"; see {run.log}", "")  # the log is named below, where it is kept
     said = own_words(run.log, last=not note) if not run.timed_out else None
+    if said and note and said.removeprefix("ERROR: ").strip() in note:
+        said = None  # the run's note quotes it already (a pytest that refused its arguments)
     words = [x for x in (note, f"its pytest said: {said}" if said else None) if x]
     if run.log and Path(run.log).is_file():
         kept.parent.mkdir(parents=True, exist_ok=True)
