@@ -318,10 +318,31 @@ def test_no_nvidia_driver_is_named_as_such_not_as_a_driver_version(monkeypatch):
     from harness import device
 
     monkeypatch.setattr(device, "_driver_present", lambda: False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     p = device._probe.__wrapped__()
     assert not p.usable
     assert "this machine has no NVIDIA driver (libcuda.so.1 is not installed)" in p.error
     assert "version" not in p.error
+
+
+def test_every_device_hidden_is_a_machine_with_no_driver_and_is_named_as_such(monkeypatch):
+    # CUDA_VISIBLE_DEVICES="" on a machine with a driver: no pool forked at configure, no probe
+    # process, no CuPy import, as where there is no driver; the probe names the variable
+    import ctypes
+
+    from harness import device
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: object())  # the driver's library loads
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device._driver_present()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not device._driver_present()
+    p = device._probe.__wrapped__()
+    assert (p.count, p.error) == (0, "no CUDA device was found: CUDA_VISIBLE_DEVICES is empty, which hides every "
+                                     "device; unset it, or name a device, to run the GPU gates")
+    assert device.why_no_driver() == p.error
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert device._driver_present() and device.why_no_driver() == device.NO_DRIVER
 
 
 def test_a_probe_process_that_does_not_answer_is_an_error_and_is_killed(tmp_path, monkeypatch):
