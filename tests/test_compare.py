@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from harness.compare import compare_arm, compare_sides, ordered
+from tests._machine import use_child_env
 
-REPO = Path(__file__).resolve().parents[1]
 PLUGIN = ("-p", "harness.plugin")
 
 GATE = """
@@ -51,7 +51,7 @@ def git(root: Path, *args: str) -> str:
 
 @pytest.fixture
 def project(pytester, monkeypatch, tmp_path):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     for var in ("HARNESS_REQUIRE_GPU", "HARNESS_KERNEL_ROOT", "HARNESS_ARMS_OUT"):
         monkeypatch.delenv(var, raising=False)

@@ -14,6 +14,7 @@ from harness.compile import CompileError, compile_file
 from harness.compile_options import recorded_options
 from harness.includes import source_closure
 from harness.modsettings import LauncherError
+from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,7 +138,7 @@ def test_a_missing_kernel_root_is_refused(tmp_path):
 
 def run_cli(*args, cwd=REPO):
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                          env=child_env())
 
 
 def test_the_compile_command_prints_a_table_and_hits_on_the_second_run(tree, tmp_path):

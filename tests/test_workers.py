@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_plugin import FAKE_DEVICE_CONFTEST, NO_DEVICE  # noqa: F401  (suite fixture below)
+from tests.test_plugin import FAKE_DEVICE_CONFTEST
+from tests._machine import use_child_env
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 # A gate that blocks in a C call no Python signal handler can interrupt: every signal is
 # masked in the thread, then libc's sleep() waits. Only SIGKILL ends it.
@@ -29,7 +29,7 @@ def block_forever_in_c():
 
 @pytest.fixture
 def suite(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     # One lane: these tests are of the main worker, whatever the machine's cores (lanes: test_lanes.py).
     pytester.makeini("[pytest]\nkernel_root = .\nharness_lanes = 1\n")
     pytester.makeconftest(FAKE_DEVICE_CONFTEST + BLOCKED_IN_C)
@@ -271,8 +271,7 @@ def test_a_missing_sanitizer_says_how_to_install_it(suite, monkeypatch, tmp_path
 
 
 def test_sanitize_without_a_device_is_one_clear_error(pytester, monkeypatch, tmp_path):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    use_child_env(monkeypatch)  # no device
     fake = tmp_path / "compute-sanitizer"
     fake.write_text("#!/bin/sh\nexec \"$@\"\n")
     fake.chmod(0o755)
