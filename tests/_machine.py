@@ -78,6 +78,7 @@ class Optional:
     require: str  # the environment variable under which its absence fails (.ci/run sets it)
 
     def absent(self) -> NoReturn:
+        __tracebackhide__ = True  # a skip is reported where the test asked, not here
         why = f"{self.what} is not installed: {self.install}"
         if os.environ.get(self.require):
             pytest.fail(f"{why} ({self.require} is set: this machine must have it)")
@@ -85,6 +86,7 @@ class Optional:
 
     def module(self, name: str) -> ModuleType:
         """The module `name`, or `absent()` where it cannot be imported."""
+        __tracebackhide__ = True
         try:
             return importlib.import_module(name)
         except ImportError:
@@ -92,6 +94,7 @@ class Optional:
 
     def program(self, *names: str) -> str:
         """The first of `names` on PATH, or `absent()`."""
+        __tracebackhide__ = True
         for name in names:
             found = shutil.which(name)
             if found:
