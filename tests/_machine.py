@@ -38,15 +38,14 @@ def pythonpath(*first: str | Path) -> str:
     return os.pathsep.join(dict.fromkeys(p for p in parts if p))
 
 
-def child_env(extra: dict[str, str | None] | None = None, *, gpu: bool = False, inherit: bool = True,
+def child_env(extra: dict[str, str | None] | None = None, *, inherit: bool = True,
               first: tuple[str | Path, ...] = ()) -> dict[str, str]:
     """An environment for a child process: this process's (or, `inherit=False`, only PATH),
-    PYTHONPATH from `pythonpath(*first)`, every device hidden unless `gpu`, then `extra` (a
-    value of None removes that variable)."""
+    PYTHONPATH from `pythonpath(*first)`, every device hidden, then `extra` (a value of None
+    removes that variable: `{"CUDA_VISIBLE_DEVICES": None}` gives back this machine's devices)."""
     env = dict(os.environ) if inherit else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     env["PYTHONPATH"] = pythonpath(*first)
-    if not gpu:
-        env.update(NO_GPU)
+    env.update(NO_GPU)
     for name, value in (extra or {}).items():
         if value is None:
             env.pop(name, None)
@@ -55,11 +54,10 @@ def child_env(extra: dict[str, str | None] | None = None, *, gpu: bool = False, 
     return env
 
 
-def use_child_env(monkeypatch: pytest.MonkeyPatch, extra: dict[str, str | None] | None = None, *,
-                  gpu: bool = False, first: tuple[str | Path, ...] = ()) -> None:
+def use_child_env(monkeypatch: pytest.MonkeyPatch, extra: dict[str, str | None] | None = None) -> None:
     """`child_env` set on this process's environment for the test's length: the children that
     pytester and the harness start inherit it."""
-    for name, value in child_env(extra, gpu=gpu, first=first).items():
+    for name, value in child_env(extra).items():
         if os.environ.get(name) != value:
             monkeypatch.setenv(name, value)
     for name in [n for n, v in (extra or {}).items() if v is None]:
