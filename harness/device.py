@@ -52,6 +52,8 @@ class DeviceProbe:
 _adopted: DeviceProbe | None = None
 NO_DRIVER = ("no CUDA device was found: this machine has no NVIDIA driver (libcuda.so.1 is not installed); "
              "run the GPU gates on a machine with an NVIDIA GPU and its driver")
+HIDDEN = ("no CUDA device was found: CUDA_VISIBLE_DEVICES is empty, which hides every device; "
+          "unset it, or name a device, to run the GPU gates")
 
 
 def adopt_probe(p: DeviceProbe) -> None:
@@ -70,7 +72,7 @@ def _probe() -> DeviceProbe:
     # The driver first: where it is missing, no device can be, and CuPy's import (about 0.15
     # CPU-s) is not paid by every process of a GPU-less machine that asks.
     if not _driver_present():
-        return DeviceProbe(count=0, error=NO_DRIVER)
+        return DeviceProbe(count=0, error=why_no_driver())
     try:
         import cupy
     except Exception as exc:  # no CuPy, or CuPy cannot load its runtime
@@ -95,14 +97,23 @@ def _probe() -> DeviceProbe:
 
 
 def _driver_present() -> bool:
-    """Whether the NVIDIA driver's library loads (without initialising CUDA)."""
+    """Whether a device may be usable here, without initialising CUDA: CUDA_VISIBLE_DEVICES
+    does not hide every device, and the NVIDIA driver's library loads. With every device
+    hidden, a machine with a GPU is one with none: no pool, no probe process, no CuPy import."""
     import ctypes
 
+    if visible_entries() == []:
+        return False
     try:
         ctypes.CDLL("libcuda.so.1")
     except OSError:
         return False
     return True
+
+
+def why_no_driver() -> str:
+    """Why `_driver_present()` said no: every device hidden, or no driver."""
+    return HIDDEN if visible_entries() == [] else NO_DRIVER
 
 
 def _uuid_text(raw) -> str:

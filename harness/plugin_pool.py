@@ -117,7 +117,7 @@ def probe_beside_xdist(st, config: pytest.Config) -> None:
     from harness.pool import controller
 
     if not device._driver_present():
-        refuse_without_device(st, {"count": 0, "error": device.NO_DRIVER})
+        refuse_without_device(st, {"count": 0, "error": device.why_no_driver()})
         return
     config.pluginmanager.register(_ProbeAnswer(st, controller.ProbeProcess(config.invocation_params.dir)),
                                   "harness-controller-probe")

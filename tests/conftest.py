@@ -1,16 +1,12 @@
-"""The `torch` fixture: torch (the CPU build is enough) for the tests of the harness's torch paths.
+"""The fixtures of optional things: `torch` (the CPU build is enough) for the tests of the
+harness's torch paths, `nvcc` for the nvcc backend's. Where one is absent its tests skip, or
+fail under its HARNESS_REQUIRE_* variable, as every optional extra does (tests/_machine.py)."""
 
-torch is an optional extra of the harness, so these tests skip where it is not installed,
-naming how to install it, except under HARNESS_REQUIRE_TORCH (set by .ci/run, which
-installs it): there a missing torch fails them, so CI never passes having skipped the torch
-paths."""
-
-import os
 import sys
 
 import pytest
 
-INSTALL = "pip install torch==2.13.0 (the CPU build; .ci/run installs it)"
+from tests._machine import NVCC, TORCH
 
 
 # Session scope: torch's C extension loads once a process. pytester puts sys.modules back after
@@ -19,14 +15,13 @@ INSTALL = "pip install torch==2.13.0 (the CPU build; .ci/run installs it)"
 # a segmentation fault, in CI). Imported here first, it is in every pytester snapshot.
 @pytest.fixture(scope="session")
 def torch():
-    try:
-        import torch as module
-    except ImportError:
-        why = f"torch is not installed: {INSTALL}"
-        if os.environ.get("HARNESS_REQUIRE_TORCH"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return module
+    return TORCH.module("torch")
+
+
+@pytest.fixture(scope="session")
+def nvcc() -> str:
+    """nvcc's path, for the tests of the nvcc backend (a CUDA toolkit is optional: tests/_machine.py)."""
+    return NVCC.program("nvcc")
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ from harness.arch import ArchError, check_arch
 from harness.compile import CompileError, compile_file, declared_name_expressions
 from harness.cubin_cache import CacheNotWritable, _warned_caches
 from harness.modsettings import LauncherError
+from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = Path(__file__).parent / "fixtures" / "controls_suite"
@@ -23,21 +24,14 @@ SUITE = Path(__file__).parent / "fixtures" / "controls_suite"
 KERNEL = 'extern "C" __global__ void plain(float* out) { out[threadIdx.x] = 2.0f; }\n'
 
 
-def python_path() -> str:
-    """This checkout's harness first, what PYTHONPATH held kept (the device's extra wheels)."""
-    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-
-
 def run_harness(*args, cwd, env=None):
-    full_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
-                          env=full_env, timeout=300)
+                          env=child_env(env), timeout=300)
 
 
 def run_pytest(*args, cwd, env=None):
-    full_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
-                          capture_output=True, text=True, env=full_env, timeout=300)
+                          capture_output=True, text=True, env=child_env(env), timeout=300)
 
 
 def one_clear_line(result, *needles: str) -> str:
@@ -248,9 +242,9 @@ def test_controls_refuse_a_deadline_that_is_not_a_positive_finite_number(value, 
 
 
 def test_controls_without_static_on_a_machine_with_no_gpu_say_so_and_what_to_run(tmp_path):
-    """CUDA_VISIBLE_DEVICES="" hides any device, so this holds on the GPU machine too."""
+    """run_harness hides every device (child_env), so this holds on the GPU machine too."""
     result = run_harness("controls", "value_changed", "--rootdir", str(SUITE), "--report", str(tmp_path / "r"),
-                         cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
+                         cwd=tmp_path)
     assert result.returncode == 2
     one_clear_line(result, "controls run their gates on a CUDA device, and this machine has none usable",
                    "run `python -m harness controls --static` here")

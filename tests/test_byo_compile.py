@@ -3,8 +3,6 @@ declaration of compile settings, the options recorded = the options the compiler
 and the bad-input table (missing include dir, a header in two dirs, an inseparable host
 section, nvcc absent)."""
 
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,9 +17,8 @@ from harness.deviceview import DeviceViewError, device_view
 from harness.includes import include_path
 from harness.modsettings import LauncherError, ModuleSettings
 from harness.toolchain import IncludeDirError, NvccNotFound
+from tests._machine import child_env
 
-REPO = Path(__file__).resolve().parents[1]
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="the nvcc backend needs nvcc (a CUDA toolkit)")
 
 KERNEL = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n'
 
@@ -172,7 +169,7 @@ def test_cupys_bundled_cccl_is_found_without_importing_cupy():
     assert out.stdout.split() == ["False", "True", "True"], out.stdout + out.stderr
 
 
-@needs_nvcc
+@pytest.mark.usefixtures("nvcc")
 def test_the_backend_rule_nvcc_for_cub_cuh_and_name_expressions_map_back(tmp_path, cache):
     write(tmp_path, {"k.cu": """\
         #include <cub/cub.cuh>
@@ -197,8 +194,7 @@ def test_nvcc_requested_but_absent_is_one_clear_error(tmp_path, cache, monkeypat
         compile_file("k.cu", kernel_root=tmp_path, arch="sm_90", cache_dir=cache)
     msg = str(err.value)
     assert "COMPILER = 'nvcc'" in msg and "HARNESS_NVCC=" in msg and "pip install nvidia-cuda-nvcc" in msg
-    env = dict(os.environ, HARNESS_NVCC=str(tmp_path / "no-nvcc"), HARNESS_CACHE_DIR=str(cache),
-               PYTHONPATH=str(REPO))
+    env = child_env({"HARNESS_NVCC": str(tmp_path / "no-nvcc"), "HARNESS_CACHE_DIR": str(cache)})
     proc = subprocess.run([sys.executable, "-m", "harness", "compile", "--kernel-root", str(tmp_path)], cwd=tmp_path,
                           env=env, capture_output=True, text=True)
     assert proc.returncode == 1 and "nvcc not found" in proc.stdout and "pip install nvidia-cuda-nvcc" in proc.stderr
@@ -212,7 +208,7 @@ CONFTEST = 'import sys\nif "harness.plugin" not in sys.modules:\n    pytest_plug
 
 def test_an_include_dir_that_does_not_exist_is_a_usage_error(tmp_path):
     write(tmp_path / "kernels", {"k.cu": KERNEL})
-    env = dict(os.environ, PYTHONPATH=str(REPO), HARNESS_CACHE_DIR=str(tmp_path / "c"))
+    env = child_env({"HARNESS_CACHE_DIR": str(tmp_path / "c")})
     proc = subprocess.run([sys.executable, "-m", "harness", "compile", "--kernel-root", "kernels", "--include-dir",
                            "nowhere"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 2
@@ -298,7 +294,7 @@ def test_the_declared_settings_are_what_nvrtc_receives_and_what_is_recorded(tmp_
 
 def test_every_tool_compiles_the_same_cubin_from_the_one_declaration(tmp_path, cache):
     write(tmp_path, {"k.cu": TEMPLATED, "k.py": LAUNCHER})
-    env = dict(os.environ, PYTHONPATH=str(REPO), HARNESS_CACHE_DIR=str(cache))
+    env = child_env({"HARNESS_CACHE_DIR": str(cache)})
     proc = subprocess.run([sys.executable, "-m", "harness", "compile", "--kernel-root", str(tmp_path)], cwd=tmp_path,
                           env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -370,7 +366,7 @@ def test_gates_json_records_the_options_each_gates_module_was_compiled_with(tmp_
                              monkeypatch.setattr(kernels, "load", lambda compiled: compiled)  # no GPU here
                              assert kernels.module("k.cu").symbol_mapping
                          """})
-    env = dict(os.environ, PYTHONPATH=str(REPO), HARNESS_CACHE_DIR=str(tmp_path / "c"), CUDA_VISIBLE_DEVICES="")
+    env = child_env({"HARNESS_CACHE_DIR": str(tmp_path / "c")})
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "gates",
                            "--harness-report", str(tmp_path / "rep")], cwd=tmp_path, env=env, capture_output=True,
                           text=True)

@@ -4,7 +4,6 @@ through NVRTC with its headers' host code set aside, its CPU gates are green wit
 its controls apply and compile, and the two structural controls are proven."""
 
 import hashlib
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 from harness import _settings
 from harness.compile import compile_file
 from harness.modsettings import declared_settings
+from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "fixtures" / "flashinfer_norm"
@@ -34,9 +34,7 @@ def fresh_settings():
 
 
 def run(args, tmp_path, cache, timeout=600):
-    env = dict(os.environ, HARNESS_CACHE_DIR=str(cache), CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("HARNESS_KERNEL_ROOT", None)
+    env = child_env({"HARNESS_CACHE_DIR": str(cache), "HARNESS_KERNEL_ROOT": None})
     return subprocess.run([sys.executable, *args], cwd=TREE, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -6,8 +6,6 @@ a header outside the root, a symlink leading outside it, nvcc, the trap shadow) 
 rules the headers needed (types, macros, names used across files)."""
 
 import hashlib
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,11 +18,11 @@ from harness import _settings
 from harness.compile import CompileError, compile_file
 from harness.deviceview import Unit, device_views
 from harness.modsettings import ModuleSettings, declared_settings
+from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "fixtures" / "headers"
 KERNELS = TREE / "kernels"
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="the nvcc backend needs nvcc (a CUDA toolkit)")
 
 KERNEL = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = twice(x[threadIdx.x]); }\n'
 HOST_HEADER = """\
@@ -58,10 +56,7 @@ def write(folder: Path, files: dict) -> Path:
 
 
 def env(tmp_path) -> dict:
-    e = dict(os.environ, HARNESS_CACHE_DIR=str(tmp_path / "cache"), CUDA_VISIBLE_DEVICES="")
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
-    e.pop("HARNESS_KERNEL_ROOT", None)
-    return e
+    return child_env({"HARNESS_CACHE_DIR": str(tmp_path / "cache"), "HARNESS_KERNEL_ROOT": None})
 
 
 def run(args, cwd, tmp_path, timeout=300):
@@ -257,7 +252,7 @@ def test_a_header_reached_through_a_symlink_leading_outside_is_linked_not_viewed
     assert {s.file for s in mod.set_aside} == {"h.cuh"} and "--include-path=$VIEW" in mod.options
 
 
-@needs_nvcc
+@pytest.mark.usefixtures("nvcc")
 def test_nvcc_compiles_the_headers_views_too(tmp_path, cache):
     write(tmp_path, {"h.cuh": HOST_HEADER.replace("<cublas_v2.h>", "<torch/extension.h>").replace(
                          "cublasHandle_t", "torch::Tensor"),

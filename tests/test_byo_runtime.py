@@ -2,7 +2,6 @@
 pointer), the plugin both installed and passed with -p, and harness.source reading
 constexpr integers and taking #if branches by their defines."""
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ import pytest
 from harness import kernels
 from harness.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, NULL, Refusal, check_dynamic_shared
 from harness.source import SourceError, active_text, constexpr_int, define_int
+from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,9 +94,8 @@ def run_installed(tmp_path, entry_name: str):
     (project / "pytest.ini").write_text("[pytest]\naddopts = -p harness.plugin\nkernel_root = kernels\n")
     (project / "test_x.py").write_text("import pytest\n\n@pytest.mark.structural\ndef test_x():\n    assert True\n")
     (tmp_path / "run.py").write_text(FILTER)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(site)]), CUDA_VISIBLE_DEVICES="",
-               HARNESS_CACHE_DIR=str(tmp_path / "cache"))
-    env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+    env = child_env({"HARNESS_CACHE_DIR": str(tmp_path / "cache"), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": None},
+                    first=(site,))
     return subprocess.run([sys.executable, str(tmp_path / "run.py"), str(site), "-q", "-p", "no:cacheprovider"],
                           cwd=project, env=env, capture_output=True, text=True, timeout=120)
 

@@ -3,20 +3,20 @@ its files, its gates that need no GPU run green, its expected-failure gate leave
 baseline green, and its CPU control is proven."""
 
 import hashlib
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests._machine import child_env
+
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "fixtures" / "byo"
 KERNELS = TREE / "kernels"
 
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
-                                reason="block_scan.cu is compiled by nvcc (cub/cub.cuh); install a CUDA toolkit")
+# block_scan.cu is compiled by nvcc (cub/cub.cuh)
+needs_nvcc = pytest.mark.usefixtures("nvcc")
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +28,7 @@ def cache(tmp_path_factory) -> Path:
 
 
 def env(cache: Path) -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
-    e["HARNESS_CACHE_DIR"] = str(cache)
-    e["CUDA_VISIBLE_DEVICES"] = ""
-    e.pop("HARNESS_KERNEL_ROOT", None)
-    return e
+    return child_env({"HARNESS_CACHE_DIR": str(cache), "HARNESS_KERNEL_ROOT": None})
 
 
 def digests() -> dict[str, str]:

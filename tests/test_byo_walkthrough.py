@@ -3,11 +3,12 @@ written into an empty folder, every block marked `run` is run there (the `run: g
 need a device and are left to a GPU machine), and every `expect:` line must appear in the
 output of the command before it. Then the structural control is proven here."""
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "your-kernels.md"
@@ -29,8 +30,7 @@ def steps():
 def test_the_walkthrough_runs_from_an_empty_folder(tmp_path):
     project = tmp_path / "my-kernels"
     project.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(REPO), HARNESS_CACHE_DIR=str(tmp_path / "cache"), CUDA_VISIBLE_DEVICES="")
-    env.pop("HARNESS_KERNEL_ROOT", None)
+    env = child_env({"HARNESS_CACHE_DIR": str(tmp_path / "cache"), "HARNESS_KERNEL_ROOT": None})
     ran = 0
     all_steps = steps()
     assert sum(1 for f, *_ in all_steps if f) >= 5 and sum(1 for f, g, *_ in all_steps if not f and not g) >= 3

@@ -2,21 +2,20 @@
 settings from any folder of the project (found as pytest finds it), reports in the rootdir,
 and one clear line for bad input. No GPU needed."""
 
-import json
 import re
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests._machine import child_env, use_child_env
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def harness(*args, cwd=REPO, env=None):
-    environ = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=environ, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=child_env(env), capture_output=True,
                           text=True, timeout=600)
 
 
@@ -72,7 +71,7 @@ def test_the_commands_find_the_project_from_a_subfolder(tmp_path, monkeypatch):
 
 
 def test_an_ini_kernel_root_that_is_not_a_folder_is_one_clear_error(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     monkeypatch.delenv("HARNESS_KERNEL_ROOT", raising=False)
     pytester.makeini("[pytest]\nkernel_root = nowhere\n")
     pytester.makepyfile(test_x="import pytest\n\n@pytest.mark.structural\ndef test_x():\n    pass\n")

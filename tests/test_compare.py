@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from harness.compare.arms import compare_arm, compare_sides, ordered
+from tests._machine import child_env, use_child_env
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = ("-p", "harness.plugin")
@@ -51,7 +52,7 @@ def git(root: Path, *args: str) -> str:
 
 @pytest.fixture
 def project(pytester, monkeypatch, tmp_path):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     for var in ("HARNESS_REQUIRE_GPU", "HARNESS_KERNEL_ROOT", "HARNESS_ARMS_OUT"):
         monkeypatch.delenv(var, raising=False)
@@ -515,12 +516,10 @@ def test_large():
 def test_this_repositorys_bare_run_under_compare_to_is_not_spread_over_xdist(tmp_path):
     # With no driver, the repository's conftest spreads a bare run over the CPUs (-n auto); a
     # comparison refuses xdist, so the conftest must leave a bare comparison in one process.
-    import os
     import sys
 
     (tmp_path / "no_driver_here.py").write_text("import harness.device\n\nharness.device._driver_present = lambda: False\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p),
-           "CUDA_VISIBLE_DEVICES": ""}
+    env = child_env(first=(tmp_path,))
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no_driver_here", "-p", "no:cacheprovider", "-q",
                              f"--compare-to={REPO / 'kernels_cu'}", "-k", "no_such_test_anywhere"],
                             cwd=REPO, env=env, capture_output=True, text=True)

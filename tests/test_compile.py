@@ -2,7 +2,6 @@
 usage, errors, and the `python -m harness compile` command."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from harness.compile import CompileError, compile_file
 from harness.compile_options import recorded_options
 from harness.includes import source_closure
 from harness.modsettings import LauncherError
+from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,7 @@ def test_a_missing_kernel_root_is_refused(tmp_path):
 
 def run_cli(*args, cwd=REPO):
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                          env=child_env())
 
 
 def test_the_compile_command_prints_a_table_and_hits_on_the_second_run(tree, tmp_path):
@@ -480,9 +480,8 @@ def test_explicit_instantiations_set_aside_are_one_line_per_template_in_the_comm
     (tmp_path / "pytest.ini").write_text("[pytest]\nkernel_root = kernels\n")
     (root / "k.cu").write_text(INSTANTIATED)
     (root / "k.py").write_text('NAME_EXPRESSIONS = ("k<float>",)\n')
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
     cmd = subprocess.run([sys.executable, "-m", "harness", "compile", "--cache-dir", str(tmp_path / "c")], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300)
+                         env=child_env(), capture_output=True, text=True, timeout=300)
     assert cmd.returncode == 0, cmd.stderr
     (detail,) = [line for line in cmd.stdout.splitlines() if line.startswith("k.cu: compiled by")]
     assert detail.endswith(
@@ -492,7 +491,7 @@ def test_explicit_instantiations_set_aside_are_one_line_per_template_in_the_comm
         "no __global__ or __device__, and no kept code names it); lines 10-11: 2 instantiations of launch2 (host "
         "code: no __global__ or __device__, and no kept code names it)"), detail
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"], cwd=tmp_path,
-                         env={**env, "HARNESS_CACHE_DIR": str(tmp_path / "c")}, capture_output=True, text=True,
+                         env=child_env({"HARNESS_CACHE_DIR": str(tmp_path / "c")}), capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout
     assert "  lines 5-8, 12: 5 instantiations of launch (host code" in run.stdout

@@ -6,28 +6,20 @@ and nothing accepted silently. No GPU needed."""
 from __future__ import annotations
 
 import ctypes
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import harness
 from harness.compile import CompileError, compile_file
+from tests._machine import child_env as machine_env
 
-IMPORT_ROOT = Path(harness.__file__).resolve().parents[1]
 KERNEL = 'extern "C" __global__ void plain(float* out) { out[threadIdx.x] = 2.0f; }\n'
 
 
 def child_env(**extra: str) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    for var in ("HARNESS_KERNEL_ROOT", "HARNESS_CACHE_MAX", "HARNESS_ARCH"):
-        env.pop(var, None)
-    env.update(extra)
-    return env
+    return machine_env({"HARNESS_KERNEL_ROOT": None, "HARNESS_CACHE_MAX": None, "HARNESS_ARCH": None, **extra})
 
 
 def _without_file_permission_override():

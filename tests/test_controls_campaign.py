@@ -20,9 +20,9 @@ from harness.controls import report as control_report
 from harness.controls.cli import ExitStatus, main
 from harness.runs.slots import from_list, run_in_slots
 from harness.controls.spec import Control, Expect, Route
+from tests._machine import use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "controls_suite"
-REPO = Path(__file__).resolve().parents[1]
 
 # every control of the suite but `hangs`, which has a test (and a short deadline) of its own
 CONTROLS = {
@@ -81,9 +81,7 @@ def config(suite: Path, **kw) -> CampaignConfig:
 @pytest.fixture(scope="module")
 def child_env():
     with pytest.MonkeyPatch.context() as mp:
-        # the harness importable from the suite's folder, and what PYTHONPATH held kept (the
-        # device's wheels: tree-sitter, without which a child's cache key would differ)
-        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+        use_child_env(mp)
         # the fake compile gate asserts that a sandboxed run hits the compile check's cubin
         mp.setenv("FAKE_SUITE_SANDBOX_MUST_HIT", "1")
         # the fake gate that plays Ctrl-C signals this process

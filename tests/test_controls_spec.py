@@ -18,8 +18,9 @@ from harness.controls.spec import (
     parse_control,
 )
 
+from tests._machine import use_child_env
+
 SUITE = Path(__file__).parent / "fixtures" / "controls_suite"
-REPO = Path(__file__).resolve().parents[1]
 
 VALID = """
 description = "VALUE 3 becomes 4"
@@ -239,7 +240,7 @@ def test_an_expected_gate_in_a_missing_module_says_node_ids_start_at_the_rootdir
 
 @pytest.fixture
 def suite(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     copy = tmp_path / "suite"
     shutil.copytree(SUITE, copy)
     return copy

@@ -7,6 +7,7 @@ import sys
 from harness import cuda_syntax
 from harness.cuda_syntax import (device_functions, first_error, function_name, is_device_function, is_kernel,
                                  parse, parser, prepare, walk)
+from tests._machine import child_env
 
 SOURCE = b"""\
 #include <cuda_runtime.h>
@@ -88,7 +89,7 @@ def test_importing_the_module_does_not_import_tree_sitter():
     code = ("import sys, harness.cuda_syntax, harness.deviceview, harness.mutate.generate, "
             "harness.mutate.callgraph\n"
             "assert not [m for m in sys.modules if m.startswith('tree_sitter')], sorted(sys.modules)\n")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=cuda_syntax.__file__.rsplit("/harness/", 1)[0])
+    subprocess.run([sys.executable, "-c", code], check=True, env=child_env())
 
 
 def test_available_says_whether_the_parser_can_be_built(monkeypatch):

@@ -5,11 +5,11 @@ needed (NVRTC only)."""
 
 import json
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests._machine import use_child_env
+
 
 GOOD = 'template <int N> __global__ void tiled(float* o) { o[threadIdx.x % N] = N; }\n' \
        'extern "C" __global__ void plain(float* o) { o[threadIdx.x] = 1.0f; }\n'
@@ -20,7 +20,7 @@ LOAD_PLUGIN = 'import sys\npytest_plugins = [] if "harness.plugin" in sys.module
 @pytest.fixture
 def project(pytester, monkeypatch, tmp_path):
     """testpaths names only tests/; the kernel root is kernels/ (a package with a launcher)."""
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
     pytester.makeini("[pytest]\nkernel_root = kernels\ntestpaths = tests\n")
     pytester.makeconftest(LOAD_PLUGIN)

@@ -6,6 +6,8 @@ deleted under docs/ is still named anywhere."""
 import re
 from pathlib import Path
 
+from tests._machine import child_env
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -56,7 +58,6 @@ def test_the_readme_cpu_control_example_runs_as_it_says(tmp_path):
     """The README's control command, run as written (its report in a temp folder instead of the
     repo): exit 0, the control proven by the structural gate that runs with no GPU, and the
     quoted failure lines in the run's log where the README says they are."""
-    import os
     import shlex
     import subprocess
     import sys
@@ -65,8 +66,7 @@ def test_the_readme_cpu_control_example_runs_as_it_says(tmp_path):
     command = re.search(r"`(python -m harness controls [^`]*--no-require-gpu)`", section).group(1)
     argv = shlex.split(command)
     name = argv[4]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as on a machine with no GPU, also where there is one
-    run = subprocess.run([sys.executable, *argv[1:], "--report", str(tmp_path / "report")], cwd=REPO, env=env,
+    run = subprocess.run([sys.executable, *argv[1:], "--report", str(tmp_path / "report")], cwd=REPO, env=child_env(),
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     assert re.search(rf"{name}\s*│\s*proven\s*│\s*yes", run.stdout), run.stdout

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.runs import forkserver
+from tests._machine import use_child_env
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "tests" / "fixtures" / "controls_suite"
@@ -75,9 +76,9 @@ def _run(root: Path, tmp_path: Path, name: str, **env_extra) -> tuple[dict, str,
 
 @pytest.fixture(autouse=True)
 def harness_importable(monkeypatch):
-    """The runs here import the harness from any folder, also where it is not installed (the
-    device runs from a checkout), and keep what PYTHONPATH held (the device's wheels)."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    """The runs here import the harness from any folder, also where it is not installed, on a
+    machine with no GPU (tests/_machine.py)."""
+    use_child_env(monkeypatch)
 
 
 @pytest.fixture

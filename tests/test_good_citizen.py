@@ -1,15 +1,14 @@
 """The plugin in a user's pytest: inert until a project opts in, gates and ordinary tests side
 by side once it does, and `-p no:harness.plugin` as the way out. Each child pytest loads the
-plugin with `-p harness.plugin`, as the installed entry point does in every run."""
+plugin with `-p harness.plugin`, as the installed entry point does in every run, and no other
+installed plugin: what a plain run imports or prints is then the harness's doing."""
 
-import os
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests._machine import use_child_env
+
 PLUGIN = ("-p", "harness.plugin")
 
 PLAIN = """
@@ -26,8 +25,9 @@ def test_nothing_heavy_was_imported_for_it():
 
 @pytest.fixture
 def user(pytester, monkeypatch, tmp_path):
-    """A user's project in an environment where the harness is installed."""
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    """A user's project in an environment where the harness is installed, and no other plugin
+    (another installed plugin may import NumPy, or print)."""
+    use_child_env(monkeypatch, {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     for var in ("HARNESS_REQUIRE_GPU", "HARNESS_KERNEL_ROOT", "HARNESS_CACHE_DIR", "HARNESS_ARCH"):
@@ -129,8 +129,7 @@ def test_a_harness_marker_alone_opts_a_project_in(user):
     assert [g["nodeid"] for g in data["gates"]] == ["test_mixed.py::test_gate"]  # ordinary tests are not records
 
 
-def test_a_project_opted_in_only_by_require_gpu_on_the_command_line(user, monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+def test_a_project_opted_in_only_by_require_gpu_on_the_command_line(user):
     user.makepyfile(test_plain="def test_plain():\n    pass\n")
     result = user.runpytest_subprocess(*PLUGIN)
     result.assert_outcomes(passed=1)  # not opted in: plain pytest
@@ -152,9 +151,9 @@ def test_opting_out_with_p_no_harness_plugin_works_where_a_conftest_names_the_pl
     assert "gates by kind" not in result.stdout.str()
 
 
-@pytest.mark.parametrize("driver", ["as this machine has it", "present"])
+@pytest.mark.parametrize("driver", ["hidden", "present"])
 def test_collect_only_starts_no_pool_and_probes_no_device(user, monkeypatch, tmp_path, driver):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    # "hidden": every device hidden (the user fixture), as on a machine with no driver
     monkeypatch.setenv("HARNESS_POOL_TRACE", str(tmp_path / "trace"))
     user.makeini("[pytest]\nharness_gates = .\n")
     if driver == "present":  # where libcuda loads, a run forks its pool's server before collecting; --collect-only must not

@@ -2,12 +2,15 @@
 wrong at a chosen row, batch size, position, variant or repeat; the failure text is checked
 line by line."""
 
+import sys
+
 import numpy as np
 import pytest
 
 from harness import coverage
 from harness.invariance import (NotBatchInvariant, NotDeterministic, assert_batch_invariant, assert_deterministic,
                                 batch_of)
+from tests._machine import use_child_env
 
 DATA = np.arange(40, dtype=np.float32).reshape(8, 5) / np.float32(3)  # 8 row ids, 5 elements each
 
@@ -98,7 +101,10 @@ def test_bad_arguments_are_one_line():
         assert_deterministic("y", lambda i, v: DATA, repeats=1)
 
 
-def test_a_deterministic_launch_passes_and_a_repeat_that_differs_is_named():
+def test_a_deterministic_launch_passes_and_a_repeat_that_differs_is_named(monkeypatch):
+    # a host run, whatever this machine has: with no CuPy to import, every repeat stays on the
+    # current stream (where a device is, repeats also take two other streams)
+    monkeypatch.setitem(sys.modules, "cupy", None)
     assert_deterministic("y", lambda i, v: DATA.copy(), repeats=5, variants={"chunk=64": 64})
     (tried,) = coverage.current().tried
     assert tried == "determinism of y: 5 repeats under variants ['chunk=64'] on the current stream"
@@ -140,9 +146,8 @@ def test_repeats():
 
 def test_what_a_check_tried_is_in_the_gate_report_and_the_kinds_are_counted(pytester, monkeypatch):
     import xml.etree.ElementTree as ET
-    from pathlib import Path
 
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    use_child_env(monkeypatch)
     pytester.makeini("[pytest]\nharness_gates = gates\n")
     (pytester.mkdir("gates") / "test_host.py").write_text(HOST_GATES)
     result = pytester.runpytest_subprocess("-p", "harness.plugin", "gates", "--junitxml=junit.xml",

@@ -10,8 +10,8 @@ import pytest
 from harness.pool import lanes
 from harness.pool.lanes import Gate, GateTimes, split
 from tests.test_plugin import FAKE_DEVICE_CONFTEST
+from tests._machine import use_child_env
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 def _ids(plan):
@@ -71,7 +71,7 @@ def test_auto_lanes_is_half_the_cores_within_one_and_the_cap():
 
 @pytest.fixture
 def suite(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(pytester.path / "cache"))
     pytester.makeini("[pytest]\nkernel_root = .\n")
     pytester.makeconftest(FAKE_DEVICE_CONFTEST)

@@ -17,6 +17,7 @@ from harness.mutate.campaign import RESULTS_FILE, MutateConfig, run_campaign
 from harness.mutate.execute import judge
 from harness.runs.result import Executor, Executors, GateOutcome, GateRuns
 from harness.mutate.verdicts import MutantResult, Score, Verdict, read_results
+from tests._machine import use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
 SCHEMA = Path(__file__).resolve().parents[1] / "harness" / "mutate" / "schema" / "mutation-testing-report-schema.json"
@@ -31,12 +32,11 @@ def tree_hash(root: Path) -> str:
     return h.hexdigest()
 
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def suite(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the children import this checkout's harness
+    use_child_env(monkeypatch)
     copy = tmp_path / "suite"
     shutil.copytree(SUITE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     return copy
@@ -53,7 +53,7 @@ def recorded_baseline(tmp_path_factory):
     copy = tmp_path_factory.mktemp("baseline") / "suite"
     shutil.copytree(SUITE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", str(REPO))
+        use_child_env(mp)
         cfg = config(copy)
         baseline, coverage = run_baseline(cfg, cfg.cache())
     assert baseline.ok and coverage is not None and coverage.recorded, baseline
@@ -79,7 +79,8 @@ def config(suite: Path, **changes) -> MutateConfig:
 
 
 def validate(doc: dict) -> None:
-    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test dependency (pyproject [test])")
+    import jsonschema  # a test dependency (pyproject [test]): never skipped
+
     jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
 
 

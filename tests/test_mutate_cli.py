@@ -13,6 +13,7 @@ import pytest
 from harness.__main__ import main as harness_main
 from harness.mutate.cli import ExitStatus, main
 from harness.mutate.operators import OPERATORS
+from tests._machine import CHROMIUM, child_env, use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
 REPO = Path(__file__).resolve().parents[1]
@@ -21,7 +22,7 @@ SCHEMA = REPO / "harness" / "mutate" / "schema" / "mutation-testing-report-schem
 
 @pytest.fixture
 def suite(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     copy = tmp_path / "suite"
     shutil.copytree(SUITE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     return copy
@@ -37,6 +38,12 @@ def run(suite: Path, *args: str) -> int:
                  "--report", str(suite / "report"), "--arch", "sm_90", *args])
 
 
+@pytest.fixture
+def browser() -> str:
+    """Headless Chromium renders the mutation report (an optional tool: tests/_machine.py)."""
+    return CHROMIUM.program("chromium", "chromium-browser", "google-chrome")
+
+
 @pytest.fixture(scope="module")
 def static_run(tmp_path_factory):
     """One `--static` run of the fake suite (every operator but the hanging one), read by the
@@ -48,7 +55,7 @@ def static_run(tmp_path_factory):
     shutil.copytree(SUITE, suite, ignore=shutil.ignore_patterns("__pycache__"))
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
-        mp.setenv("PYTHONPATH", str(REPO))
+        use_child_env(mp)
         status = run(suite, "--static", "--jobs", "1", *NO_HANG)
     return status, printed.getvalue(), suite
 
@@ -91,16 +98,13 @@ def test_the_command_is_registered():
     assert harness_main(["mutate", "--jobs", "0"]) == ExitStatus.USAGE
 
 
-def chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
 class TestOneStaticRun:
     """The tests that read the module's one --static run: a class, so that under xdist they run on
     one worker together (the root conftest's scheduler) and the campaign runs once."""
 
     def test_static_screens_and_writes_a_report_that_validates(self, static_run):
-        jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test dependency (pyproject [test])")
+        import jsonschema  # a test dependency (pyproject [test]): never skipped
+
         status, out, suite = static_run
         assert status == ExitStatus.OK, out
         assert "sum.cu" in out and "other.cu" in out and "mutants (0 resumed)" in out
@@ -112,18 +116,13 @@ class TestOneStaticRun:
         assert doc["harness"]["mode"] == "static"
         assert (suite / "report" / "mutation.html").is_file()
 
-    def test_the_html_report_shows_every_mutant_in_headless_chromium(self, static_run, tmp_path):
-        if chromium() is None:
-            why = "headless Chromium is not installed: apt-get install chromium (.ci/run does)"
-            if os.environ.get("HARNESS_REQUIRE_CHROMIUM"):
-                pytest.fail(why)
-            pytest.skip(why)
+    def test_the_html_report_shows_every_mutant_in_headless_chromium(self, static_run, tmp_path, browser):
         status, out, suite = static_run
         assert status == ExitStatus.OK, out
         page = suite / "report" / "mutation.html"
         doc = json.loads((suite / "report" / "mutation.json").read_text())
         n = sum(len(f["mutants"]) for f in doc["files"].values())
-        base = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 f"--user-data-dir={tmp_path / 'profile'}"]
         dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
         # the page's script builds every mutant row from the embedded data: they exist only if it ran
@@ -202,7 +201,7 @@ def test_ctrl_c_or_a_kill_during_the_screen_leaves_nothing_behind(suite, signum)
     (suite / "report").mkdir()
     (suite / "report" / "mutation.json").write_text("an earlier run's report")
     proc = subprocess.Popen(cmd, cwd=suite, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                            start_new_session=True, env=child_env())
     lines = []
     for line in proc.stderr:  # plain lines: stderr is not a terminal
         lines.append(line)

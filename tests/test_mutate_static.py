@@ -15,9 +15,9 @@ import pytest
 from harness.mutate.campaign import MutateConfig, run_campaign
 from harness.mutate.static import NEEDS_GPU
 from harness.mutate.verdicts import Verdict
+from tests._machine import use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
-REPO = Path(__file__).resolve().parents[1]
 
 # Beside the fake suite's gates: a structural gate that reads other.cu's text through
 # harness.source (so its mutants are never settled by their cubin alone), and a GPU gate,
@@ -61,7 +61,7 @@ def static_run(tmp_path_factory):
     """One static campaign, read by several tests: int-literal and arithmetic mutants of both
     files (no mutant that hangs a fake gate)."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("PYTHONPATH", str(REPO))  # the children import this checkout's harness
+    use_child_env(mp)
     try:
         suite = copy_suite(tmp_path_factory.mktemp("static"))
         yield run_campaign(config(suite, operators=("int-literal", "arithmetic"), jobs=1))
@@ -184,7 +184,7 @@ def git(suite: Path, *args: str) -> None:
 
 
 def test_since_reuses_stored_verdicts_until_a_selected_gate_changes(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     suite = copy_suite(tmp_path, extra=False)
     git(suite, "init", "-q")
     git(suite, "add", ".")
@@ -212,7 +212,7 @@ def test_a_changed_toolchain_or_option_is_another_digest(tmp_path, monkeypatch):
     from harness.mutate import store
     from harness.mutate.generate import Mutant
 
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     from harness.mutate.select import Coverage, GateInfo
 
     suite = copy_suite(tmp_path, extra=False)

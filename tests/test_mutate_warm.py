@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.runs.warm import WarmExecutor
+from tests._machine import use_child_env
 
 CONFTEST = """
 import sys
@@ -131,7 +132,7 @@ def make_suite(tmp_path, monkeypatch, gates: str, kernel: str, spares: int = 2) 
     (root / "conftest.py").write_text(CONFTEST)
     (root / "gates" / "test_k.py").write_text(textwrap.dedent(gates))
     (root / "kernels" / "k.cu").write_text(kernel)
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    use_child_env(monkeypatch)
     return root, WarmExecutor(root, ("gates",), root / "kernels", tmp_path / "cache", spares=spares)
 
 

@@ -1,13 +1,12 @@
 """The plugin through pytester: the require-gpu policy, the skip banner, --no-fail-fast,
-trap gates, sticky-error isolation and the reports. Runs with or without a GPU: runs that
-must see no device hide it with CUDA_VISIBLE_DEVICES="", runs that need one fake the probe."""
+trap gates, sticky-error isolation and the reports. Runs with or without a GPU: every child
+sees no device (tests/_machine.py), runs that need one fake the probe in a conftest."""
 
 import json
-import textwrap
 
 import pytest
 
-NO_DEVICE = {"CUDA_VISIBLE_DEVICES": ""}
+from tests._machine import use_child_env
 
 # A conftest that makes the harness believe a device exists, for policy tests that need
 # no real kernel. Child processes load it too (it sits in their rootdir).
@@ -34,27 +33,20 @@ def fire_trap():
 """
 
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def suite(pytester, monkeypatch):
-    """A pytester folder whose child pytest processes load the harness plugin."""
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    """A pytester folder whose child pytest processes load the harness plugin, on a machine
+    with no GPU."""
+    use_child_env(monkeypatch)
     # One lane: these tests are of the main worker, whatever the machine's cores (lanes: test_lanes.py).
     pytester.makeini("[pytest]\nkernel_root = .\nharness_lanes = 1\n")
     pytester.makeconftest(LOAD_PLUGIN)
     return pytester
 
 
-
-@pytest.fixture
-def no_device(monkeypatch):
-    for k, v in NO_DEVICE.items():
-        monkeypatch.setenv(k, v)
-
-
-def test_require_gpu_with_no_device_fails_at_once_with_one_line(suite, no_device):
+def test_require_gpu_with_no_device_fails_at_once_with_one_line(suite):
     suite.makepyfile(test_g="""
         import pytest
         @pytest.mark.gpu
@@ -79,7 +71,10 @@ def test_kernel():
 """
 
 
-def test_under_xdist_no_driver_is_one_line_before_any_worker_starts(suite):
+def test_under_xdist_no_driver_is_one_line_before_any_worker_starts(suite, monkeypatch):
+    # no driver, whatever this machine has: the controller (the only process here) is told so
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    suite.makeconftest(LOAD_PLUGIN + "import harness.device\nharness.device._driver_present = lambda: False\n")
     suite.makepyfile(test_g=ONE_GPU_GATE)
     result = suite.runpytest_subprocess("-n", "2", "-p", "xdist", "--require-gpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -89,19 +84,20 @@ def test_under_xdist_no_driver_is_one_line_before_any_worker_starts(suite):
 
 
 def test_under_xdist_the_device_probe_runs_while_the_workers_start_and_still_refuses_in_one_line(suite):
-    # the driver made present: the controller's probe (a fresh process, no conftest) finds
-    # none, and says so after xdist has started its workers, which it then takes down
+    # the driver made present: the controller's probe (a fresh process, no conftest) sees
+    # every device hidden, and says so after xdist has started its workers, which it then
+    # takes down
     suite.makepyfile(test_g=ONE_GPU_GATE)
     suite.makeconftest(LOAD_PLUGIN + "import harness.device\nharness.device._driver_present = lambda: True\n")
     result = suite.runpytest_subprocess("-n", "2", "-p", "xdist", "--require-gpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     lines = [line for line in result.stderr.lines if "harness: --require-gpu" in line]
-    assert len(lines) == 1 and "this machine has no NVIDIA driver" in lines[0], result.stderr.lines
+    assert len(lines) == 1 and "CUDA_VISIBLE_DEVICES is empty, which hides every device" in lines[0], result.stderr.lines
     out = result.stdout.str()
     assert "created: 2/2 workers" in out and "passed" not in out and "failed" not in out
 
 
-def test_require_gpu_from_the_environment_variable(suite, no_device, monkeypatch):
+def test_require_gpu_from_the_environment_variable(suite, monkeypatch):
     monkeypatch.setenv("HARNESS_REQUIRE_GPU", "1")
     suite.makepyfile(test_g="import pytest\n@pytest.mark.refusal\ndef test_x():\n    pass\n")
     result = suite.runpytest_subprocess()
@@ -109,7 +105,7 @@ def test_require_gpu_from_the_environment_variable(suite, no_device, monkeypatch
     result.stderr.fnmatch_lines(["*harness: --require-gpu: no CUDA device was found*"])
 
 
-def test_without_require_gpu_gpu_gates_skip_naming_the_flag_and_a_banner_says_so(suite, no_device):
+def test_without_require_gpu_gpu_gates_skip_naming_the_flag_and_a_banner_says_so(suite):
     suite.makepyfile(test_g="""
         import pytest
         @pytest.mark.gpu

@@ -2,16 +2,14 @@
 what to do, before any work, never a traceback; and a setting that runs but means less than it
 seems says so in one line. No GPU needed (children run with CUDA_VISIBLE_DEVICES="")."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import harness
+from tests._machine import child_env
 
-HARNESS_ROOT = Path(harness.__file__).resolve().parents[1]
 GATE = "import pytest\n\n\n@pytest.mark.structural\ndef test_gate():\n    pass\n"
 KERNEL = 'extern "C" __global__ void k(float* out) { out[threadIdx.x] = 1.0f; }\n'
 
@@ -29,10 +27,8 @@ def project(tmp_path):
 
 
 def run_pytest(*args, cwd):
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HARNESS_CACHE_DIR": str(Path(cwd).parent / "cache"),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(HARNESS_ROOT), os.environ.get("PYTHONPATH")) if p)}
-    for var in ("HARNESS_REQUIRE_GPU", "HARNESS_KERNEL_ROOT", "HARNESS_ARCH"):
-        env.pop(var, None)
+    env = child_env({"HARNESS_CACHE_DIR": str(Path(cwd).parent / "cache"), "HARNESS_REQUIRE_GPU": None,
+                     "HARNESS_KERNEL_ROOT": None, "HARNESS_ARCH": None})
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider", *args],
                           cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray is the optional extra [ray]; CI installs it (.ci/run)")
+from tests._machine import RAY
+
+ray = RAY.module("ray")
 
 from harness.mutate import cli  # noqa: E402
 from harness.runs import cluster as cluster_mod  # noqa: E402
@@ -80,6 +82,9 @@ def test_a_campaign_on_a_ray_cluster_gives_the_local_verdicts_through_a_lost_hea
     assert {"killed", "killed-by-trap"} <= {v for v, _ in expected.values()}, expected
 
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "node-cache"))  # each node's own cache
+    # Ray refuses to start a node offering a GPU where CUDA_VISIBLE_DEVICES hides every device;
+    # it sets each actor's to the simulated GPU it hands out, and the fake device stands in
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
     nodes = [cluster.add_node(num_cpus=1, num_gpus=1) for _ in range(2)]
     try:

@@ -11,8 +11,8 @@ from harness import coverage
 from harness.records import GateRecord
 from harness.reference import torch_reference
 from harness.report import RunFacts, summary_markdown
+from tests._machine import use_child_env
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 LOAD_PLUGIN = 'import sys\npytest_plugins = [] if "harness.plugin" in sys.modules else ["harness.plugin"]\n'
 
 
@@ -46,7 +46,7 @@ def test_the_summary_lists_each_gate_with_an_oracle_its_kind_and_its_comparisons
 
 @pytest.fixture
 def suite(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     pytester.makeini("[pytest]\nkernel_root = .\n")
     pytester.makeconftest(LOAD_PLUGIN)
     return pytester

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.runs.sandbox import sandbox, sweep
+from tests._machine import use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
 
@@ -134,12 +135,9 @@ def interrupt_once_made(frame, event, arg):
 
 @pytest.mark.parametrize("engine", ["controls", "mutate"])
 def test_a_campaign_interrupted_between_a_sandbox_made_and_owned_sweeps_it(engine, temp, tmp_path, monkeypatch):
-    import os
     import shutil
 
-    repo = Path(__file__).resolve().parents[1]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    use_child_env(monkeypatch)
     suite = tmp_path / "suite"
     shutil.copytree(Path(__file__).parent / "fixtures" / f"{engine}_suite", suite)
     if engine == "controls":

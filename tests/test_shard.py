@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness.shard import parse_shard, split
+from tests._machine import child_env
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_groups_balance_the_recorded_time_and_deal_trap_gates_evenly():
@@ -57,8 +57,8 @@ def test_guard(i):
 
 
 def _run(path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, *args], cwd=path, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, *args], cwd=path, env=child_env(inherit=False), capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_two_shards_run_every_gate_once_and_their_reports_merge_into_one(tmp_path):

@@ -3,12 +3,12 @@ moved bit named by arm and element, a toolchain with no snapshot one line, not a
 Host gates (structural) stand in for GPU ones: the arms and the store are the same."""
 
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests._machine import use_child_env
+
 PLUGIN = ("-p", "harness.plugin")
 
 GATE = """
@@ -36,7 +36,7 @@ def test_sum():
 
 @pytest.fixture
 def project(pytester, monkeypatch, tmp_path):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     for var in ("ARM_SHIFT", "ARM_N", "ARM_EXTRA", "HARNESS_REQUIRE_GPU", "HARNESS_KERNEL_ROOT"):
         monkeypatch.delenv(var, raising=False)

@@ -5,7 +5,6 @@ upstream build's own flags, and docs/your-kernels.md's walkthrough over it runs 
 step by step, in a copy of the tree, with no GPU. Its GPU gates run on a GPU machine:
 `PYTHONPATH=../../.. python3 -m pytest --require-gpu -rA` from the tree's folder."""
 
-import os
 import re
 import shutil
 import subprocess
@@ -13,10 +12,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-import harness
 from harness.modsettings import declared_settings
+from tests._machine import child_env
 
-REPO = Path(harness.__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "fixtures" / "torch_conv1d"
 DOC = REPO / "docs" / "your-kernels.md"
 SECTION_TITLE = "## Walkthrough: a torch-extension tree, as upstream ships it"
@@ -48,12 +47,7 @@ def steps() -> list[tuple[str, str, str, list[str]]]:
 
 
 def env(cache: Path) -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), e.get("PYTHONPATH"))))
-    e["HARNESS_CACHE_DIR"] = str(cache)
-    e["CUDA_VISIBLE_DEVICES"] = ""
-    e.pop("HARNESS_KERNEL_ROOT", None)
-    return e
+    return child_env({"HARNESS_CACHE_DIR": str(cache), "HARNESS_KERNEL_ROOT": None})
 
 
 def test_the_launcher_declares_nothing_beyond_the_upstream_builds_flags():

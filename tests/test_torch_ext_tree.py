@@ -7,13 +7,14 @@ tree's torch reference run on the device machine (docs/your-kernels.md, Torch)."
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "fixtures" / "torch_ext"
@@ -27,12 +28,7 @@ def cache(tmp_path_factory) -> Path:
 
 
 def env(cache: Path) -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
-    e["HARNESS_CACHE_DIR"] = str(cache)
-    e["CUDA_VISIBLE_DEVICES"] = ""
-    e.pop("HARNESS_KERNEL_ROOT", None)
-    return e
+    return child_env({"HARNESS_CACHE_DIR": str(cache), "HARNESS_KERNEL_ROOT": None})
 
 
 def run(args, cache, timeout=600):
@@ -79,7 +75,7 @@ class TestTheTreesCommands:
         assert "7 passed, 14 skipped" in out, out  # the 14 GPU gates against the torch reference skip here
 
 
-    def test_every_control_applies_and_compiles(self, tmp_path, cache):
+    def test_every_control_applies_and_compiles(self, tmp_path, cache, torch):  # the controls' gates import torch
         proc = run(["-m", "harness", "controls", "--static", "--report", str(tmp_path / "rep")], cache)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "4 of 4 controls as expected" in proc.stdout

@@ -6,15 +6,14 @@ second fresh worker, so a red trap gate is always a real trap's word; --harness-
 traps each for real."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from harness.pool.controller import RunResult
 from harness.plugin_pool import shadow_unsettled
 from tests.test_plugin import FAKE_DEVICE_CONFTEST
+from tests._machine import use_child_env
 
-REPO = Path(__file__).resolve().parents[1]
 
 # The guard of a fake kernel: in the trap shadow it counts (a module of the shadow build in
 # harness.kernels' loaded modules, as a real one is), else it traps.
@@ -60,7 +59,7 @@ def test_faults():
 
 @pytest.fixture
 def suite(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(pytester.path / "cache"))
     pytester.makeini("[pytest]\nkernel_root = .\nharness_lanes = 1\n")
     pytester.makeconftest(GUARD)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_plugin import FAKE_DEVICE_CONFTEST, NO_DEVICE  # noqa: F401  (suite fixture below)
+from tests.test_plugin import FAKE_DEVICE_CONFTEST
+from tests._machine import use_child_env
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 # A gate that blocks in a C call no Python signal handler can interrupt: every signal is
 # masked in the thread, then libc's sleep() waits. Only SIGKILL ends it.
@@ -29,7 +29,7 @@ def block_forever_in_c():
 
 @pytest.fixture
 def suite(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    use_child_env(monkeypatch)
     # One lane: these tests are of the main worker, whatever the machine's cores (lanes: test_lanes.py).
     pytester.makeini("[pytest]\nkernel_root = .\nharness_lanes = 1\n")
     pytester.makeconftest(FAKE_DEVICE_CONFTEST + BLOCKED_IN_C)
@@ -271,8 +271,7 @@ def test_a_missing_sanitizer_says_how_to_install_it(suite, monkeypatch, tmp_path
 
 
 def test_sanitize_without_a_device_is_one_clear_error(pytester, monkeypatch, tmp_path):
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    use_child_env(monkeypatch)  # no device
     fake = tmp_path / "compute-sanitizer"
     fake.write_text("#!/bin/sh\nexec \"$@\"\n")
     fake.chmod(0o755)
@@ -318,10 +317,31 @@ def test_no_nvidia_driver_is_named_as_such_not_as_a_driver_version(monkeypatch):
     from harness import device
 
     monkeypatch.setattr(device, "_driver_present", lambda: False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     p = device._probe.__wrapped__()
     assert not p.usable
     assert "this machine has no NVIDIA driver (libcuda.so.1 is not installed)" in p.error
     assert "version" not in p.error
+
+
+def test_every_device_hidden_is_a_machine_with_no_driver_and_is_named_as_such(monkeypatch):
+    # CUDA_VISIBLE_DEVICES="" on a machine with a driver: no pool forked at configure, no probe
+    # process, no CuPy import, as where there is no driver; the probe names the variable
+    import ctypes
+
+    from harness import device
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: object())  # the driver's library loads
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device._driver_present()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not device._driver_present()
+    p = device._probe.__wrapped__()
+    assert (p.count, p.error) == (0, "no CUDA device was found: CUDA_VISIBLE_DEVICES is empty, which hides every "
+                                     "device; unset it, or name a device, to run the GPU gates")
+    assert device.why_no_driver() == p.error
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert device._driver_present() and device.why_no_driver() == device.NO_DRIVER
 
 
 def test_a_probe_process_that_does_not_answer_is_an_error_and_is_killed(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ import pytest
 
 from harness.pool import channel, controller
 from harness.pool import exits as pool_exits
+from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -230,7 +231,7 @@ def test_this_files_scenarios_leave_nothing_in_the_temp_folder(tmp_path):
         run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--color=no",
                               f"--basetemp={tmp_path / 'basetemp'}", here,
                               "--deselect", f"{here}::test_this_files_scenarios_leave_nothing_in_the_temp_folder"],
-                             cwd=REPO, env=dict(os.environ, TMPDIR=str(private)), capture_output=True, text=True)
+                             cwd=REPO, env=child_env({"TMPDIR": str(private)}), capture_output=True, text=True)
         left = sorted(p.name for p in private.iterdir())
     finally:
         shutil.rmtree(private, ignore_errors=True)
