@@ -5,8 +5,16 @@ When `harness` is installed, its pytest11 entry point has loaded it already.
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
+
+# With nothing installed, the ini's `pythonpath = ["src"]` put this checkout's harness on this
+# process's path; the processes the harness starts (its pool, fresh pytests, campaigns) find it
+# the same way only through PYTHONPATH.
+_SRC = str(Path(__file__).resolve().parent / "src")
+if _SRC in sys.path and _SRC not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, os.environ.get("PYTHONPATH")) if p)
 
 pytest_plugins = ["pytester"] + ([] if "harness.plugin" in sys.modules else ["harness.plugin"])
 

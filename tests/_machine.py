@@ -26,8 +26,9 @@ import pytest
 
 import harness
 
-# The folder `import harness` is found in: the checkout's root today, src/ in a src layout.
+# The folder `import harness` is found in: src/ in a checkout.
 HARNESS_ROOT = Path(harness.__file__).resolve().parents[1]
+PACKAGE = HARNESS_ROOT / "harness"  # the harness's own sources, where it is imported from
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
 

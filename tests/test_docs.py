@@ -113,7 +113,7 @@ def _text_files():
     yield REPO / "README.md"
     yield REPO / ".ci" / "run"
     yield from (REPO / "docs").rglob("*.md")
-    for folder in ("harness", "gates", "oracles", "tests", "controls", "kernels_cu"):
+    for folder in ("src/harness", "gates", "oracles", "tests", "controls", "kernels_cu"):
         yield from (p for p in (REPO / folder).rglob("*") if p.suffix in (".py", ".md", ".toml", ".cu", ".cuh"))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.runs import forkserver
-from tests._machine import use_child_env
+from tests._machine import PACKAGE, use_child_env
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "tests" / "fixtures" / "controls_suite"
@@ -221,7 +221,7 @@ def test_the_server_imports_no_module_of_a_pytest_plugins_distribution():
         print(json.dumps({"failed": failed, "plugin_packages": sorted(plugin_packages), "modules": sorted(sys.modules)}))
     """)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", probe, str(REPO / "harness" / "_forkserver.py")],
+    out = subprocess.run([sys.executable, "-c", probe, str(PACKAGE / "_forkserver.py")],
                          cwd="/", env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.splitlines()[-1])
@@ -241,7 +241,7 @@ def test_the_server_imports_no_module_of_a_pytest_plugins_distribution():
 def test_a_server_with_a_thread_forks_nothing(tmp_path):
     import runpy
 
-    server = runpy.run_path(str(REPO / "harness" / "_forkserver.py"), run_name="probe")
+    server = runpy.run_path(str(PACKAGE / "_forkserver.py"), run_name="probe")
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
     thread.start()

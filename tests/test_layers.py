@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from tests._machine import PACKAGE
 
-HARNESS = Path(__file__).resolve().parent.parent / "harness"
+HARNESS = PACKAGE
 
 # Top to bottom: a module may import its own layer's modules and those of lower layers.
 LAYERS = [

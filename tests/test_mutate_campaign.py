@@ -17,10 +17,10 @@ from harness.mutate.campaign import RESULTS_FILE, MutateConfig, run_campaign
 from harness.mutate.execute import judge
 from harness.runs.result import Executor, Executors, GateOutcome, GateRuns
 from harness.mutate.verdicts import MutantResult, Score, Verdict, read_results
-from tests._machine import use_child_env
+from tests._machine import PACKAGE, use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
-SCHEMA = Path(__file__).resolve().parents[1] / "harness" / "mutate" / "schema" / "mutation-testing-report-schema.json"
+SCHEMA = PACKAGE / "mutate" / "schema" / "mutation-testing-report-schema.json"
 
 
 def tree_hash(root: Path) -> str:

@@ -13,11 +13,11 @@ import pytest
 from harness.__main__ import main as harness_main
 from harness.mutate.cli import ExitStatus, main
 from harness.mutate.operators import OPERATORS
-from tests._machine import CHROMIUM, child_env, use_child_env
+from tests._machine import CHROMIUM, PACKAGE, child_env, use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
 REPO = Path(__file__).resolve().parents[1]
-SCHEMA = REPO / "harness" / "mutate" / "schema" / "mutation-testing-report-schema.json"
+SCHEMA = PACKAGE / "mutate" / "schema" / "mutation-testing-report-schema.json"
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._machine import PACKAGE
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "harness-api.md"
@@ -79,7 +80,7 @@ def argparse_names(parser) -> list[str]:
 
 def harness_env_vars() -> set[str]:
     found = set()
-    for path in (REPO / "harness").rglob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         found |= set(re.findall(r"""["'](HARNESS_[A-Z0-9_]+)["']""", path.read_text()))
     return found
 
@@ -167,7 +168,7 @@ def test_every_row_of_the_table_names_something_that_exists():
 
 def test_the_outside_variables_are_ones_the_harness_reads():
     """OUTSIDE_VARIABLES stays honest: each is read (or set for a child) somewhere in harness/."""
-    sources = "\n".join(p.read_text() for p in (REPO / "harness").rglob("*.py"))
+    sources = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
     unread = sorted(v for v in OUTSIDE_VARIABLES if not re.search(rf"""["']{v}["']""", sources))
     assert not unread, f"the harness no longer reads {unread}: drop them from OUTSIDE_VARIABLES and the table"
 

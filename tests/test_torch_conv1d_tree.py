@@ -3,7 +3,7 @@ loads and stores, std::max over an initializer list, a BOOL_SWITCH host dispatch
 from the set-aside c10 headers) compiles through NVRTC with no launcher setting beyond the
 upstream build's own flags, and docs/your-kernels.md's walkthrough over it runs as written,
 step by step, in a copy of the tree, with no GPU. Its GPU gates run on a GPU machine:
-`PYTHONPATH=../../.. python3 -m pytest --require-gpu -rA` from the tree's folder."""
+`PYTHONPATH=../../../src python3 -m pytest --require-gpu -rA` from the tree's folder."""
 
 import re
 import shutil

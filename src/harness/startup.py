@@ -69,10 +69,16 @@ def markdown(rows: dict, repeat: int, command: str, facts: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def import_root(tree: Path) -> Path:
+    """Where a checkout's `harness` package is imported from: `src/` (the layout since the
+    harness's importable surface became `harness` alone), or the checkout itself (older trees)."""
+    return tree / "src" if (tree / "src" / "harness").is_dir() else tree
+
+
 def tree_env(tree: Path) -> dict:
-    """This environment with `tree` first on PYTHONPATH, before whatever the caller put there
-    (carried wheels, say): a run that imports that tree's harness."""
-    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+    """This environment with `tree`'s harness first on PYTHONPATH, before whatever the caller
+    put there (carried wheels, say): a run that imports that tree's harness."""
+    path = os.pathsep.join(p for p in (str(import_root(tree)), os.environ.get("PYTHONPATH", "")) if p)
     return dict(os.environ, PYTHONPATH=path)
 
 
@@ -102,12 +108,13 @@ def main(argv: list[str]) -> int:
         print(f"error: --repeat {args.repeat}: pass 1 or more", file=sys.stderr)
         return 2
     before = Path(args.before).resolve() if args.before else None
-    if before is not None and not (before / "harness" / "plugin.py").is_file():
-        print(f"error: --before {before} holds no harness/plugin.py: pass a checkout of the older tree",
+    if before is not None and not (import_root(before) / "harness" / "plugin.py").is_file():
+        print(f"error: --before {before} holds no src/harness/plugin.py or harness/plugin.py: pass a checkout of "
+              "the older tree",
               file=sys.stderr)
         return 2
     project = find_rootdir()
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[1]  # the import root: src/ in a checkout
     with tempfile.TemporaryDirectory(prefix="harness-bench-startup-") as tmp:
         plain = Path(tmp) / "plain"
         plain.mkdir()
