@@ -148,7 +148,7 @@ def test_an_unreadable_cu_fails_its_compile_item_in_one_line(project, u_cu):
     result = pytest_run(project, unprivileged=True)
     assert result.returncode == 1
     assert "1 failed, 1 passed" in result.stdout, result.stdout
-    (line,) = failure_section(result, "u.cu::compile")
+    (line,) = failure_section(result, "compile u.cu")
     assert line.startswith(f"{u_cu}: cannot be read (Permission denied)") and "make it readable" in line
     assert "Traceback" not in result.stdout and "_pytest" not in result.stdout
 
@@ -172,7 +172,7 @@ def test_a_cu_that_is_a_broken_symlink_is_named_not_skipped(project, cache, targ
     assert "1 of 2 modules compiled" in result.stdout
     run_ = pytest_run(project)
     assert run_.returncode == 1 and "1 failed, 1 passed" in run_.stdout, run_.stdout
-    (line,) = failure_section(run_, "gone.cu::compile")
+    (line,) = failure_section(run_, "compile gone.cu")
     assert line.startswith(f"{link}: a symlink to {project / target}, which does not exist"), line
 
 
@@ -259,7 +259,7 @@ def test_a_cu_with_only_host_code_fails_its_compile_item_in_one_line(project):
     (project / "kernels" / "host.cu").write_text(HOST_ONLY_CU)
     result = pytest_run(project)
     assert result.returncode == 1 and "1 failed, 1 passed" in result.stdout, result.stdout
-    (line,) = failure_section(result, "host.cu::compile")
+    (line,) = failure_section(result, "compile host.cu")
     assert "compiled to no kernel" in line and "HOST_ONLY = True" in line
 
 
@@ -387,6 +387,6 @@ def test_a_cu_named_to_pytest_outside_the_kernel_root_fails_in_one_line_naming_t
     outside.write_text(KERNEL)
     result = pytest_run(project, str(outside))
     assert result.returncode == 1, result.stdout
-    (line,) = failure_section(result, "o.cu::compile")
+    (line,) = failure_section(result, "compile o.cu")
     assert line == (f"{outside} is not under the kernel root {project / 'kernels'}: the compile gates compile the "
                     "kernel root's .cu files; pass --kernel-root DIR (or set the ini key kernel_root) to its folder")

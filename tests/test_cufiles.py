@@ -46,6 +46,14 @@ def test_every_cu_is_compiled_by_the_plain_test_command_although_testpaths_omits
     assert "resources plain" in props
 
 
+def test_the_verbose_line_names_the_compile_item_by_its_node_id_and_its_failure_by_its_file(project):
+    (project.path / "kernels" / "broken.cu").write_text(BAD)
+    result = project.runpytest_subprocess("-v")
+    result.stdout.fnmatch_lines(["kernels/broken.cu::compile FAILED*", "kernels/good.cu::compile PASSED*",
+                                 "*_ compile broken.cu _*"])
+    assert "::cu::" not in result.stdout.str()  # pytest turns a domain's dots into "::" where it ends the id
+
+
 def test_a_syntax_error_in_any_cu_turns_the_run_red_naming_file_and_line(project):
     (project.path / "kernels" / "broken.cu").write_text(BAD)
     result = project.runpytest_subprocess("--harness-report", "rep")
