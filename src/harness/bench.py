@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from harness.commands import Command, Commands
-from harness.usage import ExitStatus, UsageError, bench_out_folder
+from harness.usage import add_bench_output, bench_out_folder
 
 SUMMARY = re.compile(r"\b\d+ (?:passed|failed)\b.* in ([0-9.]+)s")
 
@@ -107,15 +107,9 @@ def bench_gates(argv: list[str]) -> int:
                         help="xdist workers for the parallel figure (0: no parallel figure)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the old gate ids on this tree N times (the figure is their median)")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
-    parser.add_argument("--name", default="bench-gates", help="file name stem for the JSON and Markdown")
+    add_bench_output(parser, "bench-gates")
     args = parser.parse_args(argv)
-    try:
-        out = bench_out_folder(args.out)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitStatus.USAGE
+    out = bench_out_folder(args.out)
     before = Path(args.before).resolve()
     after = find_rootdir()
     if not (before / "gates").is_dir():

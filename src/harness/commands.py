@@ -54,4 +54,10 @@ class Commands:
                 print(f"error: unknown {self.what} {argv[0]!r}: use one of {', '.join(self.names)}", file=sys.stderr)
             print(self.usage(), file=sys.stderr)
             return ExitStatus.USAGE
-        return found.run(argv[1:])
+        from harness.usage import UsageError
+
+        try:
+            return found.run(argv[1:])
+        except UsageError as exc:  # bad input a subcommand found: one line, never a traceback
+            print(f"error: {exc}", file=sys.stderr)
+            return ExitStatus.USAGE

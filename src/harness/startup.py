@@ -93,17 +93,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--before", default=None, metavar="DIR",
                         help="a checkout of an older harness: its plugin over the same unrelated project, and its "
                              "own project with and without it")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
-    parser.add_argument("--name", default="bench-startup", help="file name stem for the JSON and Markdown")
-    args = parser.parse_args(argv)
-    from harness.usage import ExitStatus, UsageError, bench_out_folder
+    from harness.usage import add_bench_output, bench_out_folder
 
-    try:
-        out = bench_out_folder(args.out)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitStatus.USAGE
+    add_bench_output(parser, "bench-startup")
+    args = parser.parse_args(argv)
+    out = bench_out_folder(args.out)
     if args.repeat < 1:
         print(f"error: --repeat {args.repeat}: pass 1 or more", file=sys.stderr)
         return 2

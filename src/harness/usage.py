@@ -161,6 +161,14 @@ def output_folder_problem(path: str | os.PathLike, option: str, holds: str) -> s
     return None
 
 
+def add_bench_output(parser, name: str) -> None:
+    """A benchmark's `--out DIR` and `--name STEM` (its JSON and Markdown), on `parser` (or an
+    argument group)."""
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
+    parser.add_argument("--name", default=name, help="file name stem for the JSON and Markdown")
+
+
 def bench_out_folder(arg: str | None) -> Path:
     """Where a benchmark writes its figures (--out, else harness-report/bench in the rootdir),
     checked before it runs. Raises UsageError when no folder can be made there."""

@@ -169,9 +169,9 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
                                       "both halves' rates and whether their verdicts agree. Takes the campaign's "
                                       "options, and these:")
     bench = parser.add_argument_group("the benchmark")
-    bench.add_argument("--out", default=None, metavar="DIR",
-                       help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
-    bench.add_argument("--name", default="bench-mutate", help="file name stem for the JSON and Markdown")
+    from harness.usage import add_bench_output, bench_out_folder
+
+    add_bench_output(bench, "bench-mutate")
     bench.add_argument("--naive-jobs", default=None, metavar="N",
                        help="naive pytests at once (default: every core)")
     bench.add_argument("--naive-seconds", default=None, metavar="S",
@@ -181,8 +181,6 @@ def main(argv: list[str], *, naive_clock=_Clock) -> int:
     if args.static:
         print("error: the benchmark runs the gates: drop --static", file=sys.stderr)
         return 2
-    from harness.usage import bench_out_folder
-
     try:
         out = bench_out_folder(mine.out)
         config = config_from(args)

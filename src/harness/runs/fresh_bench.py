@@ -61,17 +61,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=10, metavar="N", help="runs each way (default 10)")
     parser.add_argument("--require-gpu", action="store_true", help="run the GPU gates too (default: skip them)")
     parser.add_argument("--deadline", type=float, default=600.0, metavar="SECONDS", help="a run's deadline")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="where the JSON and Markdown go (default: harness-report/bench in the rootdir)")
-    parser.add_argument("--name", default="bench-fresh", help="file name stem for the JSON and Markdown")
-    args = parser.parse_args(argv)
-    from harness.usage import ExitStatus, UsageError, bench_out_folder
+    from harness.usage import add_bench_output, bench_out_folder
 
-    try:
-        out = bench_out_folder(args.out)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitStatus.USAGE
+    add_bench_output(parser, "bench-fresh")
+    args = parser.parse_args(argv)
+    out = bench_out_folder(args.out)
     if args.runs < 1:
         parser.error("--runs must be 1 or more")
     rootdir, settings = project_settings()
