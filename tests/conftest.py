@@ -33,3 +33,20 @@ def _fresh_runs_allowed_again():
     fresh = sys.modules.get("harness.runs.fresh")
     if fresh is not None:
         fresh.reset()
+
+
+@pytest.fixture
+def settings_in_effect():
+    """`settings_in_effect(settings)` makes them the settings in effect for the rest of the test
+    (as a run's owner binds its own: harness._settings.bind); undone at its end."""
+    from harness import _settings
+
+    tokens = []
+
+    def use(settings):
+        tokens.append(_settings.bind(settings))
+        return settings
+
+    yield use
+    for token in reversed(tokens):
+        _settings.unbind(token)

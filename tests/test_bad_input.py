@@ -293,7 +293,7 @@ def test_pytest_reads_harness_arch_too(tree):
     project = tree.parent
     (project / "test_x.py").write_text(
         "import pytest\nfrom harness import _settings\nfrom harness.arch import resolve_arch\n\n"
-        "@pytest.mark.structural\ndef test_x():\n    assert _settings.current().arch == 'sm_80'\n"
+        "@pytest.mark.structural\ndef test_x():\n    assert _settings.in_effect().arch == 'sm_80'\n"
         "    assert resolve_arch() == 'sm_80'\n")
     result = run_pytest("test_x.py", cwd=project, env={"HARNESS_ARCH": "sm_80"})
     assert result.returncode == 0, result.stdout + result.stderr

@@ -6,6 +6,7 @@ section, nvcc absent)."""
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,13 +35,6 @@ def write(folder: Path, files: dict) -> Path:
 @pytest.fixture
 def cache(tmp_path):
     return tmp_path / "cache"
-
-
-@pytest.fixture(autouse=True)
-def fresh_settings():
-    _settings.reset()
-    yield
-    _settings.reset()
 
 
 # ------------------------------------------------------------------ the device-only view
@@ -221,7 +215,7 @@ def test_an_include_dir_that_does_not_exist_is_a_usage_error(tmp_path):
     assert proc.returncode == 4 and "include directory" in proc.stderr and "ini harness_include_dirs" in proc.stderr
 
 
-def test_ini_include_dirs_are_searched_hashed_by_content_and_never_copied(tmp_path, cache):
+def test_ini_include_dirs_are_searched_hashed_by_content_and_never_copied(tmp_path, cache, settings_in_effect):
     from harness.runs.sandbox import sandbox
 
     write(tmp_path, {"third_party/inc/scale.cuh": "#define SCALE 2.0f\n",
@@ -230,7 +224,7 @@ def test_ini_include_dirs_are_searched_hashed_by_content_and_never_copied(tmp_pa
                      "pytest.ini": "[pytest]\nkernel_root = kernels\nharness_include_dirs =\n    third_party/inc\n"})
     _, st = _settings.project_settings(rootdir=tmp_path)
     assert st.include_dirs == ((tmp_path / "third_party" / "inc").resolve(),)
-    _settings.configure(include_dirs=st.include_dirs)
+    settings_in_effect(replace(_settings.in_effect(), include_dirs=st.include_dirs))
     first = compile_file("k.cu", kernel_root=tmp_path / "kernels", arch="sm_90", cache_dir=cache)
     assert "--include-path=@include0" in first.options and not any(str(tmp_path) in o for o in first.options)
     with sandbox(tmp_path / "kernels") as copy:
@@ -241,10 +235,10 @@ def test_ini_include_dirs_are_searched_hashed_by_content_and_never_copied(tmp_pa
     assert again.key != first.key and not again.cache_hit
 
 
-def test_a_header_in_two_include_dirs_names_both_and_which_wins(tmp_path, cache):
+def test_a_header_in_two_include_dirs_names_both_and_which_wins(tmp_path, cache, settings_in_effect):
     write(tmp_path, {"a/common.cuh": "#define V 1\n", "b/common.cuh": "#define V 2\n",
                      "kernels/k.cu": '#include <common.cuh>\n' + KERNEL})
-    _settings.configure(include_dirs=(tmp_path / "a", tmp_path / "b"))
+    settings_in_effect(replace(_settings.in_effect(), include_dirs=(tmp_path / "a", tmp_path / "b")))
     with pytest.raises(IncludeDirError) as err:
         compile_file("k.cu", kernel_root=tmp_path / "kernels", arch="sm_90", cache_dir=cache)
     msg = str(err.value)

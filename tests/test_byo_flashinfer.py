@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from harness import _settings
 from harness.compile import compile_file
 from harness.modsettings import declared_settings
 from tests._machine import child_env
@@ -24,13 +23,6 @@ KERNELS = TREE / "kernels"
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("flashinfer-cache")  # one compile of norm.cu for the module
-
-
-@pytest.fixture(autouse=True)
-def fresh_settings():
-    _settings.reset()
-    yield
-    _settings.reset()
 
 
 def run(args, tmp_path, cache, timeout=600):

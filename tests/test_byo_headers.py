@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,13 +34,6 @@ static cublasHandle_t g_handle;
 inline void die(const char* why) { exit(1); }
 __device__ inline float twice(float x) { return 2.0f * x; }
 """
-
-
-@pytest.fixture(autouse=True)
-def fresh_settings():
-    _settings.reset()
-    yield
-    _settings.reset()
 
 
 @pytest.fixture
@@ -194,13 +188,13 @@ def test_a_header_the_view_cannot_separate_names_the_header_and_line(tmp_path, c
     assert "DEVICE_VIEW = False" in text
 
 
-def test_a_header_outside_the_kernel_root_is_compiled_as_it_is(tmp_path, cache):
+def test_a_header_outside_the_kernel_root_is_compiled_as_it_is(tmp_path, cache, settings_in_effect):
     """Its host function reaches NVRTC, which refuses host functions in JIT mode."""
     write(tmp_path, {"inc/ext.cuh": "#pragma once\ninline int host_helper() { return 3; }\n"
                                     "__device__ inline float twice(float x) { return 2.0f * x; }\n",
                      "kernels/h.cuh": HOST_HEADER.replace("twice", "unused"),
                      "kernels/k.cu": '#include "h.cuh"\n#include <ext.cuh>\n' + KERNEL})
-    _settings.configure(include_dirs=((tmp_path / "inc").resolve(),))
+    settings_in_effect(replace(_settings.in_effect(), include_dirs=((tmp_path / "inc").resolve(),)))
     with pytest.raises(CompileError) as err:
         compile_file("k.cu", kernel_root=tmp_path / "kernels", arch="sm_90", cache_dir=cache)
     assert err.value.location == ((tmp_path / "inc" / "ext.cuh").resolve(), 2)

@@ -180,13 +180,14 @@ def test_a_launcher_declaring_something_other_than_strings_is_refused(tree):
         declared_name_expressions(tree / "k.cu")
 
 
-def test_kernels_module_memo_serves_an_unchanged_closure_and_sees_a_changed_header(tree, tmp_path, monkeypatch):
+def test_kernels_module_memo_serves_an_unchanged_closure_and_sees_a_changed_header(tree, tmp_path, monkeypatch,
+                                                                                  settings_in_effect):
     # harness.kernels.module() asks for its module at every launch; the memo answers without
     # compile_file while every file the compile read is unchanged, and compiles again (to
     # another key) once a header two includes deep changes, or after forget_loaded.
     from harness import _settings, kernels
 
-    monkeypatch.setattr(_settings, "_current", _settings.Settings(kernel_root=tree, arch="sm_90",
+    settings_in_effect(_settings.Settings(kernel_root=tree, arch="sm_90",
                                                                   cache_dir=tmp_path / "cache"))
     kernels.forget_loaded()
     calls = []
@@ -208,14 +209,14 @@ def test_kernels_module_memo_serves_an_unchanged_closure_and_sees_a_changed_head
 
 
 def test_kernels_module_memo_checks_the_bytes_of_a_file_changed_within_the_timestamp_granularity(
-        tree, tmp_path, monkeypatch):
+        tree, tmp_path, monkeypatch, settings_in_effect):
     # A file written just before its compile could be written again with the same size and
     # mtime (a campaign's sandbox file): with its mtime frozen, a same-size edit is seen.
     import os
 
     from harness import _settings, kernels
 
-    monkeypatch.setattr(_settings, "_current", _settings.Settings(kernel_root=tree, arch="sm_90",
+    settings_in_effect(_settings.Settings(kernel_root=tree, arch="sm_90",
                                                                   cache_dir=tmp_path / "cache"))
     kernels.forget_loaded()
     depth = tree / "nested" / "depth.cuh"

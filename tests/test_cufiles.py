@@ -140,7 +140,7 @@ import pytest
 def pytest_runtest_call(item):
     from harness import _settings
 
-    _settings.configure(kernel_root=Path(os.environ["OTHER_TREE"]))  # as a pool worker switched to another tree
+    _settings.bind(_settings.in_effect().with_kernel_root(os.environ["OTHER_TREE"]))  # as a pool worker switched
 '''
 
 

@@ -16,7 +16,8 @@ LAYERS = [
     {"harness.controls", "harness.mutate", "harness.compare"},  # the campaigns, side by side
     {"harness.runs"},  # the run layer both campaigns stand on
     {"harness.plugin", "harness.plugin_pool", "harness.gate_verdicts", "harness._serve", "harness.kinds",
-     "harness.summary", "harness.report", "harness.cufiles", "harness.snapshots", "harness.snapshot_tally"},
+     "harness.summary", "harness.report", "harness.cufiles", "harness.snapshots", "harness.snapshot_tally",
+     "harness.plugin_state", "harness.hookspecs", "harness.gate_reports"},
     {"harness.pool"},  # the warm pool's processes
 ]
 # Everything else in harness/ is the base: records, compile, kernels, device, usage, ...

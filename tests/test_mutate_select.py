@@ -110,14 +110,14 @@ def test_repeated_lines_of_one_gate_merge(tmp_path):
     assert g.duration == 0.7 and g.modules == {"a.cu"} and g.sources == {"h.cuh"}
 
 
-def test_the_registry_records_per_gate_relative_to_the_kernel_root(tmp_path, monkeypatch):
+def test_the_registry_records_per_gate_relative_to_the_kernel_root(tmp_path, monkeypatch, settings_in_effect):
     from harness import _settings
     from harness.source import define_int
 
     root = tmp_path / "kernels"
     root.mkdir()
     (root / "x.cu").write_text("#define X 3\n")
-    monkeypatch.setattr(_settings, "_current", _settings.Settings(root.resolve(), None, tmp_path))
+    settings_in_effect(_settings.Settings(root.resolve(), None, tmp_path))
     coverage.reset()
     try:
         coverage.begin("g.py::one")
@@ -133,13 +133,13 @@ def test_the_registry_records_per_gate_relative_to_the_kernel_root(tmp_path, mon
         coverage.reset()
 
 
-def test_kernels_module_notes_the_module_it_loads(tmp_path, monkeypatch):
+def test_kernels_module_notes_the_module_it_loads(tmp_path, monkeypatch, settings_in_effect):
     from harness import _settings, kernels
 
     root = tmp_path / "kernels"
     root.mkdir()
     (root / "m.cu").write_text('extern "C" __global__ void k(int* p) { p[0] = 1; }\n')
-    monkeypatch.setattr(_settings, "_current", _settings.Settings(root.resolve(), "sm_90", tmp_path / "cache"))
+    settings_in_effect(_settings.Settings(root.resolve(), "sm_90", tmp_path / "cache"))
     monkeypatch.setattr(kernels, "load", lambda compiled: compiled)  # no GPU here: compile, note, skip the load
     coverage.reset()
     try:

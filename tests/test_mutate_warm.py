@@ -84,7 +84,7 @@ def test_guard_counts_in_the_shadow(kernel_root):
     import conftest
     from harness import kernels
     if "guard" in text(kernel_root):
-        if kernels._trap_shadow:
+        if kernels.trap_shadow_on():
             conftest.SHADOW_HITS[0] += 1  # what the shadow build's __trap() does: count, go on
         else:
             raise CUDARuntimeError("cudaErrorLaunchFailure: unspecified launch failure")

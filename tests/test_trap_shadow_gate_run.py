@@ -1,6 +1,6 @@
 """Trap gates in the gate run's trap shadow (harness.pool.traps, harness.plugin_pool), where no
 GPU is: a fake device whose guard "counts" when the worker loaded its modules in the shadow
-build (harness.kernels.set_trap_shadow) and traps otherwise. A counted guard settles a pass;
+build (the settings in effect, harness.kernels.trap_shadow_on) and traps otherwise. A counted guard settles a pass;
 a device fault settles a pass; a run that counted nothing is settled by a real trap in a
 second fresh worker, so a red trap gate is always a real trap's word; --harness-real-traps
 traps each for real."""
@@ -28,8 +28,8 @@ def guard_fires(log):
     import os
     from harness import kernels
 
-    open(log, "a").write(f"{os.getpid()} {kernels._trap_shadow}\\n")
-    if kernels._trap_shadow:
+    open(log, "a").write(f"{os.getpid()} {kernels.trap_shadow_on()}\\n")
+    if kernels.trap_shadow_on():
         kernels._loaded[("fake",)] = _Counted()
         return
     fire_trap()

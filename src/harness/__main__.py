@@ -68,11 +68,9 @@ def _compile_main(argv: list[str]) -> int:
                                  "the compiled cubins")
     if problem:
         return usage_error(problem)
-    _settings.configure(kernel_root=root, cache_dir=settings.cache_dir, arch=args.arch,
-                        include_dirs=settings.include_dirs)
     try:
         sources = sorted(find_sources(root) + not_files(root))
-        arch = resolve_arch(args.arch)
+        arch = resolve_arch(args.arch, settings)
     except (FileNotFoundError, ArchError) as exc:
         return usage_error(str(exc))
     table = Table(title=f"NVRTC {arch}, kernel root {root}", title_justify="left")
@@ -88,8 +86,7 @@ def _compile_main(argv: list[str]) -> int:
         for src in sources:
             rel = src.relative_to(root).as_posix()
             try:
-                mod = compile_file(src, kernel_root=root, arch=arch, cache_dir=settings.cache_dir,
-                                   use_cache=not args.no_cache)
+                mod = compile_file(src, arch=arch, use_cache=not args.no_cache, run=settings)
             except (CompileError, LauncherError, IncludeDirError, NvccNotFound) as exc:
                 failures.append(str(exc) if isinstance(exc, CompileError) else f"{rel}: {exc}")
                 what = {CompileError: "compile error", LauncherError: "launcher error", UnreadableSource: "unreadable",

@@ -1,15 +1,24 @@
-"""Process-wide settings the plugin sets once and launchers read.
+"""The run's settings: one value (`Settings`), resolved once (`resolve`) and passed down.
 
-Launchers in a kernel tree call `harness.kernels.module("x.cu")`; they cannot see pytest's
-`config`, so the plugin hands the kernel root, the arch and the cache folder over here in
-`pytest_configure`. Outside pytest the environment variables below apply.
+Every setting is resolved in one order, the option, else the environment variable, else the
+ini key, else the default, paths relative to the rootdir (`resolve`), and the value goes down
+explicitly: to the pool and to every child process (serialised once, `Settings.child_options`),
+to the compile path (`harness.compile.compile_file(run=...)`).
+
+A launcher in a kernel tree calls `harness.kernels.module("x.cu")` and cannot be handed the
+settings: it reads the ones `in_effect`, which the owner of a run binds for as long as it runs
+(the plugin for its session, a pool worker for a tree it was switched to, a command), with
+`applied`; outside a run they are the project's found from the working folder.
 """
 
 from __future__ import annotations
 
 import configparser
+import contextlib
+import contextvars
+import functools
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 try:
@@ -25,15 +34,38 @@ SERVER_START_ENV = "HARNESS_SERVER_START"  # fork (the default where safe) or sp
 SERVER_START_MODES = ("fork", "spawn")
 TRACE_ENV = "HARNESS_POOL_TRACE"  # a file: the gate pool's timeline, every process's events, for measuring it
 DEFAULT_ARCH_WITHOUT_DEVICE = "sm_90"
+DEFAULT_DEADLINE = 120.0  # seconds a GPU gate may take before the watchdog kills its worker
+SANITIZER_DEADLINE_FACTOR = 10  # a default deadline stretches under --sanitize (an explicit one does not)
+DEADLINE_INI = "harness_deadline"
 
 
 @dataclass(frozen=True)
 class Settings:
+    """What the compile path, the pool and every child read: the kernel root, the arch, the
+    cubin cache, the extra include folders and the per-gate deadline, each absolute or final."""
+
     kernel_root: Path
     arch: str | None  # None: the device's arch, or sm_90 with no device
     cache_dir: Path
-    arch_source: str = "--arch"  # where `arch` came from, for error messages: --arch or HARNESS_ARCH
+    arch_source: str = ARCH_ENV  # where `arch` came from, for error messages: --arch or HARNESS_ARCH
     include_dirs: tuple[Path, ...] = ()  # --include-dir, then ini harness_include_dirs (absolute)
+    deadline: float = DEFAULT_DEADLINE  # seconds, a float everywhere
+    deadline_source: str = "the default"
+    trap_shadow: bool = field(default=False, compare=True)  # modules built with their guards counted
+
+    def with_kernel_root(self, kernel_root: str | os.PathLike) -> "Settings":
+        """These settings over another kernel tree (a sandbox, a comparison's REF)."""
+        return replace(self, kernel_root=Path(kernel_root).resolve())
+
+    def child_options(self) -> list[str]:
+        """These settings as the command-line options of a child pytest (the one place they
+        are serialised): the child resolves them back to this same value."""
+        out = [f"--kernel-root={self.kernel_root}", f"--harness-cache-dir={self.cache_dir}"]
+        if self.arch and self.arch_source == "--arch":
+            out.append(f"--arch={self.arch}")
+        out += [f"--include-dir={d}" for d in self.include_dirs]
+        out.append(f"--harness-deadline={self.deadline!r}")
+        return out
 
 
 def _default_cache_dir() -> Path:
@@ -44,47 +76,46 @@ def _default_cache_dir() -> Path:
     return Path(base) / "harness" / "cubin"
 
 
-def _from_environment() -> Settings:
-    return Settings(
-        kernel_root=Path(os.environ.get(KERNEL_ROOT_ENV, DEFAULT_KERNEL_ROOT)).resolve(),
-        arch=os.environ.get(ARCH_ENV) or None,
-        cache_dir=_default_cache_dir(),
-        arch_source=ARCH_ENV,
-    )
+# ------------------------------------------------------------------ the settings in effect
+
+_in_effect: contextvars.ContextVar[Settings | None] = contextvars.ContextVar("harness_settings", default=None)
 
 
-_current: Settings | None = None
+def in_effect() -> Settings:
+    """The settings of the run in progress, as its owner bound them (`applied`, `bind`); outside
+    a run, the project's found from the working folder (`resolve`)."""
+    bound = _in_effect.get()
+    if bound is not None:
+        return bound
+    return _outside_a_run(os.getcwd(), *(os.environ.get(v) for v in (KERNEL_ROOT_ENV, ARCH_ENV, CACHE_ENV,
+                                                                     "XDG_CACHE_HOME")))
 
 
-def current() -> Settings:
-    global _current
-    if _current is None:
-        _current = _from_environment()
-    return _current
+@functools.lru_cache(maxsize=8)
+def _outside_a_run(cwd: str, *environment) -> Settings:
+    """`resolve`'s settings for a launcher used outside any run (a script, a notebook), kept
+    per working folder and environment: a launcher asks at every launch."""
+    return resolve(rootdir=find_rootdir(cwd)).settings
 
 
-def configure(**changes) -> Settings:
-    """Replace some settings (kernel_root, arch, cache_dir); returns the new settings.
-    `arch=None` means no explicit arch: HARNESS_ARCH applies when set, else the device's."""
-    global _current
-    if "kernel_root" in changes and changes["kernel_root"] is not None:
-        changes["kernel_root"] = Path(changes["kernel_root"]).resolve()
-    if "cache_dir" in changes and changes["cache_dir"] is not None:
-        changes["cache_dir"] = Path(changes["cache_dir"])
-    if "include_dirs" in changes and changes["include_dirs"] is not None:
-        changes["include_dirs"] = tuple(Path(d).resolve() for d in changes["include_dirs"])
-    if "arch" in changes:
-        explicit = changes["arch"]
-        changes["arch"] = explicit or os.environ.get(ARCH_ENV) or None
-        changes["arch_source"] = "--arch" if explicit else ARCH_ENV
-    changes = {k: v for k, v in changes.items() if v is not None or k == "arch"}
-    _current = replace(current(), **changes)
-    return _current
+def bind(settings: Settings) -> contextvars.Token:
+    """Make `settings` the ones in effect until `unbind(token)`: for an owner whose run spans
+    hooks (the plugin, from configure to unconfigure)."""
+    return _in_effect.set(settings)
 
 
-def reset() -> None:
-    global _current
-    _current = None
+def unbind(token: contextvars.Token) -> None:
+    _in_effect.reset(token)
+
+
+@contextlib.contextmanager
+def applied(settings: Settings):
+    """`settings` in effect inside the block (a worker switched to another tree, a command)."""
+    token = bind(settings)
+    try:
+        yield settings
+    finally:
+        unbind(token)
 
 
 # ------------------------------------------------------------------ the project's pytest configuration
@@ -224,6 +255,7 @@ def _as_lines(value) -> list[str]:
 
 
 def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), controls_dir=None,
+            deadline: float | None = None, sanitize: bool = False,
             rootdir: str | os.PathLike | None = None, ini=None, cache_option: str = "--cache-dir") -> Project:
     """The settings of the project at `rootdir` (default: found from the working folder up,
     as pytest finds it), in one order for every setting:
@@ -235,7 +267,9 @@ def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), cont
       $XDG_CACHE_HOME/harness/cubin (~/.cache/harness/cubin);
     - arch: --arch, HARNESS_ARCH, the device's, sm_90;
     - controls folder: --controls-dir, ini `controls_dir`, `controls`;
-    - include directories: --include-dir, then ini `harness_include_dirs`.
+    - include directories: --include-dir, then ini `harness_include_dirs`;
+    - per-gate deadline: --harness-deadline (`deadline`, a float its option parsed), ini
+      `harness_deadline`, 120 s (x10 under --sanitize, `sanitize`).
 
     Options and environment variables are relative to the working folder, ini keys to the
     rootdir. `ini(key)` reads the project's ini (pytest's getini inside a run; the files
@@ -260,11 +294,29 @@ def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), cont
                 else (root / (ini_controls or DEFAULT_CONTROLS_DIR)).resolve())
     gates = tuple((root / g).resolve() for g in _as_lines(read(GATES_INI)))
     explicit = arch or None
+    seconds, seconds_source = _deadline(deadline, read(DEADLINE_INI), sanitize)
     settings = Settings(kernel_root=kr, arch=explicit or os.environ.get(ARCH_ENV) or None, cache_dir=cache,
                         arch_source="--arch" if explicit else ARCH_ENV,
-                        include_dirs=include_dirs(include_dir, _as_lines(read(INCLUDE_DIRS_INI)), root))
+                        include_dirs=include_dirs(include_dir, _as_lines(read(INCLUDE_DIRS_INI)), root),
+                        deadline=seconds, deadline_source=seconds_source)
     return Project(rootdir=root, settings=settings, kernel_root_source=kr_source, cache_source=cache_source,
                    controls_dir=controls, gate_paths=gates)
+
+
+def _deadline(option: float | None, ini_text, sanitize: bool) -> tuple[float, str]:
+    """The per-gate deadline and where it came from. Raises harness.usage.UsageError for an
+    ini value that is not a positive number of seconds (the option's type checked its own)."""
+    if option is not None:
+        return float(option), "--harness-deadline"
+    text = str(ini_text or "").strip()
+    if text:
+        from harness.values import positive_seconds
+
+        return positive_seconds(text, f"ini {DEADLINE_INI}", "", fix=f"set e.g. {DEADLINE_INI} = 120"), \
+            f"ini {DEADLINE_INI}"
+    if sanitize:
+        return DEFAULT_DEADLINE * SANITIZER_DEADLINE_FACTOR, "the default under --sanitize"
+    return DEFAULT_DEADLINE, "the default"
 
 
 def project_settings(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(),

@@ -69,11 +69,12 @@ def check_arch(arch: str, source: str = "--arch") -> str:
     )
 
 
-def resolve_arch(arch: str | None = None) -> str:
-    """`arch`, else the settings' arch, else the device's, else sm_90."""
+def resolve_arch(arch: str | None = None, run: _settings.Settings | None = None) -> str:
+    """`arch`, else the run's arch (`run`, by default the settings in effect), else the
+    device's, else sm_90."""
     if arch:
         return check_arch(arch)
-    settings = _settings.current()
+    settings = run if run is not None else _settings.in_effect()
     if settings.arch:
         return check_arch(settings.arch, settings.arch_source)
     from harness import device

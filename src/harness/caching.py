@@ -95,7 +95,7 @@ def folder() -> Path | None:
         return None if env.strip().lower() in ("", "0", "off", "no") else Path(env)
     from harness import _settings
 
-    return Path(_settings.current().cache_dir) / "host"
+    return Path(_settings.in_effect().cache_dir) / "host"
 
 
 class _NotKept(Exception):

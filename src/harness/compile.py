@@ -169,6 +169,8 @@ def compile_file(
     cache_dir: str | os.PathLike | None = None,
     use_cache: bool = True,
     trap_shadow: bool = False,
+    include_dirs: tuple[Path, ...] | None = None,
+    run: _settings.Settings | None = None,
 ) -> CompiledModule:
     """Compile one `.cu` to a cubin. `source` is absolute or relative to the kernel root.
 
@@ -177,9 +179,14 @@ def compile_file(
     `name_expressions`, `defines` and `fmad` may repeat what the launcher declares, or give
     what it leaves undeclared. The file is compiled through its device-only view
     (`harness.deviceview`) by NVRTC, or by nvcc by the rule in `harness.backends.choose_backend`.
-    `trap_shadow`: with TRAP_SHADOW_PREAMBLE before it (a mutation campaign's trap gates)."""
-    run_settings = _settings.current()
-    root = Path(kernel_root).resolve() if kernel_root is not None else run_settings.kernel_root
+    `trap_shadow`: with TRAP_SHADOW_PREAMBLE before it (a mutation campaign's trap gates).
+    `run`: the run's settings (kernel root, arch, cache, extra include folders, trap shadow),
+    by default those in effect; `kernel_root`, `arch`, `cache_dir` and `include_dirs` (the run's
+    extra include folders) override them."""
+    run = run if run is not None else _settings.in_effect()
+    run_dirs = tuple(include_dirs) if include_dirs is not None else run.include_dirs
+    trap_shadow = trap_shadow or run.trap_shadow
+    root = Path(kernel_root).resolve() if kernel_root is not None else run.kernel_root
     if not root.is_dir():
         raise FileNotFoundError(
             f"kernel root {root} does not exist or is not a folder: "
@@ -193,13 +200,13 @@ def compile_file(
     path = path.resolve()
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such .cu file under the kernel root {root}")
-    arch = resolve_arch(arch)
+    arch = resolve_arch(arch, run)
     ms = settings if settings is not None else declared_settings(path)
     ms = ms.with_overrides(name_expressions=name_expressions, defines=defines, fmad=fmad)
     name_expressions = ms.name_expressions
 
-    inc = include_path(path, root, ms.include_dirs)
-    cache = Path(cache_dir) if cache_dir is not None else run_settings.cache_dir
+    inc = include_path(path, root, ms.include_dirs, run_dirs=run_dirs)
+    cache = Path(cache_dir) if cache_dir is not None else run.cache_dir
     spellings = cache if use_cache else None  # cuda.core's option spellings, kept beside the cubins
     provisional = normalise_options(nvrtc_options(arch, ms, inc, spellings), inc)
     with _reading(path):
@@ -235,7 +242,8 @@ def compile_file(
         backend_why += "; no device view (tree-sitter and tree-sitter-cuda are not installed)"
     if backend == "nvcc":
         nvcc = toolchain.require_nvcc(f"{path.name} is compiled by nvcc ({backend_why})")
-        inc = replace(include_path(path, root, ms.include_dirs, backend="nvcc"), view=inc.view)
+        inc = replace(include_path(path, root, ms.include_dirs, backend="nvcc", run_dirs=run_dirs),
+                      view=inc.view)
         real_options = nvcc_options(arch, ms, inc)
         compiler_version = f"nvcc {toolchain.nvcc_version(str(nvcc))}"
     else:

@@ -163,6 +163,6 @@ def recorded_options(arch: str, defines: dict | None = None, fmad: bool = True,
         ms = ms.with_overrides(defines=defines)
     if not fmad:
         ms = ms.with_overrides(fmad=False)
-    root = _settings.current().kernel_root
-    inc = include_path(root / "x.cu", root, ms.include_dirs)
-    return normalise_options(nvrtc_options(arch, ms, inc, _settings.current().cache_dir), inc)
+    run = _settings.in_effect()
+    inc = include_path(run.kernel_root / "x.cu", run.kernel_root, ms.include_dirs, run_dirs=run.include_dirs)
+    return normalise_options(nvrtc_options(arch, ms, inc, run.cache_dir), inc)

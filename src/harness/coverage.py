@@ -48,7 +48,7 @@ def _relative(path: str | os.PathLike) -> str:
     p = Path(path)
     if not p.is_absolute():
         return p.as_posix()
-    root = _settings.current().kernel_root
+    root = _settings.in_effect().kernel_root
     try:
         return p.resolve().relative_to(root).as_posix()
     except ValueError:

@@ -32,7 +32,7 @@ KIND = "compile"
 def _kernel_root() -> Path:
     from harness import _settings
 
-    return _settings.current().kernel_root
+    return _settings.in_effect().kernel_root
 
 
 def _named_roots() -> tuple[Path, ...]:

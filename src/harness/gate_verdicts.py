@@ -1,6 +1,7 @@
 """A gate's verdict in the plugin: the reports made for a GPU gate judged outside pytest's own
 protocol (a pool worker's result, a timeout, a trap gate), and the recorder that folds every
-gate's phase reports into one GateRecord (ordinary tests counted apart)."""
+gate's phase reports into one GateRecord (ordinary tests counted apart) and owns what the run's
+verdicts add up to (a poisoned context, the sanitizer's findings, the launches counted)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,19 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.records import GUARD_DID_NOT_FIRE, MESSAGE_LIMIT, GateRecord, Outcome, Route, fold_report, trap_verdict
-from harness.kinds import kinds_of
+from harness.gate_reports import props_of, synthetic
+from harness.records import GUARD_DID_NOT_FIRE, GateRecord, Outcome, Route, fold_report, trap_verdict
 from harness.report import RunFacts
 
 if TYPE_CHECKING:
+    from harness.plugin_state import GpuGates, HarnessRun
     from harness.pool import controller
 
 
-def is_gpu(item: pytest.Item) -> bool:
-    return bool(item.get_closest_marker("gpu") or item.get_closest_marker("trap"))
-
-
-def kind_of(item: pytest.Item) -> str | None:
-    """The gate's kind marker (the first, where a run let two through), or None."""
-    return next(iter(kinds_of(item)), None)
-
-
-def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bool, deadline: float,
-                   source: str, worker: controller.Worker) -> list:
-    """The phase reports of a GPU gate run in a pool worker (`st`: the plugin's HarnessState):
-    its own, or ones made here for a timeout, a dead worker or a trap gate's verdict."""
+def worker_reports(gpu: GpuGates, recorder: "Recorder", item: pytest.Item, result: controller.RunResult, trap: bool,
+                   deadline: float, source: str, worker: controller.Worker) -> list:
+    """The phase reports of a GPU gate run in a pool worker: its own, or ones made here for a
+    timeout, a dead worker or a trap gate's verdict."""
     facts = [("worker", worker.name)]
     if result.phases:
         facts.append(("worker_phases", " ".join(f"{k}={v:g}" for k, v in result.phases.items())))
@@ -60,7 +53,7 @@ def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bo
                          facts + [("route", Route.ERROR.value), ("first_failure_line", line)],
                          duration=result.seconds)
     if result.died is not None:
-        tail = st.pool.log_tail() if st.pool is not None else ""
+        tail = gpu.pool.log_tail() if gpu.pool is not None else ""
         text = f"{result.died}; the worker's output ended:\n{tail}" if tail else result.died
         return synthetic(item, Outcome.FAILED.value, text,
                          facts + [("route", Route.ERROR.value), ("first_failure_line", result.died)],
@@ -71,7 +64,7 @@ def worker_reports(st, item: pytest.Item, result: controller.RunResult, trap: bo
         text = f"the worker did not collect {item.nodeid}: its collection differs from this process's"
         return synthetic(item, Outcome.FAILED.value, text,
                          facts + [("route", Route.ERROR.value), ("first_failure_line", text)])
-    st.launches += result.launches
+    recorder.launches += result.launches
     if not trap:
         for rep in reports:
             rep.user_properties.append(("worker", worker.name))
@@ -120,51 +113,27 @@ def judge_trap(item: pytest.Item, reports: list, facts: list, duration: float, s
                      duration=duration, message=getattr(call, "harness_failure_message", None))
 
 
-def synthetic(item: pytest.Item, outcome: str, longrepr, props: list, duration: float = 0.0,
-               message: str | None = None) -> list:
-    """setup / call / teardown reports for a gate judged here rather than in the worker."""
-    trap = item.get_closest_marker("trap") is not None
-    all_props = properties(item) + ([("isolated", "true")] if trap else []) + list(props)
-    keywords = {k: 1 for k in item.keywords}
-    failure = (message or str(longrepr))[:MESSAGE_LIMIT] if outcome == Outcome.FAILED else None
-    return [
-        pytest.TestReport(item.nodeid, item.location, keywords, outcome=o, longrepr=lr, when=when,
-                          duration=d, user_properties=list(all_props), harness_failure_message=failure)
-        for when, o, lr, d in (("setup", Outcome.PASSED.value, None, 0.0), ("call", outcome, longrepr, duration),
-                               ("teardown", Outcome.PASSED.value, None, 0.0))
-    ]
-
-
-def properties(item: pytest.Item) -> list[tuple[str, str]]:
-    props = [("kind", kind_of(item) or "other"), ("module", item.nodeid.split("::")[0]),
-             ("gpu", "true" if is_gpu(item) else "false")]
-    if item.get_closest_marker("memory_safety") or item.get_closest_marker("trap"):
-        props.append(("memory_safety", "true"))
-    if item.get_closest_marker("names_faults"):
-        props.append(("names_faults", "true"))
-    return props
-
-
-def props_of(report) -> dict:
-    return {k: v for k, v in getattr(report, "user_properties", [])}
-
-
 class Recorder:
     """Folds setup/call/teardown reports (local, from the pool's workers, or from xdist
-    workers) into one GateRecord per gate."""
+    workers) into one GateRecord per gate, and what they add up to for the run."""
 
-    def __init__(self, st):  # the plugin's HarnessState
-        self.st = st
+    def __init__(self, run: HarnessRun, gpu: GpuGates):
+        self.run, self.gpu = run, gpu
+        self.records: dict[str, GateRecord] = {}
+        self.others: dict[str, GateRecord] = {}  # ordinary tests (not gates), folded only for the summary's count
+        self.poisoned_by: str | None = None  # the first gate that poisoned its worker's CUDA context
+        self.sanitizer_findings = 0  # gates red by route sanitizer
+        self.launches = 0  # kernel launches the pool's workers counted
+        self.no_gpu_executed = False  # --require-gpu, and no GPU gate ran (set at the session's end)
 
     def pytest_runtest_logreport(self, report) -> None:
-        st = self.st
         props = props_of(report)
         if "kind" not in props:  # an ordinary test: counted apart, never a gate record
-            fold_report(st.others.setdefault(report.nodeid, GateRecord(report.nodeid)), report)
+            fold_report(self.others.setdefault(report.nodeid, GateRecord(report.nodeid)), report)
             return
-        rec = st.records.get(report.nodeid)
+        rec = self.records.get(report.nodeid)
         if rec is None:
-            rec = st.records[report.nodeid] = GateRecord(
+            rec = self.records[report.nodeid] = GateRecord(
                 nodeid=report.nodeid, module=report.nodeid.split("::")[0], kind=None, gpu=False)
         if "kind" in props:
             rec.kind = None if props["kind"] == "other" else props["kind"]
@@ -188,33 +157,33 @@ class Recorder:
         for key in ("worker", "device", "device_ordinal", "device_uuid", "worker_phases"):
             if props.get(key):
                 setattr(rec, key, int(props[key]) if key == "device_ordinal" and props[key].isdigit() else props[key])
-        if props.get("poisoned_context") == "true" and st.poisoned_by is None:
-            st.poisoned_by = report.nodeid
+        if props.get("poisoned_context") == "true" and self.poisoned_by is None:
+            self.poisoned_by = report.nodeid
         was_red = rec.red
         fold_report(rec, report)
         if rec.red and not was_red and rec.route == Route.SANITIZER:
-            st.sanitizer_findings += 1
+            self.sanitizer_findings += 1
 
 
-def run_facts(st, records: list[GateRecord]) -> RunFacts:
-    """The run's facts for its reports (`st`: the plugin's HarnessState)."""
+def run_facts(run: HarnessRun, gpu: GpuGates, recorder: Recorder, records: list[GateRecord]) -> RunFacts:
+    """The run's facts for its reports."""
     from harness.arch import resolve_arch
     from harness.compile_options import recorded_options
 
     try:
-        arch = resolve_arch(st.arch)
+        arch = resolve_arch(None, run.settings)
         options = list(recorded_options(arch))
     except Exception:
-        arch, options = st.arch, []
+        arch, options = run.settings.arch, []
     seen = {}
     for r in records:
         if r.gpu and r.device_uuid is not None:
             seen[(r.device_ordinal, r.device_uuid)] = r.device
     devices = [{"ordinal": o, "uuid": u, "name": n} for (o, u), n in sorted(seen.items(), key=lambda kv: str(kv[0]))]
-    probe = st.probe or {}
+    probe = gpu.probe or {}
     name = probe.get("name") if probe.get("error") is None else None
     if name is None:
         name = next((r.device for r in records if r.gpu and r.device), None)
-    return RunFacts(device=name, arch=arch, kernel_root=str(st.kernel_root), compile_options=options,
-                    require_gpu=st.require_gpu, poisoned_by=st.poisoned_by, devices=devices,
-                    sanitizer=st.sanitize, shard=st.shard)
+    return RunFacts(device=name, arch=arch, kernel_root=str(run.settings.kernel_root), compile_options=options,
+                    require_gpu=run.require_gpu, poisoned_by=recorder.poisoned_by, devices=devices,
+                    sanitizer=run.sanitize, shard=run.shard)

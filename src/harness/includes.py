@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import _settings, toolchain
+from harness import toolchain
 
 _INCLUDE_Q = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.MULTILINE)
 
@@ -100,10 +100,14 @@ class IncludePath:
         return hits[0]
 
 
-def include_path(source: Path, kernel_root: Path, module_dirs=(), backend: str = "nvrtc") -> IncludePath:
+def include_path(source: Path, kernel_root: Path, module_dirs=(), backend: str = "nvrtc",
+                 run_dirs=()) -> IncludePath:
+    """Where `source`'s includes are searched: its folder, the kernel root, its launcher's
+    INCLUDE_DIRS (`module_dirs`), then the run's extra folders (`run_dirs`, the settings'
+    --include-dir and ini harness_include_dirs), then the toolkit's (NVRTC only)."""
     root = Path(kernel_root).resolve()
     user = []
-    for d in (*module_dirs, *_settings.current().include_dirs):
+    for d in (*module_dirs, *run_dirs):
         d = Path(d).resolve()
         if d not in user and d != root:
             user.append(d)

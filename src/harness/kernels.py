@@ -137,8 +137,8 @@ _loaded: dict[tuple, Module] = {}
 
 
 def kernel_root() -> Path:
-    """The active kernel root (`--kernel-root`, ini `kernel_root`, or HARNESS_KERNEL_ROOT)."""
-    return _settings.current().kernel_root
+    """The kernel root in effect (`--kernel-root`, ini `kernel_root`, or HARNESS_KERNEL_ROOT)."""
+    return _settings.in_effect().kernel_root
 
 
 def load(compiled: CompiledModule) -> Module:
@@ -151,14 +151,10 @@ def load(compiled: CompiledModule) -> Module:
     return mod
 
 
-_trap_shadow = False  # module() compiles with the trap shadow (harness.trap_shadow.TRAP_SHADOW_PREAMBLE)
-
-
-def set_trap_shadow(on: bool) -> None:
-    """From now on `module()` loads the trap-shadow build of each module (a mutation
-    campaign's trap gate in a warm worker), or the real one again."""
-    global _trap_shadow
-    _trap_shadow = bool(on)
+def trap_shadow_on() -> bool:
+    """Whether `module()` loads the trap-shadow build of each module now (the settings in
+    effect say so: a mutation campaign's trap gate in a warm worker)."""
+    return _settings.in_effect().trap_shadow
 
 
 def trap_shadow_hits() -> int:
@@ -202,17 +198,16 @@ def _unchanged_bytes(files) -> bool:
 
 
 def _compiled_module(relpath, name_expressions: tuple, defines: dict | None, fmad: bool | None) -> CompiledModule:
-    settings = _settings.current()
+    run = _settings.in_effect()
     key = (os.fspath(relpath), name_expressions, None if defines is None else tuple(sorted(
-        (str(k), repr(v)) for k, v in defines.items())), fmad, _trap_shadow, settings)
+        (str(k), repr(v)) for k, v in defines.items())), fmad, run)
     hit = _compiled.get(key)
     if hit is not None:
         compiled, stamps, racy = hit
         if _stamps(compiled.files) == stamps and (not racy or _unchanged_bytes(compiled.files)):
             return compiled
         del _compiled[key]
-    compiled = compile_file(relpath, name_expressions=name_expressions, defines=defines, fmad=fmad,
-                            trap_shadow=_trap_shadow)
+    compiled = compile_file(relpath, name_expressions=name_expressions, defines=defines, fmad=fmad, run=run)
     stamps = _stamps(compiled.files) if compiled.files else None
     if stamps is not None:
         _compiled[key] = (compiled, stamps, max(t for _, t in stamps) >= time.time_ns() - RACY_NS)
@@ -230,7 +225,8 @@ def module(
     repeat the declaration or fill in what it leaves out, never contradict it."""
     compiled = _compiled_module(relpath, tuple(name_expressions), defines, fmad)
     coverage.note_module(relpath)  # which gates load which module: gate selection for mutation campaigns
-    _used[compiled.source.name if compiled.source.parent == kernel_root() else str(relpath)] = compiled.options
+    _used[compiled.source.name if compiled.source.parent == _settings.in_effect().kernel_root else str(relpath)] = \
+        compiled.options
     return load(compiled)
 
 

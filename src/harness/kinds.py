@@ -99,6 +99,16 @@ def kinds_of(item) -> list[str]:
     return [k for k in KINDS if item.get_closest_marker(k) is not None]
 
 
+def kind_of(item) -> str | None:
+    """The gate's kind marker (the first, where a run let two through), or None."""
+    return next(iter(kinds_of(item)), None)
+
+
+def is_gpu(item) -> bool:
+    """The gate needs a device: marked `gpu`, or a trap gate."""
+    return bool(item.get_closest_marker("gpu") or item.get_closest_marker("trap"))
+
+
 def foreign_markers(config) -> frozenset[str]:
     """Harness marker names that something else registers as its own in this run (the project's
     ini `markers`, a conftest, another plugin): on a test, such a name is not the harness's word."""

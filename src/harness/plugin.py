@@ -4,8 +4,15 @@ isolation, failure routes, reports and the terminal summary. In lifecycle order.
 Installed, the plugin loads in every pytest run of the environment, so it stays inert until
 a project opts in (`opt_in_reason`): a harness ini key, a harness command-line option (or
 HARNESS_REQUIRE_GPU / HARNESS_KERNEL_ROOT), or a collected item that can only be a gate
-(`harness.kinds.claim`: a kind marker or a harness fixture, never a common name such as `gpu`). Inert, it imports nothing heavy, checks nothing and writes
-nothing. Active, it owns the gates only; every other test runs as plain pytest runs it."""
+(`harness.kinds.claim`: a kind marker or a harness fixture, never a common name such as `gpu`).
+Inert, it imports nothing heavy, checks nothing and writes nothing. Active, it owns the gates
+only; every other test runs as plain pytest runs it.
+
+Its state is in the config's stash (`harness.plugin_state`): the process's `Role`, the run's
+`HarnessRun` once opted in (its `Settings`, bound as the settings in effect for the session),
+the pool's `GpuGates`, the `Recorder` of verdicts. Its features (bit snapshots, the comparison,
+shards) are plugins of their own that talk to it through `harness.hookspecs`, never its state.
+"""
 
 from __future__ import annotations
 
@@ -15,27 +22,23 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from harness import _settings, coverage, cufiles, device, usage
-from harness._settings import GATES_INI
-from harness.gate_verdicts import Recorder, is_gpu, properties, props_of, run_facts, synthetic, worker_reports
-from harness.kinds import (MARKERS, REQUIRE_GPU_ENV, check_kinds, claim, foreign_markers, gate_key, is_gate,
+from harness._settings import DEFAULT_DEADLINE, GATES_INI, SANITIZER_DEADLINE_FACTOR
+from harness.gate_verdicts import Recorder, run_facts, worker_reports
+from harness.gate_reports import properties, props_of, synthetic
+from harness.kinds import (MARKERS, REQUIRE_GPU_ENV, check_kinds, claim, foreign_markers, gate_key, is_gate, is_gpu,
                            opt_in_reason, owned)
-from harness.plugin_pool import (lanes_wanted, new_pool, plan_lanes, probe_beside_xdist, refuse_without_device, run_in_pool,
-                                 start_pool)
-from harness.records import GateRecord, Outcome, Route
+from harness.plugin_pool import (lanes_wanted, new_pool, plan_lanes, probe_beside_xdist, refuse_without_device,
+                                 run_in_pool, start_pool)
+from harness.plugin_state import GpuGates, HarnessRun, Role, gpu_key, harness_run, role_key, run_key
+from harness.records import Outcome, Route
 from harness.report import classify_route, failure_message, first_line, write_reports
 
 # bit snapshots (and the line an update run ends with), comparisons and --shard, features of their own
 pytest_plugins = ["harness.snapshots", "harness.snapshot_tally", "harness.compare", "harness.shard"]
-if TYPE_CHECKING:
-    from harness.pool import controller
-
-DEFAULT_DEADLINE = 120.0  # seconds a GPU gate may take before the watchdog kills its worker
-SANITIZER_DEADLINE_FACTOR = 10  # a default deadline stretches under --sanitize (an explicit one does not)
 
 
 def deadline_value(text: str) -> float:
@@ -46,6 +49,13 @@ def deadline_value(text: str) -> float:
         return positive_seconds(text, "--harness-deadline", "120")
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from harness import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
 
 # ------------------------------------------------------------------ options
 
@@ -102,62 +112,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   default="")
 
 
-# ------------------------------------------------------------------ state
-
-state_key = pytest.StashKey["HarnessState"]()
-
-
-class HarnessState:
-    def __init__(self, config: pytest.Config):
-        opt = config.option
-        self.active = False  # opted in (opt_in_reason, or a gate among the collected items)
-        self.opted_in_by: str | None = None
-        self.gate_paths: tuple[Path, ...] = ()
-        self.require_gpu = bool(opt.require_gpu) or os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0")
-        self.serving = bool(opt.harness_serve)  # a pool server or an exec'd worker: runs no gate loop
-        self.is_worker = hasattr(config, "workerinput")  # an xdist worker
-        self.is_controller = not self.is_worker and bool(getattr(opt, "numprocesses", None)) \
-            and getattr(opt, "dist", "no") != "no"
-        self.report_dir = Path(opt.harness_report) if opt.harness_report else None
-        self.sanitize: str | None = opt.sanitize
-        self.shard: str | None = str(opt.shard) if getattr(opt, "shard", None) else None  # K/N (harness.shard)
-        self.sanitizer_cmd: list[str] | None = None
-        self.deadline, self.deadline_source = DEFAULT_DEADLINE, "the default"
-        self.records: dict[str, GateRecord] = {}
-        self.others: dict[str, GateRecord] = {}  # ordinary tests (not gates), folded only for the summary's count
-        self.poisoned_by: str | None = None
-        self.kernel_root: Path = Path()
-        self.arch: str | None = None
-        self.gpu_selected = 0
-        self.no_gpu_executed = False
-        self.pool: controller.Pool | None = None
-        self.pool_error: str | None = None
-        self.probe: dict | None = None
-        self.launches = 0
-        self.sanitizer_findings = 0
-        self.traps = None  # harness.pool.traps.TrapsAhead: trap gates started ahead on spares
-        self.shadow_traps = not opt.harness_real_traps  # trap gates run in the trap shadow (harness.trap_shadow)
-        self.shadow_worker = None  # outside the trap lane (xdist): the worker trap gates run in the shadow in
-        self.lanes = None  # harness.pool.lanes.Lanes, False where the run takes one lane; None: not planned yet
-        self.gate_times = None  # harness.pool.lanes.GateTimes: what each GPU gate took, for the next split
-        self.notes: list[str] = []  # lines the summary says of a setting that runs but means less than it seems
-
-
-def _resolve_deadline(config: pytest.Config, sanitize: str | None) -> tuple[float, str]:
-    if config.option.harness_deadline is not None:
-        return config.option.harness_deadline, "--harness-deadline"
-    ini = str(config.getini("harness_deadline") or "").strip()
-    if ini:
-        from harness.usage import UsageError, positive_seconds
-
-        try:
-            return positive_seconds(ini, "ini harness_deadline", "", fix="set e.g. harness_deadline = 120"), \
-                "ini harness_deadline"
-        except UsageError as exc:
-            raise pytest.UsageError(f"harness: {exc}") from None
-    if sanitize:
-        return DEFAULT_DEADLINE * SANITIZER_DEADLINE_FACTOR, "the default under --sanitize"
-    return DEFAULT_DEADLINE, "the default"
+# ------------------------------------------------------------------ configure
 
 
 def _trace(event: str) -> None:
@@ -171,8 +126,9 @@ def _trace(event: str) -> None:
 _trace("plugin imported")  # the first line fixes the time base its children share
 
 
-def _state(config: pytest.Config) -> HarnessState:
-    return config.stash[state_key]
+def _usage(exc: Exception) -> pytest.UsageError:
+    """A harness usage error as pytest's, in the one spelling every such line has."""
+    return pytest.UsageError(f"harness: {exc}")
 
 
 def _ini(config: pytest.Config):
@@ -182,108 +138,112 @@ def _ini(config: pytest.Config):
     return read
 
 
-# ------------------------------------------------------------------ configure
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     if config.option.harness_child_timeout is not None:
-        raise pytest.UsageError("harness: --harness-child-timeout was removed: every GPU gate now runs under a "
-                                "per-gate deadline; pass --harness-deadline S (or the ini key harness_deadline)")
-    st = HarnessState(config)
-    config.stash[state_key] = st
+        raise _usage("--harness-child-timeout was removed: every GPU gate now runs under a per-gate deadline; pass "
+                     "--harness-deadline S (or the ini key harness_deadline)")
+    role = config.stash[role_key] = Role.of(config)
     reason = opt_in_reason(config)
     if reason is not None:
         _activate(config, reason, before_collection=True)
-    elif st.is_controller:
+    elif role.xdist_controller:
         config.pluginmanager.register(_GateWatcher(config), "harness-gate-watcher")
 
 
-def _activate(config: pytest.Config, reason: str, before_collection: bool) -> None:
-    """Make this a harness run: check the settings, hand them to the launchers, record the
-    gates' verdicts; where a GPU may be and collection is still ahead, fork the pool's server."""
-    from harness.pool import channel, server
+_settings_token = pytest.StashKey[object]()  # the binding of the run's settings, undone at unconfigure
 
-    st = _state(config)
-    st.active, st.opted_in_by = True, reason
-    st.deadline, st.deadline_source = _resolve_deadline(config, st.sanitize)
-    lanes_wanted(st, config)  # a bad --harness-lanes or ini harness_lanes is one usage error, now
-    if config.option.no_fail_fast:
-        config.option.maxfail = 0
-    if st.serving:
-        # A server or worker writes no report of its own: the pytest process that owns it does.
-        config.option.xmlpath = None
-        st.report_dir = None
+
+def _activate(config: pytest.Config, reason: str, before_collection: bool) -> None:
+    """Make this a harness run: check and resolve its settings once, bind them for the
+    session, record the gates' verdicts; where a GPU may be and collection is still ahead,
+    fork the pool's server."""
+    from harness.pool import channel, server
+    from harness.toolchain import IncludeDirError
+    from harness.usage import UsageError
+
+    opt = config.option
+    role = config.stash[role_key]
+    lanes_wanted(role, opt.sanitize, config)  # a bad --harness-lanes or ini harness_lanes is one usage error, now
+    if opt.no_fail_fast:
+        opt.maxfail = 0
+    if role.serving:
+        opt.xmlpath = None  # a server or worker writes no report of its own: the process that owns it does
     else:
         usage.check_configuration(config)  # bad options and environment: one line, before any work
-    from harness.toolchain import IncludeDirError
-
     try:
-        project = _settings.resolve(kernel_root=config.option.kernel_root, cache_dir=config.option.harness_cache_dir,
-                                    arch=config.option.arch, include_dir=config.option.include_dir,
-                                    rootdir=config.rootpath, ini=_ini(config), cache_option="--harness-cache-dir")
-    except IncludeDirError as exc:
-        raise pytest.UsageError(f"harness: {exc}") from None
-    st.kernel_root, st.gate_paths = project.settings.kernel_root, project.gate_paths
-    if not st.serving:
-        st.notes += _setting_notes(config, st)
-    if project.kernel_root_explicit and not st.serving:
+        project = _settings.resolve(kernel_root=opt.kernel_root, cache_dir=opt.harness_cache_dir, arch=opt.arch,
+                                    include_dir=opt.include_dir, deadline=opt.harness_deadline,
+                                    sanitize=bool(opt.sanitize), rootdir=config.rootpath, ini=_ini(config),
+                                    cache_option="--harness-cache-dir")
+    except (IncludeDirError, UsageError) as exc:
+        raise _usage(exc) from None
+    settings = project.settings
+    notes = [] if role.serving else _setting_notes(config, role, project.gate_paths)
+    if project.kernel_root_explicit and not role.serving:
         # Named on the command line or in the environment, a folder with no .cu is a slip; named
         # in the ini, it need only exist (a project may configure its tree before its first kernel).
         named_in_ini = project.kernel_root_source.startswith("ini ")
-        problem = usage.kernel_root_problem(st.kernel_root, project.kernel_root_source, needs_cu=not named_in_ini)
+        problem = usage.kernel_root_problem(settings.kernel_root, project.kernel_root_source,
+                                            needs_cu=not named_in_ini)
         if problem:
-            raise pytest.UsageError(f"harness: {problem}")
-        empty = usage.kernel_root_problem(st.kernel_root, project.kernel_root_source) if named_in_ini else None
+            raise _usage(problem)
+        empty = usage.kernel_root_problem(settings.kernel_root, project.kernel_root_source) if named_in_ini else None
         if empty:  # it runs, but compiles nothing: the summary says so in one line
-            st.notes.append(f"harness: {empty}")
-    if project.cache_source != "the default" and not st.serving:
-        problem = usage.folder_problem(project.settings.cache_dir, project.cache_source, "the compiled cubins")
+            notes.append(f"harness: {empty}")
+    if project.cache_source != "the default" and not role.serving:
+        problem = usage.folder_problem(settings.cache_dir, project.cache_source, "the compiled cubins")
         if problem:
-            raise pytest.UsageError(f"harness: {problem}")
-    if config.option.arch:
+            raise _usage(problem)
+    if opt.arch:
         from harness.arch import ArchError, check_arch
 
         try:
-            check_arch(config.option.arch)
+            check_arch(opt.arch)
         except ArchError as exc:
-            raise pytest.UsageError(f"harness: {exc}") from None
-    st.arch = config.option.arch
-    _settings.configure(kernel_root=st.kernel_root, arch=config.option.arch, cache_dir=project.settings.cache_dir,
-                        include_dirs=project.settings.include_dirs)
-    if st.sanitize and not st.serving:
+            raise _usage(exc) from None
+    sanitizer_cmd = None
+    if opt.sanitize and not role.serving:
         from harness import sanitizer
 
         try:
-            st.sanitizer_cmd = sanitizer.command(st.sanitize, sanitizer.find_binary())
+            sanitizer_cmd = tuple(sanitizer.command(opt.sanitize, sanitizer.find_binary()))
         except sanitizer.SanitizerError as exc:
-            raise pytest.UsageError(f"harness: {exc}") from None
-    if st.is_controller and (st.require_gpu or st.sanitize):
-        probe_beside_xdist(st, config)  # no CUDA context lives here
-    recorder = Recorder(st)
-    config.stash[recorder_key] = recorder
+            raise _usage(exc) from None
+    run = config.stash[run_key] = HarnessRun(
+        opted_in_by=reason, role=role, settings=settings, gate_paths=project.gate_paths,
+        require_gpu=bool(opt.require_gpu) or os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0"),
+        sanitize=opt.sanitize, sanitizer_cmd=sanitizer_cmd,
+        report_dir=Path(opt.harness_report) if opt.harness_report and not role.serving else None,
+        shard=str(opt.shard) if getattr(opt, "shard", None) else None,
+        shadow_traps=not opt.harness_real_traps, notes=tuple(notes))
+    config.stash[_settings_token] = _settings.bind(settings)  # what launchers read, for this session
+    gpu = config.stash[gpu_key] = GpuGates()
+    if role.xdist_controller and (run.require_gpu or run.sanitize):
+        probe_beside_xdist(run, config)  # no CUDA context lives here
+    recorder = config.stash[recorder_key] = Recorder(run, gpu)
     config.pluginmanager.register(recorder, "harness-recorder")
     _trace("configured")
-    if st.serving and channel.is_server():
+    if role.serving and channel.is_server():
         server.server_configured()
-    elif (before_collection and not st.serving and not st.is_controller and st.sanitizer_cmd is None
-          and not config.option.collectonly and device._driver_present()):
+    elif (before_collection and not role.serving and not role.xdist_controller and sanitizer_cmd is None
+          and not opt.collectonly and device._driver_present()):
         # Where a GPU may be, the server imports CuPy while this process collects. Forked from
         # here, before any collection: it has this process's imports and conftests already.
-        st.pool = new_pool(st, config, fork=True)
+        gpu.pool = new_pool(run, config, fork=True)
 
 
-def _setting_notes(config: pytest.Config, st: HarnessState) -> list[str]:
+def _setting_notes(config: pytest.Config, role: Role, gate_paths: tuple[Path, ...]) -> list[str]:
     """Settings that run but mean less than they seem, each a line for the summary."""
     notes = []
-    for path in st.gate_paths:
+    for path in gate_paths:
         if not path.exists():
             shown = path.relative_to(config.rootpath) if path.is_relative_to(config.rootpath) else path
             notes.append(f"harness: ini harness_gates names {shown} ({path}), which does not exist: no test is a gate "
                          "by it; fix the path, or remove it")
-    if config.option.harness_lanes and st.is_controller:
+    if config.option.harness_lanes and role.xdist_controller:
         notes.append(f"harness: --harness-lanes {config.option.harness_lanes} has no effect under xdist (-n): each "
                      "xdist worker runs its GPU gates on a worker of its own, in order; drop -n to spread them over "
                      "lanes")
@@ -291,30 +251,31 @@ def _setting_notes(config: pytest.Config, st: HarnessState) -> list[str]:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    st = config.stash.get(state_key, None)
-    if st is not None and not st.active:
+    if config.stash.get(run_key, None) is None:
         if config.pluginmanager.has_plugin("harness-gate-watcher"):
             config.pluginmanager.unregister(name="harness-gate-watcher")
-        del config.stash[state_key]
+        if role_key in config.stash:
+            del config.stash[role_key]
         return
-    if st is not None and st.pool is not None:
-        st.pool.close()
-        st.pool = None
+    gpu = config.stash.get(gpu_key, None)
+    if gpu is not None:
+        gpu.close()
     recorder = config.stash.get(recorder_key, None)
     if recorder is not None:
         config.pluginmanager.unregister(recorder)
-        del config.stash[recorder_key]
-    if state_key in config.stash:
-        del config.stash[state_key]
-    _settings.reset()
+    token = config.stash.get(_settings_token, None)
+    if token is not None:
+        _settings.unbind(token)
+    for key in (recorder_key, gpu_key, run_key, _settings_token, role_key):
+        if key in config.stash:
+            del config.stash[key]
 
 
 # ------------------------------------------------------------------ collecting .cu files (compile gates)
 
 
 def pytest_collect_file(file_path: Path, parent):
-    st = parent.config.stash.get(state_key, None)
-    if st is None or not st.active or file_path.suffix != ".cu":
+    if file_path.suffix != ".cu" or harness_run(parent.config) is None:
         return None
     return cufiles.collect_file(file_path, parent)
 
@@ -322,8 +283,7 @@ def pytest_collect_file(file_path: Path, parent):
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector):
     rep = yield
-    st = collector.config.stash.get(state_key, None)
-    if st is not None and st.active:
+    if harness_run(collector.config) is not None:
         cufiles.add_unreached(collector, rep)
     return rep
 
@@ -336,8 +296,9 @@ def pytest_collection_modifyitems_in_pool_order(session: pytest.Session, config:
                                                 items: list[pytest.Item]) -> None:
     """The run's order beside the pool (`harness.plugin_pool.pool_order`): this process's own
     items first, then the ordinary GPU gates, then the trap gates."""
-    st = _state(config)
-    if not st.active or st.serving or st.is_worker or st.is_controller or st.sanitize or st.pool is None:
+    run = harness_run(config)
+    if run is None or not run.role.runs_gates or run.role.xdist_worker or run.sanitize \
+            or config.stash[gpu_key].pool is None:
         return
     from harness.plugin_pool import pool_order
 
@@ -345,57 +306,58 @@ def pytest_collection_modifyitems_in_pool_order(session: pytest.Session, config:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    st = _state(config)
     foreign = foreign_markers(config)  # harness marker names the project registers as its own
-    if not st.active:
+    if harness_run(config) is None:
         why = next(((it, reason) for it in items if (reason := claim(it, foreign))), None)
         if why is None:
             return  # no harness option, ini key or item that can only be a gate: this run is plain pytest's
         # (no ini key opted it in, so there are no harness_gates paths: activation adds no gate)
         _activate(config, f"{why[0].nodeid} {why[1]}", before_collection=False)
-    gates = [it for it in items if is_gate(it, st.gate_paths, foreign)]
+    run, gpu = config.stash[run_key], config.stash[gpu_key]
+    gates = [it for it in items if is_gate(it, run.gate_paths, foreign)]
     check_kinds(gates, foreign)  # one kind marker per gate, as --strict-markers for names
     for it in gates:
         it.stash[gate_key] = True
         if it.get_closest_marker("deadline") is not None:
-            _deadline(it)  # a bad value is a usage error now, not mid-run (nor never, where GPU gates skip)
-    if st.serving:
+            gate_deadline(it, run)  # a bad value is a usage error now, not mid-run (nor never, where GPU gates skip)
+    if run.role.serving:
         return
     from harness.pool import controller
 
     gpu_items = [it for it in gates if is_gpu(it)]
-    st.gpu_selected = len(gpu_items)
-    if (not gpu_items and not st.require_gpu) or config.option.collectonly:  # nothing to run on a device
-        if st.pool is not None:
-            st.pool.close()
-            st.pool = None
+    gpu.selected = len(gpu_items)
+    if (not gpu_items and not run.require_gpu) or config.option.collectonly:  # nothing to run on a device
+        if gpu.pool is not None:
+            gpu.pool.close()
+            gpu.pool = None
         return
     _trace("collected")
-    start_pool(st, config, gpu_items or items)
+    start_pool(gpu, run, config, gpu_items or items)
     try:
-        st.probe = st.pool.wait_probe()
+        gpu.probe = gpu.pool.wait_probe()
     except controller.PoolError as exc:
-        st.probe = {"count": 0, "error": str(exc)}
+        gpu.probe = {"count": 0, "error": str(exc)}
     _trace("probe answered")
-    device.adopt_probe(device.DeviceProbe(count=st.probe.get("count", 0), name=st.probe.get("name"),
-                                          arch=st.probe.get("arch"), error=st.probe.get("error")))
-    usable = st.probe.get("error") is None and st.probe.get("count", 0) > 0
+    probe = gpu.probe
+    device.adopt_probe(device.DeviceProbe(count=probe.get("count", 0), name=probe.get("name"),
+                                          arch=probe.get("arch"), error=probe.get("error")))
+    usable = probe.get("error") is None and probe.get("count", 0) > 0
     if not usable:
-        st.pool.close()
-        st.pool = None
-        refuse_without_device(st, st.probe)
-        skip = pytest.mark.skip(reason=f"GPU gate: {st.probe.get('error')}; pass --require-gpu to make this a failure")
+        gpu.pool.close()
+        gpu.pool = None
+        refuse_without_device(run, probe)
+        skip = pytest.mark.skip(reason=f"GPU gate: {probe.get('error')}; pass --require-gpu to make this a failure")
         for it in gpu_items:
             it.add_marker(skip)
         return
-    count = st.probe.get("count", 1)
-    if st.is_worker:
+    count = probe.get("count", 1)
+    if run.role.xdist_worker:
         # The probe's count is the truth: it corrects the hint for the spares started from now.
-        st.pool.config.device_ordinal = (device.ordinal_for_xdist_worker(
+        gpu.pool.config.device_ordinal = (device.ordinal_for_xdist_worker(
             config.workerinput.get("workerid", "gw0"), count) if count > 1 else None)
-    st.pool.warm_up()
-    if st.sanitize:
-        skip = pytest.mark.skip(reason=f"trap gate: its device guard's __trap() is itself a {st.sanitize} finding, "
+    gpu.pool.warm_up()
+    if run.sanitize:
+        skip = pytest.mark.skip(reason=f"trap gate: its device guard's __trap() is itself a {run.sanitize} finding, "
                                        "so trap gates do not run under --sanitize")
         for it in gpu_items:
             if it.get_closest_marker("trap"):
@@ -405,8 +367,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 # ------------------------------------------------------------------ running gates
 
 
-def _deadline(item: pytest.Item) -> tuple[float, str]:
-    st = _state(item.config)
+def gate_deadline(item: pytest.Item, run: HarnessRun) -> tuple[float, str]:
+    """A GPU gate's deadline and where it came from: its `@pytest.mark.deadline(S)`, else the
+    run's (`Settings.deadline`)."""
     marker = item.get_closest_marker("deadline")
     if marker is not None:
         raw = marker.args[0] if marker.args else marker.kwargs.get("seconds")
@@ -416,17 +379,22 @@ def _deadline(item: pytest.Item) -> tuple[float, str]:
             return positive_seconds(str(raw), "@pytest.mark.deadline", "",
                                     fix="write e.g. @pytest.mark.deadline(120)"), "its deadline marker"
         except UsageError as exc:
-            raise pytest.UsageError(f"harness: {item.nodeid}: {exc}") from None
-    return st.deadline, st.deadline_source
+            raise _usage(f"{item.nodeid}: {exc}") from None
+    return run.settings.deadline, run.settings.deadline_source
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtestloop(session: pytest.Session):
-    """In a pool's server: fork workers on request. In an exec'd worker: run gates on request."""
-    st = _state(session.config)
-    if not st.active or not st.serving:
+# The run loop is this module's alone: a pool's server or worker serves instead of looping
+# (`pytest_runtestloop_of_a_server`); elsewhere a feature may take the gates
+# (`pytest_harness_gate_loop`: a comparison) while pytest's loop runs the other items.
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_runtestloop")
+def pytest_runtestloop_of_a_server(session: pytest.Session):
+    """In a pool's server: fork workers on request; in an exec'd worker: run gates on request."""
+    run = harness_run(session.config)
+    if run is None or not run.role.serving:
         return None
-    from harness.pool import channel, worker as pool_worker, server
+    from harness.pool import channel, server, worker as pool_worker
 
     if channel.is_server():
         server.serve(session)
@@ -435,25 +403,50 @@ def pytest_runtestloop(session: pytest.Session):
     return True
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session):
+    config = session.config
+    run = harness_run(config)
+    loop = None
+    if run is not None and not run.role.serving and not config.option.collectonly:
+        loop = config.hook.pytest_harness_gate_loop(session=session, run=run,
+                                                    pool_warm=config.stash[gpu_key].pool is not None)
+    if loop is None:
+        return (yield)
+    items = session.items
+    gates = [it for it in items if owned(it)]
+    session.items = [it for it in items if not owned(it)]
+    try:
+        done = yield
+    finally:
+        session.items = items
+    loop(gates, len(items) - len(gates))
+    return done
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
     """GPU gates run in the pool's workers under the watchdog (`run_in_pool`); the lanes are
     planned at the run's first item, whatever it is."""
-    st = _state(item.config)
-    if st.active and not st.serving and st.pool is not None and st.lanes is None:  # the run's first item
-        st.lanes = plan_lanes(st, item, _deadline, owned) or False
-    if not st.active or st.serving or st.pool is None or not owned(item) or not is_gpu(item) \
-            or item.get_closest_marker("skip"):
+    run = harness_run(item.config)
+    if run is None or run.role.serving:
+        return None
+    gpu = item.config.stash[gpu_key]
+    if gpu.pool is not None and not gpu.lanes_planned:  # the run's first item
+        gpu.lanes_planned = True
+        gpu.lanes = plan_lanes(gpu, run, item, lambda it: gate_deadline(it, run), owned)
+    if gpu.pool is None or not owned(item) or not is_gpu(item) or item.get_closest_marker("skip"):
         return None
     from harness.pool import controller
 
     trap = item.get_closest_marker("trap") is not None
-    deadline, source = _deadline(item)
+    deadline, source = gate_deadline(item, run)
     reached = time.monotonic()
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     _trace(f"gate {item.nodeid}")
+    recorder = item.config.stash[recorder_key]
     try:
-        worker, result = run_in_pool(st, item, nextitem, trap, deadline)
+        worker, result = run_in_pool(gpu, run, item, nextitem, trap, deadline)
     except controller.PoolError as exc:
         reports = synthetic(item, Outcome.FAILED.value, str(exc), [("route", Route.ERROR.value),
                                                                    ("first_failure_line", str(exc).splitlines()[0])])
@@ -461,7 +454,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
         # What the gate cost this run: how long it waited here (a trap gate started ahead
         # may have finished before it was reached).
         result.waited = time.monotonic() - reached
-        reports = worker_reports(st, item, result, trap, deadline, source, worker)
+        reports = worker_reports(gpu, recorder, item, result, trap, deadline, source, worker)
     for rep in reports:
         item.ihook.pytest_runtest_logreport(report=rep)
     # The item was never set up here, but fixtures of earlier items that `nextitem` does not
@@ -526,8 +519,7 @@ class _GateWatcher:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report) -> None:
-        st = self.config.stash.get(state_key, None)
-        if st is None or st.active or "kind" not in props_of(report):
+        if harness_run(self.config) is not None or "kind" not in props_of(report):
             return
         self.config.pluginmanager.unregister(self)
         _activate(self.config, f"{report.nodeid} is a gate (an xdist worker collected it as one)", before_collection=False)
@@ -538,57 +530,56 @@ class _GateWatcher:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    st = _state(session.config)
-    if st.active and not st.serving:
+    run = harness_run(session.config)
+    if run is not None and not run.role.serving:
         _trace("session start")  # where pytest's own "passed in N s" starts counting
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     config = session.config
-    st = _state(config)
-    if not st.active:
+    run = harness_run(config)
+    if run is None:
         return
     _trace("session finish")
-    if st.traps is not None:
-        st.traps.kill_all()
-    if st.lanes:
-        st.lanes.stop()
-    if st.gate_times is not None:
-        st.gate_times.save()  # the next run's split (harness.pool.lanes)
-    if st.pool is not None:
-        st.pool.close()
-        st.pool = None
+    gpu = config.stash[gpu_key]
+    gpu.stop_ahead()
+    if gpu.gate_times is not None:
+        gpu.gate_times.save()  # the next run's split (harness.pool.lanes)
+    if gpu.pool is not None:
+        gpu.close()
         _trace("pool closed")
-    if st.serving or st.is_worker:
+    if not run.role.reports:
         return
-    records = list(st.records.values())
-    if st.report_dir is not None:
-        facts = run_facts(st, records)
+    recorder = config.stash[recorder_key]
+    records = list(recorder.records.values())
+    if run.report_dir is not None:
+        facts = run_facts(run, gpu, recorder, records)
         for r in records:
             if r.gpu:
                 r.device = r.device or facts.device
                 r.compile_options = r.compile_options or facts.compile_options  # its modules' own, when known
             else:
                 r.device = None
-        write_reports(st.report_dir, records, facts)
+        write_reports(run.report_dir, records, facts)
         _trace("reports written")
-    if st.require_gpu and not config.option.collectonly and exitstatus not in (pytest.ExitCode.INTERRUPTED,
-                                                                               pytest.ExitCode.USAGE_ERROR):
+    if run.require_gpu and not config.option.collectonly and exitstatus not in (pytest.ExitCode.INTERRUPTED,
+                                                                                pytest.ExitCode.USAGE_ERROR):
         executed = sum(1 for r in records if r.gpu and r.outcome in (Outcome.PASSED, Outcome.FAILED))
         if executed == 0:
-            st.no_gpu_executed = True
+            recorder.no_gpu_executed = True
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    st = _state(config)
-    if not st.active or st.serving or st.is_worker:
+    run = harness_run(config)
+    if run is None or not run.role.reports:
         return
     from harness.summary import render_summary
 
     _trace("terminal summary")
-    render_summary(terminalreporter, list(st.records.values()), st)
+    recorder = config.stash[recorder_key]
+    render_summary(terminalreporter, run, recorder)
     _trace("terminal summary written")
 
 
@@ -597,8 +588,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
 @pytest.fixture(scope="session")
 def kernel_root() -> Path:
-    """The active kernel root: launchers and structural gates read .cu files from here."""
-    return _settings.current().kernel_root
+    """The kernel root in effect: launchers and structural gates read .cu files from here."""
+    return _settings.in_effect().kernel_root
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
-"""The plugin's pool of GPU gate workers: started from the pytest configuration (`st`, the
-plugin's HarnessState, holds it), told what its server collects and which spares to keep."""
+"""The plugin's pool of GPU gate workers: started from the pytest configuration, told what its
+server collects and which spares to keep. The pool and what the run learnt of the device are
+this module's (`harness.plugin_state.GpuGates`, `gpu`); the run's facts (`run`, a
+`HarnessRun`) are read, never written."""
 
 from __future__ import annotations
 
@@ -7,22 +9,20 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness import _settings, device
+from harness import device
 
 if TYPE_CHECKING:
+    from harness.plugin_state import GpuGates, HarnessRun, Role
     from harness.pool import controller
 
 
-def server_args(st, config: pytest.Config, files: list[str]) -> list[str]:
+def server_args(run: HarnessRun, config: pytest.Config, files: list[str]) -> list[str]:
     """What the pool's server passes to pytest.main: the files to collect and the settings
     that decide what they collect to, never what the run reports or where it writes."""
     args = list(files) + [f"--rootdir={config.rootpath}", "-q", "--color=no", "-p", "no:cacheprovider",
-                          f"--kernel-root={st.kernel_root}", f"--harness-cache-dir={_settings.current().cache_dir}"]
+                          *run.settings.child_options()]
     if config.inipath is not None:
         args.append(f"--config-file={config.inipath}")
-    if st.arch:
-        args.append(f"--arch={st.arch}")
-    args += [f"--include-dir={d}" for d in _settings.current().include_dirs]
     if config.getoption("snapshot_update", False):
         args.append("--snapshot-update")  # the workers store the snapshots
     for plugin in getattr(config.option, "plugins", None) or []:
@@ -35,12 +35,13 @@ def server_args(st, config: pytest.Config, files: list[str]) -> list[str]:
     return args
 
 
-def new_pool(st, config: pytest.Config, fork: bool = False) -> controller.Pool:
+def new_pool(run: HarnessRun, config: pytest.Config, fork: bool = False) -> controller.Pool:
     from harness.pool import controller
 
-    prefix = config.workerinput.get("workerid", "") + "-" if st.is_worker else ""
+    prefix = config.workerinput.get("workerid", "") + "-" if run.role.xdist_worker else ""
+    sanitizer = list(run.sanitizer_cmd) if run.sanitizer_cmd is not None else None
     pool_config = controller.PoolConfig(rootdir=config.rootpath, invocation_dir=config.invocation_params.dir,
-                                     pytest_args=[], sanitizer=st.sanitizer_cmd, sanitizer_tool=st.sanitize,
+                                     pytest_args=[], sanitizer=sanitizer, sanitizer_tool=run.sanitize,
                                      name_prefix=prefix)
     try:
         pool = controller.Pool(pool_config)
@@ -49,7 +50,7 @@ def new_pool(st, config: pytest.Config, fork: bool = False) -> controller.Pool:
     pool_config.sanitizer_log_dir = pool.tmp
     if config.getoption("harness_wait_hung", False):
         pool.hung = None  # every gate waits its own deadline, whatever hung before it
-    if st.sanitizer_cmd is None:
+    if run.sanitizer_cmd is None:
         try:
             pool.start_server(fork=fork)
         except BaseException:
@@ -58,57 +59,58 @@ def new_pool(st, config: pytest.Config, fork: bool = False) -> controller.Pool:
     return pool
 
 
-def start_pool(st, config: pytest.Config, items: list[pytest.Item]) -> None:
+def start_pool(gpu: GpuGates, run: HarnessRun, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give the pool (started at configure where a driver exists) the files to collect."""
 
     files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
-    if st.pool is None:
+    if gpu.pool is None:
         # Not started at configure (no driver seen then, or a run opted in by a gate it
-        # collected): a fork of this process where that is safe, as at configure; a fresh
-        # interpreter costs a child pytest half a CPU-second of imports.
-        st.pool = new_pool(st, config, fork=True)
-    args = server_args(st, config, files)
-    st.pool.config.pytest_args = args + ["--harness-serve"]
+        # collected): a fork of this process where that is safe, as at configure, saves a
+        # fresh interpreter its imports.
+        gpu.pool = new_pool(run, config, fork=True)
+    pool, worker_role = gpu.pool, run.role.xdist_worker
+    args = server_args(run, config, files)
+    pool.config.pytest_args = args + ["--harness-serve"]
     from harness.pool.traps import first_spares
 
     traps = sum(1 for it in items if it.get_closest_marker("trap"))
-    if st.is_worker:
+    if worker_role:
         at_once = int(config.workerinput.get("workercount", 1))  # its spares: below
     else:  # no more lanes than ordinary GPU gates to share out
         ordinary = sum(1 for it in items if it.get_closest_marker("gpu") and not it.get_closest_marker("trap"))
-        at_once = min(lanes_wanted(st, config), max(1, ordinary))
+        at_once = min(lanes_wanted(run.role, run.sanitize, config), max(1, ordinary))
         # The first spares: a worker for each lane, one for the trap lane (the trap shadow) or for
         # each trap gate that may run at once (--harness-real-traps, harness.pool.traps), and the
         # main worker's replacement, their contexts made together before any trap. (A context
         # asked for while traps are handled waits for them: lanes that took the trap gates'
-        # spares had their replacements made during the traps, 14 s each on an H100.)
-        st.pool.config.spares = first_spares(traps, st.shadow_traps) + at_once - 1
+        # spares would have their replacements made during the traps.)
+        pool.config.spares = first_spares(traps, run.shadow_traps) + at_once - 1
     # Workers that run gates at once (the lanes, or xdist's workers, a pool each) share the
     # host's cores: each keeps to its share of BLAS threads (harness.pool.worker.limit_blas).
     if at_once > 1:
         from harness.pool import lanes, worker
 
-        st.pool.config.worker_env = {worker.BLAS_THREADS_ENV: str(lanes.blas_share(at_once))}
-    early = not st.is_worker
-    if st.is_worker:
+        pool.config.worker_env = {worker.BLAS_THREADS_ENV: str(lanes.blas_share(at_once))}
+    early = not worker_role
+    if worker_role:
         # N xdist workers share the machine and none knows its gates ahead: one spare each.
         # On a machine with one GPU (said without CUDA: CUDA_VISIBLE_DEVICES, else the
         # driver's /proc entries) it starts beside the probe; with several, after it, once the
         # probe says which GPU is this worker's (a wrong early guess would start a spare on a
         # GPU that is not there).
-        st.pool.config.spares = 1
+        pool.config.spares = 1
         early = device.device_count_hint() == 1
-    if st.sanitizer_cmd is None:
-        st.pool.collect(args)
+    if run.sanitizer_cmd is None:
+        pool.collect(args)
         if early:
             # The device is known before the probe answers: the main worker starts beside the
             # probe, the trap gates' spares once it answered (pytest_collection_modifyitems).
             # The driver makes contexts one at a time, so made all at once, the first gate
             # would wait for every one of them.
-            st.pool.warm_up(1 if traps and not st.is_worker else None)
+            pool.warm_up(1 if traps and not worker_role else None)
 
 
-def probe_beside_xdist(st, config: pytest.Config) -> None:
+def probe_beside_xdist(run: HarnessRun, config: pytest.Config) -> None:
     """xdist's controller runs no gate and makes no CUDA context, yet --require-gpu (or
     --sanitize) with no usable device must be one usage error there. With no driver that is
     known at once; else a throwaway process probes the device while xdist starts its workers
@@ -117,39 +119,39 @@ def probe_beside_xdist(st, config: pytest.Config) -> None:
     from harness.pool import controller
 
     if not device._driver_present():
-        refuse_without_device(st, {"count": 0, "error": device.why_no_driver()})
+        refuse_without_device(run, {"count": 0, "error": device.why_no_driver()})
         return
-    config.pluginmanager.register(_ProbeAnswer(st, controller.ProbeProcess(config.invocation_params.dir)),
+    config.pluginmanager.register(_ProbeAnswer(run, controller.ProbeProcess(config.invocation_params.dir)),
                                   "harness-controller-probe")
 
 
 class _ProbeAnswer:
-    def __init__(self, st, probe: "controller.ProbeProcess"):
-        self.st, self.probe = st, probe
+    def __init__(self, run: HarnessRun, probe: "controller.ProbeProcess"):
+        self.run, self.probe = run, probe
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> None:
         # after xdist's session start (its workers are starting) and before its loop; refused
         # here, the session still finishes, so xdist takes its workers down
-        refuse_without_device(self.st, self.probe.result())
+        refuse_without_device(self.run, self.probe.result())
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.probe.close()
 
 
-def refuse_without_device(st, probe: dict) -> None:
+def refuse_without_device(run: HarnessRun, probe: dict) -> None:
     """The require-gpu policy: with --require-gpu (or --sanitize) and no usable device, one usage error."""
     if probe.get("error") is None and probe.get("count", 0) > 0:
         return
     why = probe.get("error") or "no CUDA device was found"
-    if st.require_gpu:
+    if run.require_gpu:
         raise pytest.UsageError(f"harness: --require-gpu: {why}")
-    if st.sanitize:
-        raise pytest.UsageError(f"harness: --sanitize {st.sanitize} needs a CUDA device to run the gates on: {why}; "
+    if run.sanitize:
+        raise pytest.UsageError(f"harness: --sanitize {run.sanitize} needs a CUDA device to run the gates on: {why}; "
                                 "run it on a machine with a GPU, or drop --sanitize")
 
 
-def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float):
+def run_in_pool(gpu: GpuGates, run: HarnessRun, item: pytest.Item, nextitem, trap: bool, deadline: float):
     """Run one GPU gate in the pool: (the worker, its controller.RunResult). An ordinary gate in
     its lane (`harness.pool.lanes`, planned at the run's first item: `plan_lanes`) or in the main worker; a
     trap gate in the trap shadow, in the trap lane (or, under xdist, a warm worker of its own
@@ -157,36 +159,36 @@ def run_in_pool(st, item: pytest.Item, nextitem, trap: bool, deadline: float):
     where it could be, `harness.pool.traps`). Raises controller.PoolError where no worker could be had."""
     from harness.pool.channel import trace as _trace
 
-    _start_traps_ahead(st, item)
-    if st.lanes and item.nodeid in st.lanes:
+    _start_traps_ahead(gpu, run, item)
+    if gpu.lanes is not None and item.nodeid in gpu.lanes:
         # Trap gates keep starting ahead on spares while this waits (its lane recorded its time).
-        worker, result = st.lanes.wait(item.nodeid, meanwhile=lambda: _start_traps_ahead(st, item))
+        worker, result = gpu.lanes.wait(item.nodeid, meanwhile=lambda: _start_traps_ahead(gpu, run, item))
         _trace(f"  from lane worker {worker.name}: {result.phases}")
     else:
-        ahead = st.traps.take(item.nodeid) if st.traps is not None else None
-        shadowed = trap and st.shadow_traps  # as in the trap lane: one worker, as good as fresh after each
-        if shadowed and st.shadow_worker is not None and st.shadow_worker.alive:
-            worker = st.shadow_worker
+        ahead = gpu.traps.take(item.nodeid) if gpu.traps is not None else None
+        shadowed = trap and run.shadow_traps  # as in the trap lane: one worker, as good as fresh after each
+        if shadowed and gpu.shadow_worker is not None and gpu.shadow_worker.alive:
+            worker = gpu.shadow_worker
         else:
-            worker = ahead or (st.pool.fresh_worker() if trap else st.pool.main_worker())
+            worker = ahead or (gpu.pool.fresh_worker() if trap else gpu.pool.main_worker())
         _trace(f"  worker {worker.name}{' (started ahead)' if ahead else ''}")
         if ahead is None:
             worker.start(item.nodeid, nextitem.nodeid if nextitem is not None and not trap else None,
                          shadow=shadowed, reset=shadowed)
-        result = worker.wait(deadline, hung=None if trap else st.pool.hung)
+        result = worker.wait(deadline, hung=None if trap else gpu.pool.hung)
         _trace(f"  done in worker {result.phases}")
         if shadowed:
-            st.shadow_worker = worker if worker.alive else None
+            gpu.shadow_worker = worker if worker.alive else None
         elif trap:
             worker.kill()
-        elif st.gate_times is not None and result.ran_to_its_end:
-            st.gate_times.record(item.nodeid, result.seconds)
-    unsettled = shadow_unsettled(result) if trap and st.shadow_traps else None
+        elif gpu.gate_times is not None and result.ran_to_its_end:
+            gpu.gate_times.record(item.nodeid, result.seconds)
+    unsettled = shadow_unsettled(result) if trap and run.shadow_traps else None
     if unsettled is not None:
         # Up to its first counted guard a run in the trap shadow is the real run, so a counted
         # guard is the real trap gate's pass; any other ending is settled by a real trap.
         _trace(f"  trap shadow did not settle it ({unsettled}): trapping for real")
-        worker = st.pool.fresh_worker()
+        worker = gpu.pool.fresh_worker()
         worker.start(item.nodeid, None)
         result = worker.wait(deadline)
         result.unsettled = unsettled
@@ -207,13 +209,13 @@ def shadow_unsettled(result) -> str | None:
     return "it counted no guard in the trap shadow"
 
 
-def lanes_wanted(st, config: pytest.Config) -> int:
+def lanes_wanted(role: Role, sanitize: str | None, config: pytest.Config) -> int:
     """How many lanes this run's ordinary GPU gates take (`harness.pool.lanes`): 1 under xdist
     (each worker has its own pool and is not told its gates ahead), a sanitizer, or timed
     launches (`--compare-timing`); else --harness-lanes (ini harness_lanes), `auto` by default."""
     from harness.pool import lanes
 
-    if st.is_worker or st.sanitize or config.getoption("compare_timing", False):
+    if role.xdist_worker or sanitize or config.getoption("compare_timing", False):
         return 1
     raw = config.getoption("harness_lanes", None) or str(config.getini("harness_lanes") or "").strip() or "auto"
     try:
@@ -236,26 +238,25 @@ def pool_order(items: list[pytest.Item], in_pool) -> list[pytest.Item]:
     return [it for it in items if id(it) not in moved] + gpu + traps
 
 
-def plan_lanes(st, current: pytest.Item, deadline_for, is_gate):
+def plan_lanes(gpu: GpuGates, run: HarnessRun, current: pytest.Item, deadline_for, is_gate):
     """Split the run's ordinary GPU gates from `current` on into lanes, and its trap gates into
     a lane of their own where they run in the trap shadow, and start them; None where the run
     takes one lane (the main worker then runs the ordinary gates in order) and no trap gate
     runs in the shadow there."""
-    from harness import _settings
-    from harness.gate_verdicts import is_gpu
+    from harness.kinds import is_gpu
     from harness.pool import lanes
 
-    n = lanes_wanted(st, current.config)
-    if not st.is_worker:  # xdist's workers would overwrite each other's file
-        st.gate_times = lanes.GateTimes(_settings.current().cache_dir / lanes.TIMES_FILE)
+    n = lanes_wanted(run.role, run.sanitize, current.config)
+    if not run.role.xdist_worker:  # xdist's workers would overwrite each other's file
+        gpu.gate_times = lanes.GateTimes(run.settings.cache_dir / lanes.TIMES_FILE)
     rest = [it for it in _from(current) if is_gpu(it) and is_gate(it) and not it.get_closest_marker("skip")]
     # Not under xdist (a worker there is not told its gates ahead) or a sanitizer (no trap gate runs).
     traps = [it for it in rest if it.get_closest_marker("trap")] \
-        if st.shadow_traps and not (st.is_worker or st.sanitize) else []
+        if run.shadow_traps and not (run.role.xdist_worker or run.sanitize) else []
     todo = [it for it in rest if not it.get_closest_marker("trap")]
     plan = []
     if n > 1:
-        times = st.gate_times
+        times = gpu.gate_times
         gates = [lanes.Gate(it.nodeid, str(it.path), times.estimate(it.nodeid, tuple(m.name for m in it.iter_markers())))
                  for it in todo]
         plan = lanes.split(gates, n)
@@ -265,28 +266,28 @@ def plan_lanes(st, current: pytest.Item, deadline_for, is_gate):
     deadlines = {it.nodeid: deadline_for(it)[0] for it in todo + traps}
     # The lanes take their workers from the spares made at the start: the pool keeps the rest.
     taken = len(plan) + (1 if traps else 0)
-    st.pool.config.spares = max(1, st.pool.config.spares - taken)
+    gpu.pool.config.spares = max(1, gpu.pool.config.spares - taken)
     shadowed = frozenset([len(plan)]) if traps else frozenset()
-    st.lanes = lanes.Lanes(st.pool, plan + ([[it.nodeid for it in traps]] if traps else []), deadlines.__getitem__,
-                           st.gate_times, shadowed=shadowed)
-    st.lanes.start()
-    return st.lanes
+    planned = lanes.Lanes(gpu.pool, plan + ([[it.nodeid for it in traps]] if traps else []), deadlines.__getitem__,
+                          gpu.gate_times, shadowed=shadowed)
+    planned.start()
+    return planned
 
 
-def _start_traps_ahead(st, current: pytest.Item) -> None:
+def _start_traps_ahead(gpu: GpuGates, run: HarnessRun, current: pytest.Item) -> None:
     """Start upcoming trap gates on ready spares now (harness.pool.traps). Not under xdist (a
     worker there does not know which gates it will be sent) or a sanitizer (no trap gate runs)."""
-    if st.is_worker or st.sanitize or st.shadow_traps:  # in the shadow: the trap lane (plan_lanes)
+    if run.role.xdist_worker or run.sanitize or run.shadow_traps:  # in the shadow: the trap lane (plan_lanes)
         return
     from harness.pool.traps import TrapsAhead
 
-    if st.traps is None:
-        st.traps = TrapsAhead(st.pool)
+    if gpu.traps is None:
+        gpu.traps = TrapsAhead(gpu.pool)
 
     def upcoming() -> list[str]:
         return [it.nodeid for it in _from(current) if it.get_closest_marker("trap") and not it.get_closest_marker("skip")]
 
-    st.traps.start(upcoming, current.nodeid)
+    gpu.traps.start(upcoming, current.nodeid)
 
 
 def _from(current: pytest.Item) -> list[pytest.Item]:

@@ -58,10 +58,13 @@ def trap_line(records: list[GateRecord]) -> str | None:
     return line + (f"; trapped for real: {'; '.join(unsettled)}" if unsettled else "")
 
 
-def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
-    for note in getattr(st, "notes", ()):
+def render_summary(terminalreporter, run, recorder) -> None:
+    """The harness's part of pytest's terminal summary, from the run (`harness.plugin_state.
+    HarnessRun`) and what its recorder folded (`harness.gate_verdicts.Recorder`)."""
+    records = list(recorder.records.values())
+    for note in run.notes:
         terminalreporter.write_line(note)
-    others = others_line(getattr(st, "others", {}))
+    others = others_line(recorder.others)
     if not records:
         if others:
             terminalreporter.write_sep("=", "harness")
@@ -95,8 +98,8 @@ def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
         for r in red:
             t.add_row(r.nodeid, r.route or "", r.first_failure_line or "")
         console.print(t)
-    if st.poisoned_by:
-        console.print(f"[bold red]{st.poisoned_by} poisoned the CUDA context[/]; its worker process was replaced, "
+    if recorder.poisoned_by:
+        console.print(f"[bold red]{recorder.poisoned_by} poisoned the CUDA context[/]; its worker process was replaced, "
                       "so later GPU gates' verdicts are their own.")
     timeouts = [r for r in records if r.route == Route.TIMEOUT]
     if timeouts:
@@ -105,10 +108,10 @@ def render_summary(terminalreporter, records: list[GateRecord], st) -> None:
     traps = trap_line(records)
     if traps:
         console.print(traps)
-    if st.sanitize:
-        console.print(f"compute-sanitizer {st.sanitize}: {st.sanitizer_findings} gate(s) with findings over "
-                      f"{st.launches} kernel launches through harness.kernels.")
-    for line in banner_lines(records, st.require_gpu, st.no_gpu_executed):
+    if run.sanitize:
+        console.print(f"compute-sanitizer {run.sanitize}: {recorder.sanitizer_findings} gate(s) with findings over "
+                      f"{recorder.launches} kernel launches through harness.kernels.")
+    for line in banner_lines(records, run.require_gpu, recorder.no_gpu_executed):
         console.print(f"[bold yellow on red] harness: {line} [/]" if "SKIPPED" in line else f"[bold red]harness: {line}[/]")
     terminalreporter.write_sep("=", "harness")
     terminalreporter.write(buf.getvalue())

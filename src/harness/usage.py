@@ -8,9 +8,11 @@ the single checks. Each check returns the message, or None when the input is fin
 from __future__ import annotations
 
 import enum
-import math
 import os
 from pathlib import Path
+
+from harness.errors import UsageError  # noqa: F401  (the commands' and the plugin's, raised here)
+from harness.values import positive_int, positive_seconds  # noqa: F401  (re-exported)
 
 
 class ExitStatus(enum.IntEnum):
@@ -24,34 +26,6 @@ class ExitStatus(enum.IntEnum):
     BASELINE_RED = 3  # the unperturbed gates are red: nothing over them would prove anything
     DEVICE_LOST = 4  # the device stopped answering mid-run: no verdict after that is one
     INTERRUPTED = 130
-
-
-class UsageError(ValueError):
-    """A command's bad input, its message one line naming the option and the fix."""
-
-
-def positive_seconds(text: str, option: str, example: str, also: str = "", fix: str | None = None) -> float:
-    """A positive, finite number of seconds given as `option`; `also` names what else the
-    option takes, `fix` says what to do (default: pass e.g. `option example`). Raises UsageError."""
-    fix = fix or f"pass e.g. {option} {example}"
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise UsageError(f"{option} {text!r} is not a number of seconds{also}; {fix}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{option} must be a positive, finite number of seconds (got {text}); {fix}")
-    return value
-
-
-def positive_int(text: str, option: str, example: str) -> int:
-    """A whole number of at least 1 given as `option`. Raises UsageError."""
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise UsageError(f"{option} {text!r} is not a whole number; pass e.g. {option} {example}") from None
-    if value < 1:
-        raise UsageError(f"{option} must be at least 1 (got {value}); pass e.g. {option} {example}")
-    return value
 
 
 def add_project_options(parser, *, rootdir: bool = True,

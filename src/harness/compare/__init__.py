@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.kinds import kinds_of, owned
+from harness.kinds import kinds_of
 from harness.ref_launchers import LAUNCHERS_OF_ENV
 from harness.timing import DEFAULT_REPEAT, DEFAULT_WARMUP, TIMING_ENV
 from harness.usage import UsageError
@@ -115,7 +115,7 @@ def usage_problem(config: pytest.Config, ref: str) -> str | None:
     if unwritable:
         return (f"--compare-to writes compare.json and compare.md to {report_dir}, which cannot be made: {unwritable}; "
                 "pass --harness-report DIR naming a folder you can write to")
-    return ref_problem(ref, _settings.current().kernel_root)
+    return ref_problem(ref, _settings.in_effect().kernel_root)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -125,7 +125,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from harness import _settings, ref_launchers
 
         try:
-            ref_launchers.use(_settings.current().kernel_root, session.config.rootpath)
+            ref_launchers.use(_settings.in_effect().kernel_root, session.config.rootpath)
         except ref_launchers.LauncherImportError as exc:
             raise pytest.UsageError(str(exc)) from None
 
@@ -133,35 +133,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # ---------------------------------------------------------------- the run
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtestloop(session: pytest.Session):
-    """pytest's own loop runs the ordinary tests, once, in this process, as without the option;
-    then the gates run on both sides and are compared."""
-    config = session.config
-    ref = config.getoption("compare_to", None)
-    from harness.plugin import state_key
+def pytest_harness_gate_loop(session: pytest.Session, run, pool_warm: bool):
+    """With --compare-to, the run's gates are this feature's: pytest's own loop runs the
+    ordinary tests, once, as without the option (the plugin's loop withholds the gates from
+    it); then `loop` runs the gates on both sides and compares them."""
+    ref = session.config.getoption("compare_to", None)
+    if not ref:
+        return None
 
-    st = config.stash.get(state_key, None)
-    if not ref or config.option.collectonly or st is None or not st.active or st.serving:
-        return (yield)
-    items = session.items
-    gates = [it for it in items if owned(it)]
-    session.items = [it for it in items if not owned(it)]
-    try:
-        done = yield
-    finally:
-        session.items = items
-    if not gates:
-        others = f" ({len(items)} other test(s) ran as without --compare-to)" if items else ""
-        _say(config, [f"compare to {ref}: no gate selected, nothing compared{others}"])
-        return done
-    from harness.compare.sides import report_today
+    def loop(gates: list[pytest.Item], others: int) -> None:
+        config = session.config
+        if not gates:
+            ran = f" ({others} other test(s) ran as without --compare-to)" if others else ""
+            _say(config, [f"compare to {ref}: no gate selected, nothing compared{ran}"])
+            return
+        from harness.compare.sides import report_today
 
-    found = compare(session, st, ref, gates)
-    report_today(gates, found.today, {g.nodeid: g for g in found.gates}, found.unrun)
-    if not config.getoption("compare_allow_differ"):
-        session.testsfailed += sum(1 for g in found.gates if g.differs)
-    return done
+        found = compare(session, run, pool_warm, ref, gates)
+        report_today(gates, found.today, {g.nodeid: g for g in found.gates}, found.unrun)
+        if not config.getoption("compare_allow_differ"):
+            session.testsfailed += sum(1 for g in found.gates if g.differs)
+    return loop
 
 
 def _say(config: pytest.Config, lines: list[str]) -> None:
@@ -170,14 +162,14 @@ def _say(config: pytest.Config, lines: list[str]) -> None:
         (tr.write_line(line) if tr is not None else print(line))
 
 
-def _executors(st, config, gates: list[str], kernel_root: Path):
+def _executors(run, pool_warm: bool, config, gates: list[str], kernel_root: Path):
     from harness.runs.fresh import FreshExecutors
     from harness.runs.warm import WarmExecutors
 
     files = sorted({g.split("::", 1)[0] for g in gates})
-    if st.pool is not None:
+    if pool_warm:
         return WarmExecutors(config.rootpath, tuple(files), kernel_root, 1, stop_on_kill=False)
-    return FreshExecutors(config.rootpath, require_gpu=st.require_gpu)
+    return FreshExecutors(config.rootpath, require_gpu=run.require_gpu)
 
 
 def absent_at(ref_root: Path, gates: list[pytest.Item]) -> frozenset[str]:
@@ -193,7 +185,7 @@ class Comparison:
     unrun: dict[str, str]  # {gate: why it was not compared}: a side gave no verdict for it
 
 
-def compare(session: pytest.Session, st, ref: str, items: list[pytest.Item]) -> Comparison:
+def compare(session: pytest.Session, run, pool_warm: bool, ref: str, items: list[pytest.Item]) -> Comparison:
     """Run the gates over REF's tree and today's, compare their arms, write the reports and say
     what was found. The temporary folders (REF's tree, the arm outputs, the sides' runs) go on
     every way out."""
@@ -206,8 +198,8 @@ def compare(session: pytest.Session, st, ref: str, items: list[pytest.Item]) -> 
     config = session.config
     kinds = {item.nodeid: kinds_of(item) for item in items}
     gates = list(kinds)
-    today = _settings.current().kernel_root
-    report_dir = Path(st.report_dir or _settings.report_root(config.rootpath))
+    today = run.settings.kernel_root
+    report_dir = Path(run.report_dir or _settings.report_root(config.rootpath))
     timed = f"{config.getoption('compare_repeat') or DEFAULT_REPEAT},{DEFAULT_WARMUP}" \
         if config.getoption("compare_timing") else None
     out = Path(tempfile.mkdtemp(prefix="harness-arms-"))
@@ -222,13 +214,14 @@ def compare(session: pytest.Session, st, ref: str, items: list[pytest.Item]) -> 
             check_launchers(ref, today, ref_root, config.rootpath)
             absent = absent_at(ref_root, items)
             # one executor for both sides: the warm one runs each side's gates on the same workers
-            executor = _executors(st, config, gates, today)(out / "runs", _settings.current().cache_dir, st.arch)
+            executor = _executors(run, pool_warm, config, gates, today)(out / "runs", run.settings.cache_dir,
+                                                                        run.settings.arch)
             sides, folders = {}, {}
             try:
                 for key, name, root, skip in (("ref", "REF", ref_root, absent), ("today", "today", today, frozenset())):
                     given = [g for g in gates if g not in skip]
-                    run = executor.run(root, given, max(60.0, st.deadline * len(given)))
-                    sides[key] = settle(name, run, given, skip, report_dir, config.rootpath)
+                    ran = executor.run(root, given, max(60.0, run.settings.deadline * len(given)))
+                    sides[key] = settle(name, ran, given, skip, report_dir, config.rootpath)
                     folders[key] = side_folder(out, root)
             finally:
                 executor.close()

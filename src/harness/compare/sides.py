@@ -115,7 +115,7 @@ def report_today(items: list[pytest.Item], today: Side, compared: dict, unrun: d
     """Each gate's report is today's verdict, with what the comparison found as properties
     (`compare <arm>`: JUnit, gates.json): the summary, pytest's counts and the require-gpu rule
     read them as those of any run. A gate a side gave no verdict for (`unrun`) is red."""
-    from harness.gate_verdicts import synthetic
+    from harness.gate_reports import synthetic
     from harness.records import Outcome
 
     for item in items:

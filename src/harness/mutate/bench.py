@@ -47,7 +47,8 @@ def _precompile_originals(kernel_root: Path, cache: Path, arch: str | None) -> i
     n = 0
     for src in find_sources(kernel_root):
         rel = src.resolve().relative_to(kernel_root.resolve()).as_posix()
-        compile_file(rel, kernel_root=kernel_root, arch=arch, cache_dir=cache, settings=declared.get(rel))
+        compile_file(rel, kernel_root=kernel_root, arch=arch, cache_dir=cache, settings=declared.get(rel),
+                     include_dirs=declared.include_dirs)
         n += 1
     return n
 

@@ -157,10 +157,10 @@ def run_baseline(config: MutateConfig, cache_dir: Path) -> tuple[Baseline, Cover
     return Baseline.of(run), coverage
 
 
-def dependents_of(root: Path, files: set[str]) -> dict[str, tuple[str, ...]]:
+def dependents_of(root: Path, files: set[str], include_dirs: tuple[Path, ...] = ()) -> dict[str, tuple[str, ...]]:
     from harness.runs.compilecheck import dependents
 
-    return {f: tuple(dependents(root, (f,))) for f in sorted(files)}
+    return {f: tuple(dependents(root, (f,), include_dirs)) for f in sorted(files)}
 
 
 def run_campaign(config: MutateConfig, listener: Listener | None = None,
@@ -222,12 +222,14 @@ def _campaign(config: MutateConfig, listener: Listener | None,
     campaign.arch = arch
 
     todo = [m for m in mutants if m.id not in results]
-    deps = dependents_of(root, {m.file for m in mutants})
-    keys = VerdictKeys(root, config.rootdir, coverage, deps, config, arch) if coverage is not None else None
+    declared = declared_names(root)
+    deps = dependents_of(root, {m.file for m in mutants}, declared.include_dirs)
+    keys = (VerdictKeys(root, config.rootdir, coverage, deps, config, arch, declared.include_dirs)
+            if coverage is not None else None)
     store = VerdictStore(cache_dir)
     if config.since and keys is not None:
         todo = _reuse(campaign, todo, keys, store, results_path, listener)
-    ctx = screen.ScreenContext(root, arch, cache_dir, declared_names(root), deps)
+    ctx = screen.ScreenContext(root, arch, cache_dir, declared, deps)
     source_read = coverage.source_read() if coverage is not None else None
     t0 = time.perf_counter()
     cpus = "the cluster's CPUs" if factory.cpu_map() is not None else f"{config.jobs} CPU worker(s)"

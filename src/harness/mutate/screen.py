@@ -60,6 +60,7 @@ class ScreenContext:
 def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
     """Write `mutant` into a fresh sandbox, compile its modules, fingerprint the cubins."""
     from harness.compile import CompileError, compile_file
+    from harness.runs.compilecheck import run_dirs
     from harness.runs.sandbox import sandbox, write
     from harness.mutate.elf import fingerprint
 
@@ -72,7 +73,7 @@ def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
         for rel in modules:
             try:
                 compiled = compile_file(rel, kernel_root=copy, arch=ctx.arch, cache_dir=ctx.cache_dir,
-                                        settings=ctx.names.get(rel))
+                                        settings=ctx.names.get(rel), include_dirs=run_dirs(ctx.names))
             except CompileError as exc:
                 return Compiled(mutant.id, False, (), _first_error(exc, copy), time.perf_counter() - start)
             prints.append((rel, fingerprint(compiled.cubin)))
@@ -109,11 +110,13 @@ def _first_error(exc, copy: Path) -> str:
 
 def original_fingerprints(ctx: ScreenContext) -> dict[str, str]:
     from harness.compile import compile_file
+    from harness.runs.compilecheck import run_dirs
     from harness.mutate.elf import fingerprint
 
     modules = sorted({m for ms in ctx.dependents.values() for m in ms})
     return {rel: fingerprint(compile_file(rel, kernel_root=ctx.kernel_root, arch=ctx.arch, cache_dir=ctx.cache_dir,
-                                          settings=ctx.names.get(rel)).cubin) for rel in modules}
+                                          settings=ctx.names.get(rel), include_dirs=run_dirs(ctx.names)).cubin)
+            for rel in modules}
 
 
 def _worker_init() -> None:

@@ -80,8 +80,10 @@ class VerdictKeys:
     """The digest of each mutant's verdict (module docstring); computed pieces are kept, so a
     campaign reads each file once."""
 
-    def __init__(self, kernel_root: Path, rootdir: Path, coverage, deps: dict, config, arch: str):
+    def __init__(self, kernel_root: Path, rootdir: Path, coverage, deps: dict, config, arch: str,
+                 include_dirs: tuple[Path, ...] = ()):
         self.root = Path(kernel_root).resolve()
+        self.include_dirs = tuple(include_dirs)  # the run's extra include folders (harness.runs.compilecheck)
         self.rootdir = Path(rootdir).resolve()
         self.coverage = coverage
         self.deps = deps
@@ -126,10 +128,9 @@ class VerdictKeys:
 
     @functools.lru_cache(maxsize=None)
     def _closure(self, module: str) -> tuple:
-        from harness import _settings
         from harness.includes import source_closure
 
-        return tuple(map(tuple, source_closure(self.root / module, self.root, _settings.current().include_dirs)))
+        return tuple(map(tuple, source_closure(self.root / module, self.root, self.include_dirs)))
 
     def key(self, m) -> str:
         modules = self.deps.get(m.file, ())

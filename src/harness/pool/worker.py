@@ -375,7 +375,8 @@ def run_set(session, items: dict, sink: ReportSink, msg: dict, props: list) -> d
     from harness.records import Outcome, Route
 
     caching.serving_generated_sources()  # a mutant's source analyses are not kept on disk
-    _settings.configure(kernel_root=msg["kernel_root"])
+    # This worker serves the mutant's tree from now on (it serves no other: it is fresh).
+    _settings.bind(_settings.in_effect().with_kernel_root(msg["kernel_root"]))
     gates = list(msg["gates"])
     try:  # a comparison's side over another kernel tree runs that tree's launchers
         ref_launchers.use(Path(msg["kernel_root"]), Path(session.config.rootpath))
@@ -422,18 +423,19 @@ def _in_trap_shadow(run) -> int | None:
     """Run `run()` with every module loaded afresh in its trap-shadow build; the guards they
     counted, or None when the context cannot say (the gate left a sticky error: a guard
     counted before it, or a fault the real run has too; either way a trap gate's pass)."""
-    from harness import kernels
+    from dataclasses import replace
+
+    from harness import _settings, kernels
 
     kernels.forget_loaded()  # no module loaded before (the real build) serves the gate
-    kernels.set_trap_shadow(True)
     try:
-        run()
-        try:
-            return kernels.trap_shadow_hits()
-        except Exception:  # noqa: BLE001 - a sticky error: the counters cannot be read
-            return None
+        with _settings.applied(replace(_settings.in_effect(), trap_shadow=True)):
+            run()
+            try:
+                return kernels.trap_shadow_hits()
+            except Exception:  # noqa: BLE001 - a sticky error: the counters cannot be read
+                return None
     finally:
-        kernels.set_trap_shadow(False)
         kernels.forget_loaded()  # and no shadow module serves a later gate
 
 

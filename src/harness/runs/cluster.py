@@ -62,7 +62,7 @@ class Shipped:
         """The node's cubin cache: HARNESS_CACHE_DIR there, else the harness default."""
         from harness import _settings
 
-        return _settings.current().cache_dir
+        return _settings.in_effect().cache_dir
 
 
 def shipped_tree(rootdir: Path, kernel_root: Path) -> Shipped:
@@ -193,13 +193,13 @@ def cache_entries(kernel_root: Path, modules: Iterable[str], *, arch: str | None
     """The cache entries of these modules of a tree (the real kernel root, or a perturbed
     sandbox copy), compiled here when missing: what a node needs to load them uncompiled."""
     from harness.compile import CompileError, compile_file
-    from harness.runs.compilecheck import settings_for
+    from harness.runs.compilecheck import run_dirs, settings_for
 
     keys = []
     for rel in modules:
         try:
             compiled = compile_file(rel, kernel_root=kernel_root, arch=arch, cache_dir=cache_dir,
-                                    settings=settings_for(names, rel, kernel_root))
+                                    settings=settings_for(names, rel, kernel_root), include_dirs=run_dirs(names))
         except (CompileError, OSError):
             continue  # the node compiles it and reports the error as the gates see it
         keys.append(compiled.key)

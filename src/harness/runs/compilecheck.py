@@ -37,44 +37,51 @@ class CompileCheck:
     seconds: float = 0.0
 
 
-def dependents(kernel_root: Path, files: tuple[str, ...]) -> list[str]:
-    """The `.cu` files under `kernel_root` whose source closure holds any of `files`."""
+def dependents(kernel_root: Path, files: tuple[str, ...], include_dirs: tuple[Path, ...] = ()) -> list[str]:
+    """The `.cu` files under `kernel_root` whose source closure (through the run's extra
+    `include_dirs`) holds any of `files`."""
     root = Path(kernel_root).resolve()
     wanted = set(files)
     out = []
     for source in find_sources(root):
         rel = source.resolve().relative_to(root).as_posix()
-        if rel in wanted or any(name in wanted for name, _ in source_closure(source, root)):
+        if rel in wanted or any(name in wanted for name, _ in source_closure(source, root, include_dirs)):
             out.append(rel)
     return out
 
 
 class Declared(dict):
-    """{relpath: ModuleSettings} of the real kernel root `root`."""
+    """{relpath: ModuleSettings} of the real kernel root `root`, and the run's extra include
+    folders (`include_dirs`) every compile of the campaign passes down."""
 
-    def __init__(self, root: Path, items):
+    def __init__(self, root: Path, items, include_dirs: tuple[Path, ...] = ()):
         super().__init__(items)
         self.root = root
+        self.include_dirs = tuple(include_dirs)
 
 
 def declared_names(kernel_root: Path) -> Declared:
     """{relpath: the compile settings its launcher declares (harness.modsettings)} for every
-    `.cu` of the (real) kernel root, read without writing __pycache__ into it. Also applies
-    the project's ini `harness_include_dirs` (the rootdir found from the kernel root up)
-    when no include directories are configured in this process."""
+    `.cu` of the (real) kernel root, read without writing __pycache__ into it; with the extra
+    include folders of the settings in effect, else the project's ini `harness_include_dirs`
+    (the rootdir found from the kernel root up)."""
     root = Path(kernel_root).resolve()
-    if not _settings.current().include_dirs:
+    dirs = _settings.in_effect().include_dirs
+    if not dirs:
         rootdir = _settings.find_rootdir(root)
         dirs = _settings.include_dirs((), _settings.ini_lines(rootdir, _settings.INCLUDE_DIRS_INI), rootdir)
-        if dirs:
-            _settings.configure(include_dirs=dirs)
     before = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
         return Declared(root, {s.resolve().relative_to(root).as_posix(): declared_settings(s)
-                               for s in find_sources(root)})
+                               for s in find_sources(root)}, dirs)
     finally:
         sys.dont_write_bytecode = before
+
+
+def run_dirs(names: dict) -> tuple[Path, ...]:
+    """The extra include folders a campaign's compiles pass down (`Declared.include_dirs`)."""
+    return getattr(names, "include_dirs", ())
 
 
 def _in_sandbox(ms: ModuleSettings, real_root: Path | None, sandbox_root: Path) -> ModuleSettings:
@@ -108,12 +115,13 @@ def compile_perturbed(
     launcher declares (`names`, from `declared_names` over the real kernel root; a tuple of
     name expressions is accepted too)."""
     start = time.perf_counter()
-    modules = dependents(sandbox_root, files)
+    modules = dependents(sandbox_root, files, run_dirs(names))
     misses = 0
     for rel in modules:
         ms = settings_for(names, rel, sandbox_root)
         try:
-            compiled = compile_file(rel, kernel_root=sandbox_root, arch=arch, settings=ms, cache_dir=cache_dir)
+            compiled = compile_file(rel, kernel_root=sandbox_root, arch=arch, settings=ms, cache_dir=cache_dir,
+                                    include_dirs=run_dirs(names))
         except (CompileError, LauncherError, IncludeDirError, NvccNotFound) as exc:
             return CompileCheck(False, tuple(modules), misses, str(exc), time.perf_counter() - start)
         misses += not compiled.cache_hit

@@ -26,4 +26,4 @@ class RunConfig:
 
     def cache(self) -> Path:
         """The cubin cache folder the campaign compiles into and its gate runs read."""
-        return self.path(self.cache_dir) if self.cache_dir else _settings.current().cache_dir
+        return self.path(self.cache_dir) if self.cache_dir else _settings.in_effect().cache_dir

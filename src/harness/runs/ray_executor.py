@@ -153,10 +153,10 @@ class RayExecutor(Executor):
         import ray
 
         from harness.pool import controller
-        from harness.runs.compilecheck import dependents
+        from harness.runs.compilecheck import dependents, run_dirs
 
         files = changed_files(self.kernel_root, mutant_sandbox)
-        modules = dependents(mutant_sandbox, tuple(files))
+        modules = dependents(mutant_sandbox, tuple(files), run_dirs(self.names))
         entries = cache_entries(mutant_sandbox, modules, arch=self.arch, cache_dir=self.cache_dir, names=self.names)
         tries = 0
         while True:

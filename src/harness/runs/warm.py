@@ -420,4 +420,4 @@ class WarmExecutors(ExecutorFactory):
 
 
 def default_cache_dir() -> Path:
-    return _settings.current().cache_dir
+    return _settings.in_effect().cache_dir
