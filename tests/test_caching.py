@@ -5,10 +5,11 @@ a torn file is recomputed, never trusted."""
 
 import importlib.util
 import sys
+from dataclasses import replace
 
 import pytest
 
-from harness import caching
+from harness import _settings, caching
 
 MODULE = '''
 import os
@@ -154,20 +155,19 @@ def test_a_module_level_function_argument_is_keyed_by_its_name(project, tmp_path
     assert len(list((tmp_path / "host").rglob("*.pkl"))) == 2
 
 
-def test_a_source_keyed_value_is_on_disk_unless_the_process_serves_generated_sources(project, tmp_path):
+def test_a_source_keyed_value_is_on_disk_unless_the_process_serves_generated_sources(project, tmp_path,
+                                                                                      settings_in_effect):
     mod = _load(project)
-    try:
-        assert mod.analysis("the project's text") == 18
-        assert len(list((tmp_path / "host").rglob("*.pkl"))) == 1
-        assert _new_process(project).analysis("the project's text") == 18
-        caching.serving_generated_sources()  # a campaign's worker: every mutant a new text
-        worker = _new_process(project)
-        assert worker.analysis("the project's text") == 18 and worker.CALLS == [], "still read back"
-        assert worker.analysis("a mutant's text") == 15 and worker.analysis("a mutant's text") == 15
-        assert worker.CALLS == [("analysis", "a mutant's text")], "kept in memory"
-        assert len(list((tmp_path / "host").rglob("*.pkl"))) == 1, "a mutant's text is not kept on disk"
-    finally:
-        caching.serving_generated_sources(False)
+    assert mod.analysis("the project's text") == 18
+    assert len(list((tmp_path / "host").rglob("*.pkl"))) == 1
+    assert _new_process(project).analysis("the project's text") == 18
+    # a campaign's worker: every mutant a new text
+    settings_in_effect(replace(_settings.in_effect(), generated_sources=True))
+    worker = _new_process(project)
+    assert worker.analysis("the project's text") == 18 and worker.CALLS == [], "still read back"
+    assert worker.analysis("a mutant's text") == 15 and worker.analysis("a mutant's text") == 15
+    assert worker.CALLS == [("analysis", "a mutant's text")], "kept in memory"
+    assert len(list((tmp_path / "host").rglob("*.pkl"))) == 1, "a mutant's text is not kept on disk"
 
 
 def test_a_disk_mode_that_is_not_one_of_the_three_is_refused():

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.child import LAUNCHERS_OF_CHANNEL
 from harness.compare.arms import compare_arm, compare_sides, ordered
 from tests._machine import child_env, use_child_env
 
@@ -283,7 +284,7 @@ def test_launchers_swap_in_place_and_back(tmp_path, monkeypatch):
     (other / "launch.py").write_text(LAUNCHER.format(factor=7))
     (tmp_path / "proj" / "user.py").write_text("from kpkg import launch\nfrom kpkg.launch import factor\n")
     monkeypatch.syspath_prepend(str(tmp_path / "proj"))
-    monkeypatch.setenv(ref_launchers.LAUNCHERS_OF_ENV, str(today))
+    monkeypatch.setenv(LAUNCHERS_OF_CHANNEL, str(today))
     user = importlib.import_module("user")
     importlib.import_module("kpkg.only_today")
     try:

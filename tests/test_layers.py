@@ -13,11 +13,11 @@ HARNESS = PACKAGE
 # Top to bottom: a module may import its own layer's modules and those of lower layers.
 LAYERS = [
     {"harness.__main__", "harness.bench", "harness.startup", "harness.report_cli"},
-    {"harness.controls", "harness.mutate", "harness.compare"},  # the campaigns, side by side
-    {"harness.runs"},  # the run layer both campaigns stand on
-    {"harness.plugin", "harness.plugin_pool", "harness.gate_verdicts", "harness._serve", "harness.kinds",
-     "harness.summary", "harness.report", "harness.cufiles", "harness.snapshots", "harness.snapshot_tally",
-     "harness.plugin_state", "harness.hookspecs", "harness.gate_reports"},
+    {"harness.controls", "harness.mutate",  # the campaigns, side by side, and the pytest plugin beside them
+     "harness.plugin", "harness.plugin_pool", "harness.plugin_state", "harness.hookspecs", "harness.gate_verdicts",
+     "harness._serve", "harness.summary", "harness.cufiles", "harness.snapshot_tally", "harness.shard"},
+    {"harness.compare"},  # a feature the plugin loads by name: it runs its gates on the run layer
+    {"harness.runs"},  # the run layer the campaigns and the comparison stand on
     {"harness.pool"},  # the warm pool's processes
 ]
 # Everything else in harness/ is the base: records, compile, kernels, device, usage, ...
@@ -30,7 +30,8 @@ def module_name(path: Path, root: Path = HARNESS) -> str:
 
 
 def imports(path: Path, root: Path = HARNESS) -> set[str]:
-    """Every harness module `path` (under `root`, the harness folder) imports, anywhere in it."""
+    """Every harness module `path` (under `root`, the harness folder) imports, anywhere in it,
+    and every plugin it has pytest load by name (`pytest_plugins`): a by-name load is an arrow."""
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
@@ -43,6 +44,8 @@ def imports(path: Path, root: Path = HARNESS) -> set[str]:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytest_plugins" for t in node.targets):
+            found |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
     modules = {module_name(p, root) for p in root.rglob("*.py")}
     return {m for m in found if m in modules and m != name}
 
@@ -118,5 +121,6 @@ def test_imports_are_read_also_inside_functions_and_relative(tmp_path):
         (root / rel).write_text("")
     probe = root / "runs" / "probe.py"
     probe.write_text("def f():\n    from harness.records import Outcome\n    import harness.device\n"
-                     "    from .result import GateRuns\n")
-    assert imports(probe, root) == {"harness.records", "harness.device", "harness.runs.result"}
+                     "    from .result import GateRuns\n"
+                     "pytest_plugins = ['harness.runs'] + (['harness.records'] if f else [])\n")
+    assert imports(probe, root) == {"harness.records", "harness.device", "harness.runs.result", "harness.runs"}

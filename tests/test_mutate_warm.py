@@ -892,7 +892,7 @@ def test_the_campaigns_workers_start_while_its_baseline_runs(suite, tmp_path, mo
     # the baseline's recorder is set for its own process only: a server started meanwhile
     # from this process's environment must not record into the baseline's coverage
     from harness.runs import fresh as child
-    from harness.mutate.recorder import ENV
+    from harness.child import COVERAGE_DIR_CHANNEL as ENV
 
     real_run_gates = child.run_gates
     envs = []

@@ -79,10 +79,21 @@ def argparse_names(parser) -> list[str]:
 
 
 def harness_env_vars() -> set[str]:
+    """The public HARNESS_* variables the harness reads: every one it spells but the private
+    channels to its children (harness.child.CHANNELS)."""
+    from harness.child import CHANNELS
+
     found = set()
     for path in PACKAGE.rglob("*.py"):
         found |= set(re.findall(r"""["'](HARNESS_[A-Z0-9_]+)["']""", path.read_text()))
-    return found
+    return found - set(CHANNELS)
+
+
+def test_the_table_names_no_private_channel():
+    from harness.child import CHANNELS
+
+    named = sorted(name for where, name in documented() if where == "env" and name in CHANNELS)
+    assert not named, f"{DOC.relative_to(REPO)} names private channels (harness/child.py has them): {named}"
 
 
 def test_the_table_parses_and_is_not_empty():

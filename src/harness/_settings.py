@@ -2,7 +2,7 @@
 
 Every setting is resolved in one order, the option, else the environment variable, else the
 ini key, else the default, paths relative to the rootdir (`resolve`), and the value goes down
-explicitly: to the pool and to every child process (serialised once, `Settings.child_options`),
+explicitly: to the pool and to every child process (serialised once, `harness.child.ChildPytest.over`),
 to the compile path (`harness.compile.compile_file(run=...)`).
 
 A launcher in a kernel tree calls `harness.kernels.module("x.cu")` and cannot be handed the
@@ -18,7 +18,7 @@ import contextlib
 import contextvars
 import functools
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 try:
@@ -51,21 +51,12 @@ class Settings:
     include_dirs: tuple[Path, ...] = ()  # --include-dir, then ini harness_include_dirs (absolute)
     deadline: float = DEFAULT_DEADLINE  # seconds, a float everywhere
     deadline_source: str = "the default"
-    trap_shadow: bool = field(default=False, compare=True)  # modules built with their guards counted
+    trap_shadow: bool = False  # modules built with their guards counted (a campaign's trap gate, in a warm worker)
+    generated_sources: bool = False  # the tree is a campaign's mutant: its source analyses are not kept on disk
 
     def with_kernel_root(self, kernel_root: str | os.PathLike) -> "Settings":
         """These settings over another kernel tree (a sandbox, a comparison's REF)."""
         return replace(self, kernel_root=Path(kernel_root).resolve())
-
-    def child_options(self) -> list[str]:
-        """These settings as the command-line options of a child pytest (the one place they
-        are serialised): the child resolves them back to this same value."""
-        out = [f"--kernel-root={self.kernel_root}", f"--harness-cache-dir={self.cache_dir}"]
-        if self.arch and self.arch_source == "--arch":
-            out.append(f"--arch={self.arch}")
-        out += [f"--include-dir={d}" for d in self.include_dirs]
-        out.append(f"--harness-deadline={self.deadline!r}")
-        return out
 
 
 def _default_cache_dir() -> Path:

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.child import ChildPytest
 from harness.commands import Command, Commands
 from harness.usage import add_bench_output, bench_out_folder
 
@@ -34,8 +35,7 @@ SUMMARY = re.compile(r"\b\d+ (?:passed|failed)\b.* in ([0-9.]+)s")
 
 
 def _run(tree: Path, args: list[str], report: Path, env: dict) -> dict:
-    cmd = [sys.executable, "-m", "pytest", *args, "--require-gpu", "-q", "-p", "no:cacheprovider",
-           "--color=no", f"--harness-report={report}"]
+    cmd = ChildPytest(tuple(args), require_gpu=True, report_dir=report).command()
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -64,8 +64,8 @@ def _run(tree: Path, args: list[str], report: Path, env: dict) -> dict:
 
 
 def _collect_ids(tree: Path, env: dict) -> list[str]:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "gates", "--collect-only", "-q", "-p", "no:cacheprovider"],
-                          cwd=tree, env=env, capture_output=True, text=True)
+    proc = subprocess.run(ChildPytest(("gates",), collect_only=True).command(), cwd=tree, env=env,
+                          capture_output=True, text=True)
     return [line.strip() for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")]
 
 

@@ -23,7 +23,7 @@ argument is keyed by its module and name (its text is in the project's, or the h
 `@host_cache(disk="source")` is for values keyed by a kernel source's text (a structural
 gate's analysis of a file): kept on disk like `disk=True` in a plain gate run, where the
 texts are the project's own and a warm run reads each analysis back, but only in memory
-in a process that serves generated sources (`serving_generated_sources()`: a campaign's
+under settings that say the tree is generated (`Settings.generated_sources`: a campaign's
 worker, whose every mutant is a new text: kept on disk, one entry a mutant and analysis
 would fill it; what is on disk is still read there, the original's analyses among it).
 """
@@ -60,15 +60,13 @@ def host_cache(fn=None, *, disk: bool | str = False):
     return mark(fn) if fn is not None else mark
 
 
-_GENERATED_SOURCES = False
-
-
-def serving_generated_sources(on: bool = True) -> None:
-    """Say that this process serves generated kernel sources (a campaign's mutants): from now
-    on a `host_cache(disk="source")` value it computes stays in memory, not written to disk
+def _serving_generated_sources() -> bool:
+    """The settings in effect are a campaign's mutant tree's (`Settings.generated_sources`):
+    a `host_cache(disk="source")` value computed now stays in memory, not written to disk
     (what is on disk is still read)."""
-    global _GENERATED_SOURCES
-    _GENERATED_SOURCES = on
+    from harness import _settings
+
+    return _settings.in_effect().generated_sources
 
 
 def _on_disk(fn, per_source: bool = False):
@@ -81,7 +79,7 @@ def _on_disk(fn, per_source: bool = False):
             except Exception:  # noqa: BLE001 - absent, torn or from another numpy: compute it
                 pass
         value = fn(*args, **kwargs)
-        if path is not None and not (per_source and _GENERATED_SOURCES):  # read, never written, there
+        if path is not None and not (per_source and _serving_generated_sources()):  # read, never written, there
             _store(path, value)
         return value
 

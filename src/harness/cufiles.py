@@ -40,9 +40,9 @@ def _named_roots() -> tuple[Path, ...]:
     comparison's side run the one today's node ids name."""
     import os
 
-    from harness.ref_launchers import LAUNCHERS_OF_ENV
+    from harness.child import LAUNCHERS_OF_CHANNEL
 
-    today = os.environ.get(LAUNCHERS_OF_ENV)
+    today = os.environ.get(LAUNCHERS_OF_CHANNEL)
     return (_kernel_root(), *((Path(today),) if today else ()))
 
 

@@ -19,20 +19,13 @@ if TYPE_CHECKING:
 def server_args(run: HarnessRun, config: pytest.Config, files: list[str]) -> list[str]:
     """What the pool's server passes to pytest.main: the files to collect and the settings
     that decide what they collect to, never what the run reports or where it writes."""
-    args = list(files) + [f"--rootdir={config.rootpath}", "-q", "--color=no", "-p", "no:cacheprovider",
-                          *run.settings.child_options()]
-    if config.inipath is not None:
-        args.append(f"--config-file={config.inipath}")
-    if config.getoption("snapshot_update", False):
-        args.append("--snapshot-update")  # the workers store the snapshots
-    for plugin in getattr(config.option, "plugins", None) or []:
-        if plugin not in ("no:cacheprovider",):
-            args += ["-p", plugin]
-    for override in getattr(config.option, "override_ini", None) or []:
-        args += ["-o", override]
-    if config.pluginmanager.hasplugin("xdist"):
-        args += ["-p", "no:xdist"]
-    return args
+    from harness.child import ChildPytest
+
+    return ChildPytest.over(
+        files, run.settings, rootdir=config.rootpath, config_file=config.inipath,
+        extra=("--snapshot-update",) if config.getoption("snapshot_update", False) else (),  # the workers store them
+        plugins=tuple(p for p in getattr(config.option, "plugins", None) or [] if p != "no:cacheprovider"),
+        overrides=tuple(getattr(config.option, "override_ini", None) or []), no_xdist=True).args()
 
 
 def new_pool(run: HarnessRun, config: pytest.Config, fork: bool = False) -> controller.Pool:
@@ -88,9 +81,10 @@ def start_pool(gpu: GpuGates, run: HarnessRun, config: pytest.Config, items: lis
     # Workers that run gates at once (the lanes, or xdist's workers, a pool each) share the
     # host's cores: each keeps to its share of BLAS threads (harness.pool.worker.limit_blas).
     if at_once > 1:
-        from harness.pool import lanes, worker
+        from harness.child import BLAS_THREADS_CHANNEL
+        from harness.pool import lanes
 
-        pool.config.worker_env = {worker.BLAS_THREADS_ENV: str(lanes.blas_share(at_once))}
+        pool.config.worker_env = {BLAS_THREADS_CHANNEL: str(lanes.blas_share(at_once))}
     early = not worker_role
     if worker_role:
         # N xdist workers share the machine and none knows its gates ahead: one spare each.

@@ -23,7 +23,9 @@ import pytest
 from harness._settings import Settings
 
 if TYPE_CHECKING:
-    from harness.pool import controller, lanes, traps
+    from harness.pool.controller import Pool, Worker
+    from harness.pool.lanes import GateTimes, Lanes
+    from harness.pool.traps import TrapsAhead
 
 
 @dataclass(frozen=True)
@@ -74,14 +76,14 @@ class HarnessRun:
 class GpuGates:
     """The pool of GPU gate workers of this process and what the run learnt of the device."""
 
-    pool: "controller.Pool | None" = None
+    pool: "Pool | None" = None
     probe: dict | None = None  # the pool's probe of the device (count, name, arch, error)
     selected: int = 0  # GPU gates collected
     lanes_planned: bool = False  # planned at the run's first item (`lanes` None then: one lane)
-    lanes: "lanes.Lanes | None" = None
-    gate_times: "lanes.GateTimes | None" = None  # what each GPU gate took, for the next run's split
-    traps: "traps.TrapsAhead | None" = None  # trap gates started ahead on spares
-    shadow_worker: "controller.Worker | None" = None  # outside the trap lane: the worker trap gates shadow in
+    lanes: "Lanes | None" = None
+    gate_times: "GateTimes | None" = None  # what each GPU gate took, for the next run's split
+    traps: "TrapsAhead | None" = None  # trap gates started ahead on spares
+    shadow_worker: "Worker | None" = None  # outside the trap lane: the worker trap gates shadow in
 
     def stop_ahead(self) -> None:
         """Stop what runs ahead of the gates: trap gates started on spares, the lanes."""

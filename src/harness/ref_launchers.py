@@ -20,9 +20,9 @@ import os
 import sys
 from pathlib import Path
 
+from harness.child import LAUNCHERS_OF_CHANNEL
 from harness.project_modules import module_file, project_modules
 
-LAUNCHERS_OF_ENV = "HARNESS_LAUNCHERS_OF"
 
 
 class LauncherImportError(RuntimeError):
@@ -61,7 +61,7 @@ def use(kernel_root: Path, rootdir: Path) -> None:
     """Put the launchers of `kernel_root` in place: today's when it is today's kernel root (or
     no comparison asked for this), else the other tree's. Raises LauncherImportError (after
     putting today's back) when one of the other tree's launchers raises."""
-    today = os.environ.get(LAUNCHERS_OF_ENV)
+    today = os.environ.get(LAUNCHERS_OF_CHANNEL)
     if not today:
         return
     root = Path(kernel_root).resolve()

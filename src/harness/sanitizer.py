@@ -21,6 +21,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from harness.child import SANITIZER_LOG_CHANNEL, SANITIZER_TOOL_CHANNEL
 from harness.records import Outcome, Route
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -129,10 +130,10 @@ class LogWatch:
 
     @classmethod
     def from_environment(cls) -> "LogWatch | None":
-        path = os.environ.get("HARNESS_SANITIZER_LOG")
+        path = os.environ.get(SANITIZER_LOG_CHANNEL)
         if not path:
             return None
-        return cls(Path(path), os.environ.get("HARNESS_SANITIZER_TOOL", "compute-sanitizer"))
+        return cls(Path(path), os.environ.get(SANITIZER_TOOL_CHANNEL, "compute-sanitizer"))
 
     def _new_text(self) -> str:
         try:

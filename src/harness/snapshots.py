@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.child import ARMS_OUT_CHANNEL, COMPARE_TIMING_CHANNEL
 from harness.kinds import owned
 
 SNAPSHOT_DIR = "__snapshots__"
@@ -32,7 +33,6 @@ KEEP_WHOLE = 4096  # elements: an arm this small is stored whole, a larger one a
 PROPERTY = "snapshot"  # the user property (JUnit, gates.json) that says what the check did
 # Set by a comparison run (`harness.compare`) for the runs it starts: each gate's arm outputs
 # are written under it, in a folder of the kernel root the gate ran over (`side_folder`).
-ARMS_OUT_ENV = "HARNESS_ARMS_OUT"
 
 
 STORED = re.compile(r"stored (\d+) arm\(s\) in (.+)")  # the property's text when --snapshot-update stored one
@@ -102,14 +102,14 @@ def pytest_runtest_call(item: pytest.Item):
     import os
 
     update = bool(item.config.getoption("snapshot_update", False))
-    out = os.environ.get(ARMS_OUT_ENV)
+    out = os.environ.get(ARMS_OUT_CHANNEL)
     if not owned(item) or not (update or out or folder_of(item).is_dir()):
         return (yield)
     from harness import arms, timing
 
     arms.begin(item.nodeid)
     if out:  # a comparison counts the gate's launches, and times them for --compare-timing
-        timing.begin(*timing.from_environment(os.environ.get(timing.TIMING_ENV)))
+        timing.begin(*timing.from_environment(os.environ.get(COMPARE_TIMING_CHANNEL)))
     try:
         result = yield
     finally:

@@ -26,7 +26,9 @@ WITH, WITHOUT = ["-p", "harness.plugin"], ["-p", "no:harness.plugin"]
 
 
 def _time(cwd: Path, extra: list[str], env: dict) -> tuple[float, int, str]:
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *extra]
+    from harness.child import ChildPytest
+
+    cmd = ChildPytest((), collect_only=True, extra=tuple(extra)).command()
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start

@@ -19,7 +19,6 @@ a comparison pair up.
 
 from __future__ import annotations
 
-TIMING_ENV = "HARNESS_COMPARE_TIMING"  # "repeat,warmup", set by a comparison run with --compare-timing
 MAX_TIMED = 16  # launches of one kernel a gate: the rest are counted, not timed
 DEFAULT_REPEAT, DEFAULT_WARMUP = 50, 5
 
@@ -43,7 +42,7 @@ def end() -> dict:
 
 
 def from_environment(value: str | None) -> tuple[int, int]:
-    """(repeat, warmup) from TIMING_ENV's value ("repeat,warmup"); (0, 0) when unset."""
+    """(repeat, warmup) from the value of the channel `harness.child.COMPARE_TIMING_CHANNEL` ("repeat,warmup"); (0, 0) when unset."""
     if not value:
         return 0, 0
     repeat, _, warmup = value.partition(",")

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.kinds import kinds_of
-from harness.ref_launchers import LAUNCHERS_OF_ENV
-from harness.timing import DEFAULT_REPEAT, DEFAULT_WARMUP, TIMING_ENV
+from harness.child import ARMS_OUT_CHANNEL, COMPARE_TIMING_CHANNEL, LAUNCHERS_OF_CHANNEL
+from harness.timing import DEFAULT_REPEAT, DEFAULT_WARMUP
 from harness.usage import UsageError
 
 if TYPE_CHECKING:  # the comparison's own modules load only in a run that compares
@@ -121,7 +121,7 @@ def usage_problem(config: pytest.Config, ref: str) -> str | None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A side of a comparison run as a fresh pytest over another kernel tree: its launchers are
     that tree's (`harness.ref_launchers`)."""
-    if os.environ.get(LAUNCHERS_OF_ENV):
+    if os.environ.get(LAUNCHERS_OF_CHANNEL):
         from harness import _settings, ref_launchers
 
         try:
@@ -193,7 +193,7 @@ def compare(session: pytest.Session, run, pool_warm: bool, ref: str, items: list
     from harness.compare.report import table, write_reports
     from harness.compare.sides import compare_gate, not_compared, not_compared_lines, settle
     from harness.compare.tree import check_launchers, kernel_tree_at
-    from harness.snapshots import ARMS_OUT_ENV, side_folder
+    from harness.snapshots import side_folder
 
     config = session.config
     kinds = {item.nodeid: kinds_of(item) for item in items}
@@ -203,12 +203,12 @@ def compare(session: pytest.Session, run, pool_warm: bool, ref: str, items: list
     timed = f"{config.getoption('compare_repeat') or DEFAULT_REPEAT},{DEFAULT_WARMUP}" \
         if config.getoption("compare_timing") else None
     out = Path(tempfile.mkdtemp(prefix="harness-arms-"))
-    previous = {k: os.environ.get(k) for k in (ARMS_OUT_ENV, LAUNCHERS_OF_ENV, TIMING_ENV)}
-    os.environ[ARMS_OUT_ENV] = str(out)
-    os.environ[LAUNCHERS_OF_ENV] = str(today)
-    os.environ.pop(TIMING_ENV, None)
+    previous = {k: os.environ.get(k) for k in (ARMS_OUT_CHANNEL, LAUNCHERS_OF_CHANNEL, COMPARE_TIMING_CHANNEL)}
+    os.environ[ARMS_OUT_CHANNEL] = str(out)
+    os.environ[LAUNCHERS_OF_CHANNEL] = str(today)
+    os.environ.pop(COMPARE_TIMING_CHANNEL, None)
     if timed:
-        os.environ[TIMING_ENV] = timed
+        os.environ[COMPARE_TIMING_CHANNEL] = timed
     try:
         with kernel_tree_at(ref, today) as ref_root:
             check_launchers(ref, today, ref_root, config.rootpath)

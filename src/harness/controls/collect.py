@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-ENV = "HARNESS_CONTROLS_COLLECT_OUT"
+from harness.child import COLLECT_OUT_CHANNEL
+
 COLLECT_TIMEOUT = 600  # seconds; collection imports the gate modules, nothing more
 
 _errors: list[str] = []
@@ -25,7 +25,7 @@ def pytest_collectreport(report) -> None:
 
 
 def pytest_collection_finish(session) -> None:
-    out = os.environ.get(ENV)
+    out = os.environ.get(COLLECT_OUT_CHANNEL)
     if out:
         Path(out).write_text(json.dumps({"nodeids": [item.nodeid for item in session.items], "errors": _errors}))
 
@@ -33,14 +33,16 @@ def pytest_collection_finish(session) -> None:
 def collect_gates(modules: list[str], *, rootdir: Path, kernel_root: Path) -> tuple[set[str], str | None]:
     """(node ids collected from `modules`, None) or (set(), the collection errors)."""
     # here, not at the top: a collect's own pytest loads this module as a plugin, and needs none of it
+    from harness.child import ChildPytest
     from harness.runs.fresh import run_pytest
 
     with tempfile.TemporaryDirectory(prefix="harness-collect-") as tmp:
         out, log = Path(tmp) / "collected.json", Path(tmp) / "pytest.log"
-        env = dict(os.environ, **{ENV: str(out), "PYTHONDONTWRITEBYTECODE": "1"})
-        args = ["--collect-only", "-q", "-p", "harness.controls.collect", "-p", "no:cacheprovider",
-                f"--kernel-root={kernel_root}", *modules]
-        shown = " ".join([sys.executable, "-m", "pytest", *args])
+        env = dict(os.environ, **{COLLECT_OUT_CHANNEL: str(out), "PYTHONDONTWRITEBYTECODE": "1"})
+        child = ChildPytest(tuple(modules), collect_only=True, plugins=("harness.controls.collect",),
+                            kernel_root=kernel_root)
+        args = child.args()
+        shown = " ".join(child.command())
         proc, _, timed_out = run_pytest(args, cwd=Path(rootdir), env=env, stdout=log, timeout=COLLECT_TIMEOUT)
         if timed_out:
             return set(), f"$ {shown}\ncollecting the gates took longer than {COLLECT_TIMEOUT} s"

@@ -135,10 +135,10 @@ def _recording(folder: Path) -> dict[str, str]:
     """The baseline's environment: PYTEST_PLUGINS with the recorder, and its coverage folder.
     Given to the baseline's process alone, never set here: the gate stage's workers start in
     another thread meanwhile, and a server that inherited them would record into the folder."""
-    from harness.mutate.recorder import ENV
+    from harness.child import COVERAGE_DIR_CHANNEL
 
     plugins = [p for p in (os.environ.get("PYTEST_PLUGINS") or "").split(",") if p]
-    return {"PYTEST_PLUGINS": ",".join([*plugins, "harness.mutate.recorder"]), ENV: str(folder)}
+    return {"PYTEST_PLUGINS": ",".join([*plugins, "harness.mutate.recorder"]), COVERAGE_DIR_CHANNEL: str(folder)}
 
 
 def run_baseline(config: MutateConfig, cache_dir: Path) -> tuple[Baseline, Coverage | None]:

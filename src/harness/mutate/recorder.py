@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 from harness import coverage
+from harness.child import COVERAGE_DIR_CHANNEL
 
-ENV = "HARNESS_COVERAGE_DIR"
 
 
 _collected: list[str] = []
@@ -31,7 +31,7 @@ def pytest_runtest_logstart(nodeid, location) -> None:
 
 
 def pytest_sessionfinish(session) -> None:
-    folder = os.environ.get(ENV)
+    folder = os.environ.get(COVERAGE_DIR_CHANNEL)
     if not folder:
         return
     data = {nodeid: {"modules_loaded": sorted(rec.modules), "sources_read": sorted(rec.sources),

@@ -11,8 +11,8 @@ import struct
 import time
 
 from harness._settings import TRACE_ENV
+from harness.child import POOL_T0_CHANNEL
 
-TRACE_T0_ENV = "HARNESS_POOL_T0"  # the pytest process's start (time.monotonic(), shared by every process)
 SERVE_MODULE = "harness._serve"  # python -m SERVE_MODULE {serve|worker|probe}
 POOL_FOLDER_PREFIX = "harness-pool-"  # the pool's folder under the temp dir: its socket, the server's log
 # why a worker ends after a gate that left its CUDA context with a sticky error (both ends say it)
@@ -26,9 +26,9 @@ def trace(event: str) -> None:
     path = os.environ.get(TRACE_ENV)
     if not path:
         return
-    t0 = os.environ.get(TRACE_T0_ENV)
+    t0 = os.environ.get(POOL_T0_CHANNEL)
     if t0 is None:
-        os.environ[TRACE_T0_ENV] = t0 = repr(time.monotonic())
+        os.environ[POOL_T0_CHANNEL] = t0 = repr(time.monotonic())
     try:
         with open(path, "a") as f:
             f.write(f"{time.monotonic() - float(t0):8.3f} {os.getpid()} {event}\n")

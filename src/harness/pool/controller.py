@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.child import SANITIZER_LOG_CHANNEL, SANITIZER_TOOL_CHANNEL
 from harness.device import visible_device
 from harness.pool.channel import (POISONED, POOL_FOLDER_PREFIX, SERVE_MODULE, Channel, ChannelClosed, Timeout,
                                   trace)
@@ -433,8 +434,8 @@ class Pool:
             cmd = (self.config.sanitizer + ["--log-file", str(log), sys.executable, "-m", SERVE_MODULE,
                                             "worker", "--connect", self.path, "--token", str(token), "--"]
                    + self.config.pytest_args)
-            self._procs.append(self._popen(cmd, env=dict(os.environ, HARNESS_SANITIZER_LOG=str(log),
-                                                     HARNESS_SANITIZER_TOOL=self.config.sanitizer_tool or "", **env)))
+            channels = {SANITIZER_LOG_CHANNEL: str(log), SANITIZER_TOOL_CHANNEL: self.config.sanitizer_tool or ""}
+            self._procs.append(self._popen(cmd, env={**os.environ, **channels, **env}))
         self._pending.add(token)
         self.started_workers += 1
         return token

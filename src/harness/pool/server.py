@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 
+from harness.child import SERVER_WARM_CHANNEL
 from harness.pool.channel import POOL_FOLDER_PREFIX, ROLE, ChannelClosed, connect, trace
 from harness.pool.worker import become_worker, probe_dict
 
@@ -37,7 +38,6 @@ def server_configured() -> None:
             os._exit(code)
 
 
-SERVER_WARM_ENV = "HARNESS_SERVER_WARM"  # "structural": the server runs the structural gates once before serving
 
 
 def _warm_structural(session) -> int:
@@ -64,7 +64,7 @@ def _warm_structural(session) -> int:
 def serve(session) -> None:
     """The server's run loop: fork a worker for each spawn request until quit or EOF."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked workers reap themselves
-    if os.environ.get(SERVER_WARM_ENV) == "structural":
+    if os.environ.get(SERVER_WARM_CHANNEL) == "structural":
         trace(f"server: warmed {_warm_structural(session)} structural gates")
     # Everything collected so far (the gate modules, their host data, pytest's session) lives
     # as long as every worker: out of the collector's sight, so a worker's own collections

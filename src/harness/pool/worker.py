@@ -11,6 +11,7 @@ import time
 import types
 from pathlib import Path
 
+from harness.child import BLAS_THREADS_CHANNEL, SANITIZER_LOG_CHANNEL
 from harness.pool.channel import POISONED, ROLE, Channel, ChannelClosed, connect, trace
 
 POOL_RESERVE_MB = 512  # device memory each worker puts in CuPy's pool before its first gate
@@ -57,7 +58,7 @@ def become_worker(session, token: int) -> None:
         _listen_to_launches()
         began = time.monotonic()
         hello = {"role": "worker", "token": token, "pid": os.getpid(), "pgid": None}
-        if os.environ.get("HARNESS_SANITIZER_LOG"):
+        if os.environ.get(SANITIZER_LOG_CHANNEL):
             hello["pgid"] = os.getpgid(0)
         try:
             phases = _prepare_device()
@@ -118,7 +119,6 @@ def set_gpu_wait(mode: str | None, ordinal: int = 0) -> str | None:
     return None if err == driver.CUresult.CUDA_SUCCESS else f"the driver answered {err}"
 
 
-BLAS_THREADS_ENV = "HARNESS_BLAS_THREADS"
 # Where several workers share the host's cores (lanes, xdist), each keeps to its share of
 # BLAS threads: a worker forked from the pytest process inherits NumPy's OpenBLAS sized for
 # every core (the environment variables are read at import, long before the fork), and
@@ -136,7 +136,7 @@ def limit_blas(value: str | None) -> str | None:
     except ValueError:
         n = 0
     if n < 1:
-        return f"{BLAS_THREADS_ENV}={value!r} is not a whole number from 1"
+        return f"{BLAS_THREADS_CHANNEL}={value!r} is not a whole number from 1"
     try:
         from threadpoolctl import threadpool_limits
     except ImportError as exc:
@@ -179,7 +179,7 @@ def _prepare_device() -> dict:
     why_not = set_gpu_wait(os.environ.get(GPU_WAIT_ENV))
     if why_not:
         print(f"harness: the GPU wait mode was not set: {why_not}", file=sys.stderr)
-    why_not = limit_blas(os.environ.get(BLAS_THREADS_ENV))
+    why_not = limit_blas(os.environ.get(BLAS_THREADS_CHANNEL))
     if why_not:
         print(f"harness: the BLAS threads were not capped: {why_not}", file=sys.stderr)
     try:
@@ -187,7 +187,7 @@ def _prepare_device() -> dict:
     except Exception:
         return phases
     lap("wait_mode")
-    if os.environ.get("HARNESS_SANITIZER_LOG"):
+    if os.environ.get(SANITIZER_LOG_CHANNEL):
         cupy.cuda.set_allocator(None)
         cupy.cuda.set_pinned_memory_allocator(None)
     try:
@@ -200,7 +200,7 @@ def _prepare_device() -> dict:
         (a + b).sum()
         cupy.asarray(a.get())
         lap("cupy_kernels")
-        if not os.environ.get("HARNESS_SANITIZER_LOG"):
+        if not os.environ.get(SANITIZER_LOG_CHANNEL):
             # One allocation now, handed back to CuPy's pool: later buffers are carved out of
             # it instead of each new size costing a cudaMalloc.
             del a, b
@@ -371,12 +371,14 @@ def run_set(session, items: dict, sink: ReportSink, msg: dict, props: list) -> d
     stopping at the first kill by assertion unless told to run them all, and at a gate that
     poisoned the context (the rest go to another fresh worker). The trap gates named in
     `trap_shadow` run in the trap shadow, here, their guards counted instead of trapping."""
-    from harness import _settings, caching, ref_launchers
+    from dataclasses import replace
+
+    from harness import _settings, ref_launchers
     from harness.records import Outcome, Route
 
-    caching.serving_generated_sources()  # a mutant's source analyses are not kept on disk
-    # This worker serves the mutant's tree from now on (it serves no other: it is fresh).
-    _settings.bind(_settings.in_effect().with_kernel_root(msg["kernel_root"]))
+    # This worker serves the mutant's tree from now on (it serves no other: it is fresh), whose
+    # source analyses are not kept on disk.
+    _settings.bind(replace(_settings.in_effect().with_kernel_root(msg["kernel_root"]), generated_sources=True))
     gates = list(msg["gates"])
     try:  # a comparison's side over another kernel tree runs that tree's launchers
         ref_launchers.use(Path(msg["kernel_root"]), Path(session.config.rootpath))

@@ -16,18 +16,17 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from harness.child import CPU_SERVE_FD_CHANNEL
 from harness.pool.channel import Channel, ChannelClosed, Timeout
 from harness.records import Outcome
 from harness.runs import fresh
 from harness.runs.result import Executor, GateOutcome, GateRuns
 
-SERVE_FD_ENV = "HARNESS_CPU_SERVE_FD"  # the child's end of the socket pair (harness.runs.cpu_serve)
 START_TIMEOUT = 300.0  # seconds a child may take to import and collect, on a loaded host
 
 
@@ -50,22 +49,17 @@ class CpuExecutor(Executor):
     _ch: Channel | None = field(default=None, repr=False)
 
     def _command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "pytest", *self.gates, "-p", "harness.runs.cpu_serve", f"--rootdir={self.rootdir}",
-               "-q", "--color=no", "-p", "no:cacheprovider", "--tb=native", f"--kernel-root={self.kernel_root}",
-               f"--harness-cache-dir={self.cache_dir}"]
-        if self.arch:
-            cmd.append(f"--arch={self.arch}")
-        from importlib.util import find_spec
+        from harness.child import ChildPytest
 
-        if find_spec("xdist") is not None:
-            cmd += ["-p", "no:xdist"]
-        return cmd
+        return ChildPytest(self.gates, plugins=("harness.runs.cpu_serve",), rootdir=self.rootdir,
+                           native_tracebacks=True, kernel_root=self.kernel_root, cache_dir=self.cache_dir,
+                           arch=self.arch, no_xdist=True).command()
 
     def _start(self) -> None:
         mine, theirs = socket.socketpair()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"cpu-gates-{os.getpid()}-{id(self):x}-{self.started}.log"
-        env = {**fresh.child_environment(self.cache_dir), SERVE_FD_ENV: str(theirs.fileno())}
+        env = {**fresh.child_environment(self.cache_dir), CPU_SERVE_FD_CHANNEL: str(theirs.fileno())}
         with open(log, "wb") as out:
             proc = subprocess.Popen(self._command(), cwd=self.rootdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),), start_new_session=True)

@@ -12,9 +12,9 @@ import pytest
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session):
-    from harness.runs.cpu import SERVE_FD_ENV
+    from harness.child import CPU_SERVE_FD_CHANNEL
 
-    fd = os.environ.get(SERVE_FD_ENV)
+    fd = os.environ.get(CPU_SERVE_FD_CHANNEL)
     if not fd:
         return None
     import socket

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from harness._settings import SERVER_START_ENV
+from harness.child import pytest_command
 from harness.pool.channel import Channel, ChannelClosed, Timeout
 
 # Read at run time by the harness, pytest or the CUDA driver, never at import: a run may set
@@ -257,6 +258,6 @@ def start(args: list[str], *, cwd: Path, env: dict, stdout: Path,
                 return forked, None
             why = forked
     with open(stdout, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(pytest_command(args), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, why

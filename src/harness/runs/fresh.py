@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import itertools
 import threading
 import time
@@ -100,16 +99,11 @@ def pytest_command(
     arch: str | None,
     deadline: float,
 ) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", *targets]
-    cmd += [f"--kernel-root={kernel_root}", "--no-fail-fast", f"--harness-report={report_dir}"]
+    from harness.child import ChildPytest
+
     # the cubin cache the compile check filled; isolated (trap) gates end within the deadline
-    cmd += [f"--harness-cache-dir={cache_dir}", f"--harness-deadline={max(1, int(deadline))}"]
-    if require_gpu:
-        cmd.append("--require-gpu")
-    if arch:
-        cmd.append(f"--arch={arch}")
-    cmd += ["-p", "no:cacheprovider", "-q", "--color=no"]
-    return cmd
+    return ChildPytest(tuple(targets), kernel_root=kernel_root, report_dir=report_dir, cache_dir=cache_dir,
+                       deadline=deadline, require_gpu=require_gpu, arch=arch, no_fail_fast=True).command()
 
 
 def child_environment(cache_dir: Path, device: str | None = None) -> dict[str, str]:

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Sequence
 
 from harness import _settings
-from harness.pool import controller, exits, worker as pool_worker, server
+from harness.child import SERVER_WARM_CHANNEL
+from harness.pool import controller, exits, worker as pool_worker
 from harness.device import ordinal_of, slot_devices
 from harness.records import RED, Outcome, Route
 from harness.runs.result import Executor, ExecutorFactory, GateOutcome, GatePlan, GateRuns
@@ -48,22 +49,16 @@ CLOSED = "the campaign's workers were closed (interrupted)"  # why a closed exec
 # the functions that reach the one it changed, even in a worker of its own.
 WORKER_ENV = {**{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                         "NUMEXPR_NUM_THREADS")},
-              pool_worker.GPU_WAIT_ENV: "block", server.SERVER_WARM_ENV: "structural"}
+              pool_worker.GPU_WAIT_ENV: "block", SERVER_WARM_CHANNEL: "structural"}
 
 
 def server_args(rootdir: Path, gates: Sequence[str], kernel_root: Path, cache_dir: Path, arch: str | None) -> list[str]:
-    # --tb=native: a killed mutant's gate fails, and pytest's own traceback (source read and
-    # parsed for every frame) is slow on a loaded host; the verdict and its first line come
-    # from the exception itself (harness.plugin).
-    args = [*gates, f"--rootdir={rootdir}", "-q", "--color=no", "-p", "no:cacheprovider", "--tb=native",
-            f"--kernel-root={kernel_root}", f"--harness-cache-dir={cache_dir}"]
-    if arch:
-        args.append(f"--arch={arch}")
-    from importlib.util import find_spec
+    # native tracebacks: the verdict and its first line come from the exception itself
+    # (harness.plugin), and a killed mutant's gate fails.
+    from harness.child import ChildPytest
 
-    if find_spec("xdist") is not None:
-        args += ["-p", "no:xdist"]
-    return args
+    return ChildPytest(tuple(gates), rootdir=rootdir, native_tracebacks=True, kernel_root=kernel_root,
+                       cache_dir=cache_dir, arch=arch, no_xdist=True).args()
 
 
 @dataclass
