@@ -159,10 +159,10 @@ def test_the_scan_reads_comments_and_docstrings_not_printed_strings():
     source = ('"""About 0.3 s each."""\n'
               '# costs about\n# 0.15 CPU-s\n'
               'print("e.g. docs/observed")\n'
-              'X = 1\n"""docs/observed/x.md"""\n')
+              'X = 1\n"""docs/observed/FILE"""\n')
     texts = [t for _, t in python_texts(source)]
     assert "costs about 0.15 CPU-s" in texts
-    assert "About 0.3 s each." in texts and "docs/observed/x.md" in texts
+    assert "About 0.3 s each." in texts and "docs/observed/FILE" in texts
     assert not any("e.g." in t for t in texts)
     cuda = cuda_texts("int a; // about 3 ms\n// on an H200\n/* docs/observed\n x */ int b;\n")
     assert cuda == [(1, "about 3 ms on an H200"), (3, "docs/observed x")]
