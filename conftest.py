@@ -44,7 +44,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.numprocesses = "auto"
         # A worker a core: each keeps to one BLAS/OpenMP thread, and so does every process it
         # starts (NumPy's OpenBLAS otherwise starts a thread a core in each and spins them
-        # after every call: 20 of the run's 294 CPU-seconds on two cores). Read at import,
+        # after every call, taking the cores the other workers need). Read at import,
         # so set before xdist starts its workers; a value already set is kept.
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(name, "1")

@@ -2,8 +2,8 @@
 
     anchor (closed form) -> flat arm -> paged prefill -> paged decode
 
-test_qk_rope_hd256.py and test_qk_rope_hd512.py name the claims; the bodies live here
-once so the two head sizes cannot drift apart. Every kernel launch goes through one of
+test_qk_rope.py names the claims, each once per head size; the bodies live here once so
+the two head sizes cannot drift apart. Every kernel launch goes through one of
 `flat_arm`, `prefill_arm`, `decode_arm`, and each spells its launcher call once.
 
 The same helpers run on host (numpy) arrays for the refusal gates: the launcher must

@@ -134,8 +134,8 @@ def analysed(kernel_root, file: str, names, check, *args):
 @host_cache(disk="source")
 def _analysis(check, file: str, text: str, includes: tuple, args: tuple):
     """Kept from mutant to mutant by a campaign's warm worker, and on disk from run to run of
-    the project's own sources (a warm gate run reads it back: the analyses took 4 s of a
-    31 s run): a pure function of its arguments."""
+    the project's own sources (a warm gate run reads it back instead of parsing and evaluating
+    every kernel again): a pure function of its arguments."""
     found = dict(includes)
     return check(Constants(text, found.get), parse(text), file, *args)
 

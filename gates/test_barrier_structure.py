@@ -1,8 +1,7 @@
 """Structural gates: the barriers and fences that order one thread's stores before another's reads.
 
-A barrier or fence removed leaves a race the H200 rarely shows, which no value gate sees
-(docs/observed/mutation-campaign-h200.md, section 9); so these gates read the order from the
-source (tree-sitter CUDA grammar, as the campaign parses it):
+A barrier or fence removed leaves a race the GPU rarely shows, which no value gate sees; so
+these gates read the order from the source (tree-sitter CUDA grammar, as the campaign parses it):
 
 - **A last-CTA ticket is released and acquired.** Where the last CTA to arrive merges what the
   others wrote (`moe_router`'s top-K selection, `paged_decode`'s split merge), the kernel's

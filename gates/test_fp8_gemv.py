@@ -23,8 +23,8 @@ TILES_T, TILES_SEED, TILES_TOKEN_SCALES = 6, 7, (0.5, 2.0, 0.25, 4.0, 1.0, 0.125
 # The decode-shaped anchor: a fused QKV projection of a model 8192 wide (64 query heads and 8
 # KV heads of 128) for a decode step of 4 tokens. Its 10240 x 8192 e4m3 weights (84 MB) do not
 # fit the H200's 50 MB L2, so every pass over them streams from HBM and the launch time
-# follows the weight bytes read; the other gates' shapes fit in L2 and take a few us, where no
-# change of speed shows. Still exact: 9 K stays below 2^24 units of 1/64 (K < ~29000).
+# follows the weight bytes read; the other gates' shapes fit in L2 and launch too briefly for a
+# change of speed to show. Still exact: 9 K stays below 2^24 units of 1/64 (K < ~29000).
 DECODE_T, DECODE_K, DECODE_SEGMENTS, DECODE_SEED = 4, 8192, (8192, 1024, 1024), 5
 DECODE_TOKEN_SCALES = (0.5, 2.0, 0.25, 4.0)
 

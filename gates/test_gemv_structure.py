@@ -13,7 +13,7 @@ run) through harness.source, and need no GPU: they run in CI.
   single-warp kernel's warp reads only the row it staged itself, and the stage is exactly
   `if (i < 16u) table[i] = E2M1_LUT[i];` (gates/_nvfp4_table.py): a dropped barrier, another
   warp's row, or stray stores past the table are races or faults, never a wrong value a
-  numeric gate could name on the H200.
+  numeric gate could name.
 - The single-warp kernel has no block barrier: its early return is warp-uniform, not
   block-uniform, so a `__syncthreads()` after it is a divergent barrier (undefined), and
   the kernel's point, a barrier-free reduction for occupancy, would be gone.
@@ -182,7 +182,7 @@ def test_every_table_the_partial_reads_was_staged_and_published_before_it(kernel
     # 256 threads read what 16 wrote; the single-warp kernel: 32 lanes read what 16 lanes wrote),
     # so a barrier must stand between the store and the first read: `__syncthreads()` in the base
     # kernel, `__syncwarp()` in the single-warp kernel's stage (which may have no block barrier).
-    # Without it the read is a race that the H200's convergence happens to order (no numeric gate
+    # Without it the read is a race that the GPU's convergence happens to order (no numeric gate
     # sees it; racecheck would). And a single-warp kernel's warp may read only the row it staged
     # itself: its __syncwarp publishes to its own warp, never to another (s_lut[0] read by warp 3
     # is a cross-warp race, even though every row holds the same values).

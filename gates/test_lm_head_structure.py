@@ -4,9 +4,8 @@ They read the `.cu` of the ACTIVE kernel root (a control's or mutant's sandbox) 
 harness.source, parse it with the tree-sitter CUDA grammar (harness.cuda_syntax) and
 evaluate the kernels' index expressions for every thread of a block. They need no GPU.
 
-Each claim is one the kernels rely on and a wrong one breaks without a wrong value on the
-H200 (the full campaign's survivors and hangs, docs/observed/mutation-campaign-h200.md
-section 9):
+Each claim is one the kernels rely on, and a wrong one breaks without a wrong value: the
+kernel hangs, or the GPU happens to order the race, so no value gate can name it:
 
 - **Every shared slot a thread indexes lies inside its array.** `s_val[warp]` stored by
   each warp's lane 0 and `s_val[w]` read by the block stage: an array one slot short puts
@@ -18,7 +17,7 @@ section 9):
   warps must take the 8 row groups once each. In both kernels exactly one lane of each
   hardware warp, its first (the one the shift-down sum leaves holding the result), stores
   the warp's slot, and the storing lanes fill every slot once. Two lanes storing one slot
-  is a race the H200 happens to order.
+  is a race the GPU happens to order.
 
 Its strided loops (`c = lane; c < steps; c += 32`, `b = threadIdx.x; b < blocks;
 b += LM_HEAD_THREADS`) are checked with every family's, in `gates/test_thread_roles.py`.

@@ -118,7 +118,7 @@ def test_router_tail_resets_its_ticket_after_the_selection(kernel_root):
 def test_expert_kernels_publish_their_staged_table_before_reading_it(kernel_root):
     # moe_glu and moe_down stage the e2m1 table with 16 threads and read it with 256 (first in
     # moe_stage_activation, then in nvfp4_partial): a __syncthreads() must stand between the
-    # store and the first read. Dropped, the read is a race the H200 may happen to order, and
+    # store and the first read. Dropped, the read is a race the GPU may happen to order, and
     # the later barrier after the staged activation comes too late for the staging itself.
     problems = publish_problems(read_source(kernel_root / DOT_HEADER), read_source(kernel_root / moe.SOURCE),
                                 moe.SOURCE, EXPERT_KERNELS)

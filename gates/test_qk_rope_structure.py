@@ -9,9 +9,8 @@ and then read values other lanes stored (the rotation's partner `d + half`, the 
 store's transposed element). Two `__syncwarp()` make that correct: one between the last
 store and the first read (the other lanes' values are published), and one after the last
 read (the row is released: the warp's next helper stores into the same row while a lane
-may still be reading it). Dropped, each is a race the H200 orders (a converged warp's
-shared-memory accesses happen to run in program order), so no numeric gate can see it
-(docs/observed/mutation-campaign-h200.md, section 9).
+may still be reading it). Dropped, each is a race the GPU happens to order (a converged
+warp's shared-memory accesses run in program order), so no numeric gate can see it.
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@ harness.source, parse it with the tree-sitter CUDA grammar and evaluate each ker
 expressions for every thread of a block of its `__launch_bounds__` size (gates/_thread_roles.py).
 No GPU. (lm_head's slot bounds and warp and lane roles are in `gates/test_lm_head_structure.py`.)
 
-What a wrong role does on the H200 is hang or come out right, so no value gate names it
-(the full campaign's timeouts and survivors, docs/observed/mutation-campaign-h200.md,
-section 9):
+A wrong role makes a kernel hang or come out right (the GPU happens to order the race), so
+no value gate names it:
 
 - **Strided loops take every index once.** A loop whose variable starts at a thread's own
   index (`i = tid; i < H; i += MOE_THREADS`, `c = lane; c < chunks; c += 32`, lm_head's
@@ -24,7 +23,7 @@ section 9):
 - **One lane stores a warp's result, its first.** Where lane 0 stores what a shift-down sum
   left there (`fp8_gemv`, `moe_router`, `moe_glu`, `moe_down`), exactly one thread of each
   hardware warp has `lane == 0`, its first. Several lanes storing one address in one
-  instruction is a race the H200 happens to order.
+  instruction is a race the GPU happens to order.
 """
 
 from __future__ import annotations

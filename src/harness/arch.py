@@ -20,8 +20,8 @@ _CUDA_CORE = threading.Lock()
 
 def cuda_core():
     """`cuda.core`, imported on its first use: a process that compiles nothing (a pool server
-    or a CPU gate run over gates that compile nothing, a fake device's tests) does not pay its
-    0.2 s import. Under a lock, because a first import of it from several threads at once
+    or a CPU gate run over gates that compile nothing, a fake device's tests) does not pay for
+    its import. Under a lock, because a first import of it from several threads at once
     races (the screen compiles in threads)."""
     with _CUDA_CORE:
         import cuda.core

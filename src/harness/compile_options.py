@@ -77,7 +77,7 @@ _SPELLED: dict[str, tuple[str, ...]] = {}
 def spelled_for_nvrtc(cache_dir: Path | None, program_options: dict) -> tuple[str, ...]:
     """`cuda.core.ProgramOptions(**program_options).as_bytes("nvrtc")`, decoded. A compile
     whose cubin is cached needs nothing of `cuda.core` but this list (the cache key holds it),
-    and its import costs about 0.1 CPU-s in every process that compiles: so each spelling is
+    and importing `cuda.core` would be paid by every process that compiles: so each spelling is
     kept in `cache_dir` (`nvrtc-options/`, none when None) under `cuda.core`'s version and the
     options, and a process that finds it there never imports `cuda.core`. Another version of
     it, or other options, is another entry; a missing or unreadable one is spelled again."""

@@ -69,8 +69,8 @@ def probe() -> DeviceProbe:
 
 @lru_cache(maxsize=None)
 def _probe() -> DeviceProbe:
-    # The driver first: where it is missing, no device can be, and CuPy's import (about 0.15
-    # CPU-s) is not paid by every process of a GPU-less machine that asks.
+    # The driver first: where it is missing, no device can be, and CuPy's import is not paid
+    # by every process of a GPU-less machine that asks.
     if not _driver_present():
         return DeviceProbe(count=0, error=why_no_driver())
     try:

@@ -173,7 +173,7 @@ def forget_loaded() -> None:
 
 # `module()`'s memo: a launcher asks for its module at every launch, and `compile_file`
 # re-reads the source closure, derives the device view and reads the cubin from the cache
-# each time (1-2 ms, thousands of times in an invariance gate). An entry serves while every
+# each time, which an invariance gate's thousands of launches would pay for each launch. An entry serves while every
 # file its compile read has the size and modification time it had when the entry was kept.
 # Where one of them had changed within the timestamp granularity of then (git's "racily
 # clean" case: it could change again with the same size and time, as a campaign's sandbox

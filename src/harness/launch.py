@@ -238,7 +238,7 @@ with "invalid argument"); `harness.kernels` does that for every launch with
 
 def check_dynamic_shared(op: str, nbytes: int, static_bytes: int, optin_limit: int) -> None:
     """Refuse `nbytes` of dynamic shared memory that, with the kernel's static shared memory,
-    exceeds the device's opt-in limit per block (227 KiB on an H100/H200)."""
+    exceeds the device's opt-in limit per block (227 KiB on compute capability 9.0)."""
     nbytes = int(nbytes)
     if nbytes < 0:
         raise Refusal(f"{_prefix(op)}shared_mem={nbytes} is negative: pass the dynamic shared memory in bytes")

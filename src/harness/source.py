@@ -88,7 +88,7 @@ def strip_comments_and_literals(text: str) -> str:
     offsets do). Quotes stay, their contents go: `f("a{")` becomes `f("  ")`. Raw
     strings `R"d(...)d"` are handled; a `'` inside a number (`1'000`) is a digit
     separator, not a character literal. Idempotent. Kept for the last texts asked for: the
-    structural gates of one mutant each strip the same file (3 ms a call on a kernel file).
+    structural gates of one mutant each strip the same file.
     """
     chars = list(text)
     i, n = 0, len(text)

@@ -57,9 +57,9 @@ def _nvrtc_library():
     """NVRTC's shared library, the one `cuda.bindings` loads (through `cuda.pathfinder`), for
     the two questions that need no program: its version and the arches it targets. Every
     process that compiles asks them (the cache key holds the version), a cached compile asks
-    nothing else, and `cuda.bindings.nvrtc` costs about 0.1 CPU-s to import (it pulls in the
-    driver bindings). None when it cannot be loaded so: then `cuda.bindings` answers, or
-    raises its own error."""
+    nothing else, and importing `cuda.bindings.nvrtc` pulls in the driver bindings too, a cost
+    a cached compile need not pay. None when it cannot be loaded so: then `cuda.bindings`
+    answers, or raises its own error."""
     try:
         import ctypes
 
@@ -163,7 +163,7 @@ def cccl_dirs() -> tuple[tuple[Path, ...], str]:
 
 def cupy_bundled_cccl() -> Path | None:
     """Where CuPy's bundled CCCL would be, found without importing CuPy (its import costs
-    about 0.15 CPU-s, more than the lookup it would serve); None without CuPy."""
+    more than the lookup it would serve); None without CuPy."""
     try:
         spec = importlib.util.find_spec("cupy")
     except (ImportError, ValueError):

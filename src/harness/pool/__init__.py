@@ -32,5 +32,8 @@ The modules, by role:
   fork of the pytest process where that is safe;
 - `server`: the server process: collect once, fork workers on request;
 - `worker`: a worker process: make a context, run gates and mutants' gate sets, reset between
-  mutants.
+  mutants;
+- `lanes`: the ordinary GPU gates of a run split over several workers at once, and what
+  each gate took the last time it ran (`GateTimes`);
+- `traps`: trap gates started ahead on spares, a few at a time (`--harness-real-traps`).
 """

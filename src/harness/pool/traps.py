@@ -2,11 +2,10 @@
 verdict is the same wherever it starts; and a trap surfaces slowly, so trap gates started on
 spares at the run's beginning, beside the other gates, leave the critical path.
 
-The driver handles one trap at a time on a GPU (about 0.34 s each alone on an H200), and
-while it does, a context being made waits, and so, in part, do the other contexts' launches.
-So only a few trap gates run at once: a gate whose verdict has arrived frees its place at
-once, whether or not the run has reached it. Eighteen trap gates started together beside
-eight lanes held the lanes up for 20 s (docs/observed/gate-speed-h100-3.md).
+The driver handles one trap at a time on a GPU, and while it does, a context being made
+waits, and so, in part, do the other contexts' launches. So only a few trap gates run at
+once, lest many started together hold up the lanes beside them: a gate whose verdict has
+arrived frees its place at once, whether or not the run has reached it.
 
 This is the way of `--harness-real-traps`, and of a trap gate the trap shadow did not settle.
 By default the trap gates run in the trap shadow (harness.trap_shadow) in a lane of their own

@@ -12,5 +12,9 @@ perturbations come from and how they report them.
 - `fresh`: a fresh pytest over some gates with a deadline, and its executor;
 - `forkserver` (and `harness/_forkserver.py`, its process): each fresh pytest a fork of a server that
   imported pytest once, where that is what a spawn would be; `fresh_bench` times both ways;
-- `warm`: the executor on the warm pool's workers, one per GPU.
+- `warm`: the executor on the warm pool's workers, one per GPU;
+- `cpu` (and `cpu_serve`, the plugin of its child): the executor for the gates that need no
+  device, mutant after mutant, in one pytest that collected them once;
+- `cluster`: a Ray cluster as the place the gates run (the connection, what is shipped);
+  `ray_executor`: the executor on its GPU actors, a warm executor each.
 """

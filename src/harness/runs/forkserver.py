@@ -2,8 +2,8 @@
 
 The run layer starts many fresh `python -m pytest` processes: a control's run, a mutant's
 fresh run, the baseline, a campaign's collect. Each is fresh by design (nothing of one run
-reaches the next), and each spent about 0.35 CPU-s before its first gate, most of it importing
-pytest, its plugins and rich (`docs/observed/fork-server-2core.md`).
+reaches the next), and a spawned one pays again, before its first gate, for importing pytest,
+its plugins and rich: a fork of a server that imported them once does not.
 
 The server (`harness/_forkserver.py`, started once a process, on first use) is a fresh interpreter
 that imports those modules, runs nothing, and forks a child a run. The child takes the run's
