@@ -36,12 +36,6 @@ PATTERNS = {
     "pins a throughput": re.compile(r"\d+(?:\.\d+)?\s*[KMGT]i?B/s\b"),
 }
 
-# Sites in modules the lead of issue 50 is restructuring, left to that work: fix the comment
-# there, then drop its entry here (the count must fall to zero, so a fix is noticed).
-LEAD_PENDING = {
-    "src/harness/plugin_pool.py": 3,
-    "src/harness/controls/collect.py": 1,
-}
 
 
 def python_texts(source: str) -> list[tuple[int, str]]:
@@ -114,13 +108,11 @@ def test_no_comment_or_docstring_cites_docs_observed_or_pins_a_machine_timing():
     for path in scanned_files():
         if hits := findings(path):
             found[path.relative_to(REPO).as_posix()] = hits
-    wrong = [hit for rel, hits in found.items() if rel not in LEAD_PENDING for hit in hits]
+    wrong = [hit for hits in found.values() for hit in hits]
     assert not wrong, (
         "comments carry rules, not measurements (STYLE.md): say why in words; the figure belongs in "
         "docs/observed/ and the commit message:\n" + "\n".join(wrong))
-    counts = {rel: len(found.get(rel, [])) for rel in LEAD_PENDING}
-    assert counts == LEAD_PENDING, (
-        f"LEAD_PENDING is stale (found {counts}): drop or lower the entries whose comments were fixed")
+
 
 
 @pytest.mark.parametrize("text", [

@@ -108,7 +108,7 @@ def probe_beside_xdist(run: HarnessRun, config: pytest.Config) -> None:
     """xdist's controller runs no gate and makes no CUDA context, yet --require-gpu (or
     --sanitize) with no usable device must be one usage error there. With no driver that is
     known at once; else a throwaway process probes the device while xdist starts its workers
-    (about 0.9 s that used to come first), and the answer is read before the controller hands
+    (alongside their start, not before it), and the answer is read before the controller hands
     out the first gate (`_ProbeAnswer`)."""
     from harness.pool import controller
 

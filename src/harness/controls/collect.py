@@ -57,8 +57,8 @@ def collect_gates(modules: list[str], *, rootdir: Path, kernel_root: Path) -> tu
 
 class Collector:
     """`collect_gates` for one campaign, each module collected once: the validation and the
-    warm run's plan ask for the same modules, and each ask is a pytest process (about 0.6
-    CPU-s, the gate modules and their imports loaded again). A module's node ids are those
+    warm run's plan ask for the same modules, and each ask is a pytest process (the gate
+    modules and their imports loaded again). A module's node ids are those
     whose path part is the module as asked; where one is not (a module named another way),
     nothing is kept and each ask collects afresh."""
 
