@@ -484,8 +484,7 @@ def test_a_lost_device_stops_the_campaign_and_takes_back_its_recent_faults(suite
     """A worker that cannot start mid-campaign is the GPU's failure, never a verdict: the
     campaign stops, the faults and timeouts just before are taken back for --resume, and
     kills by assertion stay."""
-    from harness.mutate.campaign import DeviceLostError
-    from harness.pool.controller import DeviceLost
+    from harness.errors import DeviceLost
 
     class DiesOnTheThirdMutant(FakeExecutor):
         boxes: list = []
@@ -501,7 +500,7 @@ def test_a_lost_device_stops_the_campaign_and_takes_back_its_recent_faults(suite
 
     fake = DiesOnTheThirdMutant()
     cfg = config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
-    with pytest.raises(DeviceLostError, match="stopped answering.*--resume"):
+    with pytest.raises(DeviceLost, match="stopped answering.*--resume"):
         run_campaign(cfg, executor_factory=Executors(lambda *a: fake))
     kept = read_results(cfg.report_dir / RESULTS_FILE)
     ran = [r for r in kept.values() if r.gates_run]

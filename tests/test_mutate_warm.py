@@ -669,7 +669,7 @@ def test_reset_refuses_a_worker_whose_device_buffers_outlive_the_mutant(monkeypa
 
 
 def test_a_worker_that_cannot_start_mid_campaign_is_a_lost_device_not_a_verdict(suite, tmp_path, monkeypatch):
-    from harness.pool.controller import DeviceLost
+    from harness.errors import DeviceLost
 
     flag = tmp_path / "dead"
     monkeypatch.setenv("FAKE_GPU_DEAD_FLAG", str(flag))

@@ -8,10 +8,11 @@ import threading
 from functools import lru_cache
 
 from harness import _settings
+from harness.errors import UsageError
 from harness.toolchain import nvrtc_supported_arches, nvrtc_version
 
 
-class ArchError(ValueError):
+class ArchError(UsageError):
     """An arch NVRTC cannot target."""
 
 

@@ -12,15 +12,16 @@ import numpy as np
 
 from harness import arms, coverage
 from harness.dtypes import _host, as_dtype, bits_of
+from harness.errors import CheckFailed
 
 TABLE_ROWS = 8
 
 
-class BitsMismatch(AssertionError):
+class BitsMismatch(CheckFailed):
     """Two arrays differ bitwise (or in shape or item size)."""
 
 
-class NotClose(AssertionError):
+class NotClose(CheckFailed):
     """Two arrays differ by more than an anchor's stated tolerance."""
 
 

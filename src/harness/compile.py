@@ -28,13 +28,14 @@ from harness.arch import resolve_arch
 from harness.backends import _compile_nvcc, _compile_nvrtc, _Failed, choose_backend
 from harness.compile_options import normalise_options, nvcc_options, nvrtc_options
 from harness.cubin_cache import cache_key, include_hashes, is_sandbox, lookup, write_entry
+from harness.errors import HarnessError
 from harness.includes import closure_with_files, include_path, includes_of
 from harness.modsettings import ModuleSettings, declared_settings
 from harness.ptxas import KernelResources, parse_resources
 from harness.trap_shadow import TRAP_SHADOW_PREAMBLE
 
 
-class CompileError(Exception):
+class CompileError(HarnessError):
     """A `.cu` did not compile. The message carries NVRTC's log and the options used."""
 
     def __init__(self, source: Path, log: str, options: tuple[str, ...], what: str = "NVRTC could not compile",

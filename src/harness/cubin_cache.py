@@ -20,6 +20,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.errors import HarnessWarning, UsageError
 from harness.toolchain import cuda_headers_version, nvrtc_version
 
 CACHE_FORMAT = 1
@@ -130,7 +131,7 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-class CacheNotWritable(UserWarning):
+class CacheNotWritable(HarnessWarning, UserWarning):
     """The cubin cache folder cannot be written: modules compile without caching."""
 
 
@@ -159,7 +160,7 @@ LOW_WATER = 0.9  # a prune leaves the cache at this fraction of the bound, so th
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-class CacheLimitError(ValueError):
+class CacheLimitError(UsageError):
     """HARNESS_CACHE_MAX is not a size."""
 
 

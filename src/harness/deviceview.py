@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness import cuda_syntax
+from harness.errors import HarnessError, SetupError
 
 VERSION = "4"  # part of the cache key: bump when the rules change
 
@@ -101,11 +102,11 @@ def is_host_header(name: str) -> bool:
     return name in HOST_HEADERS or name.startswith(_HOST_PREFIXES)
 
 
-class DeviceViewError(ValueError):
+class DeviceViewError(HarnessError, ValueError):
     """A host-code section the device view cannot separate from device code."""
 
 
-class ViewUnavailable(DeviceViewError):
+class ViewUnavailable(DeviceViewError, SetupError):
     """tree-sitter or its CUDA grammar is not installed (the device machine may lack them)."""
 
 

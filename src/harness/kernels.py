@@ -9,10 +9,11 @@ from pathlib import Path
 
 from harness import _settings, coverage, timing
 from harness.compile import CompiledModule, compile_file
+from harness.errors import HarnessError
 from harness.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, allow_dynamic_shared, kernel_args, torch_stream
 
 
-class KernelNotFound(LookupError):
+class KernelNotFound(HarnessError, LookupError):
     pass
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from harness import tensors
 from harness.dtypes import _UINT_OF_SIZE, bf16, fp8_e4m3
+from harness.errors import HarnessError
 
 # Dtypes a launcher accepts for an array of each kind: the ml_dtypes type, or its raw bits.
 BF16_DTYPES = (bf16, np.dtype(np.uint16))
@@ -27,7 +28,7 @@ E4M3_DTYPES = (np.dtype(np.uint8), fp8_e4m3)
 F32_DTYPES = (np.dtype(np.float32),)
 
 
-class Refusal(ValueError):
+class Refusal(HarnessError, ValueError):
     """A launcher refused its arguments before any launch. The message names the argument,
     what was wrong and what to do."""
 

@@ -31,12 +31,14 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from harness.errors import HarnessError
+
 CONSTANTS = ("NAME_EXPRESSIONS", "DEFINES", "FAST_MATH", "FTZ", "FMAD", "EXTRA_FLAGS", "INCLUDE_DIRS", "COMPILER",
              "DEVICE_VIEW", "HOST_ONLY")
 COMPILERS = ("auto", "nvrtc", "nvcc")
 
 
-class LauncherError(Exception):
+class LauncherError(HarnessError):
     """The launcher beside a `.cu` could not be read for its compile settings. The message is
     one line: the launcher, what went wrong, what to do."""
 

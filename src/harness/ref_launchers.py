@@ -21,11 +21,12 @@ import sys
 from pathlib import Path
 
 from harness.child import LAUNCHERS_OF_CHANNEL
+from harness.errors import HarnessError
 from harness.project_modules import module_file, project_modules
 
 
 
-class LauncherImportError(RuntimeError):
+class LauncherImportError(HarnessError, RuntimeError):
     """A launcher of the other kernel tree raised when executed."""
 
 

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.errors import UsageError
 # The gate vocabulary: every gate carries exactly one of these markers. `compile` is the kind of
 # the items harness.cufiles collects, one per `.cu` under the kernel root.
 from harness.records import MESSAGE_LIMIT, RECORD_VERSION, GateRecord, Outcome, Route  # noqa: F401  (re-exported)
@@ -150,7 +151,7 @@ def write_reports(directory: Path, records: list[GateRecord], facts: RunFacts) -
     return j, m
 
 
-class MergeError(ValueError):
+class MergeError(UsageError):
     """Reports that cannot be one: the message is one line naming the fix."""
 
 

@@ -22,6 +22,7 @@ import stat
 from pathlib import Path
 
 from harness.child import SANITIZER_LOG_CHANNEL, SANITIZER_TOOL_CHANNEL
+from harness.errors import SetupError
 from harness.records import Outcome, Route
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -30,7 +31,7 @@ INSTALL_HINT = ("install the CUDA toolkit (it ships compute-sanitizer), or `pip 
                 f"or set {ENV_BINARY}=/path/to/compute-sanitizer")
 
 
-class SanitizerError(RuntimeError):
+class SanitizerError(SetupError, RuntimeError):
     pass
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import coverage
+from harness.errors import HarnessError
 
 __all__ = [
     "Call",
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 
-class SourceError(LookupError):
+class SourceError(HarnessError, LookupError):
     """A structural lookup that found nothing, or more than one candidate."""
 
 

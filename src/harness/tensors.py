@@ -23,15 +23,17 @@ import sys
 import ml_dtypes
 import numpy as np
 
+from harness.errors import HarnessError
+
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _INT_NAME_OF_SIZE = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 
 
-class UnknownDtype(TypeError):
+class UnknownDtype(HarnessError, TypeError):
     """An array whose dtype the harness cannot read as bits."""
 
 
-class TorchOnlyDtype(TypeError):
+class TorchOnlyDtype(HarnessError, TypeError):
     """A torch dtype NumPy has no dtype for, where NumPy values were needed."""
 
 

@@ -27,16 +27,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from harness.errors import SetupError, UsageError
+
 NVCC_ENV = "HARNESS_NVCC"
 SHIMS = Path(__file__).resolve().parent / "shims"
 STANDIN = Path(__file__).resolve().parent / "standin"  # harness_set_aside.h (harness.deviceview), both compilers
 
 
-class IncludeDirError(ValueError):
+class IncludeDirError(UsageError):
     """An include directory that does not exist, or a header two of them hold."""
 
 
-class NvccNotFound(RuntimeError):
+class NvccNotFound(SetupError, RuntimeError):
     """nvcc was asked for (by a launcher or by the backend rule) and is not installed."""
 
 

@@ -208,13 +208,13 @@ def cache_max_problem(value: str | None) -> str | None:
 
 def check_configuration(config) -> None:
     """The plugin's options and the environment, checked once before collection: raises
-    pytest.UsageError (one line, `harness: ...`) on the first problem. The kernel root and the
-    cache folder are checked where they are resolved (the plugin's activation)."""
-    import pytest
-
+    pytest.UsageError (one line, `harness: ...`: `harness.errors.as_pytest_usage`) on the first
+    problem. The kernel root and the cache folder are checked where they are resolved (the
+    plugin's activation)."""
     from harness import _settings
     from harness._settings import SERVER_START_ENV
     from harness.cubin_cache import CACHE_MAX_ENV
+    from harness.errors import as_pytest_usage
 
     opt = config.option
     problems = []
@@ -230,4 +230,4 @@ def check_configuration(config) -> None:
     problems.append(cache_max_problem(os.environ.get(CACHE_MAX_ENV)))
     for problem in problems:
         if problem:
-            raise pytest.UsageError(f"harness: {problem}")
+            raise as_pytest_usage(problem)

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"usable ({escape(str(probe.error))}): run `python -m harness controls --static` here (it "
                       "applies and compiles every control with no GPU), and the full campaign on a machine with a GPU")
             return ExitStatus.USAGE
-    from harness.pool.controller import DeviceLost
+    from harness.errors import DeviceLost
 
     from harness.interrupt import sigterm_as_interrupt
 

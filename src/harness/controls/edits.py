@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from harness.errors import HarnessError
+
 
 @dataclass(frozen=True)
 class Edit:
@@ -21,7 +23,7 @@ class Edit:
     regex: bool = False
 
 
-class EditError(ValueError):
+class EditError(HarnessError, ValueError):
     """An edit that does not apply exactly once. `key` names the control key at fault."""
 
     def __init__(self, key: str, message: str):

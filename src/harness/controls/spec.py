@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.controls.edits import Edit, EditError, apply
+from harness.errors import UsageError
 from harness.records import Route
 
 try:
@@ -78,7 +79,7 @@ class Problem:
         return f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
 
 
-class ControlSpecError(ValueError):
+class ControlSpecError(UsageError):
     """Every problem found in a folder of controls; nothing runs until there are none."""
 
     def __init__(self, problems: list[Problem]):

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from harness.pool import controller
 from harness.device import slot_devices
+from harness.errors import DeviceLost
 from harness.mutate.execute import run_mutant
 from harness.runs.config import RunConfig
 from harness.runs.fresh import FreshExecutors
@@ -54,10 +54,6 @@ SET_FLOOR, SET_FACTOR = 60.0, 10.0
 # before are taken back (the GPU's failure, not the mutant's, may have made them): --resume
 # runs them again.
 LOST_WINDOW = 120.0
-
-
-class DeviceLostError(RuntimeError):
-    """The campaign stopped because the device stopped answering; its results are kept."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,9 +359,9 @@ def run_gate_stage(campaign, feed, coverage, deps, config, results_path, listene
 
     try:
         run_in_slots(take, jobs, work, done, on_abort=close_all, name="mutant")
-    except controller.DeviceLost as exc:
+    except DeviceLost as exc:
         _take_back_after_loss(campaign, results_path, finished_at)
-        raise DeviceLostError(
+        raise DeviceLost(
             f"the device stopped answering after {len(campaign.results)} mutants ({exc}); the "
             f"faults and timeouts of the last {LOST_WINDOW:.0f} s were taken back: check the GPU "
             "(nvidia-smi), then continue with --resume") from None

@@ -429,7 +429,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
     from rich.markup import escape
 
     from harness.mutate import report
-    from harness.mutate.campaign import DeviceLostError, run_campaign
+    from harness.errors import DeviceLost
+    from harness.mutate.campaign import run_campaign
 
     report.remove(config.path(config.report_dir))
     try:
@@ -461,7 +462,7 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
         err.print("[bold red]interrupted[/]: workers and children killed, sandboxes removed, the kernel root "
                   "untouched; continue with --resume, or write the report of what ran with --report-only")
         return ExitStatus.INTERRUPTED
-    except DeviceLostError as exc:
+    except DeviceLost as exc:
         err.print(f"[bold red]device lost[/]: {escape(str(exc))}")
         return ExitStatus.DEVICE_LOST
     for w in campaign.warnings:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.cuda_syntax import device_functions, first_error, function_name, parse
+from harness.errors import UsageError
 from harness.mutate.operators import OPERATORS
 
 SOURCE_SUFFIXES = (".cu", ".cuh")
@@ -115,7 +116,7 @@ def mutants_of(rel: str, source: bytes, operators: tuple[str, ...]) -> tuple[lis
 # ---------------------------------------------------------------- which files
 
 
-class PathError(ValueError):
+class PathError(UsageError):
     pass
 
 
@@ -149,7 +150,7 @@ def select_files(kernel_root: Path, paths: list[str]) -> list[str]:
     return sorted(set(out))
 
 
-class SinceError(ValueError):
+class SinceError(UsageError):
     pass
 
 

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from harness.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Operator:
@@ -327,7 +329,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
 )}
 
 
-class UnknownOperator(ValueError):
+class UnknownOperator(UsageError):
     pass
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 
-from harness.mutate.campaign import DeviceLostError, MutationCampaign, dependents_of, gate_stage
+from harness.errors import DeviceLost
+from harness.mutate.campaign import MutationCampaign, dependents_of, gate_stage
 from harness.mutate.verdicts import MutantResult, Recheck, Verdict
-from harness.pool import controller
 from harness.runs.result import Executor
 
 
@@ -32,13 +32,13 @@ def recheck(campaign: MutationCampaign, executor: Executor | list, *, sample: in
     many mutants at once, one on each (an executor may appear more than once).
     `on_result(first, second)` is called as each re-run ends (from the re-run's thread), so
     a re-check cut short still leaves what it measured. A device that stops answering raises
-    DeviceLostError, as the gate stage does (`campaign.run_gate_stage`): every verdict is in
+    DeviceLost, as the gate stage does (`campaign.run_gate_stage`): every verdict is in
     already, and the caller wrote the campaign's report before the re-check."""
     try:
         return _recheck(campaign, executor, sample, seed, on_result)
-    except controller.DeviceLost as exc:
+    except DeviceLost as exc:
         report_dir = campaign.config.path(campaign.config.report_dir)
-        raise DeviceLostError(
+        raise DeviceLost(
             f"the device stopped answering during the re-check ({exc}); the campaign's {len(campaign.results)} "
             f"verdicts stand in {report_dir} (mutation.json, mutation.html, mutants.jsonl) and recheck.jsonl has the "
             "re-runs that ended: check the GPU (nvidia-smi), then --resume runs the re-check again") from None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from harness.child import SANITIZER_LOG_CHANNEL, SANITIZER_TOOL_CHANNEL
 from harness.device import visible_device
+from harness.errors import DeviceLost, SetupError  # noqa: F401  (DeviceLost: callers import it from here)
 from harness.pool.channel import (POISONED, POOL_FOLDER_PREFIX, SERVE_MODULE, Channel, ChannelClosed, Timeout,
                                   trace)
 from harness.pool.exits import Exits
@@ -242,12 +243,7 @@ class Worker:
         self.kill()
 
 
-class DeviceLost(RuntimeError):
-    """A fresh worker could not start on a device that served gates before: the GPU is gone
-    (a driver reset, an Xid, a GPU off the bus). Nothing run from now on is a verdict."""
-
-
-class PoolError(RuntimeError):
+class PoolError(SetupError, RuntimeError):
     """The pool could not start a server or a worker; the message says why and what to do."""
 
 

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from harness.errors import SetupError
+
 MIN_RAY = (2, 10)  # runtime_env excludes, ActorDiedError, get_node_id: what the backend uses
 # never shipped: virtual environments, reports, caches, version control, carried wheels
 EXCLUDES = [".git", ".venv*", "venv", "**/__pycache__", "*.pyc", ".pytest_cache", "harness-report",
             ".harness-cache", ".whl*", "*.egg-info", "build", "node_modules"]
 
 
-class ClusterError(RuntimeError):
+class ClusterError(SetupError, RuntimeError):
     """Ray missing or too old, a cluster with no GPU, a tree that cannot be shipped: one line
     naming the fix."""
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.child import CPU_SERVE_FD_CHANNEL
+from harness.errors import SetupError
 from harness.pool.channel import Channel, ChannelClosed, Timeout
 from harness.records import Outcome
 from harness.runs import fresh
@@ -30,7 +31,7 @@ from harness.runs.result import Executor, GateOutcome, GateRuns
 START_TIMEOUT = 300.0  # seconds a child may take to import and collect, on a loaded host
 
 
-class CpuServeError(RuntimeError):
+class CpuServeError(SetupError, RuntimeError):
     """The CPU gate server did not start (its log says why)."""
 
 

@@ -21,13 +21,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.cubin_cache import SANDBOX_MARK
+from harness.errors import HarnessError
 
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 _live: set[Path] = set()  # the sandboxes open now; `write` writes nowhere else
 _made: set[Path] = set()  # every folder `temp_folder` made (or is making) and has not removed
 
 
-class SandboxEscape(RuntimeError):
+class SandboxEscape(HarnessError, RuntimeError):
     """A write aimed outside the sandbox: a bug, never a control's fault."""
 
 
