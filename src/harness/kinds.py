@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from harness._settings import GATES_INI, INCLUDE_DIRS_INI, KERNEL_ROOT_ENV
+from harness.errors import as_pytest_usage
 from harness.report import KINDS
 
 # The markers the plugin registers, with their help.
@@ -186,6 +187,5 @@ def check_kinds(gates, foreign: frozenset[str] = frozenset()) -> None:
     if problems:
         shown = problems[:20]
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise pytest.UsageError(
-            f"harness: {len(problems)} gate(s) break the vocabulary (docs/harness-api.md, Markers):\n  "
-            + "\n  ".join(shown) + more)
+        raise as_pytest_usage(f"{len(problems)} gate(s) break the vocabulary (docs/harness-api.md, Markers):\n  "
+                              + "\n  ".join(shown) + more)
