@@ -255,7 +255,6 @@ def main(argv: list[str] | None = None) -> int:
     from rich.markup import escape
 
     from harness.mutate.generate import PathError, SinceError
-    from harness.mutate.operators import UnknownOperator
 
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 180)
@@ -272,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         return usage(rootdir_problem(args.rootdir))
     try:
         config = config_from(args)
-    except (UsageError, UnknownOperator) as exc:
+    except UsageError as exc:
         return usage(str(exc))
     if config.arch:
         from harness.arch import ArchError, check_arch
