@@ -40,7 +40,13 @@ COMPILERS = ("auto", "nvrtc", "nvcc")
 
 class LauncherError(HarnessError):
     """The launcher beside a `.cu` could not be read for its compile settings. The message is
-    one line: the launcher, what went wrong, what to do."""
+    one line: `where` (the launcher, or where a setting was given), what went wrong and what
+    to do (`why`)."""
+
+    def __init__(self, why: str, where: str | os.PathLike | None = None):
+        self.why = why
+        self.where = where
+        super().__init__(f"{where}: {why}" if where is not None else why)
 
 
 @dataclass(frozen=True)
@@ -97,16 +103,17 @@ def _declares(launcher: str, constant: str) -> bool:
 
 def normalise_defines(defines, origin: str) -> tuple[tuple[str, str | None], ...]:
     if not isinstance(defines, dict):
-        raise LauncherError(f"{origin}: DEFINES must be a dict of macro name to value (or None), got {defines!r}; "
-                            "write e.g. DEFINES = {\"BLOCK\": 256}")
+        raise LauncherError(f"DEFINES must be a dict of macro name to value (or None), got {defines!r}; "
+                            "write e.g. DEFINES = {\"BLOCK\": 256}", origin)
     out = []
     for k, v in defines.items():
         if not isinstance(k, str) or not k.isidentifier():
-            raise LauncherError(f"{origin}: DEFINES key {k!r} is not a macro name; write e.g. DEFINES = {{\"BLOCK\": 256}}")
+            raise LauncherError(f"DEFINES key {k!r} is not a macro name; write e.g. DEFINES = {{\"BLOCK\": 256}}",
+                                origin)
         value = None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
         if value is not None and ("\n" in value or "\r" in value):
-            raise LauncherError(f"{origin}: DEFINES value of {k!r} is {value!r}, which spans lines: a macro's value "
-                                "is one line on the command line; write e.g. DEFINES = {\"BLOCK\": 256}")
+            raise LauncherError(f"DEFINES value of {k!r} is {value!r}, which spans lines: a macro's value is one "
+                                "line on the command line; write e.g. DEFINES = {\"BLOCK\": 256}", origin)
         out.append((k, value))
     return tuple(sorted(out))
 
@@ -151,9 +158,9 @@ def _load_launcher(launcher: Path):
             tb = tb.tb_next
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise LauncherError(
-            f"{launcher}: importing the launcher to read NAME_EXPRESSIONS failed{where}: "
+            f"importing the launcher to read NAME_EXPRESSIONS failed{where}: "
             f"{type(exc).__name__}{': ' + detail if detail else ''}; fix the launcher so that "
-            f"`import` of it succeeds with no GPU"
+            f"`import` of it succeeds with no GPU", launcher
         ) from None
     finally:
         if added and root in sys.path:
@@ -183,22 +190,22 @@ def _extra_flags(launcher: Path, flags: tuple[str, ...]) -> tuple[str, ...]:
             m = pattern.match(flag)
             if m:
                 value = m.group(1) if m.groups() and m.group(1) and not m.group(1).startswith("-") else None
-                raise LauncherError(f"{launcher}: EXTRA_FLAGS sets {flag}: {fix(value)} (a second spelling of a "
-                                    "setting the harness records would make the record wrong)")
+                raise LauncherError(f"EXTRA_FLAGS sets {flag}: {fix(value)} (a second spelling of a setting the "
+                                    "harness records would make the record wrong)", launcher)
     return flags
 
 
 def _bool(launcher: Path, name: str, value, allow_none: bool = False):
     if isinstance(value, bool) or (allow_none and value is None):
         return value
-    raise LauncherError(f"{launcher}: {name} must be True or False, got {value!r}; write e.g. {name} = False")
+    raise LauncherError(f"{name} must be True or False, got {value!r}; write e.g. {name} = False", launcher)
 
 
 def _strings(launcher: Path, name: str, value, example: str) -> tuple[str, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) \
             or not all(isinstance(n, str) for n in value):
-        raise LauncherError(f"{launcher}: {name} must be a tuple of strings, got {value!r}; write e.g. "
-                            f"{name} = ({example!r},) (note the trailing comma)")
+        raise LauncherError(f"{name} must be a tuple of strings, got {value!r}; write e.g. {name} = ({example!r},) "
+                            "(note the trailing comma)", launcher)
     return tuple(value)
 
 
@@ -214,15 +221,15 @@ def declared_settings(source: str | os.PathLike) -> ModuleSettings:
     if isinstance(names, (str, bytes)) or not isinstance(names, (tuple, list)) \
             or not all(isinstance(n, str) for n in names):
         raise LauncherError(
-            f"{launcher}: NAME_EXPRESSIONS must be a tuple of C++ name expressions (strings), got "
-            f"{names!r}; write e.g. NAME_EXPRESSIONS = (\"my_kernel<256>\",) (note the trailing comma)"
+            f"NAME_EXPRESSIONS must be a tuple of C++ name expressions (strings), got "
+            f"{names!r}; write e.g. NAME_EXPRESSIONS = (\"my_kernel<256>\",) (note the trailing comma)", launcher
         )
     if any(not n.strip() for n in names):
-        raise LauncherError(f"{launcher}: NAME_EXPRESSIONS holds an empty string: each entry names a kernel; write "
-                            "e.g. NAME_EXPRESSIONS = (\"my_kernel<256>\",)")
+        raise LauncherError("NAME_EXPRESSIONS holds an empty string: each entry names a kernel; write "
+                            "e.g. NAME_EXPRESSIONS = (\"my_kernel<256>\",)", launcher)
     compiler = g("COMPILER", "auto")
     if compiler not in COMPILERS:
-        raise LauncherError(f"{launcher}: COMPILER must be one of {', '.join(map(repr, COMPILERS))}, got {compiler!r}")
+        raise LauncherError(f"COMPILER must be one of {', '.join(map(repr, COMPILERS))}, got {compiler!r}", launcher)
     include = _strings(launcher, "INCLUDE_DIRS", g("INCLUDE_DIRS", ()), "third_party/include")
     from harness.toolchain import IncludeDirError, check_include_dirs
 
