@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from harness.pool.controller import RunResult
+from harness.pool.controller import Ending, RunResult
 from harness.plugin_pool import shadow_unsettled
 from tests.test_plugin import FAKE_DEVICE_CONFTEST
 from tests._machine import use_child_env
@@ -115,8 +115,8 @@ def test_real_traps_run_each_trap_gate_once_for_real(suite):
     (RunResult(shadow_hits=0, poisoned=True), None),
     (RunResult(shadow_hits=0), "it counted no guard in the trap shadow"),
     (RunResult(shadow_hits=None), "it counted no guard in the trap shadow"),
-    (RunResult(timed_out=True), "it ran past its deadline in the trap shadow"),
-    (RunResult(died="the worker exited with code -9"),
+    (RunResult(Ending.TIMED_OUT), "it ran past its deadline in the trap shadow"),
+    (RunResult(Ending.DIED, why="the worker exited with code -9"),
      "its worker died in the trap shadow: the worker exited with code -9"),
 ])
 def test_the_shadow_settles_only_a_counted_guard_or_a_device_fault(result, why):

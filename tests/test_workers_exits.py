@@ -323,7 +323,7 @@ def test_has_verdict_reads_ahead_without_waiting_and_wait_takes_what_it_read():
         other.send({"op": "done", "reports": [], "launches": 1})
         assert worker.has_verdict() and worker.has_verdict()  # asked again: still, and nothing lost
         result = worker.wait(deadline=5)
-        assert (result.timed_out, result.died, result.last_launch, result.launches) == (False, None, "k.cu:k", 1)
+        assert (result.ending, result.last_launch, result.launches) == (controller.Ending.VERDICT, "k.cu:k", 1)
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -335,5 +335,45 @@ def test_has_verdict_is_true_for_a_worker_gone_and_wait_then_says_it_died():
     other.close()
     assert worker.has_verdict()
     result = worker.wait(deadline=5)
-    assert result.died and "ended without a verdict" in result.died and not result.timed_out
+    assert result.ending is controller.Ending.DIED and "ended without a verdict" in result.why
     assert sleeper.wait(timeout=10) == -signal.SIGKILL  # and its process was ended
+
+
+def test_a_gate_past_its_deadline_ends_timed_out_naming_its_last_launch_and_noting_the_kernel():
+    worker, other, sleeper = _worker_over_a_socketpair()
+    hung = controller.Hung()
+    worker.start("t.py::test_spins", None)
+    other.send({"op": "launch", "name": "k.cu:spin"})
+    result = worker.wait(deadline=0.5, hung=hung)
+    assert (result.ending, result.last_launch, result.why) == (controller.Ending.TIMED_OUT, "k.cu:spin", None)
+    assert result.timed_out and not result.ran_to_its_end and hung.where("k.cu:spin") == "t.py::test_spins"
+    assert sleeper.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_gate_that_launches_a_kernel_hung_earlier_is_stopped_at_that_launch():
+    worker, other, sleeper = _worker_over_a_socketpair()
+    hung = controller.Hung()
+    hung.note("k.cu:spin", "t.py::test_spins")
+    worker.start("t.py::test_also_spins", None)
+    other.send({"op": "launch", "name": "k.cu:spin"})
+    result = worker.wait(deadline=30, hung=hung)
+    assert (result.ending, result.hung_in) == (controller.Ending.STOPPED, ("k.cu:spin", "t.py::test_spins"))
+    assert not result.timed_out and result.died is None and not result.ran_to_its_end
+    assert sleeper.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_mutants_gates_end_as_one_set_result():
+    worker, other, sleeper = _worker_over_a_socketpair()
+    try:
+        outcomes = [{"nodeid": "t.py::test_a", "outcome": "passed"}]
+        other.send({"op": "done_set", "outcomes": outcomes, "reusable": True})  # read once it is asked
+        got = worker.run_set("kernels", ["t.py::test_a"], deadline=5, stop_on_kill=True, reuse=True)
+        assert got == controller.SetResult(outcomes, controller.Ending.VERDICT)
+        assert tuple(got) == (outcomes, False, None, None) and worker.alive and worker.served == 1
+        other.close()
+        got = worker.run_set("kernels", ["t.py::test_a"], deadline=5, stop_on_kill=True, reuse=True)
+        assert (got.ending, got.outcomes, got.died) == (controller.Ending.DIED, [], got.why) and got.why
+        assert not worker.alive and worker.ended_because == got.why
+    finally:
+        sleeper.kill()
+        sleeper.wait()

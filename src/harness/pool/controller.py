@@ -3,6 +3,7 @@ ahead of need), and the watchdog that kills a worker past its gate's deadline.""
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import select
@@ -34,30 +35,86 @@ SPARES = 4  # warm workers kept ahead of need (trap gates start on them early)
 MAX_STARTING = 4
 
 
+class Ending(enum.Enum):
+    """How a wait for a worker ended: the one thing a caller asks of a result first."""
+
+    VERDICT = "verdict"  # the worker sent what it was asked for (a gate's reports, a set's outcomes)
+    TIMED_OUT = "timed out"  # past the deadline: the worker was killed
+    DIED = "died"  # the worker ended without a verdict, or could not be sent the work: `why`
+    STOPPED = "stopped"  # killed at its launch of a kernel that hung in an earlier gate (`Hung`)
+
+
+@dataclass(frozen=True)
+class Received:
+    """What `Worker._receive` got: the `done` message (VERDICT only), how the wait ended, why
+    (DIED only) and the last kernel the worker launched."""
+
+    msg: dict | None
+    ending: Ending
+    why: str | None = None
+    last_launch: str | None = None
+
+
 @dataclass
 class RunResult:
-    """What a worker did with one gate."""
+    """What a worker did with one gate: how it ended (`ending`), what that ending carries, and
+    what the pytest process notes on it after (`waited`, `unsettled`)."""
 
-    reports: list = field(default_factory=list)  # serialized pytest reports
-    poisoned: bool = False  # the gate left the CUDA context unusable: the worker is gone
-    timed_out: bool = False
-    died: str | None = None  # the worker ended without a verdict: why
+    ending: Ending = Ending.VERDICT
+    reports: list = field(default_factory=list)  # VERDICT: serialized pytest reports
+    poisoned: bool = False  # VERDICT: the gate left the CUDA context unusable: the worker is gone
+    why: str | None = None  # DIED: why the worker ended without a verdict
     last_launch: str | None = None
     launches: int = 0  # kernel launches made through harness.kernels during the gate
     phases: dict = field(default_factory=dict)  # setup / call / teardown seconds inside the worker
     seconds: float = 0.0  # from the gate's start in the worker to its verdict
     waited: float = 0.0  # how long the pytest process waited for it (its cost to the run)
-    # (kernel, gate): stopped when it launched a kernel that hung in an earlier gate (`Hung`)
+    # STOPPED: (kernel, gate), the kernel it launched and the earlier gate it hung in (`Hung`)
     hung_in: tuple[str, str] | None = None
     # a trap gate run in the trap shadow: the guards it counted; None: not run there, or unreadable
     shadow_hits: int | None = None
     unsettled: str | None = None  # why a run in the trap shadow did not settle it (then it trapped for real)
 
     @property
+    def timed_out(self) -> bool:
+        """`ending is Ending.TIMED_OUT`, for the callers that still ask it so."""
+        return self.ending is Ending.TIMED_OUT
+
+    @property
+    def died(self) -> str | None:
+        """Why the worker died (`why`) when that is how it ended, else None: for the callers
+        that still ask it so."""
+        return self.why if self.ending is Ending.DIED else None
+
+    @property
     def ran_to_its_end(self) -> bool:
         """The gate gave its verdict in the worker (not cut by its deadline, a dead worker or a
         hung kernel): `seconds` is what it takes, a time worth keeping for the next run's lanes."""
-        return not (self.timed_out or self.died or self.hung_in)
+        return self.ending is Ending.VERDICT
+
+
+@dataclass(frozen=True)
+class SetResult:
+    """What a worker did with a mutant's gates (`Worker.run_set`): one outcome each for the
+    gates that ran (`harness.pool.worker.run_set`), and how the wait ended."""
+
+    outcomes: list
+    ending: Ending
+    why: str | None = None  # DIED: why the worker ended without a verdict
+    last_launch: str | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.ending is Ending.TIMED_OUT
+
+    @property
+    def died(self) -> str | None:
+        return self.why if self.ending is Ending.DIED else None
+
+    def __iter__(self):
+        """(outcomes, timed_out, died, last_launch), as `harness.runs.warm` unpacks it until it
+        reads the fields."""
+        return iter((self.outcomes, self.timed_out, self.died, self.last_launch))
 
 
 class Hung:
@@ -127,11 +184,12 @@ class Worker:
         """The verdict, or a timeout `deadline` seconds after `start`. With `hung`: a timeout
         is noted there under the last kernel launched, and the gate is stopped (the worker
         killed, `RunResult.hung_in`) when it launches a kernel noted there by another gate."""
-        result = RunResult()
-        msg, result.timed_out, result.died, result.last_launch = self._receive("done", deadline, hung=hung)
-        if hung is not None and result.timed_out and result.last_launch:
+        got = self._receive("done", deadline, hung=hung)
+        msg = got.msg
+        result = RunResult(ending=got.ending, why=got.why, last_launch=got.last_launch)
+        if hung is not None and result.ending is Ending.TIMED_OUT and result.last_launch:
             hung.note(result.last_launch, self.current_gate)
-        if self._stopped_at is not None:
+        if result.ending is Ending.STOPPED:
             result.hung_in = (self._stopped_at, hung.where(self._stopped_at))
         if msg is not None:
             result.reports = msg["reports"]
@@ -146,8 +204,8 @@ class Worker:
         return result
 
     def run_set(self, kernel_root: str, gates: list[str], deadline: float, stop_on_kill: bool,
-                reuse: bool = False, gate_deadlines: dict | None = None, trap_shadow=()):
-        """A mutant's gates in this worker: (outcomes, timed_out, died, last_launch). With
+                reuse: bool = False, gate_deadlines: dict | None = None, trap_shadow=()) -> SetResult:
+        """A mutant's gates in this worker, as a `SetResult`. With
         `reuse`, a worker that reset itself cleanly stays alive for the next mutant
         (`self.alive`); otherwise, or when it could not, it is gone. `gate_deadlines`
         ({nodeid: seconds}) also bounds each gate on its own: a gate that hangs is found in
@@ -155,16 +213,18 @@ class Worker:
         shadow (`_in_trap_shadow`), in this worker."""
         self._send({"op": "run_set", "kernel_root": kernel_root, "gates": gates, "stop_on_kill": stop_on_kill,
                     "reuse": reuse, "announce": bool(gate_deadlines), "trap_shadow": list(trap_shadow)})
-        msg, timed_out, died, last = self._receive("done_set", deadline, gate_deadlines)
+        got = self._receive("done_set", deadline, gate_deadlines)
+        msg = got.msg
         self.set_seconds = time.monotonic() - self._started
         self.set_phases = {k: float((msg or {}).get(k) or 0.0) for k in ("protocol_s", "reset_s")}
         if msg is None or not msg.get("reusable"):
             self.kill()
-            self.ended_because = ("it ran past its deadline" if timed_out else died if died
+            self.ended_because = ("it ran past its deadline" if got.ending is Ending.TIMED_OUT
+                                  else got.why if got.ending is Ending.DIED and got.why
                                   else (msg or {}).get("why_not_reusable") or "it could not be reset")
         else:
             self.served += 1
-        return (msg["outcomes"] if msg is not None else []), timed_out, died, last
+        return SetResult(msg["outcomes"] if msg is not None else [], got.ending, got.why, got.last_launch)
 
     def _send(self, msg: dict) -> None:
         self._started = time.monotonic()
@@ -174,15 +234,16 @@ class Worker:
         except OSError as exc:
             self._send_error = f"the worker could not be sent the gate ({exc})"
 
-    def _receive(self, done: str, deadline: float, gate_deadlines: dict | None = None, hung: Hung | None = None):
-        """(the `done` message or None, timed out, why it died or None, the last kernel
-        launched): waits at most `deadline` seconds after the send, and each announced gate
-        at most its own `gate_deadlines` entry; a worker past either, or gone, is killed, and
-        so is one that launches a kernel `hung` holds (`self._stopped_at` names it)."""
+    def _receive(self, done: str, deadline: float, gate_deadlines: dict | None = None,
+                 hung: Hung | None = None) -> Received:
+        """The `done` message, or how the wait ended without it: waits at most `deadline`
+        seconds after the send, and each announced gate at most its own `gate_deadlines`
+        entry; a worker past either, or gone, is killed, and so is one that launches a kernel
+        `hung` holds (`self._stopped_at` names it)."""
         self._stopped_at = None
         if self._send_error:
             self.kill()
-            return None, False, self._send_error, None
+            return Received(None, Ending.DIED, self._send_error)
         last = None
         gate_end = None  # when the gate running now must be done
         while True:
@@ -199,22 +260,23 @@ class Worker:
                     msg = self.channel.recv(timeout=max(remaining, 0.0))
             except Timeout:
                 self.kill()
-                return None, True, None, last
+                return Received(None, Ending.TIMED_OUT, last_launch=last)
             except ChannelClosed:
                 self.kill()
-                return None, False, "the worker process ended without a verdict (it crashed or was killed)", last
+                return Received(None, Ending.DIED, "the worker process ended without a verdict (it crashed or was "
+                                "killed)", last)
             if msg.get("op") == "launch":
                 last = msg.get("name")
                 if hung is not None and hung.where(last) not in (None, self.current_gate):
                     self._stopped_at = last
                     self.kill()
-                    return None, False, None, last
+                    return Received(None, Ending.STOPPED, last_launch=last)
             elif msg.get("op") == "gate":
                 self.current_gate = msg.get("nodeid")
                 seconds = (gate_deadlines or {}).get(msg.get("nodeid"))
                 gate_end = time.monotonic() + seconds if seconds else None
             elif msg.get("op") == done:
-                return msg, False, None, last
+                return Received(msg, Ending.VERDICT, last_launch=last)
 
     def kill(self) -> None:
         if not self.alive:
