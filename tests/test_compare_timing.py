@@ -134,3 +134,23 @@ def test_the_table_says_faster_same_bits_and_what_a_gate_without_arms_should_do(
     skipped = GateComparison("g.py::s", "skipped", "skipped")
     assert nothing_compared(skipped) == "no arm output: skipped on both sides"
     assert table("main", [skipped, skipped])[-1] == "2 gate(s) with no arm output: skipped on both sides: g.py::s, g.py::s"
+
+
+def test_an_arms_status_and_a_kernels_speed_are_enums_that_compare_json_writes_as_their_words(tmp_path):
+    import json
+
+    from harness.compare.arms import ArmStatus, Speed, compare_sides
+    from harness.compare.report import write_reports
+
+    ref = {"same": np.ones(3, np.float32), "moved": np.ones(3, np.float32), "shape": np.ones(3), "gone": np.ones(1)}
+    now = {"same": np.ones(3, np.float32), "moved": np.zeros(3, np.float32), "shape": np.ones(4), "new": np.ones(1)}
+    gate = compare_sides("g.py::t", ref, now, "passed", "passed")
+    gate.timing, _ = compare_timing(times([0.010] * 4), times([0.004] * 4))
+    assert [a.status for a in gate.arms] == [ArmStatus.SAME_BITS, ArmStatus.DIFFERS, ArmStatus.NOT_COMPARABLE,
+                                             ArmStatus.ONLY_IN_REF, ArmStatus.ONLY_TODAY]
+    assert gate.timing[0].speed is Speed.FASTER
+    json_path, _ = write_reports(tmp_path, "main", [gate])
+    written = json.loads(json_path.read_text())["gates"][0]
+    assert [a["status"] for a in written["arms"]] == ["same bits", "differs", "not comparable", "only in REF",
+                                                      "only today"]
+    assert written["timing"][0]["speed"] == "faster"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 
@@ -21,10 +22,35 @@ def ordered(bits, kind: str):
     return np.where(x & sign, -(x & (sign - 1)), x)
 
 
+class ArmStatus(str, Enum):
+    """What comparing one arm found: its value is the word the reports and compare.json write."""
+
+    SAME_BITS = "same bits"
+    DIFFERS = "differs"  # same shape and dtype, other bits
+    ONLY_IN_REF = "only in REF"
+    ONLY_TODAY = "only today"
+    NOT_COMPARABLE = "not comparable"  # another shape or dtype
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Speed(str, Enum):
+    """A kernel's time today against REF's: faster or slower when the middle halves of the two
+    sides' launches do not overlap."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    SAME = "same speed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class ArmComparison:
     arm: str
-    status: str  # same bits | differs | only in REF | only today | not comparable
+    status: ArmStatus
     elements: int = 0
     differing: int = 0
     first: dict | None = None  # index, both values, both bit patterns
@@ -39,11 +65,11 @@ def compare_arm(name: str, ref, now) -> ArmComparison:
     from harness.dtypes import bits_of
 
     if ref.shape != now.shape or ref.dtype != now.dtype:
-        return ArmComparison(name, "not comparable", note=f"REF {ref.dtype}{ref.shape}, today {now.dtype}{now.shape}")
+        return ArmComparison(name, ArmStatus.NOT_COMPARABLE, note=f"REF {ref.dtype}{ref.shape}, today {now.dtype}{now.shape}")
     a, b = bits_of(ref).reshape(-1), bits_of(now).reshape(-1)
     bad = np.flatnonzero(a != b)
     if not bad.size:
-        return ArmComparison(name, "same bits", elements=a.size)
+        return ArmComparison(name, ArmStatus.SAME_BITS, elements=a.size)
     i = int(bad[0])
     size = ref.dtype.itemsize
     first = {"index": _index(i, ref.shape), "ref": _value_text(a[i], ref.dtype), "today": _value_text(b[i], ref.dtype),
@@ -58,7 +84,7 @@ def compare_arm(name: str, ref, now) -> ArmComparison:
             hist[f"{lo}" if hi == lo + 1 else (f"{lo}-{hi - 1}" if hi else f">={lo}")] = n
         lo = hi
     ulps = {"max": int(dist.max()), "median": float(np.median(dist)), "histogram": hist}
-    return ArmComparison(name, "differs", elements=a.size, differing=int(bad.size), first=first, ulps=ulps)
+    return ArmComparison(name, ArmStatus.DIFFERS, elements=a.size, differing=int(bad.size), first=first, ulps=ulps)
 
 
 @dataclass
@@ -76,7 +102,7 @@ class GateComparison:
     def differs(self) -> bool:
         """An arm's bits, shape or dtype moved (an arm only one side recorded is reported, not
         red: a gate new today has no REF arm, and a gate red today is red by its own verdict)."""
-        return any(a.status in ("differs", "not comparable") for a in self.arms)
+        return any(a.status in (ArmStatus.DIFFERS, ArmStatus.NOT_COMPARABLE) for a in self.arms)
 
     @property
     def bits(self) -> str:
@@ -95,7 +121,7 @@ class KernelTiming:
     today_us: float
     ref_quartiles: tuple[float, float]
     today_quartiles: tuple[float, float]
-    speed: str  # faster | slower | same speed (their middle halves overlap)
+    speed: Speed
 
     @property
     def ratio(self) -> float:
@@ -119,7 +145,7 @@ def compare_timing(ref: dict, today: dict) -> tuple[list[KernelTiming], list[str
             q = np.array([np.percentile(np.asarray(data[k]["ms"]) * 1000.0, (25, 50, 75)) for k in keys]).sum(axis=0)
             sums[side] = q
         r, t = sums["ref"], sums["today"]
-        speed = "faster" if t[2] < r[0] else "slower" if t[0] > r[2] else "same speed"
+        speed = Speed.FASTER if t[2] < r[0] else Speed.SLOWER if t[0] > r[2] else Speed.SAME
         out.append(KernelTiming(kernel, len(keys), min(len(ref[k]["ms"]) for k in keys), round(float(r[1]), 3),
                                 round(float(t[1]), 3), (round(float(r[0]), 3), round(float(r[2]), 3)),
                                 (round(float(t[0]), 3), round(float(t[2]), 3)), speed))
@@ -131,8 +157,8 @@ def compare_sides(nodeid: str, ref: dict, today: dict, ref_outcome: str, today_o
     gate = GateComparison(nodeid, ref_outcome, today_outcome)
     for name in ref:
         gate.arms.append(compare_arm(name, ref[name], today[name]) if name in today
-                         else ArmComparison(name, "only in REF"))
-    gate.arms += [ArmComparison(name, "only today") for name in today if name not in ref]
+                         else ArmComparison(name, ArmStatus.ONLY_IN_REF))
+    gate.arms += [ArmComparison(name, ArmStatus.ONLY_TODAY) for name in today if name not in ref]
     return gate
 
 

@@ -7,19 +7,20 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.compare.arms import ArmComparison, GateComparison, KernelTiming
+from harness.compare.arms import ArmComparison, ArmStatus, GateComparison, KernelTiming, Speed
 from harness.timing import DEFAULT_WARMUP
 
 
 def table(ref: str, gates: list[GateComparison]) -> list[str]:
     arms = [a for g in gates for a in g.arms]
     lines = [f"compare to {ref}: {len(gates)} gate(s), {len(arms)} arm(s): "
-             f"{sum(a.status == 'same bits' for a in arms)} same bits, {sum(a.status == 'differs' for a in arms)} "
-             f"differ, {sum(a.status not in ('same bits', 'differs') for a in arms)} do not pair up"]
+             f"{sum(a.status == ArmStatus.SAME_BITS for a in arms)} same bits, "
+             f"{sum(a.status == ArmStatus.DIFFERS for a in arms)} differ, "
+             f"{sum(a.status not in (ArmStatus.SAME_BITS, ArmStatus.DIFFERS) for a in arms)} do not pair up"]
     timings = [t for g in gates for t in g.timing]
     if timings:
         lines.append(f"timing: {len(timings)} kernel(s) in {sum(bool(g.timing) for g in gates)} gate(s): "
-                     + ", ".join(f"{sum(t.speed == w for t in timings)} {w}" for w in ("faster", "slower", "same speed")))
+                     + ", ".join(f"{sum(t.speed == w for t in timings)} {w}" for w in Speed))
     for g in gates:
         if not g.arms and not g.timing:
             continue
@@ -69,12 +70,12 @@ def timing_text(t: KernelTiming) -> str:
 
 
 def arm_text(a: ArmComparison) -> str:
-    if a.status == "differs":
+    if a.status == ArmStatus.DIFFERS:
         f = a.first
         return (f"differs: {a.differing} of {a.elements} elements; first at {f['index']}: REF {f['ref']} "
                 f"({f['ref_bits']}), today {f['today']} ({f['today_bits']}); ULPs max {a.ulps['max']}, median "
                 f"{a.ulps['median']:g}, {a.ulps['histogram']}")
-    return a.status + (f" ({a.note})" if a.note else "")
+    return f"{a.status}" + (f" ({a.note})" if a.note else "")
 
 
 def write_reports(report_dir: Path, ref: str, gates: list[GateComparison]) -> tuple[Path, Path]:
