@@ -244,7 +244,7 @@ class _Progress:
             self.nodes[node] = self.nodes.get(node, 0) + 1
         if self.live:
             self.progress.update(self.task, counts=self._counts())
-        elif v in ("survived", "no-coverage"):
+        elif result.verdict in (Verdict.SURVIVED, Verdict.NO_COVERAGE):
             m = result.mutant
             self.console.print(f"  {v}: {m.file}:{m.start_line}:{m.start_col} {m.id} {m.operator} "
                                f"{m.original!r} -> {m.replacement!r}", markup=False)

@@ -19,6 +19,7 @@ Our verdicts onto Stryker's statuses, ours kept in `statusReason`:
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 
 from harness.mutate.operators import OPERATORS
@@ -27,29 +28,44 @@ from harness.mutate.verdicts import MutantResult, Verdict, scores, total_score
 SCHEMA_VERSION = "2"
 THRESHOLDS = {"high": 80, "low": 60}
 
+class Status(str, Enum):
+    """The statuses of Stryker's schema that `mutation.json` writes (its values, as written)."""
+
+    KILLED = "Killed"
+    SURVIVED = "Survived"
+    NO_COVERAGE = "NoCoverage"
+    COMPILE_ERROR = "CompileError"
+    TIMEOUT = "Timeout"
+    IGNORED = "Ignored"
+    PENDING = "Pending"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 STATUS = {
-    Verdict.KILLED: "Killed",
-    Verdict.KILLED_BY_TRAP: "Killed",
-    Verdict.TIMEOUT: "Timeout",
-    Verdict.SURVIVED: "Survived",
-    Verdict.NO_COVERAGE: "NoCoverage",
-    Verdict.COMPILE_ERROR: "CompileError",
-    Verdict.EQUIVALENT: "Ignored",
-    Verdict.PENDING: "Pending",
+    Verdict.KILLED: Status.KILLED,
+    Verdict.KILLED_BY_TRAP: Status.KILLED,
+    Verdict.TIMEOUT: Status.TIMEOUT,
+    Verdict.SURVIVED: Status.SURVIVED,
+    Verdict.NO_COVERAGE: Status.NO_COVERAGE,
+    Verdict.COMPILE_ERROR: Status.COMPILE_ERROR,
+    Verdict.EQUIVALENT: Status.IGNORED,
+    Verdict.PENDING: Status.PENDING,
 }
 
 
-def stryker_status(r: MutantResult) -> tuple[str, str]:
+def stryker_status(r: MutantResult) -> tuple[Status, str]:
     """(status, statusReason) for one result."""
     if r.verdict is Verdict.DUPLICATE:
         twin = r.effective or Verdict.PENDING
-        return STATUS.get(twin, "Pending"), f"duplicate of {r.duplicate_of}"
+        return STATUS.get(twin, Status.PENDING), f"duplicate of {r.duplicate_of}"
     if r.verdict is Verdict.EQUIVALENT:
-        return "Ignored", "equivalent: identical cubin"
+        return Status.IGNORED, "equivalent: identical cubin"
     if r.verdict is Verdict.KILLED_BY_TRAP:
         prefix = "killed by a fault in a memory-safety gate" if r.memory_safety else "killed by a trap only"
         reason = r.reason if r.reason.startswith(prefix) else f"{prefix}: {r.reason}"
-        return "Killed", reason
+        return Status.KILLED, reason
     return STATUS[r.verdict], f"{r.verdict.value}: {r.reason}" if r.reason else r.verdict.value
 
 

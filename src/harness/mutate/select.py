@@ -30,6 +30,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.records import Outcome
+
 
 @dataclass(frozen=True)
 class GateInfo:
@@ -188,7 +190,7 @@ class Coverage:
                 kernels=field("kernels_launched"),
                 names_faults=bool(rec.get("names_faults")),
                 gpu=bool(rec.get("gpu")),
-                passed=rec.get("outcome", "passed") == "passed",
+                passed=rec.get("outcome", Outcome.PASSED) == Outcome.PASSED,
             )
             previous = seen.get(nodeid)
             if previous is not None:  # setup/teardown lines: keep one, with the longest time
