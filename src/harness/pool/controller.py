@@ -55,8 +55,25 @@ class Received:
     last_launch: str | None = None
 
 
+class _Ended:
+    """`timed_out` and `died` read from `ending` and `why`, for the callers that still ask a
+    result so."""
+
+    ending: Ending
+    why: str | None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.ending is Ending.TIMED_OUT
+
+    @property
+    def died(self) -> str | None:
+        """Why the worker died (`why`) when that is how it ended, else None."""
+        return self.why if self.ending is Ending.DIED else None
+
+
 @dataclass
-class RunResult:
+class RunResult(_Ended):
     """What a worker did with one gate: how it ended (`ending`), what that ending carries, and
     what the pytest process notes on it after (`waited`, `unsettled`)."""
 
@@ -76,17 +93,6 @@ class RunResult:
     unsettled: str | None = None  # why a run in the trap shadow did not settle it (then it trapped for real)
 
     @property
-    def timed_out(self) -> bool:
-        """`ending is Ending.TIMED_OUT`, for the callers that still ask it so."""
-        return self.ending is Ending.TIMED_OUT
-
-    @property
-    def died(self) -> str | None:
-        """Why the worker died (`why`) when that is how it ended, else None: for the callers
-        that still ask it so."""
-        return self.why if self.ending is Ending.DIED else None
-
-    @property
     def ran_to_its_end(self) -> bool:
         """The gate gave its verdict in the worker (not cut by its deadline, a dead worker or a
         hung kernel): `seconds` is what it takes, a time worth keeping for the next run's lanes."""
@@ -94,7 +100,7 @@ class RunResult:
 
 
 @dataclass(frozen=True)
-class SetResult:
+class SetResult(_Ended):
     """What a worker did with a mutant's gates (`Worker.run_set`): one outcome each for the
     gates that ran (`harness.pool.worker.run_set`), and how the wait ended."""
 
@@ -102,14 +108,6 @@ class SetResult:
     ending: Ending
     why: str | None = None  # DIED: why the worker ended without a verdict
     last_launch: str | None = None
-
-    @property
-    def timed_out(self) -> bool:
-        return self.ending is Ending.TIMED_OUT
-
-    @property
-    def died(self) -> str | None:
-        return self.why if self.ending is Ending.DIED else None
 
     def __iter__(self):
         """(outcomes, timed_out, died, last_launch), as `harness.runs.warm` unpacks it until it
