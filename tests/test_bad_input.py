@@ -370,6 +370,21 @@ def test_an_ini_kernel_root_holding_no_cu_is_one_line_naming_the_ini_key(tmp_pat
     assert not (project / "harness-report").exists()
 
 
+@pytest.mark.parametrize("command", [("mutate", "--static"), ("controls", "--static"), ("cache", "info")],
+                         ids=["mutate", "controls", "cache"])
+def test_an_ini_include_dir_that_does_not_exist_is_one_usage_line_from_every_command(tmp_path, command):
+    """An IncludeDirError is a UsageError (harness.errors): the commands' one place that turns
+    bad input into its line says it, where a command does not catch it itself."""
+    project = tmp_path / "p"
+    (project / "kernels_cu").mkdir(parents=True)
+    (project / "kernels_cu" / "k.cu").write_text(KERNEL)
+    (project / "pytest.ini").write_text("[pytest]\nharness_include_dirs = missing/inc\n")
+    result = run_harness(*command, cwd=project, env={"HARNESS_CACHE_DIR": str(tmp_path / "c")})
+    assert result.returncode == 2
+    one_clear_line(result, f"include directory {project / 'missing' / 'inc'} (ini harness_include_dirs in {project}) "
+                           "does not exist or is not a folder")
+
+
 # ------------------------------------------------------------------ more bad input to the commands (issue 49)
 
 
