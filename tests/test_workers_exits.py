@@ -369,7 +369,7 @@ def test_a_mutants_gates_end_as_one_set_result():
         other.send({"op": "done_set", "outcomes": outcomes, "reusable": True})  # read once it is asked
         got = worker.run_set("kernels", ["t.py::test_a"], deadline=5, stop_on_kill=True, reuse=True)
         assert got == controller.SetResult(outcomes, controller.Ending.VERDICT)
-        assert tuple(got) == (outcomes, False, None, None) and worker.alive and worker.served == 1
+        assert not got.timed_out and got.died is None and worker.alive and worker.served == 1
         other.close()
         got = worker.run_set("kernels", ["t.py::test_a"], deadline=5, stop_on_kill=True, reuse=True)
         assert (got.ending, got.outcomes, got.died) == (controller.Ending.DIED, [], got.why) and got.why

@@ -23,13 +23,15 @@ def worker_reports(gpu: GpuGates, recorder: "Recorder", item: pytest.Item, resul
                    deadline: float, source: str, worker: controller.Worker) -> list:
     """The phase reports of a GPU gate run in a pool worker: its own, or ones made here for a
     timeout, a dead worker or a trap gate's verdict."""
+    from harness.pool.controller import Ending
+
     facts = [("worker", worker.name)]
     if result.phases:
         facts.append(("worker_phases", " ".join(f"{k}={v:g}" for k, v in result.phases.items())))
     if worker.device:
         facts += [("device", worker.device.get("name", "")), ("device_ordinal", str(worker.device.get("ordinal", ""))),
                   ("device_uuid", worker.device.get("uuid", ""))]
-    if result.timed_out:
+    if result.ending is Ending.TIMED_OUT:
         launched = (f"the last kernel launched was {result.last_launch}" if result.last_launch
                     else "no kernel had been launched through harness.kernels yet")
         text = (f"timeout: the gate did not finish within its deadline of {deadline:g} s ({source}); {launched}. "
@@ -41,7 +43,7 @@ def worker_reports(gpu: GpuGates, recorder: "Recorder", item: pytest.Item, resul
         return synthetic(item, Outcome.FAILED.value, text,
                          facts + [("route", Route.TIMEOUT.value), ("first_failure_line", line)],
                          duration=result.seconds)
-    if result.hung_in is not None:
+    if result.ending is Ending.STOPPED:
         kernel, where = result.hung_in
         line = f"stopped at its launch of {kernel}, which hung in {where}"
         text = (f"not waited for: this gate launched {kernel}, the last kernel launched when {where} ran past its "
@@ -52,11 +54,11 @@ def worker_reports(gpu: GpuGates, recorder: "Recorder", item: pytest.Item, resul
         return synthetic(item, Outcome.FAILED.value, text,
                          facts + [("route", Route.ERROR.value), ("first_failure_line", line)],
                          duration=result.seconds)
-    if result.died is not None:
+    if result.ending is Ending.DIED:
         tail = gpu.pool.log_tail() if gpu.pool is not None else ""
-        text = f"{result.died}; the worker's output ended:\n{tail}" if tail else result.died
+        text = f"{result.why}; the worker's output ended:\n{tail}" if tail else result.why
         return synthetic(item, Outcome.FAILED.value, text,
-                         facts + [("route", Route.ERROR.value), ("first_failure_line", result.died)],
+                         facts + [("route", Route.ERROR.value), ("first_failure_line", result.why)],
                          duration=result.seconds)
     config = item.config
     reports = [report_from_worker(config, d) for d in result.reports]

@@ -27,6 +27,7 @@ import pytest
 
 from harness import _settings, coverage, cufiles, device, usage
 from harness._settings import DEFAULT_DEADLINE, GATES_INI, SANITIZER_DEADLINE_FACTOR
+from harness.errors import as_pytest_usage
 from harness.gate_verdicts import Recorder, run_facts, worker_reports
 from harness.gate_reports import properties, props_of, synthetic
 from harness.kinds import (MARKERS, REQUIRE_GPU_ENV, check_kinds, claim, foreign_markers, gate_key, is_gate, is_gpu,
@@ -126,11 +127,6 @@ def _trace(event: str) -> None:
 _trace("plugin imported")  # the first line fixes the time base its children share
 
 
-def _usage(exc: Exception) -> pytest.UsageError:
-    """A harness usage error as pytest's, in the one spelling every such line has."""
-    return pytest.UsageError(f"harness: {exc}")
-
-
 def _ini(config: pytest.Config):
     def read(key: str):
         value = config.getini(key)
@@ -143,7 +139,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     if config.option.harness_child_timeout is not None:
-        raise _usage("--harness-child-timeout was removed: every GPU gate now runs under a per-gate deadline; pass "
+        raise as_pytest_usage("--harness-child-timeout was removed: every GPU gate now runs under a per-gate deadline; pass "
                      "--harness-deadline S (or the ini key harness_deadline)")
     role = config.stash[role_key] = Role.of(config)
     reason = opt_in_reason(config)
@@ -179,7 +175,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
                                     sanitize=bool(opt.sanitize), rootdir=config.rootpath, ini=_ini(config),
                                     cache_option="--harness-cache-dir")
     except (IncludeDirError, UsageError) as exc:
-        raise _usage(exc) from None
+        raise as_pytest_usage(exc) from None
     settings = project.settings
     notes = [] if role.serving else _setting_notes(config, role, project.gate_paths)
     if project.kernel_root_explicit and not role.serving:
@@ -189,21 +185,21 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
         problem = usage.kernel_root_problem(settings.kernel_root, project.kernel_root_source,
                                             needs_cu=not named_in_ini)
         if problem:
-            raise _usage(problem)
+            raise as_pytest_usage(problem)
         empty = usage.kernel_root_problem(settings.kernel_root, project.kernel_root_source) if named_in_ini else None
         if empty:  # it runs, but compiles nothing: the summary says so in one line
             notes.append(f"harness: {empty}")
     if project.cache_source != "the default" and not role.serving:
         problem = usage.folder_problem(settings.cache_dir, project.cache_source, "the compiled cubins")
         if problem:
-            raise _usage(problem)
+            raise as_pytest_usage(problem)
     if opt.arch:
         from harness.arch import ArchError, check_arch
 
         try:
             check_arch(opt.arch)
         except ArchError as exc:
-            raise _usage(exc) from None
+            raise as_pytest_usage(exc) from None
     sanitizer_cmd = None
     if opt.sanitize and not role.serving:
         from harness import sanitizer
@@ -211,7 +207,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
         try:
             sanitizer_cmd = tuple(sanitizer.command(opt.sanitize, sanitizer.find_binary()))
         except sanitizer.SanitizerError as exc:
-            raise _usage(exc) from None
+            raise as_pytest_usage(exc) from None
     run = config.stash[run_key] = HarnessRun(
         opted_in_by=reason, role=role, settings=settings, gate_paths=project.gate_paths,
         require_gpu=bool(opt.require_gpu) or os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0"),
@@ -379,7 +375,7 @@ def gate_deadline(item: pytest.Item, run: HarnessRun) -> tuple[float, str]:
             return positive_seconds(str(raw), "@pytest.mark.deadline", "",
                                     fix="write e.g. @pytest.mark.deadline(120)"), "its deadline marker"
         except UsageError as exc:
-            raise _usage(f"{item.nodeid}: {exc}") from None
+            raise as_pytest_usage(f"{item.nodeid}: {exc}") from None
     return run.settings.deadline, run.settings.deadline_source
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness import device
+from harness.errors import as_pytest_usage
 
 if TYPE_CHECKING:
     from harness.plugin_state import GpuGates, HarnessRun, Role
@@ -39,7 +40,7 @@ def new_pool(run: HarnessRun, config: pytest.Config, fork: bool = False) -> cont
     try:
         pool = controller.Pool(pool_config)
     except controller.PoolError as exc:  # a temp dir too deep for the pool's socket: the fix is the user's
-        raise pytest.UsageError(str(exc)) from None
+        raise as_pytest_usage(exc) from None
     pool_config.sanitizer_log_dir = pool.tmp
     if config.getoption("harness_wait_hung", False):
         pool.hung = None  # every gate waits its own deadline, whatever hung before it
@@ -139,9 +140,9 @@ def refuse_without_device(run: HarnessRun, probe: dict) -> None:
         return
     why = probe.get("error") or "no CUDA device was found"
     if run.require_gpu:
-        raise pytest.UsageError(f"harness: --require-gpu: {why}")
+        raise as_pytest_usage(f"--require-gpu: {why}")
     if run.sanitize:
-        raise pytest.UsageError(f"harness: --sanitize {run.sanitize} needs a CUDA device to run the gates on: {why}; "
+        raise as_pytest_usage(f"--sanitize {run.sanitize} needs a CUDA device to run the gates on: {why}; "
                                 "run it on a machine with a GPU, or drop --sanitize")
 
 
@@ -194,10 +195,12 @@ def shadow_unsettled(result) -> str | None:
     """Why a trap gate's run in the trap shadow does not settle its verdict, or None when it
     does: it counted a guard, or ended in a device fault (a guard counted before it, or one the
     real run has too: harness.trap_shadow). The shadow settles only a pass."""
-    if result.timed_out:
+    from harness.pool.controller import Ending
+
+    if result.ending is Ending.TIMED_OUT:
         return "it ran past its deadline in the trap shadow"
-    if result.died:
-        return f"its worker died in the trap shadow: {result.died}"
+    if result.ending is Ending.DIED:
+        return f"its worker died in the trap shadow: {result.why}"
     if result.shadow_hits or result.poisoned:
         return None
     return "it counted no guard in the trap shadow"
@@ -215,7 +218,7 @@ def lanes_wanted(role: Role, sanitize: str | None, config: pytest.Config) -> int
     try:
         n = lanes.lanes_value(raw)
     except ValueError as exc:
-        raise pytest.UsageError(f"harness: {exc}") from None
+        raise as_pytest_usage(exc) from None
     return lanes.auto_lanes() if n == "auto" else n
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.errors import as_pytest_usage
+
 DURATIONS_INI = "harness_shard_durations"
 DEFAULT_DURATIONS = "harness-report/gates.json"
 
@@ -95,7 +97,7 @@ def durations_file(config: pytest.Config) -> Path | None:
         path = Path(given)
         path = path if path.is_absolute() else (Path.cwd() if config.option.shard_durations else config.rootpath) / path
         if not path.is_file():
-            raise pytest.UsageError(f"harness: --shard-durations {path} is not a file: pass the gates.json of an "
+            raise as_pytest_usage(f"--shard-durations {path} is not a file: pass the gates.json of an "
                                     "earlier run (--harness-report DIR writes DIR/gates.json)")
         return path
     default = config.rootpath / DEFAULT_DURATIONS
@@ -112,7 +114,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     try:
         durations = read_durations(path) if path is not None else {}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise pytest.UsageError(f"harness: {path} holds no gate durations ({exc}): pass the gates.json of an earlier "
+        raise as_pytest_usage(f"{path} holds no gate durations ({exc}): pass the gates.json of an earlier "
                                 "run with --shard-durations") from None
     groups = split([(it.nodeid, it.get_closest_marker("trap") is not None) for it in items], durations, shard.count)
     kept = [it for it, g in zip(items, groups) if g == shard.index - 1]

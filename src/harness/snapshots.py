@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from harness.child import ARMS_OUT_CHANNEL, COMPARE_TIMING_CHANNEL
+from harness.errors import CheckFailed, HarnessError, as_pytest_usage
 from harness.kinds import owned
 
 SNAPSHOT_DIR = "__snapshots__"
@@ -38,11 +39,11 @@ PROPERTY = "snapshot"  # the user property (JUnit, gates.json) that says what th
 STORED = re.compile(r"stored (\d+) arm\(s\) in (.+)")  # the property's text when --snapshot-update stored one
 
 
-class SnapshotMoved(AssertionError):
+class SnapshotMoved(CheckFailed):
     """An arm output's bits differ from its snapshot's."""
 
 
-class SnapshotNotStored(RuntimeError):
+class SnapshotNotStored(HarnessError, RuntimeError):
     """--snapshot-update could not write a gate's snapshot."""
 
 
@@ -80,7 +81,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         seen.add(folder)
         problem = place_problem(folder)
         if problem:
-            raise pytest.UsageError(f"harness: --snapshot-update cannot store the bit snapshots of "
+            raise as_pytest_usage(f"--snapshot-update cannot store the bit snapshots of "
                                     f"{shown_path(Path(item.path), config.rootpath)} in {shown_path(folder, config.rootpath)}: "
                                     f"{problem}")
 

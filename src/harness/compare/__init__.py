@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.kinds import kinds_of
 from harness.child import ARMS_OUT_CHANNEL, COMPARE_TIMING_CHANNEL, LAUNCHERS_OF_CHANNEL
+from harness.errors import as_pytest_usage
+from harness.kinds import kinds_of
 from harness.timing import DEFAULT_REPEAT, DEFAULT_WARMUP
 from harness.usage import UsageError
 
@@ -78,7 +79,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     problem = usage_problem(config, ref)
     if problem:
-        raise pytest.UsageError(f"harness: {problem}")
+        raise as_pytest_usage(problem)
 
 
 def usage_problem(config: pytest.Config, ref: str) -> str | None:
@@ -227,7 +228,7 @@ def compare(session: pytest.Session, run, pool_warm: bool, ref: str, items: list
                 executor.close()
             result = [compare_gate(g, (kinds[g] or [""])[0], folders, sides) for g in gates]
     except UsageError as exc:
-        raise pytest.UsageError(f"harness: {exc}") from None
+        raise as_pytest_usage(exc) from None
     finally:
         for k, v in previous.items():
             if v is None:

@@ -109,11 +109,6 @@ class SetResult(_Ended):
     why: str | None = None  # DIED: why the worker ended without a verdict
     last_launch: str | None = None
 
-    def __iter__(self):
-        """(outcomes, timed_out, died, last_launch), as `harness.runs.warm` unpacks it until it
-        reads the fields."""
-        return iter((self.outcomes, self.timed_out, self.died, self.last_launch))
-
 
 class Hung:
     """The kernels that were the last launched when a gate ran past its deadline, each with

@@ -203,9 +203,9 @@ class WarmExecutor(Executor):
         passed: set[str] = set()
         while gates:
             worker = self._take()
-            got, timed_out, died, _ = worker.run_set(str(kernel_root), gates, deadline, False, reuse=True,
-                                                     trap_shadow=gates)
+            ran = worker.run_set(str(kernel_root), gates, deadline, False, reuse=True, trap_shadow=gates)
             self._give_back(worker)
+            got = ran.outcomes
             for o in got:
                 if o["outcome"] == Outcome.PASSED and o.get("shadow_hits"):
                     passed.add(o["nodeid"])
@@ -216,8 +216,10 @@ class WarmExecutor(Executor):
                                             f"{o.get('shadow_hits')} guard(s) counted"
                                             + (f": {o['first_failure_line']}" if o.get("first_failure_line") else ""))
             done = {o["nodeid"] for o in got}
-            if timed_out or died:
-                why_not.update({g: f"the wiring check's worker {'ran past its deadline' if timed_out else died}"
+            if ran.ending is not controller.Ending.VERDICT:
+                why_not.update({g: "the wiring check's worker " + ("ran past its deadline"
+                                                                   if ran.ending is controller.Ending.TIMED_OUT
+                                                                   else str(ran.why))
                                 for g in gates if g not in done})
                 break
             if not done:
@@ -303,16 +305,17 @@ class WarmExecutor(Executor):
                 crashed = str(exc)
                 break
             waited += time.monotonic() - asked
-            got, timed_out, died, last = worker.run_set(str(mutant_sandbox), remaining, left, self.stop_on_kill,
-                                                        reuse=self.reuse, gate_deadlines=self.gate_deadlines,
-                                                        trap_shadow=[g for g in remaining if g in self.shadow_gates])
-            self._count_set(worker, got, timed_out or bool(died))
+            ran = worker.run_set(str(mutant_sandbox), remaining, left, self.stop_on_kill, reuse=self.reuse,
+                                 gate_deadlines=self.gate_deadlines,
+                                 trap_shadow=[g for g in remaining if g in self.shadow_gates])
+            got, timed_out = ran.outcomes, ran.ending is controller.Ending.TIMED_OUT
+            self._count_set(worker, got, ran.ending is not controller.Ending.VERDICT)
             self._give_back(worker)
-            if timed_out or died:
-                crashed = died
+            if ran.ending is not controller.Ending.VERDICT:
+                crashed = ran.died
                 if timed_out:
                     note = f"{worker.current_gate or 'its gates'} ran past its deadline" + \
-                        (f"; the last kernel launched was {last}" if last else "")
+                        (f"; the last kernel launched was {ran.last_launch}" if ran.last_launch else "")
                 break
             for o in got:
                 outcomes.append(GateOutcome(o["nodeid"], o["outcome"], o["route"], o["first_failure_line"],
