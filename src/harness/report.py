@@ -12,7 +12,6 @@ from harness.errors import UsageError
 # the items harness.cufiles collects, one per `.cu` under the kernel root.
 from harness.records import MESSAGE_LIMIT, RECORD_VERSION, GateRecord, Outcome, Route  # noqa: F401  (re-exported)
 
-KINDS = ("anchor", "link", "invariance", "determinism", "refusal", "trap", "structural", "compile")
 
 
 def classify_route(exc: BaseException) -> Route:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import io
 
 from harness.records import Outcome, Route
-from harness.report import KINDS, GateRecord, summarize
+from harness.kinds import KINDS
+from harness.report import GateRecord, summarize
 
 OUTCOMES = (Outcome.PASSED, Outcome.FAILED, Outcome.ERROR, Outcome.SKIPPED)
 STYLE = {Outcome.PASSED: "green", Outcome.FAILED: "bold red", Outcome.ERROR: "bold red", Outcome.SKIPPED: "yellow"}
