@@ -38,7 +38,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             or config.option.dist != "no" or config.option.usepdb or config.option.collectonly
             or getattr(config.option, "compare_to", None) is not None):
         return
-    from harness.device import _driver_present
+    from harness.core.device import _driver_present
 
     if not _driver_present():
         config.option.numprocesses = "auto"

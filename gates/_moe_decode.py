@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness import buffers
-from harness.buffers import assert_untouched, filled
-from harness.caching import host_cache
-from harness.dtypes import bf16, to_bf16
+from harness.library import buffers
+from harness.library.buffers import assert_untouched, filled
+from harness.library.caching import host_cache
+from harness.library.dtypes import bf16, to_bf16
 from kernels_cu import moe_decode as moe
 from kernels_cu import nvfp4_gemv
 from oracles import moe_decode as od
@@ -178,7 +178,7 @@ def final_designed_inputs(shape: Shape):
 
 def guarded(shape, dtype):
     """An output holding its dtype's sentinel between sentinel guards
-    (`harness.buffers.guarded`): (the view, the whole allocation)."""
+    (`harness.library.buffers.guarded`): (the view, the whole allocation)."""
     return buffers.guarded(shape, dtype, sentinel_of(dtype))
 
 

@@ -24,8 +24,8 @@ import functools
 import re
 from dataclasses import dataclass
 
-from harness.source import FunctionSource, SourceError, calls_in, strip_comments_and_literals
-from harness.source import function as _function
+from harness.library.source import FunctionSource, SourceError, calls_in, strip_comments_and_literals
+from harness.library.source import function as _function
 
 PARTIAL = "nvfp4_partial"
 TABLE_SOURCE = "E2M1_LUT"  # the __constant__ table (nvfp4_dot.cuh) every staged copy is made from
@@ -35,7 +35,7 @@ ANY_BARRIER = re.compile(r"(?<!\w)(__syncthreads|__syncwarp|__barrier_sync)\s*\(
 
 @functools.lru_cache(maxsize=64)
 def function(src: str, name: str) -> FunctionSource:
-    """harness.source.function, once a (text, name): the claims look the same kernels up often."""
+    """harness.library.source.function, once a (text, name): the claims look the same kernels up often."""
     return _function(src, name)
 
 

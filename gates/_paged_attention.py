@@ -15,8 +15,9 @@ from functools import partial
 import numpy as np
 import pytest
 
-from harness import buffers, host_cache, rel_rms
-from harness.dtypes import bf16
+from harness import host_cache, rel_rms
+from harness.library import buffers
+from harness.library.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
@@ -191,7 +192,7 @@ def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = 
 
 
 def run_paged_decode_guarded(dc: DeviceCase, *, merge: str) -> tuple[np.ndarray, object]:
-    """run_paged_decode into an output between OUT_SENTINEL guards (`harness.buffers.guarded`):
+    """run_paged_decode into an output between OUT_SENTINEL guards (`harness.library.buffers.guarded`):
     (the output, bf16 on the host; the whole allocation, for `assert_guards_untouched`)."""
     out, whole = buffers.guarded(dc.host.q.shape, np.uint16, OUT_SENTINEL)
     return run_paged_decode(dc, merge=merge, out=out), whole

@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from harness import buffers
-from harness.bits import assert_bits_eq
-from harness.dtypes import bf16, bits_of, from_bits
+from harness.library import buffers
+from harness.library.bits import assert_bits_eq
+from harness.library.dtypes import bf16, bits_of, from_bits
 from kernels_cu import qk_rope as launcher
 from oracles import qk_rope as design
 from oracles.paged_layout import PagedKvLayout
@@ -70,7 +70,7 @@ class QkData:
         """An array of `shape` whose every bf16 element holds `bits`."""
         if not self.on_device:
             return np.full(shape, bits, dtype=np.uint16).view(bf16)
-        from harness.buffers import filled
+        from harness.library.buffers import filled
 
         return filled(shape, bf16, bits)
 
@@ -269,7 +269,7 @@ GUARD = buffers.GUARD  # filler elements before and after each output buffer: tw
 
 def fenced_inputs(data: QkData) -> QkData:
     """The same designed inputs, each a view between NaN fences a whole buffer long
-    (`harness.buffers.fenced`): a read up to a buffer before or past an input (a head row, a
+    (`harness.library.buffers.fenced`): a read up to a buffer before or past an input (a head row, a
     weight, a cos/sin row walked an element too far) puts a NaN into an output, and the gate
     fails by assertion; a read further away faults, which is this gate's verdict too."""
     return replace(data, **{name: None if a is None else buffers.fenced(a) for name, a in data.host.items()})
@@ -277,7 +277,7 @@ def fenced_inputs(data: QkData) -> QkData:
 
 def guarded(shape, inside_bits: int):
     """A bf16 output of `shape` holding `inside_bits` between FILLER guards
-    (`harness.buffers.guarded`): (the view, the whole allocation)."""
+    (`harness.library.buffers.guarded`): (the view, the whole allocation)."""
     return buffers.guarded(shape, bf16, FILLER, inside_bits=inside_bits)
 
 
@@ -525,7 +525,7 @@ def guards_admit_valid_boundary_metadata(data: QkData) -> None:
 
     A guard one too strict (or always firing) traps here: this gate catches the fault and fails
     by its own assertion, instead of a link dying by a trap no gate would have named."""
-    from harness.device import is_cuda_error
+    from harness.core.device import is_cuda_error
 
     s = design.ORIGIN0_SCENARIO
     assert data.num_tokens == s.num_tokens

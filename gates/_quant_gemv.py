@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness import host_cache
-from harness.buffers import BF16_SENTINEL, fenced, filled, to_device, to_host
-from harness.dtypes import bf16, to_bf16
+from harness.library.buffers import BF16_SENTINEL, fenced, filled, to_device, to_host
+from harness.library.dtypes import bf16, to_bf16
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
 from oracles.quant_gemv import (Fp8GemvCase, Fp8Inputs, LmHeadCase, Nvfp4Case, lm_head_block_partials,
                                 lm_head_edge_case, lm_head_positional_case)

@@ -2,7 +2,7 @@
 
 For the structural gates of thread roles (`gates/test_lm_head_structure.py`,
 `gates/test_thread_roles.py`): the source is parsed with the tree-sitter CUDA grammar the
-mutation campaign uses (`harness.cuda_syntax`), and a kernel's index expressions are
+mutation campaign uses (`harness.compiling.cuda_syntax`), and a kernel's index expressions are
 evaluated for every thread of a block, with `threadIdx.x` and `blockDim.x` bound and the
 kernel's runtime sizes bound to trial values.
 
@@ -33,8 +33,8 @@ import functools
 import re
 
 from gates._warp_structure import Constants, Unevaluable, compiled, evaluate, loop_values, loop_variable, text_of
-from harness.caching import host_cache
-from harness.cuda_syntax import function_name, parse, walk
+from harness.library.caching import host_cache
+from harness.compiling.cuda_syntax import function_name, parse, walk
 
 THREAD, BLOCK = "threadIdx.x", "blockDim.x"
 WARP = 32
@@ -54,8 +54,8 @@ TEMPLATE_ARGS = {
 
 def read_kernel_file(kernel_root, file: str):
     """(constants, syntax tree) of `file` under the active kernel root, read through
-    harness.source; its quoted includes are read from the same root on demand."""
-    from harness.source import read_source
+    harness.library.source; its quoted includes are read from the same root on demand."""
+    from harness.library.source import read_source
 
     def include(name: str) -> str | None:
         path = kernel_root / name
@@ -118,8 +118,8 @@ def analysed(kernel_root, file: str, names, check, *args):
     structural gate runs first for every mutant of its file: computed afresh each time, it
     would take a large share of each mutant's time.)
     `check` must be a pure function of what it is given; it may fail the gate."""
-    from harness.includes import source_closure
-    from harness.source import read_source
+    from harness.compiling.includes import source_closure
+    from harness.library.source import read_source
 
     text = read_source(kernel_root / file)
     # the headers it includes, as the compile path finds them (the kernel root's ones, by the

@@ -1,7 +1,7 @@
 """Warp primitives read from the syntax tree, for gates/test_warp_structure.py.
 
 The source is parsed with the tree-sitter CUDA grammar exactly as the mutation generator
-parses it (`harness.cuda_syntax.parse`), so the calls, loops and arguments this module sees
+parses it (`harness.compiling.cuda_syntax.parse`), so the calls, loops and arguments this module sees
 are the ones a mutant changes.
 
 - `warp_calls(text)`: every call of a warp primitive (`__shfl_*_sync`, `__ballot_sync`,
@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from harness.cuda_syntax import function_name, parse, walk
-from harness.source import strip_comments_and_literals
+from harness.compiling.cuda_syntax import function_name, parse, walk
+from harness.library.source import strip_comments_and_literals
 
 # The first argument of each is the member mask.
 MASKED = re.compile(r"^(__shfl(_xor|_down|_up)?_sync|__ballot_sync|__any_sync|__all_sync|__uni_sync"

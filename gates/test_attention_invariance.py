@@ -2,7 +2,7 @@
 
 A serving engine launches the same sequence in batches of every size, at every place, next to
 sequences of every length, with its pages wherever the allocator put them. These gates require
-a row's output bits not to depend on any of that (harness.invariance.assert_batch_invariant),
+a row's output bits not to depend on any of that (harness.library.invariance.assert_batch_invariant),
 and a repeated launch to give the same bits (assert_deterministic). The inputs are the
 cancelling case (oracles.paged_attention.cancelling_case): its outputs' low bits are the
 rounding residue of the f32 sums, so any other grouping or order of the additions shows.
@@ -19,9 +19,10 @@ from itertools import cycle, islice
 import numpy as np
 import pytest
 
-from harness import buffers, host_cache
-from harness.dtypes import bf16
-from harness.invariance import NotBatchInvariant, assert_batch_invariant, assert_deterministic
+from harness import host_cache
+from harness.library import buffers
+from harness.library.dtypes import bf16
+from harness.library.invariance import NotBatchInvariant, assert_batch_invariant, assert_deterministic
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 

@@ -24,7 +24,7 @@ import pytest
 from gates._thread_roles import (TEMPLATE_ARGS, block_size, callee, defined, functions, memory_stores,
                                  read_kernel_file, shared_extents)
 from gates._warp_structure import Unevaluable, evaluate, line_of, text_of
-from harness.cuda_syntax import walk
+from harness.compiling.cuda_syntax import walk
 
 pytestmark = pytest.mark.structural
 

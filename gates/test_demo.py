@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from harness import assert_bits_eq
-from harness.dtypes import to_bf16
+from harness.library.dtypes import to_bf16
 from kernels_cu import demo
 
 N = 1000  # not a multiple of the block: the guarded tail is exercised
@@ -72,7 +72,7 @@ def test_gather_in_bounds_after_a_trap_gate():
     input fails this gate by assertion, naming that claim."""
     import cupy
 
-    from harness.device import guard_must_not_fire
+    from harness.core.device import guard_must_not_fire
 
     x = cupy.arange(8, dtype=cupy.float32)
     idx = cupy.asarray([7, 0, 3], dtype=cupy.int32)  # n - 1, 0 and one inside
@@ -96,14 +96,14 @@ SIZES = (1000, 1022, 4 * demo.BLOCK * demo.VEC - 2, 4 * demo.BLOCK * demo.VEC + 
 
 
 def _guarded_out(n, dtype, sentinel):
-    from harness.buffers import filled
+    from harness.library.buffers import filled
 
     whole = filled((n + 2 * PAD,), dtype, sentinel)
     return whole, whole[PAD:PAD + n]
 
 
 def _check_guards(label, whole, n, sentinel):
-    from harness.buffers import assert_untouched
+    from harness.library.buffers import assert_untouched
 
     assert_untouched(f"{label}: guard before the output", whole[:PAD], sentinel)
     assert_untouched(f"{label}: guard past the output", whole[PAD + n:], sentinel)
@@ -117,7 +117,7 @@ def _check_guards(label, whole, n, sentinel):
 def test_scale_writes_every_element_once_and_nothing_around_it(n, vectorised):
     import cupy
 
-    from harness.buffers import BF16_SENTINEL
+    from harness.library.buffers import BF16_SENTINEL
 
     # Position-dependent exact values: (i mod 251) / 8, a period prime to every block size
     # (bf16 holds each, doubling is exact), so an element written from its neighbour shows.

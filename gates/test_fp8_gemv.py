@@ -7,7 +7,7 @@ import pytest
 
 from gates._quant_gemv import SENTINEL, run_fp8_gemv, run_fp8_gemv_fenced, run_fp8_gemv_with_tail
 from harness import assert_bits_eq
-from harness.buffers import assert_untouched
+from harness.library.buffers import assert_untouched
 from kernels_cu import fp8_gemv
 from oracles.quant_gemv import fp8_chunk_sums, fp8_gemv_case, fp8_gemv_positional_case
 

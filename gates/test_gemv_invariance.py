@@ -21,7 +21,7 @@ import pytest
 from gates._quant_gemv import (SENTINEL, fp8_inputs_to_device, lm_head_to_device, nvfp4_to_device, run_fp8_gemv_tokens,
                                run_lm_head_tokens, run_nvfp4_rows)
 from harness import host_cache
-from harness.invariance import assert_batch_invariant, assert_deterministic
+from harness.library.invariance import assert_batch_invariant, assert_deterministic
 from kernels_cu import fp8_gemv, nvfp4_gemv
 from oracles.quant_gemv import fp8_outlier_case, lm_head_outlier_case, nvfp4_outlier_case
 

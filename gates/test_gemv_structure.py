@@ -1,7 +1,7 @@
 """Structural gates over the quantized GEMV sources: claims no numeric gate can see.
 
 They read the `.cu` files of the ACTIVE kernel root (a control's sandbox during a control
-run) through harness.source, and need no GPU: they run in CI.
+run) through harness.library.source, and need no GPU: they run in CI.
 
 - Launcher constants equal the `#define`s: a kernel whose outputs-per-block moved without
   its Python grid writes the wrong slice of N (numeric gates catch that only on shapes
@@ -30,8 +30,8 @@ import re
 import pytest
 
 from gates._nvfp4_table import publish_problems, staging_problems
-from harness.source import (calls_in, declared_names, define_int, function, line_of, mentions, reachable_functions,
-                           read_source)
+from harness.library.source import (calls_in, declared_names, define_int, function, line_of, mentions, reachable_functions,
+                                    read_source)
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
 
 pytestmark = pytest.mark.structural

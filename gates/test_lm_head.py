@@ -8,7 +8,7 @@ import pytest
 from gates._quant_gemv import (LmHeadGuardedRun, lm_head_edge, lm_head_partials_of, lm_head_positional, run_lm_head,
                                run_lm_head_fenced, run_lm_head_guarded)
 from harness import assert_bits_eq, assert_close
-from harness.buffers import assert_untouched
+from harness.library.buffers import assert_untouched
 from kernels_cu import lm_head
 from oracles.quant_gemv import (LM_EDGE_WINNER, LM_HEAD_HOT_ROW, LM_LONE_ROWS, LM_POS_RUNNER_UP, LM_POS_SOFTCAP,
                                  LM_POS_UNIT_CAP, LM_POS_UNIT_CAP_RS, LM_POS_V, LM_POS_WINNERS, TANHF_ULP_BOUND,

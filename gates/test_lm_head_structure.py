@@ -1,7 +1,7 @@
 """Structural gates over lm_head.cu: thread roles and shared slots no value can show.
 
 They read the `.cu` of the ACTIVE kernel root (a control's or mutant's sandbox) through
-harness.source, parse it with the tree-sitter CUDA grammar (harness.cuda_syntax) and
+harness.library.source, parse it with the tree-sitter CUDA grammar (harness.compiling.cuda_syntax) and
 evaluate the kernels' index expressions for every thread of a block. They need no GPU.
 
 Each claim is one the kernels rely on, and a wrong one breaks without a wrong value: the
@@ -30,7 +30,7 @@ import pytest
 from gates._thread_roles import (WARP, defined, first_lanes, guards, initialisers, name_of, passes,
                                  read_kernel_file, thread_env, warp_values)
 from gates._warp_structure import Unevaluable, evaluate, line_of, loop_values, text_of
-from harness.cuda_syntax import walk
+from harness.compiling.cuda_syntax import walk
 from kernels_cu import lm_head
 
 pytestmark = pytest.mark.structural

@@ -9,7 +9,7 @@ import pytest
 
 from gates import _moe_decode as g
 from harness import assert_bits_eq, assert_close, rel_rms
-from harness.dtypes import bits_of, to_bf16
+from harness.library.dtypes import bits_of, to_bf16
 from oracles import moe_decode as od
 
 shapes = pytest.mark.parametrize("shape_id", g.SHAPE_IDS)

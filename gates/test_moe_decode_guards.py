@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gates import _moe_decode as g
-from harness.dtypes import bf16, bits_of
+from harness.library.dtypes import bf16, bits_of
 from kernels_cu import moe_decode as moe
 
 T, H, I, E, K = 3, 192, 128, 13, 3
@@ -197,7 +197,7 @@ def test_expert_guard_admits_the_boundary_ids_0_and_e_minus_1():
     # gate's own failure (a guard that rejects a valid expert), reported by assertion.
     import cupy
 
-    from harness.device import guard_must_not_fire
+    from harness.core.device import guard_must_not_fire
 
     s = g.SHAPES["small-E13-H192-I128-K3-T3"]
     table = np.arange(s.e, dtype=np.int32)[::-1].copy()

@@ -20,7 +20,7 @@ import re
 import pytest
 
 from gates._nvfp4_table import publish_problems, staging_problems
-from harness.source import calls_in, declared_names, define_int, function, mentions, read_source
+from harness.library.source import calls_in, declared_names, define_int, function, mentions, read_source
 from kernels_cu import moe_decode as moe
 
 pytestmark = pytest.mark.structural

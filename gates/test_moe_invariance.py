@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from gates import _moe_decode as g
-from harness.invariance import assert_batch_invariant, assert_deterministic
+from harness.library.invariance import assert_batch_invariant, assert_deterministic
 from kernels_cu import moe_decode as moe
 from oracles import moe_decode as od
 

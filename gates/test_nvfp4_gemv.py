@@ -8,8 +8,8 @@ import pytest
 
 from gates._quant_gemv import SENTINEL, TAIL, nvfp4_to_device, run_nvfp4
 from harness import assert_bits_eq
-from harness.buffers import assert_untouched
-from harness.dtypes import bits_of
+from harness.library.buffers import assert_untouched
+from harness.library.dtypes import bits_of
 from kernels_cu import nvfp4_gemv
 from oracles.quant_gemv import nvfp4_designed, nvfp4_expected, nvfp4_random
 

@@ -10,8 +10,9 @@ See docs/paged_attention.md.
 import numpy as np
 import pytest
 
-from harness import assert_bits_eq, buffers
-from harness.dtypes import bf16
+from harness import assert_bits_eq
+from harness.library import buffers
+from harness.library.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 

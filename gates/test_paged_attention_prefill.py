@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness import assert_bits_eq
-from harness.dtypes import bf16
+from harness.library.dtypes import bf16
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 

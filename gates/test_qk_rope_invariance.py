@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 
 from gates._qk_rope import NKV, NQ
-from harness import buffers, host_cache
-from harness.dtypes import bf16
-from harness.invariance import assert_batch_invariant, assert_deterministic
-from harness.source import constexpr_int, function, read_source
+from harness import host_cache
+from harness.library import buffers
+from harness.library.dtypes import bf16
+from harness.library.invariance import assert_batch_invariant, assert_deterministic
+from harness.library.source import constexpr_int, function, read_source
 from kernels_cu import qk_rope as launcher
 from oracles import qk_rope as design
 from oracles.paged_layout import K, V, PagedKvLayout

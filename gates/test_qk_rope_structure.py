@@ -1,7 +1,7 @@
 """Structural gate over qk_rope.cu: each warp's staging row is published and released.
 
 It reads the `.cu` of the ACTIVE kernel root (a control's or mutant's sandbox) through
-harness.source and needs no GPU.
+harness.library.source and needs no GPU.
 
 Each warp owns one row of `stage_all` in shared memory. A helper that takes it (`rope`,
 `store_pool_row`: a `float* stage` parameter) has every lane store its values into the row
@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-from harness.source import function, read_source
+from harness.library.source import function, read_source
 from kernels_cu import qk_rope
 
 pytestmark = pytest.mark.structural

@@ -1,7 +1,7 @@
 """Structural gates: the FP8 GEMV, lm_head, MoE and paged-attention kernels' threads take one role each.
 
 They read the `.cu` of the ACTIVE kernel root (a control's or mutant's sandbox) through
-harness.source, parse it with the tree-sitter CUDA grammar and evaluate each kernel's index
+harness.library.source, parse it with the tree-sitter CUDA grammar and evaluate each kernel's index
 expressions for every thread of a block of its `__launch_bounds__` size (gates/_thread_roles.py).
 No GPU. (lm_head's slot bounds and warp and lane roles are in `gates/test_lm_head_structure.py`.)
 
@@ -34,7 +34,7 @@ from gates._thread_roles import (TEMPLATE_ARGS, WARP, analysed, block_size, call
                                  first_lanes, functions, initialisers, partition_problem, read_kernel_file,
                                  strided_loops, thread_env, warp_values)
 from gates._warp_structure import Unevaluable, line_of, loop_variable, text_of
-from harness.cuda_syntax import walk
+from harness.compiling.cuda_syntax import walk
 
 pytestmark = pytest.mark.structural
 

@@ -1,7 +1,7 @@
 """Structural gates: every warp primitive in the kernel sources has its canonical full-warp form.
 
 One case a source file (`.cu` and `.cuh` under the ACTIVE kernel root, read through
-harness.source, so a mutation campaign knows these gates read them); no GPU, they run in CI.
+harness.library.source, so a mutation campaign knows these gates read them); no GPU, they run in CI.
 
 Why no numeric gate can see these: on sm_90 a partial mask in converged code is undefined
 behaviour the hardware happens to tolerate, and a butterfly over offsets {17, 8, 4, 2, 1}
@@ -47,8 +47,8 @@ from gates._warp_structure import (
     text_of,
     warp_calls,
 )
-from harness.kernels import kernel_root as active_kernel_root
-from harness.source import read_source
+from harness.library.kernels import kernel_root as active_kernel_root
+from harness.library.source import read_source
 
 pytestmark = pytest.mark.structural
 
@@ -74,7 +74,7 @@ def pytest_generate_tests(metafunc):
 
 
 def read(kernel_root, source: str):
-    """(calls, problems so far, constants) of one source, read through harness.source."""
+    """(calls, problems so far, constants) of one source, read through harness.library.source."""
     path = kernel_root / source
     text = read_source(path)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.kernels import module
-from harness.launch import Refusal
+from harness.library.kernels import module
+from harness.library.launch import Refusal
 
 BLOCK = 256
 VEC = 4

@@ -2,15 +2,15 @@
 
 `check_fp8_gemv_args` validates shapes and dtypes on plain Python values and works on numpy
 arrays (refusal gates run it with no GPU); `run_fp8_gemv` calls it before any launch. The
-array checks come from `harness.launch`.
+array checks come from `harness.library.launch`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from harness.kernels import module
-from harness.launch import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, Refusal, check_aligned, check_array
+from harness.library.kernels import module
+from harness.library.launch import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, Refusal, check_aligned, check_array
 
 SOURCE = "fp8_gemv.cu"
 THREADS = 256  # FP8_GEMV_THREADS

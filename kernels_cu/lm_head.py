@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from harness.kernels import module
-from harness.launch import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, Refusal, check_aligned, check_array
+from harness.library.kernels import module
+from harness.library.launch import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, Refusal, check_aligned, check_array
 
 I32_DTYPES = (np.dtype(np.int32),)
 

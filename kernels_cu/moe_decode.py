@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.dtypes import bf16, fp8_e4m3
-from harness.kernels import module
-from harness.launch import Refusal
+from harness.library.dtypes import bf16, fp8_e4m3
+from harness.library.kernels import module
+from harness.library.launch import Refusal
 
 SOURCE = "moe_decode.cu"
 THREADS = 256  # #define MOE_THREADS

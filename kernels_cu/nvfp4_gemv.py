@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.kernels import module
-from harness.launch import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, Refusal, check_aligned, check_array
+from harness.library.kernels import module
+from harness.library.launch import BF16_DTYPES, E4M3_DTYPES, F32_DTYPES, Refusal, check_aligned, check_array
 
 SOURCE = "nvfp4_gemv.cu"
 N_PER_BLOCK = 4  # #define N_PER_BLOCK: base outputs a block

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.kernels import module
-from harness.launch import Refusal, check_int32_vector, ptr_or_null, require
+from harness.library.kernels import module
+from harness.library.launch import Refusal, check_int32_vector, ptr_or_null, require
 
 SOURCE = "paged_attention.cu"
 PAGE = 16

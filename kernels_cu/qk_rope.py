@@ -18,8 +18,8 @@ from functools import partial
 
 import numpy as np
 
-from harness.dtypes import bf16
-from harness.launch import Refusal, check_dtype, check_int32_vector, check_shape, shape_of
+from harness.library.dtypes import bf16
+from harness.library.launch import Refusal, check_dtype, check_int32_vector, check_shape, shape_of
 
 SOURCE = "qk_rope.cu"
 HEAD_DIMS = (256, 512)
@@ -153,7 +153,7 @@ def check_pool(heads: Heads, pool, *, page_size: int, num_layers: int, layer: in
 
 
 def _kernel(name: str):
-    from harness.kernels import module
+    from harness.library.kernels import module
 
     return module(SOURCE, name_expressions=NAME_EXPRESSIONS).get(name)
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.dtypes import (bf16, bits_of, decode_e4m3, fp8_e4m3, from_bits, to_bf16, to_fp4_e2m1,
-                            to_fp8_e4m3_saturating, unpack_fp4)
+from harness.library.dtypes import (bf16, bits_of, decode_e4m3, fp8_e4m3, from_bits, to_bf16, to_fp4_e2m1,
+                                    to_fp8_e4m3_saturating, unpack_fp4)
 
 GROUP = 16
 ANCHOR_EPS = 2.0**-10

@@ -8,7 +8,7 @@
 - `permuted_pool`: the same pages in a shuffled pool behind a page map whose physical page 0
   is filled with NaN and receives every page no row may see.
 
-bf16 arrays here are ml_dtypes bfloat16 (harness.dtypes.bf16). Layouts follow
+bf16 arrays here are ml_dtypes bfloat16 (harness.library.dtypes.bf16). Layouts follow
 kernels_cu/paged_attention.py: q [rows, nh, hd], pools [pages, nkv, 16, hd].
 
 The needle gap. Scores are s = q . k with scale 1 and q = 1 in every element, so s is the sum
@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from harness.dtypes import bf16, from_bits
+from harness.library.dtypes import bf16, from_bits
 
 PAGE = 16
 NAN_BF16 = 0x7FC0

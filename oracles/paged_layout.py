@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.dtypes import bf16, bits_of, from_bits
+from harness.library.dtypes import bf16, bits_of, from_bits
 
 K = 0
 V = 1

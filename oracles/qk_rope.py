@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.dtypes import bf16, bits_of, to_bf16
+from harness.library.dtypes import bf16, bits_of, to_bf16
 
 EPS = 1e-6
 MAGNITUDES = (0.5, 1.0, 1.5, 2.0, 3.0, 0.75)  # bf16-exact, m^2 has few significant bits

@@ -6,7 +6,7 @@ inputs make every partial sum exactly representable in f32, so every order gives
 same f32 sum and the bf16 rounding of it is the only rounding. Builders check their own
 exactness precondition and raise when a shape breaks it.
 
-Decoding of e4m3 and e2m1 goes through harness.dtypes (ml_dtypes), never hand-rolled bits.
+Decoding of e4m3 and e2m1 goes through harness.library.dtypes (ml_dtypes), never hand-rolled bits.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.dtypes import (
-    decode_e2m1,
-    decode_e4m3,
-    pack_fp4,
-    to_bf16,
-    to_fp8_e4m3,
-    unpack_fp4,
-)
+from harness.library.dtypes import (
+                                    decode_e2m1,
+                                    decode_e4m3,
+                                    pack_fp4,
+                                    to_bf16,
+                                    to_fp8_e4m3,
+                                    unpack_fp4,
+                                    )
 
 F32_EXACT = 2.0**24  # integers below this are exact in f32
 
@@ -374,7 +374,7 @@ def lm_head_lone_candidate_case() -> LmHeadCase:
 def lm_head_exact_logits(case: LmHeadCase) -> np.ndarray:
     """`f32_logits` of a case's own bits (h bf16, E e4m3, rs f32): refused unless every dot
     and logit is exact in f32."""
-    from harness.dtypes import decode_e4m3
+    from harness.library.dtypes import decode_e4m3
 
     with np.errstate(invalid="ignore"):  # rs = inf times a zero dot: NaN, as on the device
         return f32_logits(case.rs, case.h.astype(np.float64) @ decode_e4m3(case.E).astype(np.float64).T)

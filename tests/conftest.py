@@ -38,8 +38,8 @@ def _fresh_runs_allowed_again():
 @pytest.fixture
 def settings_in_effect():
     """`settings_in_effect(settings)` makes them the settings in effect for the rest of the test
-    (as a run's owner binds its own: harness._settings.bind); undone at its end."""
-    from harness import _settings
+    (as a run's owner binds its own: harness.core.settings.bind); undone at its end."""
+    from harness.core import settings as _settings
 
     tokens = []
 

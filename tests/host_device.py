@@ -1,5 +1,5 @@
 """A numpy stand-in for the device in host tests of memory-safety gates: CuPy's copies to the
-device become host arrays, so a gate's fenced inputs and guarded outputs (`harness.buffers`,
+device become host arrays, so a gate's fenced inputs and guarded outputs (`harness.library.buffers`,
 unchanged) are numpy views into one allocation each, and an emulated kernel writes through
 the same views."""
 
@@ -40,5 +40,5 @@ def store_before(view, bits=0) -> None:
 
 @pytest.fixture
 def host_buffers(monkeypatch):
-    """`harness.buffers` as it is, over a CuPy whose device copies are numpy arrays."""
+    """`harness.library.buffers` as it is, over a CuPy whose device copies are numpy arrays."""
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=np.asarray))

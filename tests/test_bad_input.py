@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.arch import ArchError, check_arch
-from harness.compile import CompileError, compile_file, declared_name_expressions
-from harness.cubin_cache import CacheNotWritable, _warned_caches
-from harness.modsettings import LauncherError
+from harness.compiling.arch import ArchError, check_arch
+from harness.compiling.compile import CompileError, compile_file, declared_name_expressions
+from harness.compiling.cubin_cache import CacheNotWritable, _warned_caches
+from harness.compiling.modsettings import LauncherError
 from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -265,7 +265,7 @@ def test_a_harness_cache_dir_that_is_a_file_is_a_usage_error_in_pytest(tree, tmp
 
 
 def test_commands_resolve_settings_by_the_rules_pytest_uses(tmp_path, monkeypatch):
-    from harness import _settings
+    from harness.core import settings as _settings
 
     project = tmp_path / "p"
     (project / "src" / "k").mkdir(parents=True)
@@ -292,7 +292,7 @@ def test_commands_resolve_settings_by_the_rules_pytest_uses(tmp_path, monkeypatc
 def test_pytest_reads_harness_arch_too(tree):
     project = tree.parent
     (project / "test_x.py").write_text(
-        "import pytest\nfrom harness import _settings\nfrom harness.arch import resolve_arch\n\n"
+        "import pytest\nfrom harness.core import settings as _settings\nfrom harness.compiling.arch import resolve_arch\n\n"
         "@pytest.mark.structural\ndef test_x():\n    assert _settings.in_effect().arch == 'sm_80'\n"
         "    assert resolve_arch() == 'sm_80'\n")
     result = run_pytest("test_x.py", cwd=project, env={"HARNESS_ARCH": "sm_80"})
@@ -373,7 +373,7 @@ def test_an_ini_kernel_root_holding_no_cu_is_one_line_naming_the_ini_key(tmp_pat
 @pytest.mark.parametrize("command", [("mutate", "--static"), ("controls", "--static"), ("cache", "info")],
                          ids=["mutate", "controls", "cache"])
 def test_an_ini_include_dir_that_does_not_exist_is_one_usage_line_from_every_command(tmp_path, command):
-    """An IncludeDirError is a UsageError (harness.errors): the commands' one place that turns
+    """An IncludeDirError is a UsageError (harness.core.errors): the commands' one place that turns
     bad input into its line says it, where a command does not catch it itself."""
     project = tmp_path / "p"
     (project / "kernels_cu").mkdir(parents=True)

@@ -1,6 +1,6 @@
 """`python -m harness bench gates`: bad input is refused before anything runs."""
 
-from harness.bench import main
+from harness.commands.bench import main
 
 
 def test_a_before_tree_without_gates_is_refused(tmp_path, capsys):

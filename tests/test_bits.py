@@ -1,10 +1,10 @@
-"""The exact text of harness.bits messages, line by line."""
+"""The exact text of harness.library.bits messages, line by line."""
 
 import numpy as np
 import pytest
 
 from harness import BitsMismatch, NotClose, assert_bits_eq, assert_close, rel_rms
-from harness.dtypes import bf16, fp8_e4m3, to_bf16
+from harness.library.dtypes import bf16, fp8_e4m3, to_bf16
 
 
 def message(fn, *args, **kw) -> list[str]:

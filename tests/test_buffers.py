@@ -1,4 +1,4 @@
-"""harness.buffers: sentinel fills, the untouched check, and bf16 through its bits on the
+"""harness.library.buffers: sentinel fills, the untouched check, and bf16 through its bits on the
 way to and from the device. CuPy's calls are played by a small numpy-backed stand-in, so
 this runs with no GPU; the GPU gates use the real thing on every run."""
 
@@ -8,9 +8,9 @@ import types
 import numpy as np
 import pytest
 
-from harness import buffers
-from harness.bits import BitsMismatch
-from harness.dtypes import bf16, bits_of
+from harness.library import buffers
+from harness.library.bits import BitsMismatch
+from harness.library.dtypes import bf16, bits_of
 
 
 class FakeDeviceArray:

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from harness import _settings, compile as hc
-from harness.compile import CompileError, compile_file
-from harness.compile_options import normalise_options
-from harness.deviceview import DeviceViewError, device_view
-from harness.includes import include_path
-from harness.modsettings import LauncherError, ModuleSettings
-from harness.toolchain import IncludeDirError, NvccNotFound
+from harness.compiling import compile as hc
+from harness.core import settings as _settings
+from harness.compiling.compile import CompileError, compile_file
+from harness.compiling.options import normalise_options
+from harness.compiling.deviceview import DeviceViewError, device_view
+from harness.compiling.includes import include_path
+from harness.compiling.modsettings import LauncherError, ModuleSettings
+from harness.compiling.toolchain import NvccNotFound
+from harness.core.settings import IncludeDirError
 from tests._machine import child_env
 
 
@@ -139,7 +141,7 @@ def test_cccl_and_cooperative_groups_compile_with_nvrtc(tmp_path, cache):
 
 
 def test_cccl_is_looked_for_first_under_cuda_home(tmp_path, monkeypatch):
-    from harness import toolchain
+    from harness.compiling import toolchain
 
     (tmp_path / "include" / "cccl" / "cuda").mkdir(parents=True)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
@@ -155,7 +157,7 @@ def test_cccl_is_looked_for_first_under_cuda_home(tmp_path, monkeypatch):
 def test_cupys_bundled_cccl_is_found_without_importing_cupy():
     # The last place looked for CCCL; an import of CuPy there cost every compiling process
     # of a machine without the toolkit about 0.15 CPU-s.
-    code = ("import sys\nfrom harness.toolchain import cupy_bundled_cccl\np = cupy_bundled_cccl()\n"
+    code = ("import sys\nfrom harness.compiling.toolchain import cupy_bundled_cccl\np = cupy_bundled_cccl()\n"
             "print('cupy' in sys.modules)\nimport cupy, pathlib\n"
             "print(p == pathlib.Path(cupy.__file__).resolve().parent / '_core' / 'include' / 'cupy' / '_cccl')\n"
             "print((p / 'libcudacxx' / 'cuda').is_dir())\n")
@@ -338,7 +340,7 @@ def test_a_bad_declaration_is_one_line_naming_the_constant(tmp_path, cache):
 
 
 def test_without_tree_sitter_a_file_compiles_as_it_is_and_host_code_fails_saying_why(tmp_path, cache, monkeypatch):
-    from harness import deviceview
+    from harness.compiling import deviceview
 
     monkeypatch.setattr(deviceview, "available", lambda: False)
     write(tmp_path, {"k.cu": KERNEL, "h.cu": "#include <torch/extension.h>\n" + KERNEL})
@@ -353,7 +355,7 @@ def test_gates_json_records_the_options_each_gates_module_was_compiled_with(tmp_
                      "pytest.ini": "[pytest]\nkernel_root = kernels\ntestpaths = gates\n",
                      "gates/test_k.py": """\
                          import pytest
-                         from harness import kernels
+                         from harness.library import kernels
 
                          @pytest.mark.structural
                          def test_loads_k(monkeypatch):

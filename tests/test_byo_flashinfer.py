@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import compile_file
-from harness.modsettings import declared_settings
+from harness.compiling.compile import compile_file
+from harness.compiling.modsettings import declared_settings
 from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]

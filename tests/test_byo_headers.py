@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import _settings
-from harness.compile import CompileError, compile_file
-from harness.deviceview import Unit, device_views
-from harness.modsettings import ModuleSettings, declared_settings
+from harness.core import settings as _settings
+from harness.compiling.compile import CompileError, compile_file
+from harness.compiling.deviceview import Unit, device_views
+from harness.compiling.modsettings import ModuleSettings, declared_settings
 from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -216,7 +216,7 @@ def test_the_view_folder_exists_only_during_a_compile_that_misses(tmp_path, cach
                      "bad/h.cuh": HOST_HEADER + "__device__ int bad() { return g_handle != 0; }\n",
                      "bad/k.cu": '#include "h.cuh"\n' + KERNEL})
     seen = []
-    from harness import closureview
+    from harness.compiling import closureview
 
     real_write = closureview.ClosureView.write
 

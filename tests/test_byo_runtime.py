@@ -1,5 +1,5 @@
 """Launch helpers a real kernel needs (dynamic shared memory above 48 KiB, the null
-pointer), the plugin both installed and passed with -p, and harness.source reading
+pointer), the plugin both installed and passed with -p, and harness.library.source reading
 constexpr integers and taking #if branches by their defines."""
 
 import subprocess
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import kernels
-from harness.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, NULL, Refusal, check_dynamic_shared
-from harness.source import SourceError, active_text, constexpr_int, define_int
+from harness.library import kernels
+from harness.library.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, NULL, Refusal, check_dynamic_shared
+from harness.library.source import SourceError, active_text, constexpr_int, define_int
 from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]

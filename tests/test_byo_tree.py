@@ -42,7 +42,7 @@ def run(args, cwd, cache, timeout=300):
 
 
 def test_compile_items_report_backend_and_what_was_set_aside(tmp_path):
-    from harness.compile import compile_file
+    from harness.compiling.compile import compile_file
 
     mod = compile_file("gemm_bench.cu", kernel_root=KERNELS, arch="sm_90", cache_dir=tmp_path / "c")
     assert mod.backend == "nvrtc"

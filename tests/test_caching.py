@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from harness import _settings, caching
+from harness.core import settings as _settings
+from harness.library import caching
 
 MODULE = '''
 import os

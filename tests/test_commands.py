@@ -45,8 +45,8 @@ def test_bench_help_names_its_benchmarks_and_each_has_its_own():
 def test_the_commands_find_the_project_from_a_subfolder(tmp_path, monkeypatch):
     """mutate and controls read the rootdir, kernel root, gates and report folder as pytest does,
     from any folder inside the project; the settings order is the same for each."""
-    from harness.controls.cli import build_parser as controls_parser, config_from as controls_config
-    from harness.mutate.cli import build_parser as mutate_parser, config_from as mutate_config
+    from harness.campaigns.controls.cli import build_parser as controls_parser, config_from as controls_config
+    from harness.campaigns.mutate.cli import build_parser as mutate_parser, config_from as mutate_config
 
     project = tmp_path / "p"
     (project / "src" / "kern").mkdir(parents=True)
@@ -95,9 +95,9 @@ def test_bench_mutate_help_is_its_own_and_names_the_benchmarks_options():
 
 def subcommand_tables():
     """Each command with subcommands of its own: (its name, the names its dispatch knows)."""
-    from harness.bench import BENCHES
-    from harness.cache_cli import ACTIONS
-    from harness.report_cli import REPORTS
+    from harness.commands.bench import BENCHES
+    from harness.commands.cache import ACTIONS
+    from harness.commands.report import REPORTS
 
     return [("bench", BENCHES.names), ("report", REPORTS.names), ("cache", tuple(ACTIONS))]
 

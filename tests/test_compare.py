@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.child import LAUNCHERS_OF_CHANNEL
-from harness.compare.arms import compare_arm, compare_sides, ordered
+from harness.core.child import LAUNCHERS_OF_CHANNEL
+from harness.plugin.compare.arms import compare_arm, compare_sides, ordered
 from tests._machine import child_env, use_child_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import harness
-from harness.kernels import kernel_root
+from harness.library.kernels import kernel_root
 
 
 def scale():
@@ -91,7 +91,7 @@ import signal
 
 import pytest
 
-from harness.kernels import kernel_root
+from harness.library.kernels import kernel_root
 
 
 @pytest.mark.structural
@@ -123,7 +123,7 @@ def test_a_gate_a_side_gives_no_verdict_for_is_red_not_left_out(project):
 
 @pytest.mark.parametrize("ref", ["HEAD", "main", "v1", "sha"])
 def test_every_kind_of_revision_gives_the_kernel_tree_it_names_and_removes_it(project, ref):
-    from harness.compare.tree import kernel_tree_at
+    from harness.plugin.compare.tree import kernel_tree_at
 
     ref = git(project.path, "rev-parse", "HEAD").strip() if ref == "sha" else ref
     (project.path / "kernels" / "k.cu").write_text("// today's, uncommitted\n")
@@ -273,7 +273,7 @@ def test_launchers_swap_in_place_and_back(tmp_path, monkeypatch):
     import importlib
     import sys
 
-    from harness import ref_launchers
+    from harness.library import ref_launchers
 
     today, other = tmp_path / "proj" / "kpkg", tmp_path / "other"
     today.mkdir(parents=True)
@@ -351,7 +351,7 @@ def test_plain():
 """
 
 
-DRIVER_PRESENT = "import harness.device\n\nharness.device._driver_present = lambda: True\n"
+DRIVER_PRESENT = "import harness.core.device\n\nharness.core.device._driver_present = lambda: True\n"
 
 
 def with_driver(project, monkeypatch, driver: str) -> None:
@@ -519,7 +519,7 @@ def test_this_repositorys_bare_run_under_compare_to_is_not_spread_over_xdist(tmp
     # comparison refuses xdist, so the conftest must leave a bare comparison in one process.
     import sys
 
-    (tmp_path / "no_driver_here.py").write_text("import harness.device\n\nharness.device._driver_present = lambda: False\n")
+    (tmp_path / "no_driver_here.py").write_text("import harness.core.device\n\nharness.core.device._driver_present = lambda: False\n")
     env = child_env(first=(tmp_path,))
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no_driver_here", "-p", "no:cacheprovider", "-q",
                              f"--compare-to={REPO / 'kernels_cu'}", "-k", "no_such_test_anywhere"],

@@ -9,9 +9,9 @@ import types
 import numpy as np
 import pytest
 
-from harness import kernels, timing
-from harness.compare.arms import GateComparison, compare_timing
-from harness.compare.report import nothing_compared, table
+from harness.library import kernels, timing
+from harness.plugin.compare.arms import GateComparison, compare_timing
+from harness.plugin.compare.report import nothing_compared, table
 
 
 class Clock:
@@ -139,8 +139,8 @@ def test_the_table_says_faster_same_bits_and_what_a_gate_without_arms_should_do(
 def test_an_arms_status_and_a_kernels_speed_are_enums_that_compare_json_writes_as_their_words(tmp_path):
     import json
 
-    from harness.compare.arms import ArmStatus, Speed, compare_sides
-    from harness.compare.report import write_reports
+    from harness.plugin.compare.arms import ArmStatus, Speed, compare_sides
+    from harness.plugin.compare.report import write_reports
 
     ref = {"same": np.ones(3, np.float32), "moved": np.ones(3, np.float32), "shape": np.ones(3), "gone": np.ones(1)}
     now = {"same": np.ones(3, np.float32), "moved": np.zeros(3, np.float32), "shape": np.ones(4), "new": np.ones(1)}

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.arch import ArchError
-from harness.compile import CompileError, compile_file
-from harness.compile_options import recorded_options
-from harness.includes import source_closure
-from harness.modsettings import LauncherError
+from harness.compiling.arch import ArchError
+from harness.compiling.compile import CompileError, compile_file
+from harness.compiling.options import recorded_options
+from harness.compiling.includes import source_closure
+from harness.compiling.modsettings import LauncherError
 from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def test_the_compile_command_instantiates_the_launchers_name_expressions(tree, t
 
 
 def test_a_launcher_declaring_something_other_than_strings_is_refused(tree):
-    from harness.compile import declared_name_expressions
+    from harness.compiling.compile import declared_name_expressions
 
     (tree / "k.py").write_text("NAME_EXPRESSIONS = 'tiled<8>'\n")
     with pytest.raises(LauncherError, match="NAME_EXPRESSIONS must be a tuple of C\\+\\+ name expressions"):
@@ -182,10 +182,11 @@ def test_a_launcher_declaring_something_other_than_strings_is_refused(tree):
 
 def test_kernels_module_memo_serves_an_unchanged_closure_and_sees_a_changed_header(tree, tmp_path, monkeypatch,
                                                                                   settings_in_effect):
-    # harness.kernels.module() asks for its module at every launch; the memo answers without
+    # harness.library.kernels.module() asks for its module at every launch; the memo answers without
     # compile_file while every file the compile read is unchanged, and compiles again (to
     # another key) once a header two includes deep changes, or after forget_loaded.
-    from harness import _settings, kernels
+    from harness.core import settings as _settings
+    from harness.library import kernels
 
     settings_in_effect(_settings.Settings(kernel_root=tree, arch="sm_90",
                                                                   cache_dir=tmp_path / "cache"))
@@ -214,7 +215,8 @@ def test_kernels_module_memo_checks_the_bytes_of_a_file_changed_within_the_times
     # mtime (a campaign's sandbox file): with its mtime frozen, a same-size edit is seen.
     import os
 
-    from harness import _settings, kernels
+    from harness.core import settings as _settings
+    from harness.library import kernels
 
     settings_in_effect(_settings.Settings(kernel_root=tree, arch="sm_90",
                                                                   cache_dir=tmp_path / "cache"))
@@ -238,9 +240,9 @@ def test_cuda_core_is_imported_only_by_a_process_that_compiles(tree, tmp_path):
     # harness's launchers and plugin but never NVRTC: cuda.core (0.2 s a process) waits for
     # the first compile. The first compiles, from several threads at once, share one import.
     code = ("import sys, threading\n"
-            "import harness.kernels, harness.plugin, harness.compile\n"
+            "import harness.library.kernels, harness.plugin, harness.compiling.compile\n"
             "print('before', 'cuda.core' in sys.modules)\n"
-            "from harness.compile import compile_file\n"
+            "from harness.compiling.compile import compile_file\n"
             "from pathlib import Path\n"
             "out = []\n"
             "def one():\n"
@@ -262,7 +264,7 @@ def test_a_compile_whose_cubin_is_cached_never_imports_cuda_core(tree, tmp_path)
     # version (in the key) and its arches (the arch's check) come from its library directly:
     # cuda.bindings' NVRTC module pulls in the driver bindings (another 0.1 CPU-s).
     cache = tmp_path / "cache"
-    code = ("import sys\nfrom pathlib import Path\nfrom harness.compile import compile_file\n"
+    code = ("import sys\nfrom pathlib import Path\nfrom harness.compiling.compile import compile_file\n"
             f"m = compile_file('k.cu', kernel_root=Path({str(tree)!r}), arch='sm_90', cache_dir=Path({str(cache)!r}))\n"
             "print(m.cache_hit, 'cuda.core' in sys.modules, m.key, ' '.join(m.options))\n"
             "print(sorted(n for n in ('cuda.bindings.nvrtc', 'cuda.bindings.driver') if n in sys.modules))\n")
@@ -291,7 +293,7 @@ def test_a_sandbox_is_another_include_folder_never_another_spelling(tree, tmp_pa
     # a campaign compiles each mutant in a sandbox of its own: one spelling serves them all
     import shutil
 
-    from harness import compile_options
+    from harness.compiling import options as compile_options
 
     monkeypatch.setattr(compile_options, "_SPELLED", {})  # this process's own: spelled afresh, so kept on disk
     cache = tmp_path / "cache"
@@ -302,16 +304,16 @@ def test_a_sandbox_is_another_include_folder_never_another_spelling(tree, tmp_pa
     second = build(copy, cache)
     assert not second.cache_hit and second.key != first.key and second.options == first.options
     assert len(list((cache / "nvrtc-options").iterdir())) == 1
-    from harness.compile_options import nvrtc_options
-    from harness.includes import include_path
-    from harness.modsettings import ModuleSettings
+    from harness.compiling.options import nvrtc_options
+    from harness.compiling.includes import include_path
+    from harness.compiling.modsettings import ModuleSettings
 
     inc = include_path(copy / "k.cu", copy, ())
     assert f"--include-path={copy}" in nvrtc_options("sm_90", ModuleSettings(), inc, cache)
 
 
 def test_another_cuda_core_version_or_other_options_are_spelled_again(tmp_path, monkeypatch):
-    from harness import compile_options
+    from harness.compiling import options as compile_options
 
     monkeypatch.setattr(compile_options, "_SPELLED", {})
     opts = dict(arch="sm_90", std="c++17", fma=True)
@@ -329,7 +331,7 @@ def test_another_cuda_core_version_or_other_options_are_spelled_again(tmp_path, 
 def test_threads_spelling_the_same_options_at_once_leave_one_whole_entry(tmp_path, monkeypatch):
     import threading
 
-    from harness import compile_options
+    from harness.compiling import options as compile_options
 
     monkeypatch.setattr(compile_options, "_SPELLED", {})
     opts = dict(arch="sm_90", std="c++17", fma=False)
@@ -349,7 +351,7 @@ def test_threads_spelling_the_same_options_at_once_leave_one_whole_entry(tmp_pat
 def test_a_cuda_core_that_cannot_be_imported_is_not_reported_as_an_arch_nvrtc_cannot_target(monkeypatch):
     # the arch variant check compiles an empty kernel and takes any failure as "not this
     # arch": a missing cuda.core must surface as itself, not as an ArchError about sm_90a
-    from harness import arch
+    from harness.compiling import arch
 
     def missing():
         raise ImportError("No module named 'cuda.core'")
@@ -369,7 +371,7 @@ def test_nvrtcs_version_and_arches_from_its_library_are_the_bindings_and_a_libra
     # where the library cannot be loaded so, cuda.bindings answers (or raises its own error)
     from cuda.bindings import nvrtc
 
-    from harness import toolchain
+    from harness.compiling import toolchain
 
     err, major, minor = nvrtc.nvrtcVersion()
     err2, arches = nvrtc.nvrtcGetSupportedArchs()
@@ -398,7 +400,7 @@ def test_nvrtcs_log_and_cubin_are_read_into_buffers_of_their_own_never_a_shared_
         import ctypes
         from pathlib import Path
         from cuda.bindings import nvrtc
-        from harness.backends import _compile_nvrtc
+        from harness.compiling.backends import _compile_nvrtc
 
         def in_place(real):
             def call(prog, buf):
@@ -447,7 +449,7 @@ def test_an_upstream_builds_nvcc_flags_are_taken_by_nvrtc_as_nvrtc_spells_them(t
 
 
 def test_nvcc_gets_an_upstream_builds_flags_verbatim(tmp_path):
-    from harness import toolchain
+    from harness.compiling import toolchain
 
     if toolchain.find_nvcc() is None:
         pytest.skip("nvcc is not installed here")

@@ -1,5 +1,5 @@
 """Bad input on the compile path gets one clear line, from `python -m harness compile`, from
-the `.cu` compile items under pytest and from `harness.compile.compile_file`: what was wrong,
+the `.cu` compile items under pytest and from `harness.compiling.compile.compile_file`: what was wrong,
 where (file and line where there is one) and what to do. No traceback, no pytest internals,
 and nothing accepted silently. No GPU needed."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import CompileError, compile_file
+from harness.compiling.compile import CompileError, compile_file
 from tests._machine import child_env as machine_env
 
 KERNEL = 'extern "C" __global__ void plain(float* out) { out[threadIdx.x] = 2.0f; }\n'

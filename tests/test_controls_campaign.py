@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile_options import OPTIONS_FOLDER
-from harness.controls import CampaignConfig, Verdict, run_campaign
-from harness.controls import report as control_report
-from harness.controls.cli import ExitStatus, main
+from harness.compiling.options import OPTIONS_FOLDER
+from harness.campaigns.controls import CampaignConfig, Verdict, run_campaign
+from harness.campaigns.controls import report as control_report
+from harness.campaigns.controls.cli import ExitStatus, main
 from harness.runs.slots import from_list, run_in_slots
-from harness.controls.spec import Control, Expect, Route
+from harness.campaigns.controls.spec import Control, Expect, Route
 from tests._machine import use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "controls_suite"
@@ -199,7 +199,7 @@ def test_a_hung_run_is_killed_at_the_deadline_and_recorded_as_timeout(tmp_path, 
     private = Path(tempfile.mkdtemp(prefix="hct-", dir="/tmp"))
     monkeypatch.setenv("TMPDIR", str(private))
     monkeypatch.setattr(tempfile, "tempdir", str(private))
-    from harness.controls import runner
+    from harness.campaigns.controls import runner
 
     runs = []
 
@@ -312,7 +312,7 @@ def red_baseline(tmp_path_factory, child_env):
     import contextlib
     import io
 
-    from harness.controls import cli
+    from harness.campaigns.controls import cli
 
     suite = copy_suite(tmp_path_factory.mktemp("red"))
     source = suite / "kernels" / "value.cu"
@@ -375,9 +375,9 @@ def test_parallel_jobs_run_controls_that_share_a_gate_module_at_once_in_file_ord
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory, child_env):
-    """`python -m harness.controls.bench` over two controls, for TestTheBench: (its status, the
+    """`python -m harness.campaigns.controls.bench` over two controls, for TestTheBench: (its status, the
     suite, the campaign of its naive half)."""
-    from harness.controls import bench as bench_module
+    from harness.campaigns.controls import bench as bench_module
 
     suite = copy_suite(tmp_path_factory.mktemp("bench"))
     real, ran = bench_module.run_campaign, []

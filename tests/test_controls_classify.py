@@ -2,10 +2,10 @@
 
 import pytest
 
-from harness.records import GateRecord
-from harness.controls.classify import GateCheck, check_gate, decide
+from harness.core.records import GateRecord
+from harness.campaigns.controls.classify import GateCheck, check_gate, decide
 from harness.runs.verdict import Verdict
-from harness.controls.spec import Expect, Route
+from harness.campaigns.controls.spec import Expect, Route
 
 GATE = "gates/test_x.py::test_claim"
 OTHER = "gates/test_x.py::test_other"
@@ -82,8 +82,8 @@ def test_a_gate_timeout_inside_the_run_makes_the_control_timeout():
 
 
 def test_controls_and_mutants_share_one_verdict_and_the_controls_report_says_it_in_its_words():
-    from harness.controls.report import word
-    from harness.mutate.verdicts import Verdict as MutantVerdict
+    from harness.campaigns.controls.report import word
+    from harness.campaigns.mutate.verdicts import Verdict as MutantVerdict
 
     assert Verdict is MutantVerdict
     words = [word(v) for v in (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.SURVIVED, Verdict.COMPILE_ERROR,
@@ -93,7 +93,7 @@ def test_controls_and_mutants_share_one_verdict_and_the_controls_report_says_it_
 
 
 def test_with_no_device_a_control_is_decided_by_the_expected_gates_that_ran():
-    from harness.controls.classify import NOT_JUDGED, judged_without_device
+    from harness.campaigns.controls.classify import NOT_JUDGED, judged_without_device
 
     ran = GateCheck("g::structural", Route.ASSERTION, None, "failed", "assertion", "x", True, "red by assertion")
     gpu = GateCheck("g::anchor", Route.ASSERTION, None, "skipped", None, None, False, "skipped")
@@ -113,8 +113,8 @@ def test_every_verdict_has_one_word_and_renders_in_the_table_the_markdown_and_th
 
     from rich.console import Console
 
-    from harness.controls import report
-    from harness.controls.results import CampaignResult, ControlResult
+    from harness.campaigns.controls import report
+    from harness.campaigns.controls.results import CampaignResult, ControlResult
 
     # a name and a reason with markup-like brackets must print as they are
     check = GateCheck(GATE, Route.ASSERTION, None, "passed", None, None, False, "why [/] not")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.controls.edits import Edit, EditError, apply, locate
+from harness.campaigns.controls.edits import Edit, EditError, apply, locate
 
 TEXT = "int a = x * 2;\nint b = x * 2;\nint c = y;\n"
 

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from harness._settings import ini_value
-from harness.controls.collect import collect_gates
-from harness.controls.spec import (
-    Control,
-    ControlSpecError,
-    Expect,
-    Route,
-    check_gates,
-    load_controls,
-    parse_control,
-)
+from harness.core.settings import ini_value
+from harness.campaigns.controls.collect import collect_gates
+from harness.campaigns.controls.spec import (
+                                             Control,
+                                             ControlSpecError,
+                                             Expect,
+                                             Route,
+                                             check_gates,
+                                             load_controls,
+                                             parse_control,
+                                             )
 
 from tests._machine import use_child_env
 
@@ -293,7 +293,7 @@ def test_ini_keys_are_read_from_the_rootdir_s_pytest_configuration(tmp_path):
 
 
 def test_a_campaigns_collector_collects_each_module_once_and_keeps_nothing_it_cannot_place(monkeypatch):
-    from harness.controls import collect as collect_module
+    from harness.campaigns.controls import collect as collect_module
 
     calls, answers = [], {}
 

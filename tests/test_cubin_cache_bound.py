@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from harness import cubin_cache
-from harness.cubin_cache import entry_paths, prune, usage, write_entry
+from harness.compiling import cubin_cache
+from harness.compiling.cubin_cache import entry_paths, prune, usage, write_entry
 
 KB = 1 << 10
 
@@ -84,7 +84,7 @@ def test_a_bound_that_is_not_a_size_is_refused_with_the_fix(monkeypatch):
     monkeypatch.setenv(cubin_cache.CACHE_MAX_ENV, "lots")
     with pytest.raises(cubin_cache.CacheLimitError, match="HARNESS_CACHE_MAX='lots' is not a size: write e.g."):
         cubin_cache.limit_bytes()
-    from harness.mutate.cli import main
+    from harness.campaigns.mutate.cli import main
 
     assert main(["--static", "--rootdir", "/nonexistent-rootdir-for-this-test"]) == 2
 

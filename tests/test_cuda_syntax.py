@@ -1,12 +1,12 @@
-"""harness.cuda_syntax: the one CUDA parser, the preparation that makes a source parseable,
+"""harness.compiling.cuda_syntax: the one CUDA parser, the preparation that makes a source parseable,
 walks, function names, device functions and the first parse error."""
 
 import subprocess
 import sys
 
-from harness import cuda_syntax
-from harness.cuda_syntax import (device_functions, first_error, function_name, is_device_function, is_kernel,
-                                 parse, parser, prepare, walk)
+from harness.compiling import cuda_syntax
+from harness.compiling.cuda_syntax import (device_functions, first_error, function_name, is_device_function, is_kernel,
+                                           parse, parser, prepare, walk)
 from tests._machine import child_env
 
 SOURCE = b"""\
@@ -86,8 +86,8 @@ def test_the_first_parse_error_is_located():
 
 
 def test_importing_the_module_does_not_import_tree_sitter():
-    code = ("import sys, harness.cuda_syntax, harness.deviceview, harness.mutate.generate, "
-            "harness.mutate.callgraph\n"
+    code = ("import sys, harness.compiling.cuda_syntax, harness.compiling.deviceview, harness.campaigns.mutate.generate, "
+            "harness.campaigns.mutate.callgraph\n"
             "assert not [m for m in sys.modules if m.startswith('tree_sitter')], sorted(sys.modules)\n")
     subprocess.run([sys.executable, "-c", code], check=True, env=child_env())
 

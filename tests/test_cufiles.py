@@ -138,7 +138,7 @@ import pytest
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item):
-    from harness import _settings
+    from harness.core import settings as _settings
 
     _settings.bind(_settings.in_effect().with_kernel_root(os.environ["OTHER_TREE"]))  # as a pool worker switched
 '''

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from harness import dtypes
+from harness.library import dtypes
 
 
 def test_bf16_rounds_to_nearest_even():

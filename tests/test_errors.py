@@ -1,5 +1,5 @@
-"""One error tree (`harness.errors`): every exception class the harness defines descends from
-`HarnessError`, or is a private one named in `harness.errors.PRIVATE` with why; each group
+"""One error tree (`harness.core.errors`): every exception class the harness defines descends from
+`HarnessError`, or is a private one named in `harness.core.errors.PRIVATE` with why; each group
 keeps the builtin a caller catches; and a usage error becomes pytest's in one place, with
 the `harness: ` prefix once."""
 
@@ -10,8 +10,8 @@ import inspect
 
 import pytest
 
-from harness import errors
-from harness.errors import CheckFailed, DeviceLost, HarnessError, UsageError, as_pytest_usage, usage_errors
+from harness.core import errors
+from harness.core.errors import CheckFailed, DeviceLost, HarnessError, UsageError, as_pytest_usage, usage_errors
 from tests._machine import PACKAGE
 
 MODULES = sorted(".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
@@ -36,7 +36,7 @@ def test_every_exception_class_a_module_defines_is_a_harness_error_or_private_wi
     outside = sorted(name for name, cls in found.items()
                      if not issubclass(cls, HarnessError) and name not in errors.PRIVATE)
     assert not outside, (f"{', '.join(outside)} descend(s) from no HarnessError: re-root it on its group in "
-                         "harness.errors, or name it in harness.errors.PRIVATE with why it never reaches a user")
+                         "harness.core.errors, or name it in harness.core.errors.PRIVATE with why it never reaches a user")
 
 
 def test_each_private_exception_exists_is_outside_the_tree_and_says_why():
@@ -59,13 +59,13 @@ def test_usage_errors_are_value_errors_and_checks_that_fail_are_assertion_errors
 
 
 def test_the_commands_usage_error_is_the_trees():
-    from harness import usage
+    from harness.core import usage
 
     assert usage.UsageError is UsageError
 
 
 def test_a_lost_device_is_one_class_for_the_pool_and_the_campaigns():
-    from harness.mutate import campaign
+    from harness.campaigns.mutate import campaign
     from harness.pool import controller
 
     assert controller.DeviceLost is DeviceLost and issubclass(DeviceLost, RuntimeError)

@@ -25,7 +25,7 @@ SUITE = REPO / "tests" / "fixtures" / "controls_suite"
 FACTS_TEST = '''
 import json, os, sys, tempfile
 def test_facts():
-    import harness.bits
+    import harness.library.bits
     facts = {
         "argv0": os.path.basename(sys.argv[0]),
         "cwd": os.getcwd(),
@@ -37,7 +37,7 @@ def test_facts():
         "stdin": os.readlink("/proc/self/fd/0"),
         "stdout_is_the_log": os.readlink("/proc/self/fd/1").endswith("run.log"),
         "main": getattr(sys.modules["__main__"], "__spec__", None) and sys.modules["__main__"].__spec__.name,
-        "harness_bits_loader": type(harness.bits.__loader__).__name__,
+        "harness_bits_loader": type(harness.library.bits.__loader__).__name__,
         "sigint": str(__import__("signal").getsignal(__import__("signal").SIGINT)),
     }
     open(os.environ["HARNESS_FACTS_OUT"], "w").write(json.dumps(facts))
@@ -99,7 +99,7 @@ def test_a_forked_pytest_is_what_a_spawned_one_is(tmp_path, monkeypatch):
     for facts, name in ((forked, "forked"), (spawned, "spawned")):
         assert facts.pop("per_run") == name
         assert facts.pop("tmp") == str(tmp_path / f"{name}-tmp")
-    assert forked == spawned  # harness.bits's loader among them: pytest rewrote it in both or in neither
+    assert forked == spawned  # harness.library.bits's loader among them: pytest rewrote it in both or in neither
     for log in (forked_log, spawned_log):
         assert "At index 2 diff: 3 != 4" in log
         assert "PytestAssertRewriteWarning" not in log and "already imported" not in log, log
@@ -221,7 +221,7 @@ def test_the_server_imports_no_module_of_a_pytest_plugins_distribution():
         print(json.dumps({"failed": failed, "plugin_packages": sorted(plugin_packages), "modules": sorted(sys.modules)}))
     """)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", probe, str(PACKAGE / "_forkserver.py")],
+    out = subprocess.run([sys.executable, "-c", probe, str(PACKAGE / "core" / "forkserver_main.py")],
                          cwd="/", env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.splitlines()[-1])
@@ -241,7 +241,7 @@ def test_the_server_imports_no_module_of_a_pytest_plugins_distribution():
 def test_a_server_with_a_thread_forks_nothing(tmp_path):
     import runpy
 
-    server = runpy.run_path(str(PACKAGE / "_forkserver.py"), run_name="probe")
+    server = runpy.run_path(str(PACKAGE / "core" / "forkserver_main.py"), run_name="probe")
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
     thread.start()

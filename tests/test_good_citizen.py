@@ -157,7 +157,7 @@ def test_collect_only_starts_no_pool_and_probes_no_device(user, monkeypatch, tmp
     monkeypatch.setenv("HARNESS_POOL_TRACE", str(tmp_path / "trace"))
     user.makeini("[pytest]\nharness_gates = .\n")
     if driver == "present":  # where libcuda loads, a run forks its pool's server before collecting; --collect-only must not
-        user.makeconftest("import harness.device\n\nharness.device._driver_present = lambda: True\n")
+        user.makeconftest("import harness.core.device\n\nharness.core.device._driver_present = lambda: True\n")
     user.makepyfile(test_g="import pytest\n\n@pytest.mark.gpu\n@pytest.mark.anchor\ndef test_on_device():\n    pass\n")
     result = user.runpytest_subprocess(*PLUGIN, "--collect-only", "-q", "--require-gpu")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
 from tests._machine import HARNESS_ROOT, child_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,3 +73,31 @@ def test_the_readmes_no_registry_command_loads_the_plugin_from_the_checkout(tmp_
     assert "kernels/k.cu::compile PASSED" in named.stdout, named.stdout
     unnamed = pytest()  # the control: without the variable no plugin, so no compile gate
     assert unnamed.returncode == 5 and "::compile" not in unnamed.stdout, unnamed.stdout + unnamed.stderr
+
+
+def test_a_launcher_written_for_the_old_module_paths_imports_the_same_modules(tmp_path):
+    """The grouping by layer moved `harness.launch` to `harness.library.launch` (and so on,
+    `harness._MOVED`): an old path imports the very module at the new one, its submodules too,
+    in a process of its own (nothing of the new paths imported first)."""
+    code = ("import sys\n"
+            "from harness.launch import Refusal\n"
+            "from harness.kernels import module\n"
+            "import harness.controls.spec as old_spec\n"
+            "from harness import device\n"
+            "import harness.library.launch, harness.library.kernels, harness.campaigns.controls.spec as new_spec\n"
+            "assert Refusal is harness.library.launch.Refusal and module is harness.library.kernels.module\n"
+            "assert old_spec is new_spec and device is sys.modules['harness.core.device']\n"
+            "copies = [m for m in list(sys.modules) if m.startswith('harness.controls.')\n"
+            "          and sys.modules[m] is not sys.modules['harness.campaigns.' + m[len('harness.'):]]]\n"
+            "assert not copies, f'second copies: {copies}'\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env=child_env(), timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_every_old_path_names_a_module_that_exists():
+    import importlib.util
+
+    for old, new in harness._MOVED.items():
+        assert importlib.util.find_spec(f"harness.{new}") is not None, f"harness.{old} -> harness.{new}: no such module"

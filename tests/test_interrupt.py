@@ -1,11 +1,11 @@
-"""SIGTERM inside the commands' campaigns takes their Ctrl-C path (harness.interrupt)."""
+"""SIGTERM inside the commands' campaigns takes their Ctrl-C path (harness.core.interrupt)."""
 
 import os
 import signal
 
 import pytest
 
-from harness.interrupt import sigterm_as_interrupt
+from harness.core.interrupt import sigterm_as_interrupt
 
 
 def test_sigterm_raises_keyboardinterrupt_inside_and_the_old_handler_comes_back():

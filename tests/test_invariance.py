@@ -1,4 +1,4 @@
-"""harness.invariance: batch invariance and determinism, with host `run` functions that go
+"""harness.library.invariance: batch invariance and determinism, with host `run` functions that go
 wrong at a chosen row, batch size, position, variant or repeat; the failure text is checked
 line by line."""
 
@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from harness import coverage
-from harness.invariance import (NotBatchInvariant, NotDeterministic, assert_batch_invariant, assert_deterministic,
-                                batch_of)
+from harness.library import coverage
+from harness.library.invariance import (NotBatchInvariant, NotDeterministic, assert_batch_invariant, assert_deterministic,
+                                        batch_of)
 from tests._machine import use_child_env
 
 DATA = np.arange(40, dtype=np.float32).reshape(8, 5) / np.float32(3)  # 8 row ids, 5 elements each
@@ -128,7 +128,7 @@ HOST_GATES = """
 import numpy as np
 import pytest
 
-from harness.invariance import assert_batch_invariant, assert_deterministic
+from harness.library.invariance import assert_batch_invariant, assert_deterministic
 
 DATA = np.arange(12, dtype=np.float32).reshape(6, 2)
 

@@ -250,11 +250,11 @@ def test_trap_gates_start_ahead_while_the_run_waits_on_a_lane(suite, real):
 
 
 # A gate that hangs after announcing a launch of kernel k.cu:spin, then gates that launch it,
-# and one that launches another kernel. The launches are announced as harness.kernels' own
+# and one that launches another kernel. The launches are announced as harness.library.kernels' own
 # launches announce themselves to the pool's worker.
 HUNG_KERNEL = """
 import time, pytest
-from harness.kernels import note_launch
+from harness.library.kernels import note_launch
 
 @pytest.mark.gpu
 @pytest.mark.anchor

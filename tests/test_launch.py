@@ -1,13 +1,13 @@
-"""harness.launch: refusals name the argument, what it holds and what to do; only a
+"""harness.library.launch: refusals name the argument, what it holds and what to do; only a
 `Refusal` is routed `refusal`. Host arrays only: no GPU needed."""
 
 import numpy as np
 import pytest
 
-from harness.dtypes import bf16
-from harness.launch import (BF16_DTYPES, NULL, Refusal, check_aligned, check_array, check_dtype, check_int32_vector,
-                            check_shape, ptr_or_null, require)
-from harness.report import Route, classify_route
+from harness.library.dtypes import bf16
+from harness.library.launch import (BF16_DTYPES, NULL, Refusal, check_aligned, check_array, check_dtype, check_int32_vector,
+                                    check_shape, ptr_or_null, require)
+from harness.plugin.report import Route, classify_route
 
 
 def test_a_refusal_is_a_value_error_and_only_a_refusal_is_routed_refusal():
@@ -109,7 +109,7 @@ def test_a_gate_that_fails_on_purpose_over_a_caught_fault_fails_by_assertion():
 def test_guard_must_not_fire_turns_a_fault_into_an_assertion_naming_the_claim():
     import pytest as _pytest
 
-    from harness.device import guard_must_not_fire, is_sticky_error
+    from harness.core.device import guard_must_not_fire, is_sticky_error
 
     class CUDARuntimeError(RuntimeError):
         pass
@@ -129,10 +129,10 @@ def test_guard_must_not_fire_turns_a_fault_into_an_assertion_naming_the_claim():
 
 
 def test_each_launch_is_recorded_for_the_gate_that_made_it():
-    # gates.json's kernels_launched: harness.kernels' launch wrapper notes "file.cu:name" on the
-    # gate being recorded (harness.coverage), beside the watchdog's last-launch note
-    from harness import coverage
-    from harness.kernels import Launch
+    # gates.json's kernels_launched: harness.library.kernels' launch wrapper notes "file.cu:name" on the
+    # gate being recorded (harness.library.coverage), beside the watchdog's last-launch note
+    from harness.library import coverage
+    from harness.library.kernels import Launch
 
     calls = []
     coverage.reset()

@@ -10,18 +10,19 @@ from tests._machine import PACKAGE
 
 HARNESS = PACKAGE
 
-# Top to bottom: a module may import its own layer's modules and those of lower layers.
+# Top to bottom: a module may import its own layer's modules and those of lower layers. Each
+# sub-package of harness/ is one room of a layer (docs/architecture.md).
 LAYERS = [
-    {"harness.__main__", "harness.bench", "harness.startup", "harness.report_cli"},
-    {"harness.controls", "harness.mutate",  # the campaigns, side by side, and the pytest plugin beside them
-     "harness.plugin", "harness.plugin_pool", "harness.plugin_state", "harness.hookspecs", "harness.gate_verdicts",
-     "harness._serve", "harness.summary", "harness.cufiles", "harness.snapshot_tally", "harness.shard"},
-    {"harness.compare"},  # a feature the plugin loads by name: it runs its gates on the run layer
+    {"harness.__main__", "harness.commands"},  # the commands
+    {"harness.campaigns", "harness.plugin"},  # the campaigns and the pytest plugin, side by side
     {"harness.runs"},  # the run layer the campaigns and the comparison stand on
     {"harness.pool"},  # the warm pool's processes
+    {"harness.library"},  # the gate author's library
+    {"harness.compiling"},  # the compile path
+    {"harness.core"},  # the foundations: settings, errors, records, the gate vocabulary, the child builder
 ]
-# Everything else in harness/ is the base: records, compile, kernels, device, usage, ...
-SIDE_BY_SIDE = [("harness.controls", "harness.mutate")]  # may not import each other
+# may not import each other
+SIDE_BY_SIDE = [("harness.campaigns.controls", "harness.campaigns.mutate"), ("harness.campaigns", "harness.plugin")]
 
 
 def module_name(path: Path, root: Path = HARNESS) -> str:
@@ -104,23 +105,24 @@ def test_no_import_circle():
 
 def test_each_check_notices_what_it_forbids():
     g = graph()
-    assert "harness.runs.sandbox" in g and "harness.records" in g and "harness.mutate.campaign" in g
-    assert upward({**g, "harness.runs.sandbox": g["harness.runs.sandbox"] | {"harness.mutate.campaign"}}) == [
-        "harness.runs.sandbox -> harness.mutate.campaign"]
-    assert crossing({**g, "harness.controls.runner": g["harness.controls.runner"] | {"harness.mutate.execute"}}) == [
-        "harness.controls.runner -> harness.mutate.execute"]
-    looped = {**g, "harness.records": g["harness.records"] | {"harness.device"},
-              "harness.device": g["harness.device"] | {"harness.records"}}
-    assert any("harness.device" in c and "harness.records" in c for c in circles(looped))
+    assert "harness.runs.sandbox" in g and "harness.core.records" in g and "harness.campaigns.mutate.campaign" in g
+    assert upward({**g, "harness.runs.sandbox": g["harness.runs.sandbox"] | {"harness.campaigns.mutate.campaign"}}) == [
+        "harness.runs.sandbox -> harness.campaigns.mutate.campaign"]
+    assert crossing({**g, "harness.campaigns.controls.runner": g["harness.campaigns.controls.runner"] | {"harness.campaigns.mutate.execute"}}) == [
+        "harness.campaigns.controls.runner -> harness.campaigns.mutate.execute"]
+    looped = {**g, "harness.core.records": g["harness.core.records"] | {"harness.core.device"},
+              "harness.core.device": g["harness.core.device"] | {"harness.core.records"}}
+    assert any("harness.core.device" in c and "harness.core.records" in c for c in circles(looped))
 
 
 def test_imports_are_read_also_inside_functions_and_relative(tmp_path):
     root = tmp_path / "harness"
-    for rel in ("__init__.py", "records.py", "device.py", "runs/__init__.py", "runs/result.py"):
+    for rel in ("__init__.py", "core/__init__.py", "core/records.py", "core/device.py", "runs/__init__.py",
+                "runs/result.py"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("")
     probe = root / "runs" / "probe.py"
-    probe.write_text("def f():\n    from harness.records import Outcome\n    import harness.device\n"
+    probe.write_text("def f():\n    from harness.core.records import Outcome\n    import harness.core.device\n"
                      "    from .result import GateRuns\n"
-                     "pytest_plugins = ['harness.runs'] + (['harness.records'] if f else [])\n")
-    assert imports(probe, root) == {"harness.records", "harness.device", "harness.runs.result", "harness.runs"}
+                     "pytest_plugins = ['harness.runs'] + (['harness.core.records'] if f else [])\n")
+    assert imports(probe, root) == {"harness.core.records", "harness.core.device", "harness.runs.result", "harness.runs"}

@@ -7,7 +7,7 @@ import pytest
 
 from gates import _moe_decode as g
 from harness import assert_bits_eq
-from harness.bits import BitsMismatch
+from harness.library.bits import BitsMismatch
 from oracles import moe_decode as od
 from tests.host_device import below, host_buffers, store_before, store_past, whole_of  # noqa: F401 (a fixture)
 

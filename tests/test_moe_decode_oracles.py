@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.dtypes import bits_of, decode_e4m3, to_bf16, unpack_fp4
+from harness.library.dtypes import bits_of, decode_e4m3, to_bf16, unpack_fp4
 from kernels_cu import moe_decode as moe
 from oracles import moe_decode as od
 

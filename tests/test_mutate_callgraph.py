@@ -1,10 +1,10 @@
 """--trap-gates reached: the call graph of the kernel root, and the trap gates it lets a
-mutant skip (harness.mutate.callgraph, Coverage.unreached_trap_gates, gate_stage)."""
+mutant skip (harness.campaigns.mutate.callgraph, Coverage.unreached_trap_gates, gate_stage)."""
 
 from pathlib import Path
 
-from harness.mutate.callgraph import kernel_base_name, kernels_reaching
-from harness.mutate.select import Coverage, GateInfo
+from harness.campaigns.mutate.callgraph import kernel_base_name, kernels_reaching
+from harness.campaigns.mutate.select import Coverage, GateInfo
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,8 +38,8 @@ def test_launched_names_reduce_to_the_function():
 
 
 def test_todays_kernels_every_mutated_function_is_reached():
-    from harness.mutate.generate import generate, select_files
-    from harness.mutate.operators import OPERATORS
+    from harness.campaigns.mutate.generate import generate, select_files
+    from harness.campaigns.mutate.operators import OPERATORS
 
     root = REPO / "kernels_cu"
     reach = kernels_reaching(root)
@@ -69,10 +69,10 @@ def test_only_isolated_trap_gates_whose_kernels_cannot_run_the_function_are_skip
 
 
 def test_a_mutant_skips_the_trap_gates_its_function_cannot_reach(tmp_path):
-    from harness.mutate.campaign import MutateConfig, gate_stage
+    from harness.campaigns.mutate.campaign import MutateConfig, gate_stage
     from harness.runs.result import Executor, GateOutcome, GateRuns
-    from harness.mutate.generate import generate
-    from harness.mutate.verdicts import MutantResult, Verdict
+    from harness.campaigns.mutate.generate import generate
+    from harness.campaigns.mutate.verdicts import MutantResult, Verdict
 
     root = tmp_path / "kernels"
     root.mkdir()

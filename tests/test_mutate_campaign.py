@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.mutate import report
-from harness.mutate.campaign import RESULTS_FILE, MutateConfig, run_campaign
-from harness.mutate.execute import judge
+from harness.campaigns.mutate import report
+from harness.campaigns.mutate.campaign import RESULTS_FILE, MutateConfig, run_campaign
+from harness.campaigns.mutate.execute import judge
 from harness.runs.result import Executor, Executors, GateOutcome, GateRuns
-from harness.mutate.verdicts import MutantResult, Score, Verdict, read_results
+from harness.campaigns.mutate.verdicts import MutantResult, Score, Verdict, read_results
 from tests._machine import PACKAGE, use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
-SCHEMA = PACKAGE / "mutate" / "schema" / "mutation-testing-report-schema.json"
+SCHEMA = PACKAGE / "campaigns" / "mutate" / "schema" / "mutation-testing-report-schema.json"
 
 
 def tree_hash(root: Path) -> str:
@@ -48,7 +48,7 @@ def recorded_baseline(tmp_path_factory):
     the tests whose gate stage is a FakeExecutor's: their campaigns differ in paths, operators,
     executors and report folders, never in what a baseline runs (the suite's gates over its
     kernel root, for sm_90). The fresh-process test above runs a campaign's own baseline."""
-    from harness.mutate.campaign import run_baseline
+    from harness.campaigns.mutate.campaign import run_baseline
 
     copy = tmp_path_factory.mktemp("baseline") / "suite"
     shutil.copytree(SUITE, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -63,7 +63,7 @@ def recorded_baseline(tmp_path_factory):
 @pytest.fixture
 def shared_baseline(recorded_baseline, monkeypatch):
     """This test's campaigns read the module's one recorded baseline."""
-    from harness.mutate import campaign
+    from harness.campaigns.mutate import campaign
 
     monkeypatch.setattr(campaign, "run_baseline", lambda config, cache_dir: recorded_baseline)
 
@@ -226,7 +226,7 @@ def test_a_fault_counts_as_a_kill_only_in_a_memory_safety_gate():
     assert safe.reason.startswith("killed by a fault in a memory-safety gate: g::never_follows")
     plain = judge([GateRuns((other,))], frozenset({"g::never_follows"}))
     assert not plain.memory_safety and plain.reason.startswith("killed by a trap only")
-    from harness.mutate.verdicts import scores
+    from harness.campaigns.mutate.verdicts import scores
 
     def result(verdict, safety=False):
         return MutantResult(mutant=None, verdict=verdict, memory_safety=safety)
@@ -245,7 +245,7 @@ def test_scores_exclude_screened_out_mutants():
 
 @pytest.mark.usefixtures("shared_baseline")
 def test_recheck_counts_agreement(suite):
-    from harness.mutate.recheck import recheck
+    from harness.campaigns.mutate.recheck import recheck
 
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped")),
                             executor_factory=Executors(lambda *a: FakeExecutor()))
@@ -277,8 +277,8 @@ def test_a_recheck_timeout_under_load_runs_once_more_with_fewer_at_once(suite):
     # past their deadline: those, and only those, run again, at most RETRY_JOBS at once.
     import threading
 
-    from harness.mutate.recheck import RECHECKED, RETRY_JOBS, recheck
-    from harness.mutate.operators import OPERATORS
+    from harness.campaigns.mutate.recheck import RECHECKED, RETRY_JOBS, recheck
+    from harness.campaigns.mutate.operators import OPERATORS
 
     campaign = run_campaign(config(suite, paths=("sum.cu",), operators=tuple(OPERATORS)),
                             executor_factory=Executors(lambda *a: FakeExecutor()))
@@ -327,8 +327,8 @@ def test_a_recheck_timeout_under_load_runs_once_more_with_fewer_at_once(suite):
 def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite, monkeypatch):
     import types
 
-    from harness.mutate import execute
-    from harness.mutate.campaign import mutant_deadline
+    from harness.campaigns.mutate import execute
+    from harness.campaigns.mutate.campaign import mutant_deadline
     from harness.runs.fresh import FRESH_START_SECONDS
 
     # run_mutant's clock stands still: what each batch is given is the deadline itself, exactly
@@ -350,7 +350,7 @@ def test_a_fresh_process_gets_its_start_on_top_of_the_gates_deadline(suite, monk
 
 
 def test_the_recheck_runs_about_four_cores_a_fresh_pytest():
-    from harness.mutate.recheck import recheck_jobs
+    from harness.campaigns.mutate.recheck import recheck_jobs
 
     assert recheck_jobs(12, cpus=16) == 4
     assert recheck_jobs(2, cpus=64) == 2
@@ -390,8 +390,8 @@ def test_several_mutants_run_at_once_with_the_same_verdicts(suite):
 def test_a_cubin_identical_mutant_whose_source_readers_pass_is_equivalent_or_a_duplicate_not_a_survivor(suite, tmp_path):
     import dataclasses
 
-    from harness.mutate.campaign import gate_stage, prepare
-    from harness.mutate.select import Coverage
+    from harness.campaigns.mutate.campaign import gate_stage, prepare
+    from harness.campaigns.mutate.select import Coverage
 
     cfg = config(suite, paths=("sum.cu",), operators=("arithmetic",))
     mutant = prepare(cfg)[0][0]
@@ -428,8 +428,8 @@ def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
     import threading
     import time
 
-    from harness.mutate import screen
-    from harness.mutate.campaign import prepare
+    from harness.campaigns.mutate import screen
+    from harness.campaigns.mutate.campaign import prepare
 
     cfg = config(suite, paths=("sum.cu",), operators=("arithmetic", "guard-dropped"))
     total = len(prepare(cfg)[0])
@@ -470,7 +470,7 @@ def test_gates_run_while_the_screen_still_compiles(suite, monkeypatch):
 
 
 def test_stage_line_says_each_step_of_the_gate_stage_it_knows():
-    from harness.mutate.campaign import stage_line
+    from harness.campaigns.mutate.campaign import stage_line
 
     assert stage_line({}) is None
     assert stage_line({"executors_ready": 0.04, "trap_shadow_checked": 1.25, "first_mutant_screened": 2.0,
@@ -484,7 +484,7 @@ def test_a_lost_device_stops_the_campaign_and_takes_back_its_recent_faults(suite
     """A worker that cannot start mid-campaign is the GPU's failure, never a verdict: the
     campaign stops, the faults and timeouts just before are taken back for --resume, and
     kills by assertion stay."""
-    from harness.errors import DeviceLost
+    from harness.core.errors import DeviceLost
 
     class DiesOnTheThirdMutant(FakeExecutor):
         boxes: list = []
@@ -511,9 +511,9 @@ def test_a_lost_device_stops_the_campaign_and_takes_back_its_recent_faults(suite
 
 
 def test_a_files_frequent_killers_run_first_and_trap_gates_stay_last():
-    from harness.mutate.campaign import KillHistory
-    from harness.mutate.generate import Mutant
-    from harness.mutate.select import Coverage, GateInfo
+    from harness.campaigns.mutate.campaign import KillHistory
+    from harness.campaigns.mutate.generate import Mutant
+    from harness.campaigns.mutate.select import Coverage, GateInfo
 
     def info(name, kind="anchor", duration=0.1):
         return GateInfo(f"gates/t.py::{name}", "gates/t.py", kind, duration, frozenset({"a.cu"}), frozenset())
@@ -542,8 +542,8 @@ def test_the_table_shows_the_memory_safety_kills_that_the_score_counts():
 
     from rich.console import Console
 
-    from harness.mutate.report import table
-    from harness.mutate.verdicts import MutantResult, Verdict
+    from harness.campaigns.mutate.report import table
+    from harness.campaigns.mutate.verdicts import MutantResult, Verdict
 
     def result(verdict, safety=False):
         return MutantResult(mutant=SimpleNamespace(file="k.cu", id=f"{verdict.value}{safety}{id(object())}"),

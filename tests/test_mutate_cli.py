@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from harness.__main__ import main as harness_main
-from harness.mutate.cli import ExitStatus, main
-from harness.mutate.operators import OPERATORS
+from harness.campaigns.mutate.cli import ExitStatus, main
+from harness.campaigns.mutate.operators import OPERATORS
 from tests._machine import CHROMIUM, PACKAGE, child_env, use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
 REPO = Path(__file__).resolve().parents[1]
-SCHEMA = PACKAGE / "mutate" / "schema" / "mutation-testing-report-schema.json"
+SCHEMA = PACKAGE / "campaigns" / "mutate" / "schema" / "mutation-testing-report-schema.json"
 
 
 @pytest.fixture
@@ -223,7 +223,7 @@ def test_ctrl_c_or_a_kill_during_the_screen_leaves_nothing_behind(suite, signum)
     while session_processes(proc.pid) and time.time() < deadline:
         time.sleep(0.05)
     assert session_processes(proc.pid) == [], "no process of the run outlives it"
-    from harness.mutate.generate import generate, select_files
+    from harness.campaigns.mutate.generate import generate, select_files
 
     ids = {m.id for m in generate(root, select_files(root, []), tuple(OPERATORS))[0]}
     # this run's sandboxes: harness-mutant-<id>-<the campaign's pid>-<random>, and its screen's
@@ -236,7 +236,7 @@ def test_ctrl_c_or_a_kill_during_the_screen_leaves_nothing_behind(suite, signum)
 
 
 def test_each_gpus_executor_keeps_a_spare_for_each_of_its_slots_plus_two(monkeypatch):
-    from harness import device
+    from harness.core import device
     from harness.runs.warm import spares_for
 
     monkeypatch.setattr(device, "assignable_devices", lambda: [])
@@ -249,9 +249,9 @@ def test_each_gpus_executor_keeps_a_spare_for_each_of_its_slots_plus_two(monkeyp
 def test_the_recheck_in_workers_ends_the_campaigns_workers_and_never_reuses_one(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from harness import device
-    from harness.mutate.campaign import MutateConfig
-    from harness.mutate.cli import _fresh_worker_slots
+    from harness.core import device
+    from harness.campaigns.mutate.campaign import MutateConfig
+    from harness.campaigns.mutate.cli import _fresh_worker_slots
 
     monkeypatch.setattr(device, "assignable_devices", lambda: ["0", "1"])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")

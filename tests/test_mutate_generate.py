@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.mutate.generate import (PathError, SinceError, changed_lines, generate, mutants_of, sample,
-                                     select_files)
-from harness.mutate.operators import OPERATORS, UnknownOperator, parse_operators
+from harness.campaigns.mutate.generate import (PathError, SinceError, changed_lines, generate, mutants_of, sample,
+                                               select_files)
+from harness.campaigns.mutate.operators import OPERATORS, UnknownOperator, parse_operators
 
 REPO = Path(__file__).resolve().parents[1]
 

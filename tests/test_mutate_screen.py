@@ -10,13 +10,13 @@ import tempfile
 from pathlib import Path
 
 
-from harness.compile import compile_file
-from harness.mutate.campaign import dependents_of
-from harness.mutate.elf import fingerprint
-from harness.mutate.generate import Mutant, mutants_of
-from harness.mutate.operators import OPERATORS
-from harness.mutate.screen import Compiled, ScreenContext, classify, compile_all, original_fingerprints
-from harness.mutate.verdicts import Verdict
+from harness.compiling.compile import compile_file
+from harness.campaigns.mutate.campaign import dependents_of
+from harness.campaigns.mutate.elf import fingerprint
+from harness.campaigns.mutate.generate import Mutant, mutants_of
+from harness.campaigns.mutate.operators import OPERATORS
+from harness.campaigns.mutate.screen import Compiled, ScreenContext, classify, compile_all, original_fingerprints
+from harness.campaigns.mutate.verdicts import Verdict
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
 
@@ -152,7 +152,7 @@ def test_a_killed_worker_costs_nothing_but_time(tmp_path, monkeypatch):
             os.kill(workers[0], signal.SIGKILL)
             killed.append(workers[0])
 
-    from harness.mutate import screen
+    from harness.campaigns.mutate import screen
 
     rounds = []
     real_round = screen._pool_round
@@ -171,16 +171,16 @@ def test_a_screening_workers_sandbox_is_made_in_its_screens_home(tmp_path, monke
     of its own, is never touched (tests/test_sandbox_interrupt.py removes a home with one in)."""
     import dataclasses
 
-    import harness.compile
-    from harness.mutate.screen import compile_mutant
+    import harness.compiling.compile
+    from harness.campaigns.mutate.screen import compile_mutant
 
     home = tmp_path / "home"
     home.mkdir()
     ms = mutants_of("sum.cu", (SUITE / "kernels" / "sum.cu").read_bytes(), tuple(OPERATORS))[0]
     ctx = ScreenContext(SUITE / "kernels", "sm_90", tmp_path / "cache", {}, dependents_of(SUITE / "kernels", {"sum.cu"}))
     roots = []
-    real = harness.compile.compile_file
-    monkeypatch.setattr(harness.compile, "compile_file", lambda rel, **kw: (roots.append(kw["kernel_root"]),
+    real = harness.compiling.compile.compile_file
+    monkeypatch.setattr(harness.compiling.compile, "compile_file", lambda rel, **kw: (roots.append(kw["kernel_root"]),
                                                                              real(rel, **kw))[1])
     assert compile_mutant(ms[0], dataclasses.replace(ctx, home=home)).ok
     assert roots and all(Path(r).is_relative_to(home.resolve()) for r in roots), roots

@@ -5,9 +5,9 @@ recorder plugin that fill the records."""
 import json
 from pathlib import Path
 
-from harness import coverage
-from harness.mutate.recorder import read_folder
-from harness.mutate.select import Coverage
+from harness.library import coverage
+from harness.campaigns.mutate.recorder import read_folder
+from harness.campaigns.mutate.select import Coverage
 
 
 def gate(nodeid, duration, modules=None, sources=None, isolated=False, kind=None):
@@ -111,8 +111,8 @@ def test_repeated_lines_of_one_gate_merge(tmp_path):
 
 
 def test_the_registry_records_per_gate_relative_to_the_kernel_root(tmp_path, monkeypatch, settings_in_effect):
-    from harness import _settings
-    from harness.source import define_int
+    from harness.core import settings as _settings
+    from harness.library.source import define_int
 
     root = tmp_path / "kernels"
     root.mkdir()
@@ -122,7 +122,7 @@ def test_the_registry_records_per_gate_relative_to_the_kernel_root(tmp_path, mon
     try:
         coverage.begin("g.py::one")
         coverage.note_module("x.cu")
-        assert define_int(root / "x.cu", "X") == 3  # harness.source notes the read
+        assert define_int(root / "x.cu", "X") == 3  # harness.library.source notes the read
         coverage.begin("g.py::two")
         coverage.note_source(tmp_path / "elsewhere.cu")
         records = coverage.recorded()
@@ -134,7 +134,8 @@ def test_the_registry_records_per_gate_relative_to_the_kernel_root(tmp_path, mon
 
 
 def test_kernels_module_notes_the_module_it_loads(tmp_path, monkeypatch, settings_in_effect):
-    from harness import _settings, kernels
+    from harness.core import settings as _settings
+    from harness.library import kernels
 
     root = tmp_path / "kernels"
     root.mkdir()
@@ -151,7 +152,7 @@ def test_kernels_module_notes_the_module_it_loads(tmp_path, monkeypatch, setting
 
 
 def test_auto_deadline_grows_with_the_selected_gates_baseline_time_and_is_capped(tmp_path):
-    from harness.mutate.campaign import AUTO_CAP, AUTO_FACTOR, AUTO_FLOOR, MutateConfig, mutant_deadline
+    from harness.campaigns.mutate.campaign import AUTO_CAP, AUTO_FACTOR, AUTO_FLOOR, MutateConfig, mutant_deadline
 
     cov = Coverage.from_report(write_report(tmp_path, GATES))
     sel = cov.select("a.cu", ("a.cu",))
@@ -163,7 +164,7 @@ def test_auto_deadline_grows_with_the_selected_gates_baseline_time_and_is_capped
     assert mutant_deadline(auto, slow, slow.select("a.cu", ("a.cu",))) == AUTO_CAP
     fixed = MutateConfig(rootdir=tmp_path, kernel_root=tmp_path, report_dir=tmp_path, deadline=7.0)
     assert mutant_deadline(fixed, slow, slow.select("a.cu", ("a.cu",))) == 7.0
-    from harness.mutate.campaign import GATE_FLOOR, SET_FACTOR, SET_FLOOR, gate_deadlines
+    from harness.campaigns.mutate.campaign import GATE_FLOOR, SET_FACTOR, SET_FLOOR, gate_deadlines
 
     assert abs(mutant_deadline(auto, cov, sel, per_gate=True) - (SET_FLOOR + SET_FACTOR * took)) < 1e-9
 
@@ -175,7 +176,7 @@ def test_auto_deadline_grows_with_the_selected_gates_baseline_time_and_is_capped
 def test_mutants_to_screen_and_run_interleave_their_files():
     from types import SimpleNamespace as NS
 
-    from harness.mutate.campaign import interleave_mutants
+    from harness.campaigns.mutate.campaign import interleave_mutants
 
     ms = [NS(file=f, id=f"{f}{i}") for f, n in (("a.cu", 3), ("b.cu", 1), ("c.cu", 2)) for i in range(n)]
     assert [m.id for m in interleave_mutants(ms)] == ["a.cu0", "b.cu0", "c.cu0", "a.cu1", "c.cu1", "a.cu2"]

@@ -12,21 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from harness.mutate.campaign import MutateConfig, run_campaign
-from harness.mutate.static import NEEDS_GPU
-from harness.mutate.verdicts import Verdict
+from harness.campaigns.mutate.campaign import MutateConfig, run_campaign
+from harness.campaigns.mutate.static import NEEDS_GPU
+from harness.campaigns.mutate.verdicts import Verdict
 from tests._machine import use_child_env
 
 SUITE = Path(__file__).parent / "fixtures" / "mutate_suite"
 
 # Beside the fake suite's gates: a structural gate that reads other.cu's text through
-# harness.source (so its mutants are never settled by their cubin alone), and a GPU gate,
+# harness.library.source (so its mutants are never settled by their cubin alone), and a GPU gate,
 # skipped here, so the static baseline cannot see everything a GPU campaign would run.
 EXTRA_GATES = '''
     import pytest
 
-    from harness import coverage
-    from harness.source import read_source
+    from harness.library import coverage
+    from harness.library.source import read_source
 
 
     @pytest.mark.structural
@@ -109,7 +109,7 @@ class TestOneStaticRun:
 
 
     def test_what_only_a_gpu_gate_could_settle_stays_pending_and_says_why(self, static_run, capsys):
-        from harness.mutate.static import pending_lines
+        from harness.campaigns.mutate.static import pending_lines
 
         pending = [r for r in static_run.ordered() if r.verdict is Verdict.PENDING]
         assert pending and all(NEEDS_GPU in r.reason and "structural gate(s) passed" in r.reason for r in pending)
@@ -132,7 +132,7 @@ class Clock:
 def test_plain_progress_says_rate_and_time_left_at_most_every_interval():
     from rich.console import Console
 
-    from harness.mutate.cli import _Progress
+    from harness.campaigns.mutate.cli import _Progress
 
     out = io.StringIO()
     clock = Clock()
@@ -152,7 +152,7 @@ def test_plain_progress_says_rate_and_time_left_at_most_every_interval():
 def test_a_fast_stage_prints_only_its_end():
     from rich.console import Console
 
-    from harness.mutate.cli import _Progress
+    from harness.campaigns.mutate.cli import _Progress
 
     out = io.StringIO()
     clock = Clock()
@@ -168,7 +168,7 @@ def test_on_a_terminal_the_bar_shows_the_time_left():
     from rich.progress import TimeRemainingColumn
     from rich.console import Console
 
-    from harness.mutate.cli import _Progress
+    from harness.campaigns.mutate.cli import _Progress
 
     progress = _Progress(Console(file=io.StringIO(), force_terminal=True))
     assert progress.live and any(isinstance(c, TimeRemainingColumn) for c in progress.progress.columns)
@@ -209,11 +209,11 @@ def test_since_reuses_stored_verdicts_until_a_selected_gate_changes(tmp_path, mo
 
 
 def test_a_changed_toolchain_or_option_is_another_digest(tmp_path, monkeypatch):
-    from harness.mutate import store
-    from harness.mutate.generate import Mutant
+    from harness.campaigns.mutate import store
+    from harness.campaigns.mutate.generate import Mutant
 
     use_child_env(monkeypatch)
-    from harness.mutate.select import Coverage, GateInfo
+    from harness.campaigns.mutate.select import Coverage, GateInfo
 
     suite = copy_suite(tmp_path, extra=False)
     cov = Coverage([GateInfo("gates/gate_sum.py::test_adds_one", "gates/gate_sum.py", "anchor", 0.1,
@@ -231,9 +231,9 @@ def test_a_changed_toolchain_or_option_is_another_digest(tmp_path, monkeypatch):
 
 
 def test_the_store_keeps_no_timeout_and_a_pending_only_for_static_runs(tmp_path):
-    from harness.mutate.generate import Mutant
-    from harness.mutate.store import VerdictStore
-    from harness.mutate.verdicts import MutantResult
+    from harness.campaigns.mutate.generate import Mutant
+    from harness.campaigns.mutate.store import VerdictStore
+    from harness.campaigns.mutate.verdicts import MutantResult
 
     m = Mutant.from_json({"id": "abc", "file": "sum.cu", "start_byte": 0, "end_byte": 1, "start_line": 1,
                           "start_col": 1, "end_line": 1, "end_col": 2, "original": "/", "replacement": "*",

@@ -16,8 +16,8 @@ from tests._machine import use_child_env
 CONFTEST = """
 import sys
 pytest_plugins = [] if "harness.plugin" in sys.modules else ["harness.plugin"]
-import harness.device as device
-from harness.device import DeviceProbe
+import harness.core.device as device
+from harness.core.device import DeviceProbe
 _fake = DeviceProbe(count=1, name="Fake GPU", arch="sm_90")
 
 
@@ -33,7 +33,7 @@ device.probe = _probe
 device.context_is_poisoned = lambda: False
 
 # The trap shadow without a GPU: a fake module's guard counts here when the shadow is on.
-import harness.kernels as kernels
+import harness.library.kernels as kernels
 SHADOW_HITS = [0]
 kernels.trap_shadow_hits = lambda: SHADOW_HITS[0]
 _forget = kernels.forget_loaded
@@ -50,7 +50,8 @@ kernels.forget_loaded = _forget_and_clear
 GATES = """
 import ctypes, functools, os, signal
 import pytest
-from harness import coverage, host_cache
+from harness import host_cache
+from harness.library import coverage
 
 @functools.cache
 def device_side(kernel_root):
@@ -82,7 +83,7 @@ def test_guard_fires(kernel_root):
 @pytest.mark.trap
 def test_guard_counts_in_the_shadow(kernel_root):
     import conftest
-    from harness import kernels
+    from harness.library import kernels
     if "guard" in text(kernel_root):
         if kernels.trap_shadow_on():
             conftest.SHADOW_HITS[0] += 1  # what the shadow build's __trap() does: count, go on
@@ -253,8 +254,8 @@ def bench_both_ways(tmp_path_factory):
     import shutil
     import tempfile
 
-    from harness.mutate import campaign
-    from harness.mutate.bench import main
+    from harness.campaigns.mutate import campaign
+    from harness.campaigns.mutate.bench import main
 
     tmp_path = tmp_path_factory.mktemp("bench")
     real, warm = campaign.run_campaign, []
@@ -300,7 +301,7 @@ class TestTheMutationBench:
     def warm_half(self, bench_both_ways, monkeypatch):
         """bench.main's first campaign (the warm half) answered by the shared run's; the naive
         half runs for real from the shared run's baseline."""
-        from harness.mutate import campaign
+        from harness.campaigns.mutate import campaign
 
         real, calls = campaign.run_campaign, []
 
@@ -333,7 +334,7 @@ class TestTheMutationBench:
         import json
 
         from harness.runs import fresh as runs_fresh
-        from harness.mutate.bench import main
+        from harness.campaigns.mutate.bench import main
 
         root, _ = suite
         (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
@@ -366,9 +367,9 @@ class TestTheMutationBench:
         # load: such a run is listed apart, and the naive half gets its own generous deadline
         import json
 
-        from harness.mutate import bench
+        from harness.campaigns.mutate import bench
         from harness.runs import fresh as runs_fresh, result as runs_result
-        from harness.mutate.bench import main
+        from harness.campaigns.mutate.bench import main
 
         root, _ = suite
         (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
@@ -407,7 +408,7 @@ class TestTheMutationBench:
         import threading
 
         from harness.runs import fresh as child
-        from harness.mutate import bench
+        from harness.campaigns.mutate import bench
         from harness.runs import fresh as runs_fresh
 
         root, _ = suite
@@ -479,7 +480,7 @@ def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(su
     # `python -m harness mutate` on the fake suite: the campaign, then every survivor and a
     # sample again in workers forked for one mutant each; the summary names the campaign's
     # workers and the re-check's, and how many verdicts agreed
-    from harness.mutate.cli import main
+    from harness.campaigns.mutate.cli import main
 
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
@@ -516,9 +517,9 @@ def test_the_command_rechecks_in_fresh_workers_and_names_both_sets_of_workers(su
 
 
 def test_controls_on_the_warm_executor_are_proven_in_fresh_workers_at_once(suite, tmp_path, monkeypatch):
-    from harness.controls import collect as collect_module
-    from harness.controls.report import word
-    from harness.controls.runner import CampaignConfig, run_campaign
+    from harness.campaigns.controls import collect as collect_module
+    from harness.campaigns.controls.report import word
+    from harness.campaigns.controls.runner import CampaignConfig, run_campaign
 
     real_collect, collected = collect_module.collect_gates, []
 
@@ -582,7 +583,7 @@ def test_clearing_project_caches_spares_host_caches_and_the_harness_itself(tmp_p
     mod.device(), mod.host()
     assert clear_project_caches(tmp_path) == 1
     assert mod.device.cache_info().currsize == 0 and mod.host.cache_info().currsize == 1
-    from harness import device  # a harness module under the repo root keeps its caches
+    from harness.core import device  # a harness module under the repo root keeps its caches
 
     device._probe()
     before = device._probe.cache_info().currsize
@@ -632,7 +633,7 @@ def test_reset_refuses_a_worker_whose_device_buffers_outlive_the_mutant(monkeypa
     import sys
     import types
 
-    from harness import device
+    from harness.core import device
     from harness.pool import worker as pool_worker
 
     held = {"bytes": 0}
@@ -669,7 +670,7 @@ def test_reset_refuses_a_worker_whose_device_buffers_outlive_the_mutant(monkeypa
 
 
 def test_a_worker_that_cannot_start_mid_campaign_is_a_lost_device_not_a_verdict(suite, tmp_path, monkeypatch):
-    from harness.errors import DeviceLost
+    from harness.core.errors import DeviceLost
 
     flag = tmp_path / "dead"
     monkeypatch.setenv("FAKE_GPU_DEAD_FLAG", str(flag))
@@ -682,7 +683,7 @@ def test_a_worker_that_cannot_start_mid_campaign_is_a_lost_device_not_a_verdict(
 
 
 def test_a_mutant_that_faults_gate_after_gate_stops_after_a_few_faults(suite):
-    from harness.mutate.execute import judge
+    from harness.campaigns.mutate.execute import judge
     from harness.runs.warm import MAX_FAULTS
 
     root, ex = suite
@@ -764,9 +765,9 @@ def test_a_batchs_wait_for_workers_does_not_cut_the_next_batch(monkeypatch):
     # is one this test moves (by the direct batch's 0.6 s, all of it waiting): exact figures.
     import types
 
-    from harness.mutate import execute
-    from harness.mutate.execute import run_mutant
-    from harness.mutate.verdicts import Verdict
+    from harness.campaigns.mutate import execute
+    from harness.campaigns.mutate.execute import run_mutant
+    from harness.campaigns.mutate.verdicts import Verdict
     from harness.runs.result import Executor, GateOutcome, GateRuns
 
     now = [100.0]
@@ -789,7 +790,7 @@ def test_a_batchs_wait_for_workers_does_not_cut_the_next_batch(monkeypatch):
 def test_a_fault_in_a_memory_safety_gate_ends_the_mutants_run_as_a_kill_does():
     # killed-by-trap in a gate written for memory safety counts as a kill (the score): the
     # sibling batch does not run after it, as it would not after a kill by assertion
-    from harness.mutate.execute import run_mutant
+    from harness.campaigns.mutate.execute import run_mutant
     from harness.runs.result import Executor, GateOutcome, GateRuns
 
     class Faulting(Executor):
@@ -841,7 +842,7 @@ def test_a_shadowed_trap_gate_passes_in_the_mutants_own_worker_and_fails_when_it
 
 @pytest.mark.parametrize("bad", ["0", "-5", "nan", "inf", "soon"])
 def test_a_bad_naive_seconds_is_refused_with_the_fix(bad, capsys):
-    from harness.mutate.bench import main
+    from harness.campaigns.mutate.bench import main
 
     assert main(["--naive-seconds", bad]) == 2
     err = capsys.readouterr().err
@@ -851,7 +852,7 @@ def test_a_bad_naive_seconds_is_refused_with_the_fix(bad, capsys):
 def test_the_bench_compares_kills_of_another_kind_as_agreement_one_way_only():
     # the campaign stops at the first kill (here a fault), the naive way runs every gate (and
     # one asserted): the same kill. Killed warm but only trapped naive is a disagreement.
-    from harness.mutate.bench import compare
+    from harness.campaigns.mutate.bench import compare
 
     warm = {"a": "killed-by-trap", "b": "killed", "c": "survived", "d": "killed", "e": "equivalent", "f": "killed"}
     naive = {"a": "killed", "b": "killed-by-trap", "c": "survived", "d": "timeout", "e": "equivalent", "f": "survived"}
@@ -867,8 +868,8 @@ def test_the_campaigns_workers_start_while_its_baseline_runs(suite, tmp_path, mo
     import os
     import time
 
-    from harness.mutate import campaign as campaign_mod
-    from harness.mutate.cli import _executor_factory, build_parser, config_from
+    from harness.campaigns.mutate import campaign as campaign_mod
+    from harness.campaigns.mutate.cli import _executor_factory, build_parser, config_from
 
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)
@@ -892,7 +893,7 @@ def test_the_campaigns_workers_start_while_its_baseline_runs(suite, tmp_path, mo
     # the baseline's recorder is set for its own process only: a server started meanwhile
     # from this process's environment must not record into the baseline's coverage
     from harness.runs import fresh as child
-    from harness.child import COVERAGE_DIR_CHANNEL as ENV
+    from harness.core.child import COVERAGE_DIR_CHANNEL as ENV
 
     real_run_gates = child.run_gates
     envs = []
@@ -910,7 +911,7 @@ def test_the_campaigns_workers_start_while_its_baseline_runs(suite, tmp_path, mo
             ex.close()
     assert seen == {"started during the baseline": True}
     (plugins, folder, env), = envs
-    assert (plugins, folder) == (None, None) and env["PYTEST_PLUGINS"] == "harness.mutate.recorder" and env[ENV]
+    assert (plugins, folder) == (None, None) and env["PYTEST_PLUGINS"] == "harness.campaigns.mutate.recorder" and env[ENV]
     assert len(made) == 1 and result.baseline.ok
     assert all(r.verdict.value != "pending" for r in result.results.values()) and result.results
 
@@ -920,7 +921,7 @@ def test_workers_started_ahead_and_closed_at_once_leave_nothing_running(suite, t
     # the start ends what it made, and no server or worker outlives the campaign
     import time
 
-    from harness.mutate.cli import _executor_factory, build_parser, config_from
+    from harness.campaigns.mutate.cli import _executor_factory, build_parser, config_from
 
     root, _ = suite
     args = build_parser().parse_args(["--rootdir", str(root), "--no-require-gpu", "--gpu-jobs", "2",
@@ -989,7 +990,7 @@ def test_clearing_the_project_caches_loads_no_lazily_loaded_module(tmp_path, mon
 def test_a_device_lost_in_the_recheck_is_one_line_and_the_campaigns_report_stands(suite, tmp_path, monkeypatch, capsys):
     # the GPU stops answering once the campaign is done and its re-check starts fresh
     # workers: one red line that says the verdicts stand and how to re-check, no traceback
-    from harness.mutate import cli, recheck as recheck_mod
+    from harness.campaigns.mutate import cli, recheck as recheck_mod
 
     root, _ = suite
     (root / "kernels" / "k.cu").write_text(GUARDED_KERNEL)

@@ -80,8 +80,8 @@ def argparse_names(parser) -> list[str]:
 
 def harness_env_vars() -> set[str]:
     """The public HARNESS_* variables the harness reads: every one it spells but the private
-    channels to its children (harness.child.CHANNELS)."""
-    from harness.child import CHANNELS
+    channels to its children (harness.core.child.CHANNELS)."""
+    from harness.core.child import CHANNELS
 
     found = set()
     for path in PACKAGE.rglob("*.py"):
@@ -90,10 +90,10 @@ def harness_env_vars() -> set[str]:
 
 
 def test_the_table_names_no_private_channel():
-    from harness.child import CHANNELS
+    from harness.core.child import CHANNELS
 
     named = sorted(name for where, name in documented() if where == "env" and name in CHANNELS)
-    assert not named, f"{DOC.relative_to(REPO)} names private channels (harness/child.py has them): {named}"
+    assert not named, f"{DOC.relative_to(REPO)} names private channels (harness/core/child.py has them): {named}"
 
 
 def test_the_table_parses_and_is_not_empty():
@@ -114,7 +114,7 @@ def test_every_command_option_is_documented(command):
     if command == "compile":
         from harness.__main__ import compile_parser as build
     else:
-        from harness.controls.cli import build_parser as build
+        from harness.campaigns.controls.cli import build_parser as build
     names = argparse_names(build())
     missing = [n for n in names if (command, n) not in documented()]
     assert names and not missing, f"add these {command} options to the table in {DOC.relative_to(REPO)}: {missing}"
@@ -146,7 +146,7 @@ def existing() -> dict[str, set[str]]:
     """What a row of each `where` may name: the names that exist today."""
     from harness import plugin
     from harness.__main__ import compile_parser
-    from harness.controls.cli import build_parser
+    from harness.campaigns.controls.cli import build_parser
 
     rec = plugin_options()
     return {

@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from harness.dtypes import bf16, bits_of
+from harness.library.dtypes import bf16, bits_of
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 

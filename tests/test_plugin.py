@@ -16,8 +16,8 @@ pytest_plugins = [] if "harness.plugin" in sys.modules else ["harness.plugin"]
 """
 
 FAKE_DEVICE_CONFTEST = LOAD_PLUGIN + """
-import harness.device as device
-from harness.device import DeviceProbe
+import harness.core.device as device
+from harness.core.device import DeviceProbe
 
 _fake = DeviceProbe(count=1, name="Fake GPU", arch="sm_90")
 device.probe = lambda: _fake
@@ -74,7 +74,7 @@ def test_kernel():
 def test_under_xdist_no_driver_is_one_line_before_any_worker_starts(suite, monkeypatch):
     # no driver, whatever this machine has: the controller (the only process here) is told so
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    suite.makeconftest(LOAD_PLUGIN + "import harness.device\nharness.device._driver_present = lambda: False\n")
+    suite.makeconftest(LOAD_PLUGIN + "import harness.core.device\nharness.core.device._driver_present = lambda: False\n")
     suite.makepyfile(test_g=ONE_GPU_GATE)
     result = suite.runpytest_subprocess("-n", "2", "-p", "xdist", "--require-gpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -88,7 +88,7 @@ def test_under_xdist_the_device_probe_runs_while_the_workers_start_and_still_ref
     # every device hidden, and says so after xdist has started its workers, which it then
     # takes down
     suite.makepyfile(test_g=ONE_GPU_GATE)
-    suite.makeconftest(LOAD_PLUGIN + "import harness.device\nharness.device._driver_present = lambda: True\n")
+    suite.makeconftest(LOAD_PLUGIN + "import harness.core.device\nharness.core.device._driver_present = lambda: True\n")
     result = suite.runpytest_subprocess("-n", "2", "-p", "xdist", "--require-gpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     lines = [line for line in result.stderr.lines if "harness: --require-gpu" in line]
@@ -255,7 +255,7 @@ def test_reports_carry_kind_route_device_and_options(suite):
             assert_bits_eq("out", np.zeros(3, np.float32), np.asarray([0, 1, 0], np.float32))
         @pytest.mark.refusal
         def test_refusal_red():
-            from harness.launch import Refusal
+            from harness.library.launch import Refusal
             raise Refusal("head_dim must be 256 or 512")
         @pytest.mark.gpu
         @pytest.mark.link

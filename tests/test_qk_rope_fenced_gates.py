@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from gates import _qk_rope as qk
-from harness import buffers
-from harness.bits import BitsMismatch
-from harness.dtypes import bf16, bits_of
+from harness.library import buffers
+from harness.library.bits import BitsMismatch
+from harness.library.dtypes import bf16, bits_of
 from oracles import qk_rope as design
 from tests.host_device import below as _below
 from tests.host_device import host_buffers  # noqa: F401 (a fixture)

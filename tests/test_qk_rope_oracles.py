@@ -4,7 +4,7 @@ scenario metadata) and of the launcher's refusal messages. No GPU needed."""
 import numpy as np
 import pytest
 
-from harness.dtypes import bf16, bits_of
+from harness.library.dtypes import bf16, bits_of
 from kernels_cu import qk_rope as launcher
 from oracles import qk_rope as design
 from oracles.paged_layout import K, V, PagedKvLayout

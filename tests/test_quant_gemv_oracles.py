@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.dtypes import bits_of, decode_e4m3, unpack_fp4
+from harness.library.dtypes import bits_of, decode_e4m3, unpack_fp4
 from oracles.quant_gemv import (
     capped,
     e4m3_bits,
@@ -79,7 +79,7 @@ def test_nvfp4_designed_refuses_a_k_that_breaks_f32_exactness():
 
 # ------------------------------------------------------------------ position-dependent designs
 
-from harness.dtypes import bf16, from_bits, to_bf16  # noqa: E402
+from harness.library.dtypes import bf16, from_bits, to_bf16  # noqa: E402
 from oracles.quant_gemv import (  # noqa: E402
     LM_POS_H,
     LM_POS_RUNNER_UP,
@@ -190,7 +190,7 @@ def test_lm_head_positional_logits_keep_their_order_under_the_cap():
 
 # ------------------------------------------------------------------ lm_head edges
 
-from harness.dtypes import decode_e4m3  # noqa: E402
+from harness.library.dtypes import decode_e4m3  # noqa: E402
 from oracles.quant_gemv import (  # noqa: E402
     LM_EDGE_H,
     LM_EDGE_ODD,

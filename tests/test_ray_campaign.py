@@ -15,7 +15,7 @@ from tests._machine import RAY
 
 ray = RAY.module("ray")
 
-from harness.mutate import cli  # noqa: E402
+from harness.campaigns.mutate import cli  # noqa: E402
 from harness.runs import cluster as cluster_mod  # noqa: E402
 from harness.runs.ray_executor import RayExecutor  # noqa: E402
 from test_mutate_warm import CONFTEST, make_suite  # noqa: E402
@@ -42,7 +42,7 @@ message = "out is not x + 1 where i < n"
 """
 GATES = """
 import pytest
-from harness import coverage
+from harness.library import coverage
 
 class CUDARuntimeError(RuntimeError):
     pass
@@ -74,7 +74,7 @@ def test_a_campaign_on_a_ray_cluster_gives_the_local_verdicts_through_a_lost_hea
 
     root, ex = make_suite(tmp_path, monkeypatch, GATES, KERNEL)
     ex.close()
-    assert "harness.device" in CONFTEST  # the fake device every actor's pool probes
+    assert "harness.core.device" in CONFTEST  # the fake device every actor's pool probes
     common = ["--rootdir", str(root), *SAMPLE, "--cache-dir", str(tmp_path / "cache")]
     local = tmp_path / "local"
     assert cli.main([*common, "--report", str(local)]) in (0, 1), capsys.readouterr()
@@ -123,7 +123,7 @@ def test_a_campaign_on_a_ray_cluster_gives_the_local_verdicts_through_a_lost_hea
         assert status in (0, 1), got.err
 
         # a control on the node left: proven there, and it says where
-        from harness.controls import cli as controls_cli
+        from harness.campaigns.controls import cli as controls_cli
 
         (root / "controls").mkdir()
         (root / "controls" / "minus.toml").write_text(MINUS)

@@ -1,4 +1,4 @@
-"""A torch function as a gate's oracle: `harness.reference.torch_reference` notes it on the
+"""A torch function as a gate's oracle: `harness.library.reference.torch_reference` notes it on the
 gate, and gates.json and summary.md say which gates took a reference and how each compared
 (bitwise for a link, the stated tolerance for an anchor)."""
 
@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-from harness import coverage
-from harness.records import GateRecord
-from harness.reference import torch_reference
-from harness.report import RunFacts, summary_markdown
+from harness.library import coverage
+from harness.core.records import GateRecord
+from harness.library.reference import torch_reference
+from harness.plugin.report import RunFacts, summary_markdown
 from tests._machine import use_child_env
 
 LOAD_PLUGIN = 'import sys\npytest_plugins = [] if "harness.plugin" in sys.modules else ["harness.plugin"]\n'

@@ -85,8 +85,8 @@ def test_an_interrupt_at_any_point_of_making_or_removing_a_sandbox_leaves_nothin
 
 
 def screen_context():
-    from harness.mutate.campaign import dependents_of
-    from harness.mutate.screen import ScreenContext
+    from harness.campaigns.mutate.campaign import dependents_of
+    from harness.campaigns.mutate.screen import ScreenContext
     from harness.runs.compilecheck import declared_names
 
     root = SUITE / "kernels"
@@ -94,8 +94,8 @@ def screen_context():
 
 
 def some_mutants(n: int):
-    from harness.mutate.generate import generate, select_files
-    from harness.mutate.operators import OPERATORS
+    from harness.campaigns.mutate.generate import generate, select_files
+    from harness.campaigns.mutate.operators import OPERATORS
 
     root = SUITE / "kernels"
     return generate(root, select_files(root, []), tuple(OPERATORS))[0][:n]
@@ -107,7 +107,7 @@ def test_an_interrupt_in_the_screen_leaves_no_sandbox_of_its_workers(temp, tmp_p
     (the sandbox a killed worker left is played by one made beside theirs), nothing stays."""
     import dataclasses
 
-    from harness.mutate import screen
+    from harness.campaigns.mutate import screen
 
     ctx = dataclasses.replace(screen_context(), cache_dir=tmp_path / "cache")
     homes = []
@@ -141,13 +141,13 @@ def test_a_campaign_interrupted_between_a_sandbox_made_and_owned_sweeps_it(engin
     suite = tmp_path / "suite"
     shutil.copytree(Path(__file__).parent / "fixtures" / f"{engine}_suite", suite)
     if engine == "controls":
-        from harness.controls import CampaignConfig, run_campaign
+        from harness.campaigns.controls import CampaignConfig, run_campaign
 
         config = CampaignConfig(rootdir=suite, kernel_root=Path("kernels"), report_dir=Path("report"),
                                 controls_dir=Path("controls"), names=("value_changed",), static=True,
                                 require_gpu=False, cache_dir=suite / "cache")
     else:
-        from harness.mutate.campaign import MutateConfig, run_campaign
+        from harness.campaigns.mutate.campaign import MutateConfig, run_campaign
 
         config = MutateConfig(rootdir=suite, kernel_root=Path("kernels"), report_dir=Path("report"), static=True,
                               jobs=1, arch="sm_90", require_gpu=False, cache_dir=suite / "cache")

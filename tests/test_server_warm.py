@@ -10,7 +10,7 @@ GATES = """
 import os
 import pytest
 from harness import host_cache
-from harness.source import read_source
+from harness.library.source import read_source
 
 LOG = os.environ["WARM_LOG"]
 

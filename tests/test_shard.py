@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.shard import parse_shard, split
+from harness.plugin.shard import parse_shard, split
 from tests._machine import child_env
 
 

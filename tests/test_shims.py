@@ -1,5 +1,5 @@
-"""The NVRTC shims (`harness/shims/`) and the stand-in for a set-aside host header
-(`harness/standin/`): what kernels and their headers take from the C++ standard library
+"""The NVRTC shims (`harness/compiling/shims/`) and the stand-in for a set-aside host header
+(`harness/compiling/standin/`): what kernels and their headers take from the C++ standard library
 compiles under NVRTC with a plain `#include`, beside real CUDA and CCCL headers, with no
 ambiguity; and what device code got through a host header the device view set aside (a c10
 header: the standard integer types, std::max over an initializer list, __half) stays
@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from harness import toolchain
-from harness.compile import compile_file
+from harness.compiling import toolchain
+from harness.compiling.compile import compile_file
 
 # Each call's value is checked at compile time: a wrong shim is a failed static_assert.
 MIN_MAX_FAMILY = """\

@@ -115,7 +115,7 @@ def test_with_no_snapshot_folder_nothing_is_kept_or_written(project):
 
 
 def test_arms_are_named_by_label_and_order_and_kept_only_when_armed():
-    from harness import arms
+    from harness.library import arms
 
     arms.note("x", np.zeros(1))
     assert arms.end() == {}
@@ -175,7 +175,7 @@ def test_on_the_device():
 def test_snapshot_update_says_why_it_stored_nothing(project, monkeypatch, driver):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     if driver == "present":  # the run forks its pool's server and probes there; no device answers
-        (project.path / "conftest.py").write_text("import harness.device\n\nharness.device._driver_present = lambda: True\n")
+        (project.path / "conftest.py").write_text("import harness.core.device\n\nharness.core.device._driver_present = lambda: True\n")
     (project.path / "gates" / "test_k.py").write_text(NOTHING_TO_STORE)
     result = run(project, "--snapshot-update")
     result.assert_outcomes(passed=1, skipped=1)
@@ -211,7 +211,7 @@ def test_a_snapshot_that_cannot_be_written_fails_its_gate_in_one_line(project):
 def test_a_snapshot_place_that_is_not_writable_is_named(tmp_path, monkeypatch, writable):
     import tempfile
 
-    from harness.snapshots import place_problem
+    from harness.plugin.snapshots import place_problem
 
     if not writable:  # a read-only place refuses a new folder (root passes permission bits: the test cannot chmod)
         def refuse(*args, **kwargs):

@@ -1,24 +1,24 @@
-"""harness.source: structural lookups that comments and literals cannot fool."""
+"""harness.library.source: structural lookups that comments and literals cannot fool."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.source import (
-    SourceError,
-    calls_in,
-    contains_call,
-    declared_names,
-    define_int,
-    define_value,
-    function,
-    function_body,
-    line_of,
-    mentions,
-    reachable_functions,
-    strip_comments_and_literals,
-    struct_fields,
-)
+from harness.library.source import (
+                                    SourceError,
+                                    calls_in,
+                                    contains_call,
+                                    declared_names,
+                                    define_int,
+                                    define_value,
+                                    function,
+                                    function_body,
+                                    line_of,
+                                    mentions,
+                                    reachable_functions,
+                                    strip_comments_and_literals,
+                                    struct_fields,
+                                    )
 
 KERNEL = r"""
 #include <cuda_bf16.h>
@@ -177,8 +177,8 @@ def test_reachable_functions_follow_calls_to_functions_defined_in_the_text():
 
 
 def test_read_source_returns_the_text_and_notes_it_for_the_running_gate(tmp_path):
-    from harness import coverage
-    from harness.source import read_source
+    from harness.library import coverage
+    from harness.library.source import read_source
 
     f = tmp_path / "k.cu"
     f.write_text("#define BLOCK 128\n")

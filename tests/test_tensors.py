@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from harness import BitsMismatch, assert_bits_eq, assert_close, rel_rms
-from harness.dtypes import bf16, bits_of, fp8_e4m3
-from harness.tensors import TorchOnlyDtype, UnknownDtype, is_torch
+from harness.library.dtypes import bf16, bits_of, fp8_e4m3
+from harness.library.tensors import TorchOnlyDtype, UnknownDtype, is_torch
 from tests._machine import child_env
 
 VALUES = np.array([[0.0, -0.0, 1.0, -1.5], [0.25, 448.0, -2.0, 3.0], [0.5, 6.0, -4.0, 0.75]], np.float32)
@@ -189,7 +189,7 @@ def test_is_torch_knows_tensors_and_parameters_and_nothing_else(torch):
 def test_comparing_numpy_arrays_never_imports_torch():
     code = ("import sys, numpy as np\n"
             "from harness import assert_bits_eq, assert_close\n"
-            "from harness import buffers, kernels, launch, reference\n"
+            "from harness.library import buffers, kernels, launch, reference\n"
             "assert_bits_eq('x', np.zeros(3, np.float32), np.zeros(3, np.float32))\n"
             "assert_close('x', np.zeros(3, np.float32), np.zeros(3, np.float32), atol=0, rtol=0)\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gates._thread_roles import analysed, defined, reachable_text
-from harness import caching
+from harness.library import caching
 
 
 @pytest.fixture(autouse=True)

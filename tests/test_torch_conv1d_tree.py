@@ -12,7 +12,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from harness.modsettings import declared_settings
+from harness.compiling.modsettings import declared_settings
 from tests._machine import child_env
 
 REPO = Path(__file__).resolve().parents[1]

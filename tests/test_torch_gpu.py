@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from harness import BitsMismatch, assert_bits_eq, assert_close
-from harness.dtypes import bf16, fp8_e4m3
-from harness.launch import Refusal
-from harness.tensors import TorchOnlyDtype, UnknownDtype
+from harness.library.dtypes import bf16, fp8_e4m3
+from harness.library.launch import Refusal
+from harness.library.tensors import TorchOnlyDtype, UnknownDtype
 
 VALUES = np.array([[0.0, -0.0, 1.0, -1.5], [0.25, 448.0, -2.0, 3.0]], np.float32)
 
@@ -30,8 +30,8 @@ def cuda(torch):
 
 @pytest.fixture
 def scale_kernel(tmp_path, cuda):
-    from harness import kernels
-    from harness.compile import compile_file
+    from harness.library import kernels
+    from harness.compiling.compile import compile_file
 
     (tmp_path / "scale.cu").write_text(SCALE_CU)
     compiled = compile_file("scale.cu", kernel_root=tmp_path, cache_dir=tmp_path / "cache")
@@ -93,7 +93,7 @@ def test_a_kernel_writes_into_a_torch_tensor_with_no_copy(torch, cuda, scale_ker
 @pytest.mark.gpu
 @pytest.mark.anchor
 def test_stream_torch_launches_on_torchs_current_stream(torch, cuda, scale_kernel):
-    from harness.launch import torch_stream
+    from harness.library.launch import torch_stream
 
     side = torch.cuda.Stream(device=cuda)
     with torch.cuda.stream(side):

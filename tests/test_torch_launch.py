@@ -7,10 +7,10 @@ tests/test_torch_gpu.py.)"""
 import numpy as np
 import pytest
 
-from harness.dtypes import bf16
-from harness.kernels import Launch
-from harness.launch import (BF16_DTYPES, E4M3_DTYPES, Refusal, check_aligned, check_array, check_int32_vector,
-                            kernel_arg, kernel_args)
+from harness.library.dtypes import bf16
+from harness.library.kernels import Launch
+from harness.library.launch import (BF16_DTYPES, E4M3_DTYPES, Refusal, check_aligned, check_array, check_int32_vector,
+                                    kernel_arg, kernel_args)
 
 
 def test_launcher_checks_accept_torch_dtypes_as_their_numpy_names(torch):

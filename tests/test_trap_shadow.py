@@ -1,4 +1,4 @@
-"""The trap shadow a mutation campaign runs its trap gates in (harness.trap_shadow.TRAP_SHADOW_PREAMBLE),
+"""The trap shadow a mutation campaign runs its trap gates in (harness.compiling.trap_shadow.TRAP_SHADOW_PREAMBLE),
 checked where no GPU is: every subject file that has a guard compiles in it, its `__trap()`s
 are gone from the code and count into the module global instead, its cache entry is its own,
 and NVRTC's line numbers still name the file's own lines."""
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import CompileError, compile_file
-from harness.trap_shadow import TRAP_SHADOW_PREAMBLE, TRAP_SHADOW_SYMBOL
+from harness.compiling.compile import CompileError, compile_file
+from harness.compiling.trap_shadow import TRAP_SHADOW_PREAMBLE, TRAP_SHADOW_SYMBOL
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "kernels_cu"
@@ -30,7 +30,7 @@ def _ptx(text: str, options: list[str], name_expressions=()) -> str:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         assert int(err) == 0, err
         _, size = nvrtc.nvrtcGetPTXSize(prog)
-        buf = bytearray(size)  # NVRTC writes into it (never into a bytes object: see harness/backends.py)
+        buf = bytearray(size)  # NVRTC writes into it (never into a bytes object: see harness/compiling/backends.py)
         nvrtc.nvrtcGetPTX(prog, buf)
         return bytes(buf).decode()
     finally:
@@ -39,7 +39,7 @@ def _ptx(text: str, options: list[str], name_expressions=()) -> str:
 
 def _compiled(name: str, cache: Path, shadow: bool, monkeypatch):
     """compile_file's module, and the text and options NVRTC was given for it."""
-    import harness.compile as compile_module
+    import harness.compiling.compile as compile_module
 
     seen = []
     real = compile_module._compile_nvrtc

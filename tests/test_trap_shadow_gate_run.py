@@ -1,6 +1,6 @@
-"""Trap gates in the gate run's trap shadow (harness.pool.traps, harness.plugin_pool), where no
+"""Trap gates in the gate run's trap shadow (harness.pool.traps, harness.plugin.pool), where no
 GPU is: a fake device whose guard "counts" when the worker loaded its modules in the shadow
-build (the settings in effect, harness.kernels.trap_shadow_on) and traps otherwise. A counted guard settles a pass;
+build (the settings in effect, harness.library.kernels.trap_shadow_on) and traps otherwise. A counted guard settles a pass;
 a device fault settles a pass; a run that counted nothing is settled by a real trap in a
 second fresh worker, so a red trap gate is always a real trap's word; --harness-real-traps
 traps each for real."""
@@ -10,13 +10,13 @@ import json
 import pytest
 
 from harness.pool.controller import Ending, RunResult
-from harness.plugin_pool import shadow_unsettled
+from harness.plugin.pool import shadow_unsettled
 from tests.test_plugin import FAKE_DEVICE_CONFTEST
 from tests._machine import use_child_env
 
 
 # The guard of a fake kernel: in the trap shadow it counts (a module of the shadow build in
-# harness.kernels' loaded modules, as a real one is), else it traps.
+# harness.library.kernels' loaded modules, as a real one is), else it traps.
 GUARD = FAKE_DEVICE_CONFTEST + '''
 
 class _Counted:
@@ -26,7 +26,7 @@ class _Counted:
 
 def guard_fires(log):
     import os
-    from harness import kernels
+    from harness.library import kernels
 
     open(log, "a").write(f"{os.getpid()} {kernels.trap_shadow_on()}\\n")
     if kernels.trap_shadow_on():

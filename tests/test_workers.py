@@ -110,7 +110,7 @@ def test_a_gate_blocked_in_c_with_signals_masked_gets_timeout_and_the_rest_their
 def test_the_watchdog_names_the_last_kernel_launched(suite):
     suite.makepyfile(test_k="""
         import pytest
-        from harness.kernels import note_launch
+        from harness.library.kernels import note_launch
         from conftest import block_forever_in_c
         @pytest.mark.gpu
         @pytest.mark.anchor
@@ -215,7 +215,7 @@ def test_gpu_gates_share_a_warm_worker_and_each_trap_gate_gets_a_fresh_one(suite
     # a trap gate is a memory-safety gate by definition; an ordinary one is not
     assert gates["test_2_trap"]["memory_safety"] is True and gates["test_1"]["memory_safety"] is False
     assert gates["test_4"]["memory_safety"] is True  # marked
-    from harness.mutate.select import Coverage
+    from harness.campaigns.mutate.select import Coverage
 
     assert Coverage.from_report(suite.path / "rep" / "gates.json").memory_safety_gates() == {
         "test_s.py::test_2_trap", "test_s.py::test_3_trap", "test_s.py::test_4"}
@@ -292,7 +292,7 @@ def test_sanitize_without_a_device_is_one_clear_error(pytester, monkeypatch, tmp
 
 
 def test_findings_in_a_sanitizer_log_are_parsed_into_blocks_with_one_actionable_line():
-    from harness.sanitizer import findings, first_line
+    from harness.pool.sanitizer import findings, first_line
 
     log = """========= COMPUTE-SANITIZER
 ========= Invalid __global__ write of size 4 bytes
@@ -314,7 +314,7 @@ def test_findings_in_a_sanitizer_log_are_parsed_into_blocks_with_one_actionable_
 
 
 def test_no_nvidia_driver_is_named_as_such_not_as_a_driver_version(monkeypatch):
-    from harness import device
+    from harness.core import device
 
     monkeypatch.setattr(device, "_driver_present", lambda: False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -329,7 +329,7 @@ def test_every_device_hidden_is_a_machine_with_no_driver_and_is_named_as_such(mo
     # process, no CuPy import, as where there is no driver; the probe names the variable
     import ctypes
 
-    from harness import device
+    from harness.core import device
 
     monkeypatch.setattr(ctypes, "CDLL", lambda name: object())  # the driver's library loads
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -360,7 +360,7 @@ def test_a_probe_process_that_does_not_answer_is_an_error_and_is_killed(tmp_path
 def test_a_machine_with_no_driver_is_told_so_without_importing_cupy():
     # Every process of a GPU-less machine that asks (a compile's arch, a gate run's probe) paid
     # CuPy's import before it learnt that no driver is there.
-    code = ("import sys\nfrom harness import device\ndevice._driver_present = lambda: False\n"
+    code = ("import sys\nfrom harness.core import device\ndevice._driver_present = lambda: False\n"
             "p = device._probe()\nprint(p.usable, 'cupy' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
@@ -375,7 +375,7 @@ def test_the_removed_child_timeout_option_is_one_clear_usage_error(suite):
 
 
 def test_the_device_count_hint_reads_cuda_visible_devices_without_cuda(monkeypatch):
-    from harness import device
+    from harness.core import device
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
     assert device.device_count_hint() == 2
@@ -415,7 +415,7 @@ class _FakeDriver:
 def fake_driver(monkeypatch):
     import types
 
-    from harness import device
+    from harness.core import device
 
     log = []
     drv = _FakeDriver(log)
@@ -458,7 +458,7 @@ def test_the_campaigns_workers_are_told_to_sleep_while_the_gpu_works():
 
 
 def test_without_a_driver_the_wait_mode_is_left_alone_quietly(monkeypatch):
-    from harness import device
+    from harness.core import device
     from harness.pool import worker as pool_worker
 
     monkeypatch.setattr(device, "_driver_present", lambda: False)
@@ -741,7 +741,7 @@ def test_a_skip_that_crossed_the_json_channel_has_pytests_tuple_longrepr():
 
     from _pytest.reports import TestReport
 
-    from harness.gate_verdicts import report_from_worker
+    from harness.plugin.verdicts import report_from_worker
 
     rep = TestReport("t.py::g", ("t.py", 3, "g"), {}, "skipped", ("t.py", 4, "Skipped: needs a second GPU"), "call")
     data = json.loads(json.dumps(rep._to_json()))

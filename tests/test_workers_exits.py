@@ -258,7 +258,7 @@ def test_an_interrupt_while_the_pool_closes_still_kills_its_server_and_removes_i
     # the interrupt comes while the main worker tears its fixtures down (close waits up to
     # 10 s for it): the server, in a session of its own, must not outlive the pool beside a
     # folder holding its log
-    from harness.interrupt import sigterm_as_interrupt
+    from harness.core.interrupt import sigterm_as_interrupt
 
     pool = controller.Pool(_config(tmp_path))
     # a stand-in server: a session of its own, writing into the pool's log, as the real one does

@@ -12,7 +12,7 @@ from harness.commands import Command, Commands
 
 
 def compile_parser() -> argparse.ArgumentParser:
-    from harness.usage import add_project_options
+    from harness.core.usage import add_project_options
 
     parser = argparse.ArgumentParser(prog="python -m harness compile",
                                      description="Compile every .cu under the kernel root with NVRTC and "
@@ -34,14 +34,15 @@ def _compile_main(argv: list[str]) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from harness import _settings
-    from harness.arch import ArchError, resolve_arch
-    from harness.compile import CompileError, UnreadableSource, compile_file, find_sources, not_files
-    from harness import kernelfile
-    from harness.deviceview import grouped
-    from harness.modsettings import LauncherError, declared_settings
-    from harness.toolchain import IncludeDirError, NvccNotFound
-    from harness.usage import folder_problem, kernel_root_problem
+    from harness.core import settings as _settings
+    from harness.compiling.arch import ArchError, resolve_arch
+    from harness.compiling.compile import CompileError, UnreadableSource, compile_file, find_sources, not_files
+    from harness.compiling import kernelfile
+    from harness.compiling.deviceview import grouped
+    from harness.compiling.modsettings import LauncherError, declared_settings
+    from harness.compiling.toolchain import NvccNotFound
+    from harness.core.settings import IncludeDirError
+    from harness.core.usage import folder_problem, kernel_root_problem
 
     args = compile_parser().parse_args(argv)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -128,31 +129,31 @@ def _compile_main(argv: list[str]) -> int:
 
 
 def _controls_main(argv: list[str]) -> int:
-    from harness.controls.cli import main
+    from harness.campaigns.controls.cli import main
 
     return main(argv)
 
 
 def _bench_main(argv: list[str]) -> int:
-    from harness.bench import main
+    from harness.commands.bench import main
 
     return main(argv)
 
 
 def _report_main(argv: list[str]) -> int:
-    from harness.report_cli import main
+    from harness.commands.report import main
 
     return main(argv)
 
 
 def _cache_main(argv: list[str]) -> int:
-    from harness.cache_cli import main
+    from harness.commands.cache import main
 
     return main(argv)
 
 
 def _mutate_main(argv: list[str]) -> int:
-    from harness.mutate.cli import main
+    from harness.campaigns.mutate.cli import main
 
     return main(argv)
 
@@ -160,9 +161,9 @@ def _mutate_main(argv: list[str]) -> int:
 def commands() -> Commands:
     """The one table of the commands: `--help` and the dispatch both read it. A command with
     subcommands of its own names them from its table."""
-    from harness.bench import BENCHES
-    from harness.cache_cli import ACTIONS
-    from harness.report_cli import REPORTS
+    from harness.commands.bench import BENCHES
+    from harness.commands.cache import ACTIONS
+    from harness.commands.report import REPORTS
 
     return Commands(
         prog="python -m harness", what="command", metavar="COMMAND",
@@ -189,8 +190,8 @@ KEEP_A_CACHE = ("compile", "controls", "mutate", "bench", "cache")  # the comman
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.cubin_cache import CACHE_MAX_ENV
-    from harness.usage import cache_max_problem
+    from harness.compiling.cubin_cache import CACHE_MAX_ENV
+    from harness.compiling.cubin_cache import cache_max_problem
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in KEEP_A_CACHE and not {"-h", "--help"} & set(argv[1:]):

@@ -3,7 +3,7 @@
 The pytest process never runs a GPU gate itself and never blocks on the device. It owns a
 *pool*:
 
-- a **server**: a fresh Python (`python -m harness._serve serve`) that imports numpy, CuPy
+- a **server**: a fresh Python (`python -m harness.pool.serve serve`) that imports numpy, CuPy
   and the harness, collects the gate modules it is given, and never initialises CUDA. It
   forks children on request, so a child starts in milliseconds with everything imported
   and every gate collected;
@@ -17,7 +17,7 @@ The pytest process never runs a GPU gate itself and never blocks on the device. 
   call cannot be interrupted any other way) and the next gate gets a spare.
 
 Under `--sanitize` the workers are not forked: each is a fresh process started under
-compute-sanitizer that collects the modules itself (`python -m harness._serve worker`).
+compute-sanitizer that collects the modules itself (`python -m harness.pool.serve worker`).
 
 Every process talks over one Unix socket the pytest process listens on, in length-prefixed
 JSON frames; the first frame of each connection says who it is (server, probe or worker,

@@ -10,10 +10,10 @@ import socket
 import struct
 import time
 
-from harness._settings import TRACE_ENV
-from harness.child import POOL_T0_CHANNEL
+from harness.core.settings import TRACE_ENV
+from harness.core.child import POOL_T0_CHANNEL
 
-SERVE_MODULE = "harness._serve"  # python -m SERVE_MODULE {serve|worker|probe}
+SERVE_MODULE = "harness.pool.serve"  # python -m SERVE_MODULE {serve|worker|probe}
 POOL_FOLDER_PREFIX = "harness-pool-"  # the pool's folder under the temp dir: its socket, the server's log
 # why a worker ends after a gate that left its CUDA context with a sticky error (both ends say it)
 POISONED = "a gate left the CUDA context unusable"

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.child import SANITIZER_LOG_CHANNEL, SANITIZER_TOOL_CHANNEL
-from harness.device import visible_device
-from harness.errors import DeviceLost, SetupError  # noqa: F401  (DeviceLost: callers import it from here)
+from harness.core.child import SANITIZER_LOG_CHANNEL, SANITIZER_TOOL_CHANNEL
+from harness.core.device import visible_device
+from harness.core.errors import DeviceLost, SetupError  # noqa: F401  (DeviceLost: callers import it from here)
 from harness.pool.channel import (POISONED, POOL_FOLDER_PREFIX, SERVE_MODULE, Channel, ChannelClosed, Timeout,
                                   trace)
 from harness.pool.exits import Exits
@@ -82,7 +82,7 @@ class RunResult(_Ended):
     poisoned: bool = False  # VERDICT: the gate left the CUDA context unusable: the worker is gone
     why: str | None = None  # DIED: why the worker ended without a verdict
     last_launch: str | None = None
-    launches: int = 0  # kernel launches made through harness.kernels during the gate
+    launches: int = 0  # kernel launches made through harness.library.kernels during the gate
     phases: dict = field(default_factory=dict)  # setup / call / teardown seconds inside the worker
     seconds: float = 0.0  # from the gate's start in the worker to its verdict
     waited: float = 0.0  # how long the pytest process waited for it (its cost to the run)
@@ -153,7 +153,7 @@ class Worker:
 
     def start(self, nodeid: str, nextid: str | None, shadow: bool = False, reset: bool = False) -> None:
         """Send the gate; `wait` collects the verdict (a trap gate may be started ahead). With
-        `shadow`, a trap gate runs in the trap shadow (harness.trap_shadow); with `reset`, the
+        `shadow`, a trap gate runs in the trap shadow (harness.compiling.trap_shadow); with `reset`, the
         worker makes itself as good as fresh after it (`reset_for_next_mutant`), or ends."""
         self.current_gate = nodeid
         self._send({"op": "run", "nodeid": nodeid, "nextid": nextid, "trap_shadow": shadow, "reset": reset})

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness._forkserver import nvidia_device_opened as _nvidia_device_opened  # stdlib only
-from harness._settings import SERVER_START_ENV  # noqa: E402
+from harness.core.forkserver_main import nvidia_device_opened as _nvidia_device_opened  # stdlib only
+from harness.core.settings import SERVER_START_ENV  # noqa: E402
 
 
 def server_start_mode() -> tuple[str, str]:

@@ -10,7 +10,7 @@ import shutil
 import signal
 import sys
 
-from harness.child import SERVER_WARM_CHANNEL
+from harness.core.child import SERVER_WARM_CHANNEL
 from harness.pool.channel import POOL_FOLDER_PREFIX, ROLE, ChannelClosed, connect, trace
 from harness.pool.worker import become_worker, probe_dict
 
@@ -146,7 +146,7 @@ def serve_pool(path: str, args: list[str], plugin_args: tuple = ()) -> int:
 
 
 def _warm_imports() -> None:
-    for name in ("numpy", "ml_dtypes", "cupy", "harness.kernels", "harness.bits", "harness.dtypes"):
+    for name in ("numpy", "ml_dtypes", "cupy", "harness.library.kernels", "harness.library.bits", "harness.library.dtypes"):
         try:
             __import__(name)
         except Exception:

@@ -8,8 +8,8 @@ once, lest many started together hold up the lanes beside them: a gate whose ver
 arrived frees its place at once, whether or not the run has reached it.
 
 This is the way of `--harness-real-traps`, and of a trap gate the trap shadow did not settle.
-By default the trap gates run in the trap shadow (harness.trap_shadow) in a lane of their own
-(harness.plugin_pool.plan_lanes): no trap, and no context made for each."""
+By default the trap gates run in the trap shadow (harness.compiling.trap_shadow) in a lane of their own
+(harness.plugin.pool.plan_lanes): no trap, and no context made for each."""
 
 from __future__ import annotations
 

@@ -11,17 +11,17 @@ import time
 import types
 from pathlib import Path
 
-from harness.child import BLAS_THREADS_CHANNEL, SANITIZER_LOG_CHANNEL
+from harness.core.child import BLAS_THREADS_CHANNEL, SANITIZER_LOG_CHANNEL
 from harness.pool.channel import POISONED, ROLE, Channel, ChannelClosed, connect, trace
 
 POOL_RESERVE_MB = 512  # device memory each worker puts in CuPy's pool before its first gate
 
 _last_launch: str | None = None
-launches = 0  # kernel launches made through harness.kernels in this worker
+launches = 0  # kernel launches made through harness.library.kernels in this worker
 
 
 def _on_launch(name: str) -> None:
-    """harness.kernels' launch listener in a worker: counts launches (the sanitizer's
+    """harness.library.kernels' launch listener in a worker: counts launches (the sanitizer's
     attribution) and tells the watchdog the kernel, so a gate that hangs names it."""
     global _last_launch, launches
     launches += 1
@@ -35,13 +35,13 @@ def _on_launch(name: str) -> None:
 
 
 def _listen_to_launches() -> None:
-    from harness import kernels
+    from harness.library import kernels
 
     kernels.add_launch_listener(_on_launch)
 
 
 def probe_dict() -> dict:
-    from harness import device
+    from harness.core import device
 
     p = device.probe()
     return {"count": p.count, "name": p.name, "arch": p.arch, "error": p.error,
@@ -102,7 +102,7 @@ def set_gpu_wait(mode: str | None, ordinal: int = 0) -> str | None:
         return None
     if mode not in GPU_WAIT_FLAGS:
         return f"{GPU_WAIT_ENV}={mode!r} is not one of {', '.join(GPU_WAIT_FLAGS)}"
-    from harness.device import _driver_present
+    from harness.core.device import _driver_present
 
     if not _driver_present():
         return None  # no GPU here: nothing waits for one (the worker's probe says so)
@@ -213,7 +213,7 @@ def _prepare_device() -> dict:
 
 
 def _device_facts() -> dict:
-    from harness import device
+    from harness.core import device
 
     p = device.probe()
     if not p.usable:
@@ -270,7 +270,7 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
     items = {item.nodeid: item for item in session.items}
     sink = ReportSink()
     config.pluginmanager.register(sink, "harness-worker-sink")
-    from harness import sanitizer
+    from harness.pool import sanitizer
 
     watch = sanitizer.LogWatch.from_environment()
     props = []
@@ -345,9 +345,9 @@ def _worker_loop(session, ch: Channel, facts: dict) -> None:
 
 def _outcome(item, reports: list, shadow_hits: int | None = None) -> dict:
     """One gate's outcome from its phase reports, folded and judged as the plugin does
-    (`harness.records.fold_report`, and `trap_verdict` for a trap gate, with the guards it
+    (`harness.core.records.fold_report`, and `trap_verdict` for a trap gate, with the guards it
     counted when it ran in the trap shadow)."""
-    from harness.records import GUARD_DID_NOT_FIRE, GateRecord, Route, fold_report, trap_verdict
+    from harness.core.records import GUARD_DID_NOT_FIRE, GateRecord, Route, fold_report, trap_verdict
 
     rec = GateRecord(item.nodeid)
     props = {}
@@ -373,8 +373,9 @@ def run_set(session, items: dict, sink: ReportSink, msg: dict, props: list) -> d
     `trap_shadow` run in the trap shadow, here, their guards counted instead of trapping."""
     from dataclasses import replace
 
-    from harness import _settings, ref_launchers
-    from harness.records import Outcome, Route
+    from harness.core import settings as _settings
+    from harness.library import ref_launchers
+    from harness.core.records import Outcome, Route
 
     # This worker serves the mutant's tree from now on (it serves no other: it is fresh), whose
     # source analyses are not kept on disk.
@@ -427,7 +428,8 @@ def _in_trap_shadow(run) -> int | None:
     counted before it, or a fault the real run has too; either way a trap gate's pass)."""
     from dataclasses import replace
 
-    from harness import _settings, kernels
+    from harness.core import settings as _settings
+    from harness.library import kernels
 
     kernels.forget_loaded()  # no module loaded before (the real build) serves the gate
     try:
@@ -451,7 +453,7 @@ def reset_for_next_mutant(session) -> str | None:
     outlives the mutant (a stray store of this mutant landed in memory that the next one
     allocates and fills afresh). A context with a sticky error is not reused."""
 
-    from harness import device
+    from harness.core import device
 
     why_not = reset_host_state(session)
     if why_not is not None:
@@ -477,7 +479,7 @@ def reset_host_state(session) -> str | None:
     """The host half of `reset_for_next_mutant` (all of it for a process that runs no GPU
     gate, `harness.runs.cpu`): fixtures torn down, the project's caches cleared but for
     `harness.host_cache`, loaded modules dropped; None when done, else why not."""
-    from harness import kernels
+    from harness.library import kernels
 
     try:
         session._setupstate.teardown_exact(None)
@@ -499,7 +501,7 @@ def clear_project_caches(rootdir: Path) -> int:
     """Clear every functools cache defined in a module under `rootdir` (not an installed
     package, not the harness itself) unless marked `harness.host_cache`; returns how many
     were cleared."""
-    from harness.project_modules import project_modules
+    from harness.core.project_modules import project_modules
 
     cleared = 0
     # the harness's own caches (toolchain, compile settings, parsers) hold no kernel output: not visited

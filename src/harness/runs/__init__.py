@@ -10,7 +10,7 @@ perturbations come from and how they report them.
 - `verdict`: the one verdict vocabulary;
 - `slots`: the one slot scheduler (`run_in_slots`);
 - `fresh`: a fresh pytest over some gates with a deadline, and its executor;
-- `forkserver` (and `harness/_forkserver.py`, its process): each fresh pytest a fork of a server that
+- `forkserver` (and `harness/core/forkserver_main.py`, its process): each fresh pytest a fork of a server that
   imported pytest once, where that is what a spawn would be; `fresh_bench` times both ways;
 - `warm`: the executor on the warm pool's workers, one per GPU;
 - `cpu` (and `cpu_serve`, the plugin of its child): the executor for the gates that need no

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from harness.errors import SetupError
+from harness.core.errors import SetupError
 
 MIN_RAY = (2, 10)  # runtime_env excludes, ActorDiedError, get_node_id: what the backend uses
 # never shipped: virtual environments, reports, caches, version control, carried wheels
@@ -62,7 +62,7 @@ class Shipped:
 
     def cache(self) -> Path:
         """The node's cubin cache: HARNESS_CACHE_DIR there, else the harness default."""
-        from harness import _settings
+        from harness.core import settings as _settings
 
         return _settings.in_effect().cache_dir
 
@@ -131,7 +131,7 @@ def connect(address: str | None, rootdir: Path, kernel_root: Path, need_gpu: boo
     new local one), shipping the rootdir; ClusterError when it has no GPU (and `need_gpu`)."""
     ray = import_ray()
     shipped = shipped_tree(rootdir, kernel_root)
-    from harness._settings import SERVER_START_ENV
+    from harness.core.settings import SERVER_START_ENV
 
     runtime_env = {"working_dir": str(Path(rootdir).resolve()), "excludes": EXCLUDES,
                    # a Ray worker runs threads Python does not see: its pool's server never forks it
@@ -158,7 +158,7 @@ def connect(address: str | None, rootdir: Path, kernel_root: Path, need_gpu: boo
 
 def read_entries(cache_dir: Path, keys: Iterable[str]) -> dict[str, bytes]:
     """{path in the cache: bytes} of the entries (cubin and metadata) for these cache keys."""
-    from harness.cubin_cache import entry_paths
+    from harness.compiling.cubin_cache import entry_paths
 
     out = {}
     for key in keys:
@@ -194,7 +194,7 @@ def cache_entries(kernel_root: Path, modules: Iterable[str], *, arch: str | None
                   names: dict) -> dict[str, bytes]:
     """The cache entries of these modules of a tree (the real kernel root, or a perturbed
     sandbox copy), compiled here when missing: what a node needs to load them uncompiled."""
-    from harness.compile import CompileError, compile_file
+    from harness.compiling.compile import CompileError, compile_file
     from harness.runs.compilecheck import run_dirs, settings_for
 
     keys = []

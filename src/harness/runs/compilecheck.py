@@ -4,7 +4,7 @@ The compile cache is content-addressed (source closure, options, name expression
 toolchain). Compiling the perturbed `.cu` here with the arch and cache folder the gate run
 uses, and with the name expressions its launcher declares (NAME_EXPRESSIONS in the `.py`
 beside the `.cu`, the tuple it loads the module with), means the gate run's
-`harness.kernels.module` hits this cubin instead of compiling again, and the `--static`
+`harness.library.kernels.module` hits this cubin instead of compiling again, and the `--static`
 check instantiates the same templates the gates do. A launcher that declares nothing is
 compiled with no name expressions; its gate run then compiles once more (slower, never
 wrong: a compile error there is still reported, as route `compile`).
@@ -19,11 +19,12 @@ from pathlib import Path
 
 from dataclasses import replace
 
-from harness import _settings
-from harness.compile import CompileError, compile_file, find_sources
-from harness.includes import source_closure
-from harness.modsettings import LauncherError, ModuleSettings, declared_settings
-from harness.toolchain import IncludeDirError, NvccNotFound
+from harness.core import settings as _settings
+from harness.compiling.compile import CompileError, compile_file, find_sources
+from harness.compiling.includes import source_closure
+from harness.compiling.modsettings import LauncherError, ModuleSettings, declared_settings
+from harness.compiling.toolchain import NvccNotFound
+from harness.core.settings import IncludeDirError
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Declared(dict):
 
 
 def declared_names(kernel_root: Path) -> Declared:
-    """{relpath: the compile settings its launcher declares (harness.modsettings)} for every
+    """{relpath: the compile settings its launcher declares (harness.compiling.modsettings)} for every
     `.cu` of the (real) kernel root, read without writing __pycache__ into it; with the extra
     include folders of the settings in effect, else the project's ini `harness_include_dirs`
     (the rootdir found from the kernel root up)."""

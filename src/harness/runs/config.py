@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import _settings
+from harness.core import settings as _settings
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from harness.child import CPU_SERVE_FD_CHANNEL
-from harness.errors import SetupError
+from harness.core.child import CPU_SERVE_FD_CHANNEL
+from harness.core.errors import SetupError
 from harness.pool.channel import Channel, ChannelClosed, Timeout
-from harness.records import Outcome
+from harness.core.records import Outcome
 from harness.runs import fresh
 from harness.runs.result import Executor, GateOutcome, GateRuns
 
@@ -50,7 +50,7 @@ class CpuExecutor(Executor):
     _ch: Channel | None = field(default=None, repr=False)
 
     def _command(self) -> list[str]:
-        from harness.child import ChildPytest
+        from harness.core.child import ChildPytest
 
         return ChildPytest(self.gates, plugins=("harness.runs.cpu_serve",), rootdir=self.rootdir,
                            native_tracebacks=True, kernel_root=self.kernel_root, cache_dir=self.cache_dir,

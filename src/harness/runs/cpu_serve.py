@@ -12,7 +12,7 @@ import pytest
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session):
-    from harness.child import CPU_SERVE_FD_CHANNEL
+    from harness.core.child import CPU_SERVE_FD_CHANNEL
 
     fd = os.environ.get(CPU_SERVE_FD_CHANNEL)
     if not fd:

@@ -5,7 +5,7 @@ fresh run, the baseline, a campaign's collect. Each is fresh by design (nothing 
 reaches the next), and a spawned one pays again, before its first gate, for importing pytest,
 its plugins and rich: a fork of a server that imported them once does not.
 
-The server (`harness/_forkserver.py`, started once a process, on first use) is a fresh interpreter
+The server (`harness/core/forkserver_main.py`, started once a process, on first use) is a fresh interpreter
 that imports those modules, runs nothing, and forks a child a run. The child takes the run's
 folder, environment, stdio and session, and becomes `python -m pytest ARGS`. Every child is a
 fork of a server that has run nothing, so it is as fresh as a spawned one. Where a fork would
@@ -31,8 +31,8 @@ import threading
 import time
 from pathlib import Path
 
-from harness._settings import SERVER_START_ENV
-from harness.child import pytest_command
+from harness.core.settings import SERVER_START_ENV
+from harness.core.child import pytest_command
 from harness.pool.channel import Channel, ChannelClosed, Timeout
 
 # Read at run time by the harness, pytest or the CUDA driver, never at import: a run may set
@@ -40,7 +40,7 @@ from harness.pool.channel import Channel, ChannelClosed, Timeout
 RUN_TIME_VARIABLES = ("TMPDIR", "CUDA_VISIBLE_DEVICES", "PYTEST_PLUGINS", "PYTEST_ADDOPTS", "PYTHONDONTWRITEBYTECODE")
 RUN_TIME_PREFIX = "HARNESS_"
 START_TIMEOUT = 60.0  # seconds the server may take to import, on a loaded host
-# The server runs as a script, so it imports no module of the harness (harness/_forkserver.py says why).
+# The server runs as a script, so it imports no module of the harness (harness/core/forkserver_main.py says why).
 SERVER_START = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
 
 
@@ -111,7 +111,7 @@ class _Server:
         import tempfile
 
         self.log = tempfile.TemporaryFile()
-        script = Path(__file__).parents[1] / "_forkserver.py"
+        script = Path(__file__).parents[1] / "core" / "forkserver_main.py"
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER_START, str(script), str(theirs.fileno())],
                                      cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=self.log,
                                      stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),), start_new_session=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from harness.records import GateRecord, Outcome
+from harness.core.records import GateRecord, Outcome
 from harness.runs import forkserver
 from harness.runs.result import Executor, ExecutorFactory, GateOutcome, GateRuns
 from harness.runs.sandbox import temp_folder
@@ -99,7 +99,7 @@ def pytest_command(
     arch: str | None,
     deadline: float,
 ) -> list[str]:
-    from harness.child import ChildPytest
+    from harness.core.child import ChildPytest
 
     # the cubin cache the compile check filled; isolated (trap) gates end within the deadline
     return ChildPytest(tuple(targets), kernel_root=kernel_root, report_dir=report_dir, cache_dir=cache_dir,

@@ -50,7 +50,7 @@ def _one(way: str, targets: list[str], *, rootdir: Path, kernel_root: Path, cach
 
 
 def main(argv: list[str]) -> int:
-    from harness._settings import project_settings
+    from harness.core.settings import project_settings
     from harness.runs import forkserver
 
     parser = argparse.ArgumentParser(prog="python -m harness bench fresh",
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=10, metavar="N", help="runs each way (default 10)")
     parser.add_argument("--require-gpu", action="store_true", help="run the GPU gates too (default: skip them)")
     parser.add_argument("--deadline", type=float, default=600.0, metavar="SECONDS", help="a run's deadline")
-    from harness.usage import add_bench_output, bench_out_folder
+    from harness.core.usage import add_bench_output, bench_out_folder
 
     add_bench_output(parser, "bench-fresh")
     args = parser.parse_args(argv)

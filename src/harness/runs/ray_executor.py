@@ -114,7 +114,7 @@ class RayExecutor(Executor):
         cache, once: one object in the object store, one copy a node."""
         import ray
 
-        from harness.compile import find_sources
+        from harness.compiling.compile import find_sources
 
         if self._shipped_cache:
             return

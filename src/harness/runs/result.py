@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from harness.records import GateRecord, Outcome
+from harness.core.records import GateRecord, Outcome
 
 
 # One gate's result in a run: the record every engine shares (outcome "not run" when the run

@@ -20,8 +20,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.cubin_cache import SANDBOX_MARK
-from harness.errors import HarnessError
+from harness.compiling.cubin_cache import SANDBOX_MARK
+from harness.core.errors import HarnessError
 
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 _live: set[Path] = set()  # the sandboxes open now; `write` writes nowhere else

@@ -1,5 +1,5 @@
 """One slot scheduler for every campaign: run work items on `jobs` slots, at most one item a
-slot at a time; a caller pins slot i to GPU `harness.device.slot_devices(jobs)[i]`.
+slot at a time; a caller pins slot i to GPU `harness.core.device.slot_devices(jobs)[i]`.
 
 Items come from `take(block)`, which may still be producing them (the mutation screen feeds
 the gate stage as it compiles): it returns the next item, None at the end, or raises

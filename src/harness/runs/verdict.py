@@ -3,7 +3,7 @@
 A perturbation is killed when a gate goes red by its own assertion, killed-by-trap when red
 only through a device guard, a fault, a refusal or a crash; the rest say why no gate judged
 it. The controls report says `proven`, `guard-only` and `invalid` for the first two and for
-a compile error (`harness.controls.report.word`); the mutation report uses these values.
+a compile error (`harness.campaigns.controls.report.word`); the mutation report uses these values.
 """
 
 from __future__ import annotations

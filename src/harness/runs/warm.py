@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from harness import _settings
-from harness.child import SERVER_WARM_CHANNEL
+from harness.core import settings as _settings
+from harness.core.child import SERVER_WARM_CHANNEL
 from harness.pool import controller, exits, worker as pool_worker
-from harness.device import ordinal_of, slot_devices
-from harness.records import RED, Outcome, Route
+from harness.core.device import ordinal_of, slot_devices
+from harness.core.records import RED, Outcome, Route
 from harness.runs.result import Executor, ExecutorFactory, GateOutcome, GatePlan, GateRuns
 
 MAX_SERVED = 200  # mutants one worker serves before it retires
@@ -55,7 +55,7 @@ WORKER_ENV = {**{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS
 def server_args(rootdir: Path, gates: Sequence[str], kernel_root: Path, cache_dir: Path, arch: str | None) -> list[str]:
     # native tracebacks: the verdict and its first line come from the exception itself
     # (harness.plugin), and a killed mutant's gate fails.
-    from harness.child import ChildPytest
+    from harness.core.child import ChildPytest
 
     return ChildPytest(tuple(gates), rootdir=rootdir, native_tracebacks=True, kernel_root=kernel_root,
                        cache_dir=cache_dir, arch=arch, no_xdist=True).args()
@@ -82,7 +82,7 @@ class WarmExecutor(Executor):
     # a fault they are not moved first, and past MAX_FAULTS they do not run (a fault there is
     # what they expect, not a kill)
     trap_gates: frozenset = frozenset()
-    # trap gates that run in the trap shadow (harness.trap_shadow.TRAP_SHADOW_PREAMBLE) in the
+    # trap gates that run in the trap shadow (harness.compiling.trap_shadow.TRAP_SHADOW_PREAMBLE) in the
     # mutant's own warm worker instead of a fresh one each: those whose guards the shadow
     # counted on the original kernels (`check_trap_shadow`, the campaign's wiring check)
     shadow_gates: frozenset = frozenset()

@@ -1,0 +1,129 @@
+"""Device buffers filled with sentinels, the checks that they stayed untouched, and the
+host <-> device copies that carry bf16 through its raw bits (CuPy has no bfloat16 type of
+its own: a bf16 array lives on the device as its uint16 bits, viewed as ml_dtypes' bf16)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness.library.bits import BitsMismatch, bits_mismatch_lines
+from harness.library import tensors
+from harness.library.dtypes import _UINT_OF_SIZE, _host, bf16, bits_of, from_bits
+
+BF16_SENTINEL = 0x7FA5
+"""A bf16 NaN with a payload: the kernels' own NaNs are 0x7fc0 or 0x7fff, so no output computed
+from finite inputs has these bits. Fill outputs with it to see what a kernel never wrote."""
+
+
+def to_device(a, *, bits: bool = False):
+    """A host array as a C-contiguous CuPy array. bf16 goes through its bits and comes back
+    viewed as bf16, or as the raw uint16 bits with `bits=True` (for kernels taking
+    `uint16_t*`/`__nv_bfloat16*` and launchers accepting either)."""
+    import cupy
+
+    a = np.ascontiguousarray(a)
+    if a.dtype != bf16:
+        return cupy.asarray(a)
+    dev = cupy.asarray(bits_of(a))
+    return dev if bits else dev.view(bf16)
+
+
+def to_host(a, dtype=None) -> np.ndarray:
+    """A device (or host) array as numpy, after the device finished its work (a fault in
+    an earlier launch surfaces here). bf16 comes through its bits; `dtype` reinterprets the
+    raw bits (e.g. `to_host(uint16_bits, bf16)`). A numpy array is returned as it is; a torch
+    tensor (CPU or CUDA) or another DLPack producer is read by its bits (`harness.library.tensors`:
+    bf16 and fp8 as the ml_dtypes types, packed fp4 as uint8)."""
+    if isinstance(a, np.ndarray):
+        return a if dtype is None else a.view(dtype)
+    if tensors.is_torch(a) or (tensors.is_dlpack(a) and not hasattr(a, "get")):
+        host = _host(a)
+        return host if dtype is None else from_bits(host.view(_UINT_OF_SIZE[host.dtype.itemsize]), dtype)
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+    host = a.view(cupy.uint16).get().view(bf16) if np.dtype(a.dtype) == bf16 else a.get()
+    return host if dtype is None else from_bits(host.view(_UINT_OF_SIZE[host.dtype.itemsize]), dtype)
+
+
+def filled(shape, dtype, bits: int):
+    """A CuPy array whose every element has the raw bit pattern `bits`."""
+    import cupy
+
+    dtype = np.dtype(dtype)
+    u = _UINT_OF_SIZE[dtype.itemsize]
+    return cupy.full(shape, bits, dtype=u).view(dtype)
+
+
+def fenced(a, fill_bits: int | None = None, *, min_pad: int = 256):
+    """A host array on the device as a view into the middle of an allocation three times its
+    size (at least `min_pad` elements each side): the fences before and after hold the raw
+    bit pattern `fill_bits` (a NaN, for a kernel whose every read must stay inside `a`;
+    by default the quiet NaN of `a`'s floating dtype, `nan_bits`). A kernel that reads up to
+    a whole buffer length before or past `a` reads the fence, defined memory, and fails by a
+    value its gate can assert, not by a fault; reading further still faults. Returns the
+    view, C-contiguous, in `a`'s shape and dtype (bf16 as in `to_device`)."""
+    import cupy
+
+    a = np.ascontiguousarray(a)
+    if fill_bits is None:
+        if not (a.dtype == bf16 or np.issubdtype(a.dtype, np.floating)):
+            raise TypeError(f"fenced: {a.dtype} has no NaN to fence with: pass fill_bits (an e4m3 NaN is 0x7f)")
+        fill_bits = nan_bits(a.dtype)
+    u = _UINT_OF_SIZE[a.dtype.itemsize]
+    n = a.size
+    pad = max(n, min_pad)
+    fence = np.full(pad, fill_bits, dtype=u)
+    dev = cupy.asarray(np.concatenate([fence, a.reshape(-1).view(u), fence]))
+    return dev[pad:pad + n].reshape(a.shape).view(a.dtype)
+
+
+GUARD = 1024  # elements of a guarded buffer's guard on each side (`guarded`)
+
+
+def guarded(shape, dtype, guard_bits: int, *, inside_bits: int | None = None, guard: int = GUARD):
+    """An output buffer for a memory-safety gate: a device array of `shape` and `dtype`, a
+    view into the middle of an allocation `guard` elements longer on each side. The guards
+    hold `guard_bits` (a sentinel), the view `inside_bits` (default: the same). A store a
+    little before or past the output lands in a guard, which `assert_guards_untouched`
+    names by assertion. Returns (the view, the whole allocation as unsigned ints of the
+    dtype's size)."""
+    dtype = np.dtype(dtype)
+    u = _UINT_OF_SIZE[dtype.itemsize]
+    n = int(np.prod(shape))
+    bits = np.full(n + 2 * guard, guard_bits, dtype=u)
+    if inside_bits is not None:
+        bits[guard:guard + n] = inside_bits
+    whole = to_device(bits)
+    return whole[guard:guard + n].view(dtype).reshape(shape), whole
+
+
+def assert_guards_untouched(label: str, whole, guard_bits: int, *, guard: int = GUARD) -> None:
+    """Both guards of a `guarded` buffer still hold their sentinel."""
+    assert_untouched(f"{label}: the {guard} elements before it", whole[:guard], guard_bits)
+    assert_untouched(f"{label}: the {guard} elements past it", whole[-guard:], guard_bits)
+
+
+def nan_bits(dtype) -> int:
+    """The raw bits of a quiet NaN of a dtype's size (bf16 0x7fc0, f16 0x7e00, f32 0x7fc00000,
+    f64 0x7ff8000000000000)."""
+    dtype = np.dtype(dtype)
+    bits = {2: 0x7FC0 if dtype.name == "bfloat16" else 0x7E00, 4: 0x7FC00000, 8: 0x7FF8000000000000}
+    if dtype.itemsize not in bits:
+        raise TypeError(f"no NaN of {dtype}: use filled() with an explicit sentinel")
+    return bits[dtype.itemsize]
+
+
+def nan_filled(shape, dtype):
+    """Quiet NaN in every element (bf16 0x7fc0, f32 0x7fc00000, f16 0x7e00)."""
+    return filled(shape, dtype, nan_bits(dtype))
+
+
+def assert_untouched(label: str, arr, bits: int) -> None:
+    """Every element still holds the sentinel bits (a NumPy or CuPy array, a torch tensor)."""
+    host = _host(arr, label)
+    expected = np.full(host.shape, bits, dtype=_UINT_OF_SIZE[host.dtype.itemsize]).view(host.dtype)
+    lines = bits_mismatch_lines(label, host, expected)
+    if lines:
+        lines[0] += " (a sentinel region was written)"
+        raise BitsMismatch("\n".join(lines))
