@@ -34,13 +34,13 @@ def _compile_main(argv: list[str]) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from harness.core import settings as _settings
+    from harness.compiling import kernelfile
     from harness.compiling.arch import ArchError, resolve_arch
     from harness.compiling.compile import CompileError, UnreadableSource, compile_file, find_sources, not_files
-    from harness.compiling import kernelfile
     from harness.compiling.deviceview import grouped
     from harness.compiling.modsettings import LauncherError, declared_settings
     from harness.compiling.toolchain import NvccNotFound
+    from harness.core import settings as _settings
     from harness.core.settings import IncludeDirError
     from harness.core.usage import folder_problem, kernel_root_problem
 
@@ -190,8 +190,7 @@ KEEP_A_CACHE = ("compile", "controls", "mutate", "bench", "cache")  # the comman
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.compiling.cubin_cache import CACHE_MAX_ENV
-    from harness.compiling.cubin_cache import cache_max_problem
+    from harness.compiling.cubin_cache import CACHE_MAX_ENV, cache_max_problem
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in KEEP_A_CACHE and not {"-h", "--help"} & set(argv[1:]):

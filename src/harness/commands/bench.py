@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.core.child import ChildPytest
 from harness.commands import Command, Commands
+from harness.core.child import ChildPytest
 from harness.core.usage import add_bench_output, bench_out_folder
 
 SUMMARY = re.compile(r"\b\d+ (?:passed|failed)\b.* in ([0-9.]+)s")
@@ -94,8 +94,8 @@ def main(argv: list[str]) -> int:
 
 
 def bench_gates(argv: list[str]) -> int:
-    from harness.core.settings import find_rootdir
     from harness.commands.startup import tree_env
+    from harness.core.settings import find_rootdir
 
     parser = argparse.ArgumentParser(prog="python -m harness bench gates",
                                      description="Time the GPU gate run, the old way against this one, in one run: "

@@ -40,10 +40,10 @@ def _mb(n: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from harness.core import settings as _settings
+    from harness.compiling.cubin_cache import (CACHE_MAX_ENV, PRUNED_FOLDERS, SANDBOX_FOLDER, cache_max_problem,
+                                               limit_bytes, prune, usage)
     from harness.compiling.options import OPTIONS_FOLDER
-    from harness.compiling.cubin_cache import CACHE_MAX_ENV, PRUNED_FOLDERS, SANDBOX_FOLDER, limit_bytes, prune, usage
-    from harness.compiling.cubin_cache import cache_max_problem
+    from harness.core import settings as _settings
     from harness.core.usage import ExitStatus, folder_problem, rootdir_problem
 
     args = parser().parse_args(argv)

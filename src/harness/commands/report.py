@@ -22,8 +22,8 @@ def merge_parser() -> argparse.ArgumentParser:
 
 
 def merge_main(argv: list[str]) -> int:
-    from harness.plugin.report import MergeError, merge, write_reports
     from harness.core.usage import output_folder_problem
+    from harness.plugin.report import MergeError, merge, write_reports
 
     def error(text: str) -> int:
         print(f"error: {text}", file=sys.stderr)

@@ -7,9 +7,9 @@ import re
 import threading
 from functools import lru_cache
 
+from harness.compiling.toolchain import nvrtc_supported_arches, nvrtc_version
 from harness.core import settings as _settings
 from harness.core.errors import UsageError
-from harness.compiling.toolchain import nvrtc_supported_arches, nvrtc_version
 
 
 class ArchError(UsageError):

@@ -25,16 +25,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.compiling import toolchain
-from harness.core import settings as _settings
 from harness.compiling.arch import resolve_arch
 from harness.compiling.backends import _compile_nvcc, _compile_nvrtc, _Failed, choose_backend
-from harness.compiling.options import normalise_options, nvcc_options, nvrtc_options
 from harness.compiling.cubin_cache import cache_key, include_hashes, is_sandbox, lookup, write_entry
-from harness.core.errors import HarnessError
 from harness.compiling.includes import closure_with_files, include_path, includes_of
 from harness.compiling.modsettings import ModuleSettings, declared_settings
+from harness.compiling.options import normalise_options, nvcc_options, nvrtc_options
 from harness.compiling.ptxas import KernelResources, parse_resources
 from harness.compiling.trap_shadow import TRAP_SHADOW_PREAMBLE
+from harness.core import settings as _settings
+from harness.core.errors import HarnessError
 
 
 class CompileError(HarnessError):

@@ -20,8 +20,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.core.errors import HarnessWarning, UsageError
 from harness.compiling.toolchain import cuda_headers_version, nvrtc_version
+from harness.core.errors import HarnessWarning, UsageError
 
 CACHE_FORMAT = 1
 

@@ -11,11 +11,11 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from harness.core import settings as _settings
 from harness.compiling.arch import cuda_core
 from harness.compiling.cubin_cache import atomic_write
 from harness.compiling.includes import IncludePath, include_path
 from harness.compiling.modsettings import ModuleSettings
+from harness.core import settings as _settings
 
 
 def nvrtc_options(arch: str, ms: ModuleSettings, inc: IncludePath, cache_dir: Path | None = None) -> list[str]:

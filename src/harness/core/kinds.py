@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.core.settings import GATES_INI, INCLUDE_DIRS_INI, KERNEL_ROOT_ENV
 from harness.core.errors import as_pytest_usage
+from harness.core.settings import GATES_INI, INCLUDE_DIRS_INI, KERNEL_ROOT_ENV
 
 KINDS = ("anchor", "link", "invariance", "determinism", "refusal", "trap", "structural", "compile")  # a gate has one
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.core.errors import CheckFailed
 from harness.library import arms, coverage
 from harness.library.dtypes import _host, as_dtype, bits_of
-from harness.core.errors import CheckFailed
 
 TABLE_ROWS = 8
 

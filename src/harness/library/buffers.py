@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.library.bits import BitsMismatch, bits_mismatch_lines
 from harness.library import tensors
+from harness.library.bits import BitsMismatch, bits_mismatch_lines
 from harness.library.dtypes import _UINT_OF_SIZE, _host, bf16, bits_of, from_bits
 
 BF16_SENTINEL = 0x7FA5

@@ -7,10 +7,10 @@ import os
 import time
 from pathlib import Path
 
-from harness.core import settings as _settings
-from harness.library import coverage, timing
 from harness.compiling.compile import CompiledModule, compile_file
+from harness.core import settings as _settings
 from harness.core.errors import HarnessError
+from harness.library import coverage, timing
 from harness.library.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, allow_dynamic_shared, kernel_args, torch_stream
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.core.errors import HarnessError
 from harness.library import tensors
 from harness.library.dtypes import _UINT_OF_SIZE, bf16, fp8_e4m3
-from harness.core.errors import HarnessError
 
 # Dtypes a launcher accepts for an array of each kind: the ml_dtypes type, or its raw bits.
 BF16_DTYPES = (bf16, np.dtype(np.uint16))

@@ -25,7 +25,6 @@ from harness.core.errors import HarnessError
 from harness.core.project_modules import module_file, project_modules
 
 
-
 class LauncherImportError(HarnessError, RuntimeError):
     """A launcher of the other kernel tree raised when executed."""
 

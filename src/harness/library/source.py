@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.compiling.cpp_text import line_of, strip_comments_and_literals  # noqa: F401  (gates read them here)
-from harness.library import coverage
 from harness.core.errors import HarnessError
+from harness.library import coverage
 
 __all__ = [
     "Call",

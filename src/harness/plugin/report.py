@@ -13,7 +13,6 @@ from harness.core.errors import UsageError
 from harness.core.records import MESSAGE_LIMIT, RECORD_VERSION, GateRecord, Outcome, Route  # noqa: F401  (re-exported)
 
 
-
 def classify_route(exc: BaseException) -> Route:
     from harness.compiling.compile import CompileError
     from harness.core.device import is_cuda_error

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import io
 
-from harness.core.records import Outcome, Route
 from harness.core.kinds import KINDS
+from harness.core.records import Outcome, Route
 from harness.plugin.report import GateRecord, summarize
 
 OUTCOMES = (Outcome.PASSED, Outcome.FAILED, Outcome.ERROR, Outcome.SKIPPED)

@@ -10,8 +10,8 @@ import socket
 import struct
 import time
 
-from harness.core.settings import TRACE_ENV
 from harness.core.child import POOL_T0_CHANNEL
+from harness.core.settings import TRACE_ENV
 
 SERVE_MODULE = "harness.pool.serve"  # python -m SERVE_MODULE {serve|worker|probe}
 POOL_FOLDER_PREFIX = "harness-pool-"  # the pool's folder under the temp dir: its socket, the server's log

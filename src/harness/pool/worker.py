@@ -374,8 +374,8 @@ def run_set(session, items: dict, sink: ReportSink, msg: dict, props: list) -> d
     from dataclasses import replace
 
     from harness.core import settings as _settings
-    from harness.library import ref_launchers
     from harness.core.records import Outcome, Route
+    from harness.library import ref_launchers
 
     # This worker serves the mutant's tree from now on (it serves no other: it is fresh), whose
     # source analyses are not kept on disk.

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dataclasses import replace
-
-from harness.core import settings as _settings
 from harness.compiling.compile import CompileError, compile_file, find_sources
 from harness.compiling.includes import source_closure
 from harness.compiling.modsettings import LauncherError, ModuleSettings, declared_settings
 from harness.compiling.toolchain import NvccNotFound
+from harness.core import settings as _settings
 from harness.core.settings import IncludeDirError
 
 

@@ -23,8 +23,8 @@ from typing import Sequence
 
 from harness.core.child import CPU_SERVE_FD_CHANNEL
 from harness.core.errors import SetupError
-from harness.pool.channel import Channel, ChannelClosed, Timeout
 from harness.core.records import Outcome
+from harness.pool.channel import Channel, ChannelClosed, Timeout
 from harness.runs import fresh
 from harness.runs.result import Executor, GateOutcome, GateRuns
 

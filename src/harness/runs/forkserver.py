@@ -31,8 +31,8 @@ import threading
 import time
 from pathlib import Path
 
-from harness.core.settings import SERVER_START_ENV
 from harness.core.child import pytest_command
+from harness.core.settings import SERVER_START_ENV
 from harness.pool.channel import Channel, ChannelClosed, Timeout
 
 # Read at run time by the harness, pytest or the CUDA driver, never at import: a run may set

@@ -7,11 +7,11 @@ Outcomes come from the plugin's `--harness-report` file, never from terminal tex
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
-import itertools
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -22,7 +22,6 @@ from harness.core.records import GateRecord, Outcome
 from harness.runs import forkserver
 from harness.runs.result import Executor, ExecutorFactory, GateOutcome, GateRuns
 from harness.runs.sandbox import temp_folder
-
 
 # Every child process alive now, so an interrupted campaign can kill them all.
 _live: set[subprocess.Popen] = set()

@@ -11,7 +11,6 @@ from typing import Callable, Protocol, Sequence
 
 from harness.core.records import GateRecord, Outcome
 
-
 # One gate's result in a run: the record every engine shares (outcome "not run" when the run
 # stopped before it).
 GateOutcome = GateRecord

@@ -28,9 +28,9 @@ from typing import Sequence
 
 from harness.core import settings as _settings
 from harness.core.child import SERVER_WARM_CHANNEL
-from harness.pool import controller, exits, worker as pool_worker
 from harness.core.device import ordinal_of, slot_devices
 from harness.core.records import RED, Outcome, Route
+from harness.pool import controller, exits, worker as pool_worker
 from harness.runs.result import Executor, ExecutorFactory, GateOutcome, GatePlan, GateRuns
 
 MAX_SERVED = 200  # mutants one worker serves before it retires

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from harness.campaigns.controls import report
 from harness.campaigns.controls.cli import ExitStatus, build_parser, config_from
-from harness.core.usage import UsageError
 from harness.campaigns.controls.runner import run_campaign
 from harness.campaigns.controls.spec import ControlSpecError
+from harness.core.usage import UsageError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.core.records import GateRecord, Outcome
 from harness.campaigns.controls.spec import Expect, Route
+from harness.core.records import GateRecord, Outcome
 from harness.runs.verdict import Verdict
 
 

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.core import settings as _settings
-from harness.core.records import Outcome
 from harness.campaigns.controls.runner import KILL_ROWS, CampaignConfig, run_campaign
 from harness.campaigns.controls.spec import ControlSpecError
+from harness.core import settings as _settings
+from harness.core.records import Outcome
 from harness.core.usage import ExitStatus, add_project_options, say_baseline_red
 
 
@@ -141,7 +141,6 @@ class _Progress:
             self.progress.advance(self.task)
         else:
             from harness.campaigns.controls.report import verdict_text
-
             from harness.campaigns.controls.results import Expectation
 
             mark = result.expectation.value
@@ -220,11 +219,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"usable ({escape(str(probe.error))}): run `python -m harness controls --static` here (it "
                       "applies and compiles every control with no GPU), and the full campaign on a machine with a GPU")
             return ExitStatus.USAGE
-    from harness.core.errors import DeviceLost
-
-    from harness.core.interrupt import sigterm_as_interrupt
-
     import time
+
+    from harness.core.errors import DeviceLost
+    from harness.core.interrupt import sigterm_as_interrupt
 
     report.remove(config.path(config.report_dir))
     progress = _Progress(err)

@@ -7,11 +7,11 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.campaigns.controls.classify import GateCheck
+from harness.campaigns.controls.edits import Edit
 from harness.core.records import GateRecord
 from harness.runs.result import CampaignRun
 from harness.runs.verdict import Verdict
-from harness.campaigns.controls.classify import GateCheck
-from harness.campaigns.controls.edits import Edit
 
 
 class Expectation(str, enum.Enum):

@@ -17,20 +17,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from harness.core.device import slot_devices
-from harness.runs import fresh as child
-from harness.runs.fresh import run_gates
 from harness.campaigns.controls.classify import GateCheck, check_gate, decide, judged_without_device
 from harness.campaigns.controls.collect import Collector
 from harness.campaigns.controls.edits import EditError, apply
 from harness.campaigns.controls.results import CampaignResult, ControlResult
 from harness.campaigns.controls.spec import Control, load_controls
+from harness.core.device import slot_devices
 from harness.core.records import GateRecord, Outcome, Route
-from harness.runs.config import RunConfig
+from harness.runs import fresh as child
 from harness.runs.compilecheck import compile_perturbed, declared_names
+from harness.runs.config import RunConfig
+from harness.runs.fresh import run_gates
 from harness.runs.result import Baseline, GateRuns
-from harness.runs.slots import from_list, run_in_slots
 from harness.runs.sandbox import sandbox, temp_folder, write
+from harness.runs.slots import from_list, run_in_slots
 from harness.runs.verdict import Verdict
 
 if TYPE_CHECKING:

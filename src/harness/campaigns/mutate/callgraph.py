@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from harness.compiling.cuda_syntax import function_name, is_kernel, parse, walk
 from harness.campaigns.mutate.generate import SOURCE_SUFFIXES
+from harness.compiling.cuda_syntax import function_name, is_kernel, parse, walk
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 

@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from harness.core.device import slot_devices
-from harness.core.errors import DeviceLost
 from harness.campaigns.mutate.execute import run_mutant
-from harness.runs.config import RunConfig
-from harness.runs.fresh import FreshExecutors
-from harness.runs.result import Baseline, CampaignRun, Executor, ExecutorFactory, GatePlan
-from harness.runs.slots import run_in_slots
 from harness.campaigns.mutate.generate import Mutant, changed_lines, generate, select_files
 from harness.campaigns.mutate.select import Coverage
 from harness.campaigns.mutate.store import VerdictKeys, VerdictStore
 from harness.campaigns.mutate.verdicts import MutantResult, Recheck, Verdict, append_result, read_results
+from harness.core.device import slot_devices
+from harness.core.errors import DeviceLost
+from harness.runs.config import RunConfig
+from harness.runs.fresh import FreshExecutors
+from harness.runs.result import Baseline, CampaignRun, Executor, ExecutorFactory, GatePlan
+from harness.runs.slots import run_in_slots
 
 RESULTS_FILE = "mutants.jsonl"
 BASELINE_DEADLINE_FACTOR = 4
@@ -172,11 +172,10 @@ def run_campaign(config: MutateConfig, listener: Listener | None = None,
 
 def _campaign(config: MutateConfig, listener: Listener | None,
               executor_factory: ExecutorFactory | None) -> MutationCampaign:
-    from harness.compiling.arch import resolve_arch
-    from harness.runs.compilecheck import declared_names
     from harness.campaigns.mutate import screen
-
+    from harness.compiling.arch import resolve_arch
     from harness.runs import fresh as child
+    from harness.runs.compilecheck import declared_names
 
     listener = listener or _Quiet()
     start = time.perf_counter()

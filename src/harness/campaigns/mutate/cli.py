@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 from harness.core import settings as _settings
-from harness.runs.verdict import Verdict
 from harness.core.interrupt import sigterm_as_interrupt
-from harness.core.usage import ExitStatus, UsageError, add_project_options, positive_seconds, say_baseline_red
-from harness.core.usage import positive_int as _positive_int
-
+from harness.core.usage import (ExitStatus, UsageError, add_project_options, positive_int as _positive_int,
+                                positive_seconds, say_baseline_red)
+from harness.runs.verdict import Verdict
 
 DESCRIPTION = ("Mutate the device code of the kernels, screen the mutants on the CPU (compile, identical cubins), "
                "then run the gates that load each module and report which mutants survive.")
@@ -264,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[bold red]error:[/] {escape(text)}")
         return ExitStatus.USAGE
 
-    from harness.core.usage import folder_problem, kernel_root_option, kernel_root_problem, output_folder_problem
-    from harness.core.usage import rootdir_problem
+    from harness.core.usage import (folder_problem, kernel_root_option, kernel_root_problem, output_folder_problem,
+                                    rootdir_problem)
 
     if rootdir_problem(args.rootdir):
         return usage(rootdir_problem(args.rootdir))
@@ -369,8 +368,8 @@ def _fresh_worker_slots(config, cache, campaign, executors: dict, cluster=None) 
     mutant runs in a process no other mutant touched. The campaign's own workers are ended
     first: their contexts and memory go back to the GPU (on a cluster: its actors, and the
     re-check's own take their GPUs)."""
-    from harness.core.device import slot_devices
     from harness.campaigns.mutate.campaign import arm
+    from harness.core.device import slot_devices
 
     for ex in list(executors.values()):
         ex.close()
@@ -428,8 +427,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
     from rich.markup import escape
 
     from harness.campaigns.mutate import report
-    from harness.core.errors import DeviceLost
     from harness.campaigns.mutate.campaign import run_campaign
+    from harness.core.errors import DeviceLost
 
     report.remove(config.path(config.report_dir))
     try:
@@ -438,8 +437,8 @@ def _run(config, args, recheck_n, factory, out, err, executors=None, cluster=Non
             # the campaign's own workers, said before the re-check ends them and starts its own
             worker_lines = _worker_lines(config, executors)
             if not config.static and args.executor == "warm" and (recheck_n or _survivors(campaign)):
-                from harness.core.device import slot_devices
                 from harness.campaigns.mutate.recheck import recheck, recheck_jobs
+                from harness.core.device import slot_devices
                 from harness.runs.fresh import FreshProcessExecutor
 
                 if campaign.baseline is not None and campaign.baseline.ok:

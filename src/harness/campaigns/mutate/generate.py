@@ -17,9 +17,9 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.campaigns.mutate.operators import OPERATORS
 from harness.compiling.cuda_syntax import device_functions, first_error, function_name, parse
 from harness.core.errors import UsageError
-from harness.campaigns.mutate.operators import OPERATORS
 
 SOURCE_SUFFIXES = (".cu", ".cuh")
 

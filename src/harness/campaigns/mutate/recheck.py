@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 
-from harness.core.errors import DeviceLost
 from harness.campaigns.mutate.campaign import MutationCampaign, dependents_of, gate_stage
 from harness.campaigns.mutate.verdicts import MutantResult, Recheck, Verdict
+from harness.core.errors import DeviceLost
 from harness.runs.result import Executor
-
 
 # A re-run that hits its deadline where the campaign's run had a verdict is run once more,
 # this many at once. The re-check runs every trap gate for real, each in a fresh worker, a

@@ -14,10 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from harness.library import coverage
 from harness.core.child import COVERAGE_DIR_CHANNEL
-
-
+from harness.library import coverage
 
 _collected: list[str] = []
 

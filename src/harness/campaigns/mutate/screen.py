@@ -59,10 +59,10 @@ class ScreenContext:
 
 def compile_mutant(mutant: Mutant, ctx: ScreenContext) -> Compiled:
     """Write `mutant` into a fresh sandbox, compile its modules, fingerprint the cubins."""
+    from harness.campaigns.mutate.elf import fingerprint
     from harness.compiling.compile import CompileError, compile_file
     from harness.runs.compilecheck import run_dirs
     from harness.runs.sandbox import sandbox, write
-    from harness.campaigns.mutate.elf import fingerprint
 
     start = time.perf_counter()
     modules = ctx.dependents.get(mutant.file, ())
@@ -109,9 +109,9 @@ def _first_error(exc, copy: Path) -> str:
 
 
 def original_fingerprints(ctx: ScreenContext) -> dict[str, str]:
+    from harness.campaigns.mutate.elf import fingerprint
     from harness.compiling.compile import compile_file
     from harness.runs.compilecheck import run_dirs
-    from harness.campaigns.mutate.elf import fingerprint
 
     modules = sorted({m for ms in ctx.dependents.values() for m in ms})
     return {rel: fingerprint(compile_file(rel, kernel_root=ctx.kernel_root, arch=ctx.arch, cache_dir=ctx.cache_dir,

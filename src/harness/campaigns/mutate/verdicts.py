@@ -12,7 +12,6 @@ from pathlib import Path
 from harness.campaigns.mutate.generate import Mutant
 from harness.runs.verdict import Verdict
 
-
 SCREENED_OUT = (Verdict.EQUIVALENT, Verdict.DUPLICATE, Verdict.COMPILE_ERROR)
 DETECTED = (Verdict.KILLED, Verdict.KILLED_BY_TRAP, Verdict.TIMEOUT)  # what Stryker counts as detected
 

@@ -30,8 +30,8 @@ import pytest
 from harness.core.child import ARMS_OUT_CHANNEL, COMPARE_TIMING_CHANNEL, LAUNCHERS_OF_CHANNEL
 from harness.core.errors import as_pytest_usage
 from harness.core.kinds import kinds_of
-from harness.library.timing import DEFAULT_REPEAT, DEFAULT_WARMUP
 from harness.core.usage import UsageError
+from harness.library.timing import DEFAULT_REPEAT, DEFAULT_WARMUP
 
 if TYPE_CHECKING:  # the comparison's own modules load only in a run that compares
     from harness.plugin.compare.arms import GateComparison
@@ -108,8 +108,8 @@ def usage_problem(config: pytest.Config, ref: str) -> str | None:
     if config.getoption("harness_serve", False):
         return None
     from harness.core import settings as _settings
-    from harness.plugin.compare.tree import ref_problem
     from harness.core.usage import writable_problem
+    from harness.plugin.compare.tree import ref_problem
 
     report_dir = config.getoption("harness_report", None) or _settings.report_root(config.rootpath)
     unwritable = writable_problem(report_dir)

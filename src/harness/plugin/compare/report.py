@@ -7,8 +7,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.plugin.compare.arms import ArmComparison, ArmStatus, GateComparison, KernelTiming, Speed
 from harness.library.timing import DEFAULT_WARMUP
+from harness.plugin.compare.arms import ArmComparison, ArmStatus, GateComparison, KernelTiming, Speed
 
 
 def table(ref: str, gates: list[GateComparison]) -> list[str]:

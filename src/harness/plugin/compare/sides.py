@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.plugin.compare.arms import GateComparison, compare_sides, read_launches, read_side, compare_timing
+from harness.plugin.compare.arms import GateComparison, compare_sides, compare_timing, read_launches, read_side
 from harness.plugin.compare.report import arm_text
 from harness.runs.result import GateRuns
 
