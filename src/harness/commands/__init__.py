@@ -1,6 +1,11 @@
-"""A command that names a subcommand first (`python -m harness COMMAND`, `bench NAME`,
-`report NAME`): one table of its subcommands, from which both its help and its dispatch are
-read, so the help cannot leave out a subcommand the dispatch knows."""
+"""The commands `python -m harness` dispatches to (`harness.__main__`): `bench` (the
+benchmarks' table, `bench gates`), `startup` (`bench startup`), `cache` (`cache
+info|prune|clear`), `report` (`report merge`); the campaigns' commands are theirs
+(`harness.campaigns.controls.cli`, `harness.campaigns.mutate.cli`).
+
+Here, the table of a command that names a subcommand first (`python -m harness COMMAND`,
+`bench NAME`, `report NAME`): its help and its dispatch are both read from it, so the help
+cannot leave out a subcommand the dispatch knows."""
 
 from __future__ import annotations
 
