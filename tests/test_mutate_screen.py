@@ -94,6 +94,38 @@ def test_classify_compile_error_equivalent_duplicate():
     assert unknown["m2"].verdict is Verdict.PENDING and unknown["m4"].verdict is Verdict.PENDING
 
 
+def test_a_group_of_identical_mutants_no_gate_reads_takes_its_lowest_id_as_the_twin():
+    """The feed's twin is the first whose compile finished; the campaign's end makes it the
+    lowest id, so two campaigns that compiled in another order report each mutant alike."""
+    from harness.campaigns.mutate.campaign import resolve_duplicates
+    from harness.campaigns.mutate.verdicts import MutantResult
+
+    def results(first: str, others: list[str], gates_run=()):
+        out = {first: MutantResult(mutant(first), Verdict.KILLED, "killed by g", killed_by=["g.py::t"],
+                                   gates_run=["g.py::t"], seconds=2.0)}
+        for o in others:
+            out[o] = MutantResult(mutant(o), Verdict.DUPLICATE, f"duplicate of {first}", duplicate_of=first,
+                                  gates_run=list(gates_run), seconds=0.5)
+        return out
+
+    a, b = results("m3", ["m1", "m2"]), results("m1", ["m2", "m3"])  # the same group, compiled in two orders
+    resolve_duplicates(a), resolve_duplicates(b)
+    for out in (a, b):
+        assert (out["m1"].verdict, out["m1"].killed_by, out["m1"].duplicate_of) == (Verdict.KILLED, ["g.py::t"], None)
+        assert [(out[m].verdict, out[m].duplicate_of, out[m].effective) for m in ("m2", "m3")] == \
+            [(Verdict.DUPLICATE, "m1", Verdict.KILLED)] * 2
+        assert out["m3"].reason == "duplicate of m1" and out["m1"].mutant.id == "m1"
+    # a duplicate that ran the gates reading its own source keeps the twin whose run saw its source
+    read = results("m3", ["m1"], gates_run=["g.py::reads"])
+    resolve_duplicates(read)
+    assert read["m1"].duplicate_of == "m3" and read["m3"].verdict is Verdict.KILLED
+    # and mutants of two files (one of them may be read) keep theirs
+    other = results("m3", [])
+    other["m1"] = MutantResult(mutant("m1", file="h.cuh"), Verdict.DUPLICATE, "duplicate of m3", duplicate_of="m3")
+    resolve_duplicates(other)
+    assert other["m1"].duplicate_of == "m3"
+
+
 def test_the_pool_screens_a_suite_without_writing_its_kernel_root(tmp_path):
     root = tmp_path / "kernels"
     shutil.copytree(SUITE / "kernels", root)

@@ -551,7 +551,37 @@ def interleave_mutants(mutants: list) -> list:
 
 
 def resolve_duplicates(results: dict[str, MutantResult]) -> None:
-    """A duplicate takes its twin's verdict (as `effective`)."""
+    """A duplicate takes its twin's verdict (as `effective`), once each group's twin is its
+    lowest id (`lowest_twins`)."""
+    lowest_twins(results)
     for r in results.values():
         if r.verdict is Verdict.DUPLICATE and r.duplicate_of in results:
             r.effective = results[r.duplicate_of].verdict
+
+
+def lowest_twins(results: dict[str, MutantResult]) -> None:
+    """Each group of identical mutants (one cubin) of one file that no gate reads takes its
+    lowest id as the twin whose run stands for all. The screen takes the first whose compile
+    finished, which the order of compiles decides; the verdicts are the same by construction
+    (the same cubin, and no gate reads the source), so with the twin fixed two campaigns report
+    them alike, mutant by mutant. A group where a gate reads the source (a duplicate that ran
+    the gates reading its own: `gates_run`) keeps its twin: that twin's run saw its own source."""
+    groups: dict[str, list[MutantResult]] = {}
+    for r in results.values():
+        if r.verdict is Verdict.DUPLICATE and r.duplicate_of in results:
+            groups.setdefault(r.duplicate_of, []).append(r)
+    for twin_id, dups in groups.items():
+        twin = results[twin_id]
+        if twin.verdict is Verdict.DUPLICATE or any(d.gates_run or d.mutant.file != twin.mutant.file for d in dups):
+            continue
+        low = min(d.mutant.id for d in dups)
+        if low > twin_id:
+            continue
+        was_duplicate = results[low]
+        results[low] = dataclasses.replace(twin, mutant=was_duplicate.mutant, seconds=was_duplicate.seconds)
+        results[twin_id] = dataclasses.replace(was_duplicate, mutant=twin.mutant, seconds=twin.seconds,
+                                               duplicate_of=low, reason=f"duplicate of {low}")
+        for d in dups:
+            if d.mutant.id != low:
+                results[d.mutant.id] = dataclasses.replace(d, duplicate_of=low, reason=f"duplicate of {low}")
+
