@@ -49,6 +49,8 @@ class ChildPytest:
     arch: str | None = None  # given only where the run named one (HARNESS_ARCH reaches a child anyway)
     include_dirs: tuple[Path, ...] = ()
     deadline: float | None = None  # seconds: each GPU gate's, and its isolated (trap) gates end within it
+    sweep_budget: int | None = None
+    sweep_replay: str | None = None
     rootdir: Path | None = None
     config_file: Path | None = None
     report_dir: Path | None = None  # --harness-report: its gates.json is the child's verdicts
@@ -67,7 +69,8 @@ class ChildPytest:
         """A child over `targets` with the run's `settings` (their one serialisation)."""
         return cls(tuple(targets), kernel_root=settings.kernel_root, cache_dir=settings.cache_dir,
                    arch=settings.arch if settings.arch_source == "--arch" else None,
-                   include_dirs=settings.include_dirs, deadline=settings.deadline, **kw)
+                   include_dirs=settings.include_dirs, deadline=settings.deadline,
+                   sweep_budget=settings.sweep_budget, sweep_replay=settings.sweep_replay, **kw)
 
     def args(self) -> list[str]:
         out = list(self.targets)
@@ -89,6 +92,10 @@ class ChildPytest:
         out += [f"--include-dir={d}" for d in self.include_dirs]
         if self.deadline is not None:
             out.append(f"--harness-deadline={float(self.deadline)!r}")
+        if self.sweep_budget is not None:
+            out.append(f"--sweep-budget={self.sweep_budget}")
+        if self.sweep_replay is not None:
+            out.append(f"--sweep-replay={self.sweep_replay}")
         if self.report_dir is not None:
             out.append(f"--harness-report={self.report_dir}")
         if self.no_fail_fast:

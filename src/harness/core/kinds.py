@@ -30,7 +30,7 @@ import pytest
 from harness.core.errors import as_pytest_usage
 from harness.core.settings import GATES_INI, INCLUDE_DIRS_INI, KERNEL_ROOT_ENV
 
-KINDS = ("anchor", "link", "invariance", "determinism", "refusal", "trap", "structural", "compile")  # a gate has one
+KINDS = ("anchor", "link", "invariance", "determinism", "sweep", "refusal", "trap", "structural", "compile")  # one each
 
 # The markers the plugin registers, with their help.
 MARKERS = {
@@ -41,6 +41,8 @@ MARKERS = {
                   "variants a serving engine varies (harness.library.invariance.assert_batch_invariant)",
     "determinism": "asserts a repeated launch gives the same bits every time (harness.library.invariance."
                    "assert_deterministic)",
+    "sweep": "checks the kernel over its declared shape space, presets and boundaries first, then drawn shapes; "
+             "a failure shrinks to the smallest failing shape and names its replay (harness.library.sweep.sweep)",
     "refusal": "asserts a host launcher rejects bad arguments with a pinned message, before any launch",
     "trap": "asserts the kernel's device guard fires; runs in the trap shadow in its own lane, or traps for "
             "real in a fresh worker",

@@ -55,6 +55,8 @@ class Settings:
     deadline_source: str = "the default"
     trap_shadow: bool = False  # modules built with their guards counted (a campaign's trap gate, in a warm worker)
     generated_sources: bool = False  # the tree is a campaign's mutant: its source analyses are not kept on disk
+    sweep_budget: int | None = None  # --sweep-budget: shapes a sweep draws after its presets and boundaries
+    sweep_replay: str | None = None  # --sweep-replay: the one shape a sweep checks (N=64,K=1024)
 
     def with_kernel_root(self, kernel_root: str | os.PathLike) -> "Settings":
         """These settings over another kernel tree (a sandbox, a comparison's REF)."""
@@ -266,7 +268,8 @@ def _as_lines(value) -> list[str]:
 
 
 def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), controls_dir=None,
-            deadline: float | None = None, sanitize: bool = False,
+            deadline: float | None = None, sanitize: bool = False, sweep_budget: int | None = None,
+            sweep_replay: str | None = None,
             rootdir: str | os.PathLike | None = None, ini=None, cache_option: str = "--cache-dir") -> Project:
     """The settings of the project at `rootdir` (default: found from the working folder up,
     as pytest finds it), in one order for every setting:
@@ -309,7 +312,8 @@ def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), cont
     settings = Settings(kernel_root=kr, arch=explicit or os.environ.get(ARCH_ENV) or None, cache_dir=cache,
                         arch_source="--arch" if explicit else ARCH_ENV,
                         include_dirs=include_dirs(include_dir, _as_lines(read(INCLUDE_DIRS_INI)), root),
-                        deadline=seconds, deadline_source=seconds_source)
+                        deadline=seconds, deadline_source=seconds_source, sweep_budget=sweep_budget,
+                        sweep_replay=sweep_replay or None)
     return Project(rootdir=root, settings=settings, kernel_root_source=kr_source, cache_source=cache_source,
                    controls_dir=controls, gate_paths=gates)
 

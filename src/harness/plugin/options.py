@@ -15,6 +15,7 @@ from harness.core import settings as _settings
 from harness.core.errors import as_pytest_usage
 from harness.core.kinds import REQUIRE_GPU_ENV
 from harness.core.settings import DEFAULT_DEADLINE, GATES_INI, SANITIZER_DEADLINE_FACTOR
+from harness.library.sweep import DEFAULT_BUDGET as SWEEP_BUDGET
 
 if TYPE_CHECKING:
     from harness.plugin.state import Role
@@ -28,6 +29,18 @@ def deadline_value(text: str) -> float:
         return positive_seconds(text, "--harness-deadline", "120")
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def sweep_budget_value(text: str) -> int:
+    """argparse type for --sweep-budget: a whole number of shapes from 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--sweep-budget {text!r}: give a whole number of shapes from 0 (default "
+                                         f"{SWEEP_BUDGET}), e.g. --sweep-budget 200")
+    return value
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -61,6 +74,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-lanes", default=None, metavar="N",
                     help="ordinary GPU gates run on N warm workers at once, whole modules to a lane (ini "
                          "harness_lanes; default auto: half the cores, at most 8; 1 runs them in order on one)")
+    group.addoption("--sweep-budget", type=sweep_budget_value, default=None, metavar="N",
+                    help="shapes each sweep gate draws after its presets and boundaries (default "
+                         f"{SWEEP_BUDGET}; 0: the presets and boundaries only)")
+    group.addoption("--sweep-replay", default=None, metavar="SHAPE",
+                    help="each selected sweep gate checks this one shape (N=64,K=1024), as its failure printed it")
     group.addoption("--harness-serve", action="store_true", default=False, help=argparse.SUPPRESS)
     group.addoption("--harness-child-timeout", default=None, help=argparse.SUPPRESS)  # removed: says what replaced it
     # Defaults are empty so that "set in the project's ini" can be told from "not set": a set
