@@ -63,8 +63,10 @@ PRIVATE = {
         "a compiler's failure with its log, from either backend; compile_file makes it a CompileError",
     "harness.library.caching._NotKept":
         "an argument the disk key cannot name; the host cache then keeps nothing on disk for the call",
-    "harness.campaigns.mutate.screen._Stop": "ends the CPU screen early from its callback; the screen's loop catches it",
-    "harness.library.sweep._Fault": "carries a device fault out of a sweep's shrinkers; sweep raises it as a ShapeFaulted",
+    "harness.campaigns.mutate.screen._Stop":
+        "ends the CPU screen early from its callback; the screen's loop catches it",
+    "harness.library.sweep._Fault":
+        "carries a device fault out of a sweep's shrinkers; sweep raises it as a ShapeFaulted",
     "harness.pool.channel.Timeout": "a wire event: no frame within the wait; every reader of a channel handles it",
     "harness.pool.channel.ChannelClosed": "a wire event: the other end closed; every reader of a channel handles it",
 }
