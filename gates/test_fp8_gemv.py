@@ -8,6 +8,7 @@ import pytest
 from gates._quant_gemv import SENTINEL, run_fp8_gemv, run_fp8_gemv_fenced, run_fp8_gemv_with_tail
 from harness import assert_bits_eq
 from harness.library.buffers import assert_untouched
+from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
 from kernels_cu import fp8_gemv
 from oracles.quant_gemv import fp8_chunk_sums, fp8_gemv_case, fp8_gemv_positional_case
 
@@ -133,3 +134,46 @@ def test_an_output_narrower_than_the_segments_is_refused_before_launch():
     y, x, xs, segments = _args(rows=(8, 4))
     with pytest.raises(ValueError, match=r"y has shape \(2, 8\), expected \(2, 12\)"):
         fp8_gemv.check_fp8_gemv_args(y[:, :8], x, xs, segments)
+
+
+# The sweep: the kernel over its shapes. K is swept 16 bytes a lane, 32 lanes a step (512 a
+# warp's pass): its multiples are the passes with no tail, one chunk either side a tail of one
+# chunk. T crosses the tiles of FP8_GEMV_TOKENS_PER_BLOCK tokens; N the blocks of 8 rows. The
+# bound keeps the host oracle's dot products (T * K * N of them) quick, and K keeps the
+# positional design exact (9 K below 2^24 units of 1/64).
+FP8_PASS = 32 * fp8_gemv.BYTES_PER_LANE
+FP8_SHAPES = ShapeSpace(
+    "fp8_gemv",
+    (Dim("T", 1, 9), Dim("K", 16, 28672, multiple_of=fp8_gemv.BYTES_PER_LANE, tile=FP8_PASS), Dim("N", 1, 4096)),
+    where=(("the host oracle's T * K * N at most 2^24", lambda s: s["T"] * s["K"] * s["N"] <= 1 << 24),),
+    presets=(
+        Preset("Llama-3 8B decode, q_proj", {"T": 1, "K": 4096, "N": 4096},
+               "Llama-3-8B config.json: hidden_size 4096 (32 heads of 128)"),
+        Preset("Llama-3 8B decode, k_proj", {"T": 1, "K": 4096, "N": 1024},
+               "Llama-3-8B config.json: 8 key-value heads of 128"),
+        Preset("Qwen2.5 7B decode batch of 4, k_proj", {"T": 4, "K": 3584, "N": 512},
+               "Qwen2.5-7B config.json: hidden_size 3584, 4 key-value heads of 128"),
+    ),
+)
+
+
+def fp8_gemv_shape_check(shape):
+    t, k, n = shape["T"], shape["K"], shape["N"]
+    scales = tuple(2.0 ** ((i % 5) - 2) for i in range(t))  # powers of two: exact
+    case = fp8_gemv_positional_case(t, k, (n,), seed=t * 31 + k + n, token_scales=scales)
+    assert_bits_eq(f"fp8_gemv y (T={t}, K={k}, N={n})", run_fp8_gemv(case), case.expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.sweep
+def test_fp8_gemv_matches_the_positional_design_over_its_shape_space():
+    sweep(FP8_SHAPES, fp8_gemv_shape_check)
+
+
+@pytest.mark.structural
+def test_every_preset_and_boundary_of_the_fp8_shape_space_is_a_shape_the_launcher_accepts():
+    # The space promises shapes the kernel runs: one the launcher refuses is a space declared wrong.
+    for shape in [dict(p.shape) for p in FP8_SHAPES.presets] + FP8_SHAPES.boundary_cases():
+        t, k, n = shape["T"], shape["K"], shape["N"]
+        y, x, xs, segments = _args(t, k, (n,))
+        assert fp8_gemv.check_fp8_gemv_args(y, x, xs, segments) == (t, k, n), shape
