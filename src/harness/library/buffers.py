@@ -127,3 +127,59 @@ def assert_untouched(label: str, arr, bits: int) -> None:
     if lines:
         lines[0] += " (a sentinel region was written)"
         raise BitsMismatch("\n".join(lines))
+
+
+INDEX_32 = 1 << 31
+"""The first element index a signed 32-bit int cannot hold: a buffer of more elements than
+this is where address arithmetic done in `int` goes wrong (a page id times a page stride)."""
+
+
+def _free_bytes() -> int:
+    """Bytes a new allocation can have now: the driver's free memory and the blocks CuPy's
+    pool holds free."""
+    import cupy
+
+    free, _total = cupy.cuda.runtime.memGetInfo()
+    return int(free) + int(cupy.get_default_memory_pool().free_bytes())
+
+
+def _release_cached() -> None:
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+class device_memory:
+    """Room on the device for a gate whose buffers are large (past `INDEX_32` elements):
+
+        with device_memory(5 << 30, "a KV pool past 2^31 bf16 elements"):
+            pool = cupy.empty(...)
+
+    Skips the gate where the device has not `nbytes` free (the reason names the bytes needed,
+    the bytes free and what they are for: never a silent pass, never an out-of-memory error
+    that reads as the kernel's). On leaving, the pool's cached blocks go back to the driver,
+    so a lane does not keep gigabytes that the lanes beside it need."""
+
+    def __init__(self, nbytes: int, why: str):
+        if nbytes <= 0:
+            raise ValueError(f"device_memory: nbytes is {nbytes}; give the bytes the gate allocates at once")
+        self.nbytes, self.why = int(nbytes), why
+
+    def __enter__(self):
+        _release_cached()
+        free = _free_bytes()
+        if free < self.nbytes:
+            import pytest
+
+            pytest.skip(f"needs {self.nbytes / 2**30:.1f} GiB of device memory for {self.why}; "
+                        f"{free / 2**30:.1f} GiB free on this device: run it on a GPU with the room "
+                        "(or with fewer lanes beside it: --harness-lanes 1)")
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            _release_cached()
+        except Exception:  # noqa: BLE001 - a faulted context: the gate's own error says why
+            pass
+        return False
