@@ -143,3 +143,48 @@ def test_other_dtypes_pass_through_and_numpy_is_returned_as_it_is(fake_cupy):
     assert buffers.to_host(ints) is ints
     as_bf16 = buffers.to_host(bits_of(np.ones(2, bf16)), bf16)
     assert as_bf16.dtype == bf16 and (as_bf16.astype(np.float32) == 1.0).all()
+
+
+class TestDeviceMemory:
+    """`device_memory`: a big-index gate skips, naming the room it needs, where the device has not
+    got it, and gives the pool's cached blocks back on leaving (a stand-in device: no GPU here)."""
+
+    @pytest.fixture
+    def device(self, monkeypatch):
+        from harness.library import buffers
+
+        state = {"free": 8 << 30, "released": 0}
+        monkeypatch.setattr(buffers, "_free_bytes", lambda: state["free"])
+        monkeypatch.setattr(buffers, "_release_cached", lambda: state.__setitem__("released", state["released"] + 1))
+        return state
+
+    def test_room_enough_runs_the_body_and_releases_before_and_after(self, device):
+        from harness.library.buffers import device_memory
+
+        ran = []
+        with device_memory(5 << 30, "a KV pool past 2^31 bf16 elements"):
+            ran.append(device["released"])
+        assert ran == [1] and device["released"] == 2
+
+    def test_too_little_room_skips_naming_the_bytes_and_the_purpose(self, device):
+        from harness.library.buffers import device_memory
+
+        device["free"] = 3 << 30
+        with pytest.raises(pytest.skip.Exception, match=r"needs 5\.0 GiB of device memory for a KV pool past 2\^31 "
+                                                        r"bf16 elements; 3\.0 GiB free on this device"):
+            with device_memory(5 << 30, "a KV pool past 2^31 bf16 elements"):
+                raise AssertionError("the body must not run")
+
+    def test_a_failing_body_still_releases_and_its_error_is_the_gate_s(self, device):
+        from harness.library.buffers import device_memory
+
+        with pytest.raises(AssertionError, match="the kernel's"):
+            with device_memory(1 << 30, "weights"):
+                raise AssertionError("the kernel's")
+        assert device["released"] == 2
+
+    def test_no_bytes_is_a_usage_mistake(self):
+        from harness.library.buffers import device_memory
+
+        with pytest.raises(ValueError, match="nbytes is 0"):
+            device_memory(0, "nothing")
