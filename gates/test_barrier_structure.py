@@ -15,14 +15,21 @@ these gates read the order from the source (tree-sitter CUDA grammar, as the cam
   reads all slots: the barrier after publishes the slots, the barrier before keeps a fast
   warp from overwriting a slot a slow warp still reads from the previous call (post_attn and
   final call them back to back on the same scratch).
+- **A `__shared__` array is published and released inside loops too.** In a loop that holds a
+  barrier (a tile staged into shared memory, read, staged again), every store of a shared
+  array and every read of it by the same or the next iteration have a barrier between them:
+  within the iteration (read after write, write after read) and around the loop's back edge
+  (the next iteration's store must not overwrite what a slow warp still reads). And a barrier
+  is reached by every thread of the block or by none: it sits under no branch and in no loop
+  whose condition depends on the thread's index.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gates._thread_roles import (TEMPLATE_ARGS, block_size, callee, defined, functions, memory_stores,
-                                 read_kernel_file, shared_extents)
+from gates._thread_roles import (TEMPLATE_ARGS, block_size, callee, defined, functions, initialisers, memory_stores,
+                                 read_kernel_file, shared_extents, thread_dependent)
 from gates._warp_structure import Unevaluable, evaluate, line_of, text_of
 from harness.compiling.cuda_syntax import walk
 
@@ -221,3 +228,160 @@ def test_a_shared_arrays_stores_are_published_by_a_barrier(kernel_root, file, na
                     break
     assert checked, f"{file} ({name}): no statement stores a `__shared__` array; this gate reads them"
     assert not problems, f"{file} ({name}):\n" + "\n".join(f"  {p}" for p in problems)
+
+
+LOOPS = ("for_statement", "while_statement", "do_statement")
+BARRIERS = ("__syncthreads", "__syncthreads_count", "__syncthreads_and", "__syncthreads_or")
+
+
+def _kernels(tree) -> dict:
+    """{name: definition} of the file's `__global__` functions."""
+    return {name: fn for name, fn in functions(tree).items()
+            if "__global__" in text_of(fn)[:fn.child_by_field_name("body").start_byte - fn.start_byte]}
+
+
+def _shared_names(fn) -> set[str]:
+    """Every `__shared__` variable the function declares (sized or `extern`)."""
+    names = set()
+    for node in walk(fn.child_by_field_name("body")):
+        if node.type == "declaration" and "__shared__" in text_of(node):
+            for d in node.children_by_field_name("declarator"):
+                while d is not None and d.type != "identifier":
+                    d = d.child_by_field_name("declarator")
+                if d is not None:
+                    names.add(text_of(d))
+    return names
+
+
+def _barrier_calls(node, barrier_fns: set[str]) -> list:
+    return [n for n in walk(node) if n.type == "call_expression"
+            and (callee(n) in BARRIERS or callee(n) in barrier_fns)]
+
+
+def _is_barrier(stmt, barrier_fns: set[str]) -> bool:
+    """The statement is a barrier every thread reaches: `__syncthreads();` or a call of a function
+    that holds one, as an expression statement of its own."""
+    return stmt.type == "expression_statement" and bool(_barrier_calls(stmt, barrier_fns)) and \
+        stmt.named_children[0].type == "call_expression"
+
+
+def _store_bases(stmt, shared: set[str]) -> tuple[set[str], set[int]]:
+    """(the shared arrays a statement stores into, the byte offsets of the identifiers that name
+    them as store targets). A store: an assignment whose target's base (its subscripts, casts
+    and dereferences peeled) names the array, or an atomic whose first argument does."""
+    arrays, spots = set(), set()
+    for n in walk(stmt):
+        if n.type == "assignment_expression":
+            base = n.child_by_field_name("left")
+            while base.type == "subscript_expression":
+                base = base.child_by_field_name("argument")
+        elif n.type == "call_expression" and callee(n).startswith("atomic"):
+            args = n.child_by_field_name("arguments").named_children
+            base = args[0] if args else None
+        else:
+            continue
+        for i in (walk(base) if base is not None else ()):
+            if i.type == "identifier" and text_of(i) in shared:
+                arrays.add(text_of(i))
+                spots.add(i.start_byte)
+    return arrays, spots
+
+
+def _reads(stmt, shared: set[str], spots: set[int]) -> set[str]:
+    return {text_of(n) for n in walk(stmt) if n.type == "identifier" and text_of(n) in shared
+            and n.start_byte not in spots}
+
+
+def _loop_body(loop) -> list:
+    body = loop.child_by_field_name("body")
+    stmts = body.named_children if body.type == "compound_statement" else [body]
+    return [s for s in stmts if s.type != "comment"]
+
+
+def _hazards(loop, shared: set[str], barrier_fns: set[str]) -> list[str]:
+    """What in a loop holding a barrier leaves a shared array unordered (module docstring)."""
+    stmts = _loop_body(loop)
+    n = len(stmts)
+    bar = [_is_barrier(s, barrier_fns) for s in stmts]
+    if not any(bar):
+        return []
+    stores, reads = [], []
+    for s in stmts:
+        arrays, spots = _store_bases(s, shared)
+        stores.append(arrays)
+        reads.append(_reads(s, shared, spots))
+
+    def fenced(a: int, b: int, wrap: bool) -> bool:
+        """A barrier strictly after statement a and strictly before b (around the back edge when wrap)."""
+        between = range(a + 1, n) if wrap else range(a + 1, b)
+        return any(bar[j] for j in between) or (wrap and any(bar[j] for j in range(0, b)))
+
+    problems = []
+    for s in range(n):
+        for array in sorted(stores[s]):
+            for r in range(n):
+                if array not in reads[r]:
+                    continue
+                if r > s and not fenced(s, r, False):
+                    problems.append(f"line {line_of(stmts[s])}: `{array}` is stored and then read at line "
+                                    f"{line_of(stmts[r])} in the same iteration with no barrier between")
+                if r < s and not fenced(r, s, False):
+                    problems.append(f"line {line_of(stmts[s])}: `{array}` is overwritten after line "
+                                    f"{line_of(stmts[r])} read it in the same iteration, with no barrier between")
+                if r >= s and not fenced(r, s, True):
+                    problems.append(f"line {line_of(stmts[s])}: the next iteration stores `{array}` while a slow "
+                                    f"warp may still read it at line {line_of(stmts[r])}: no barrier between the "
+                                    "read and the loop's next store (around the back edge)")
+                if r <= s and r != s and not fenced(s, r, True):
+                    problems.append(f"line {line_of(stmts[r])}: the next iteration reads `{array}` before a barrier "
+                                    f"publishes this iteration's store at line {line_of(stmts[s])}")
+    return problems
+
+
+def _uniformity(fn, barrier_fns: set[str]) -> list[str]:
+    """Barriers under a branch, or in a loop, whose condition depends on the thread's index."""
+    dep = thread_dependent(initialisers(fn))
+    body = fn.child_by_field_name("body")
+    problems = []
+    for call in _barrier_calls(body, barrier_fns):
+        node = call.parent
+        while node is not None and node != body:
+            if node.type in LOOPS:
+                head = [node.child_by_field_name(f) for f in ("initializer", "condition", "update")]
+            elif node.type in ("if_statement", "conditional_expression", "switch_statement"):
+                head = [node.child_by_field_name("condition")]
+            else:
+                head = []
+            names = {text_of(i) for h in head if h is not None for i in walk(h)
+                     if i.type in ("identifier", "field_expression")}
+            if names & dep:
+                what = "loop" if node.type in LOOPS else "branch"
+                problems.append(f"line {line_of(call)}: `{text_of(call)}` sits in a {what} whose condition depends on "
+                                f"the thread (`{' '.join(text_of(node).split('{')[0].split())[:70]}`): some threads "
+                                "of the block would wait at it for ever, or pass it out of turn")
+                break
+            node = node.parent
+    return problems
+
+
+KERNEL_FILES = ("fp8_gemv.cu", "lm_head.cu", "moe_decode.cu", "nvfp4_gemv.cu", "paged_attention.cu", "qk_rope.cu")
+
+
+@pytest.mark.parametrize("file", KERNEL_FILES)
+def test_barriers_inside_loops_order_every_shared_store_and_read(kernel_root, file):
+    # The top-level reading above (a store, then the next read, then a barrier between) stops at
+    # a loop: this one reads each loop that holds a barrier as a cycle, so a staged tile's
+    # second barrier (the one that keeps the next iteration's store from overwriting what a slow
+    # warp still reads) is held too. It reads every kernel of the file, with no list to keep.
+    _, tree = read_kernel_file(kernel_root, file)
+    barrier_fns = _barrier_functions(tree)
+    problems, loops = [], 0
+    for name, fn in sorted(_kernels(tree).items()):
+        shared = _shared_names(fn)
+        problems += [f"{name}: {p}" for p in _uniformity(fn, barrier_fns)]
+        for loop in (n for n in walk(fn.child_by_field_name("body")) if n.type in LOOPS):
+            if any(_is_barrier(s, barrier_fns) for s in _loop_body(loop)):
+                loops += 1
+                problems += [f"{name}: {p}" for p in _hazards(loop, shared, barrier_fns)]
+    assert _kernels(tree), f"{file}: no `__global__` function; this gate reads its kernels"
+    assert not problems, f"{file} ({loops} loop(s) holding a barrier read):\n" + "\n".join(f"  {p}" for p in problems)
