@@ -147,3 +147,30 @@ def test_gather_over_several_blocks_lands_each_index_in_its_own_slot():
     demo.run_gather(out, cupy.asarray(x), idx_dev)
     assert_bits_eq(f"gather m={m}", out, x[idx])
     _check_guards(f"gather m={m}", whole, m, sentinel)
+
+
+@pytest.mark.gpu
+@pytest.mark.invariance
+def test_a_scaled_row_has_its_bits_in_every_batch_eager_and_replayed_from_a_cuda_graph():
+    # CUDA-graph replay as a launch variant (harness.library.graphs): each batch is launched
+    # eagerly, then from a graph captured once a batch size, with the batch's rows copied into
+    # the captured buffers. Rows of 250 bf16 (a batch of 5 is 1250: one block's tail, the vector
+    # kernel's partial last vector); the replayed bits must be the eager row-alone bits.
+    import cupy
+
+    from harness.library.graphs import GraphReplay, eager_and_graph
+    from harness.library.invariance import assert_batch_invariant
+
+    rows = to_bf16(np.arange(8 * 250, dtype=np.float32).reshape(8, 250) / 8 - 100)
+    replay = GraphReplay("demo_scale out")
+
+    def run(ids, variant):
+        vectorised, mode = variant
+        x = cupy.asarray(np.ascontiguousarray(rows[ids]).reshape(-1))
+        out = cupy.zeros(x.shape, dtype=x.dtype)
+        replay(mode, vectorised, lambda x, out: demo.run_scale(out, x, 2.0, vectorised=vectorised), x=x, out=out)
+        return out.reshape(len(ids), -1)
+
+    assert_batch_invariant("demo_scale out", run, (0, 3, 7), batch_sizes=(1, 2, 5),
+                           variants=eager_and_graph({"scalar": False, "vector of 4": True}), fillers=(1, 2))
+    assert replay.captures == 6 and replay.replays > replay.captures, (replay.captures, replay.replays)
