@@ -341,7 +341,7 @@ def test_order_sensitive_design_moves_the_gates_rows_under_another_order(config)
     assert (seq > 0).all(), f"sequential order leaves rows {np.flatnonzero(seq == 0).tolist()} unmoved"
     assert (two > 0).any(), "two accumulators move none of the gate's rows"
     # the cancelling pairs: one of each rotary pair's outputs is far smaller than the pair's products
-    hd, rot = inv.CONFIGS[config]
+    hd, rot = inv.CONFIGS[config][:2]
     out = design.model_outputs(case.q, case.q_w, case.positions, case.cos, case.sin, rot).astype(np.float64)
     half = rot // 2
     small = np.minimum(np.abs(out[..., :half]), np.abs(out[..., half:rot]))
@@ -353,3 +353,24 @@ def test_order_sensitive_design_moves_the_gates_rows_under_another_order(config)
 def test_order_sensitive_case_refuses_a_table_too_short():
     with pytest.raises(ValueError, match="at least 2 positions"):
         design.order_sensitive_case(4, 4, 2, 256, 256, 1, 0)
+
+
+# ------------------------------------------------------------------ the big-index gate's design
+
+
+def test_the_big_index_window_lies_on_both_sides_of_2_31_pool_elements():
+    from gates import test_qk_rope_big_index as big
+    from harness.library.buffers import INDEX_32
+
+    layout, sc = big.LAYOUT, big.SCENARIO
+    stride = layout.page_stride
+    assert layout.pool_elements > INDEX_32 and sc.num_pages - 1 not in sc.window and sc.junk_page not in sc.window
+    assert 1092 * stride <= INDEX_32, "pages 1090 and 1091 lie wholly below 2^31"
+    last_layer_of_1092 = int(layout.index(1092, sc.layer, K, 0, 0, 0))
+    assert 1092 * stride < INDEX_32 < last_layer_of_1092, "page 1092: the layer term carries the address past"
+    assert all(p * stride > INDEX_32 for p in sc.window if p >= 1093) and {1090, 1091, 1092} <= set(sc.window)
+    assert set(sc.window) <= set(big.REGION) and sc.page_origin == 20
+    # every token lands in the checked region, and the region's image holds each of its rows
+    rows = np.ones((sc.num_tokens, big.NKV, big.HD), bf16)
+    image = big._region_image(rows, -rows)
+    assert np.count_nonzero(bits_of(image)) == 2 * sc.num_tokens * big.NKV * big.HD
