@@ -21,14 +21,13 @@ from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
-PAGE_ELEMENTS = pa.PAGE  # keys a page; times nkv and hd, the elements of a pool page
-
-
 def _pool(s, pages: int) -> int:
-    return pages * s["NKV"] * PAGE_ELEMENTS * s["HD"]
+    """Elements of `pages` pool pages (of K, and as many of V)."""
+    return pages * s["NKV"] * pa.PAGE * s["HD"]
 
 
-# Shared dimensions. W: the sliding window, W = 1 (WINDOW_NONE) for none; its tile, 512, is the
+# Shared dimensions (pages are 16 keys: pa.PAGE, the one page size the kernels are built for).
+# W: the sliding window, W = 1 (WINDOW_NONE) for none; its tile, 512, is the
 # smallest window models use (Gemma 3 1B), the others its multiples (1024 Gemma 3 and 4, 4096
 # Gemma 2): a key either side puts the window's first key mid-page. CTX: the context; its tile,
 # 4096 keys (256 pages), puts a query on a page's first slot, its last and the one before, at
