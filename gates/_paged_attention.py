@@ -15,7 +15,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from harness import host_cache, rel_rms
+from harness import assert_bits_eq, host_cache, rel_rms
 from harness.library import buffers
 from harness.library.dtypes import bf16
 from kernels_cu import paged_attention as pa
@@ -233,3 +233,82 @@ def host_arrays(hd: int = 256, rows: int = 2, nh: int = 4, nkv: int = 2, pages: 
         off=np.zeros(rows, np.int32),
         qpos=np.arange(rows, dtype=np.int32),
     )
+
+
+# ------------------------------------------------------------------ ladders: the sweep's shapes
+
+
+LADDER_SEED = 23
+WINDOW_NONE = 1   # a sweep shape's W = 1 stands for window 0 (no sliding window): a dimension starts at 1,
+                  # and a window of one key is no model's
+
+
+def window_of(w: int) -> int:
+    return 0 if w == WINDOW_NONE else int(w)
+
+
+def decode_qpos(ctx: int, rows: int) -> list[int]:
+    """The query positions of a decode batch of `rows` sequences, the longest at ctx - 1 and the
+    others shorter, evenly down to about ctx / rows (every row a sequence of its own)."""
+    return [((ctx - 1) * (rows - r)) // rows for r in range(rows)]
+
+
+def _span_pages(qpos, window: int) -> int:
+    lo = int(ora.first_visible(np.asarray(qpos), window).min())
+    return max(qpos) // pa.PAGE - lo // pa.PAGE + 1
+
+
+def decode_spans(shape) -> tuple[int, int]:
+    """(the longest span a row climbs, in keys; the span pages of all rows): what bounds a decode
+    sweep shape's work and pools."""
+    window = window_of(shape["W"])
+    qpos = decode_qpos(shape["CTX"], shape["ROWS"])
+    longest = max(q - int(ora.first_visible(q, window)) + 1 for q in qpos)
+    return longest, sum(_span_pages([q], window) for q in qpos)
+
+
+def prefill_rows(ctx: int, m: int) -> tuple[int, ...]:
+    """The query positions of a prefill chunk: the last m positions of a ctx-key context."""
+    return tuple(range(ctx - m, ctx))
+
+
+def prefill_spans(shape) -> tuple[int, int]:
+    """(the chunk's span in keys, its span pages)."""
+    window = window_of(shape["W"])
+    rows = prefill_rows(shape["CTX"], shape["M"])
+    return rows[-1] - int(ora.first_visible(rows[0], window)) + 1, _span_pages(rows, window)
+
+
+def decode_plan(shape) -> ora.LadderPlan:
+    """A decode sweep shape (HD, NKV, G, W, CTX, ROWS, SPLITS) as a ladder: ROWS sequences of one
+    query row each (decode_qpos), nh = NKV * G."""
+    qpos = decode_qpos(shape["CTX"], shape["ROWS"])
+    return ora.ladder_plan(shape["HD"], shape["NKV"] * shape["G"], shape["NKV"], window_of(shape["W"]),
+                           [(q,) for q in qpos], seed=LADDER_SEED)
+
+
+def prefill_plan(shape) -> ora.LadderPlan:
+    """A prefill sweep shape (HD, NKV, G, W, CTX, M) as a ladder: one sequence's last M positions
+    (a chunked prefill's rows), its block-table row after another sequence's two entries."""
+    return ora.ladder_plan(shape["HD"], shape["NKV"] * shape["G"], shape["NKV"], window_of(shape["W"]),
+                           [prefill_rows(shape["CTX"], shape["M"])], seed=LADDER_SEED, prefix=2)
+
+
+
+def decode_ladder_holds(plan: ora.LadderPlan, splits: int) -> None:
+    """Each row copies its winner's V row in every head, bitwise: the last-CTA merge on the
+    ladders as planned, the combine kernel on the ladders flipped (each kv head climbing the
+    other way), so both merges see both directions on every kv head."""
+    for flip, merge in ((0, "last_cta"), (1, "combine")):
+        case = ora.ladder_case(plan, flip)
+        assert_bits_eq(f"paged decode out [row, head, dim] ({merge} merge, splits {splits}, ladders flipped {flip})",
+                       run_paged_decode(to_device(case), splits=splits, merge=merge), ora.copy_rows(case), dtype=bf16)
+
+
+def prefill_ladder_holds(plan: ora.LadderPlan) -> None:
+    """Each row of the chunk copies its winner's V row in every head, bitwise, the kv heads'
+    ladders one way and then flipped."""
+    for flip in (0, 1):
+        case = ora.ladder_case(plan, flip)
+        assert_bits_eq(f"paged prefill out [row, head, dim] (ladders flipped {flip})",
+                       run_paged_prefill(to_device(case)), ora.copy_rows(case), dtype=bf16)

@@ -62,6 +62,14 @@ class QkData:
     def num_tokens(self) -> int:
         return int(self.q.shape[0])
 
+    @property
+    def nq(self) -> int:
+        return int(self.q.shape[1])
+
+    @property
+    def nkv(self) -> int:
+        return int(self.k.shape[1])
+
     def put(self, a: np.ndarray):
         """A host array on this data's side (device or host)."""
         return buffers.to_device(a) if self.on_device else np.ascontiguousarray(a)
@@ -79,16 +87,18 @@ host = buffers.to_host  # device (or host) array -> numpy, bf16 through its bits
 
 
 def _build(head_dim: int, rotary_dim: int, on_device: bool, *, num_tokens: int = NUM_TOKENS,
-           heads=design.designed_heads, spare_tokens: int = 0, eps: float = design.EPS) -> QkData:
-    """The inputs of one (head_dim, rotary_dim). With spare_tokens, q, k and v are built for
-    num_tokens + spare_tokens tokens and the data holds views of the first num_tokens: a warp
-    past the last job reads defined (designed) rows there instead of faulting."""
+           heads=design.designed_heads, spare_tokens: int = 0, eps: float = design.EPS, nq: int = NQ,
+           nkv: int = NKV, cos_max_pos: int = COS_MAX_POS) -> QkData:
+    """The inputs of one (head_dim, rotary_dim), nq query and nkv KV heads, a cos/sin table of
+    cos_max_pos positions. With spare_tokens, q, k and v are built for num_tokens + spare_tokens
+    tokens and the data holds views of the first num_tokens: a warp past the last job reads
+    defined (designed) rows there instead of faulting."""
     n = num_tokens + spare_tokens
-    q = heads(design.TENSOR_Q, n, NQ, head_dim)
-    k = heads(design.TENSOR_K, n, NKV, head_dim)
-    v = heads(design.TENSOR_V, n, NKV, head_dim) if head_dim == 256 else None
+    q = heads(design.TENSOR_Q, n, nq, head_dim)
+    k = heads(design.TENSOR_K, n, nkv, head_dim)
+    v = heads(design.TENSOR_V, n, nkv, head_dim) if head_dim == 256 else None
     q_w, k_w = design.norm_weights(head_dim)
-    cos, sin = design.rope_tables(COS_MAX_POS, rotary_dim)
+    cos, sin = design.rope_tables(cos_max_pos, rotary_dim)
     arrays = dict(q=q, k=k, v=v, q_w=q_w, k_w=k_w, cos=cos, sin=sin)
     shell = QkData(head_dim, rotary_dim, on_device, *([None] * 7), host={}, eps=eps)
     heads_inputs = ("q", "k", "v")
@@ -131,7 +141,7 @@ def eps_device_data(head_dim: int, rotary_dim: int, zeros: bool = False) -> QkDa
 
 
 def layout_for(data: QkData, scenario: design.PagedScenario = SCENARIO) -> PagedKvLayout:
-    return PagedKvLayout(page_size=scenario.page_size, num_layers=scenario.num_layers, nkv=NKV,
+    return PagedKvLayout(page_size=scenario.page_size, num_layers=scenario.num_layers, nkv=data.nkv,
                          head_dim=data.head_dim, num_pages=scenario.num_pages)
 
 
@@ -142,9 +152,9 @@ def flat_arm(data: QkData, positions, *, row_offset: int = 0, rotary_dim: int | 
     """(q_out, k_out, v_out) of the flat arm; outputs start as FILLER (spare_rows more rows
     than the launch covers, which must keep it)."""
     rows = row_offset + data.num_tokens + spare_rows
-    q_out = data.filled((rows, NQ, data.head_dim), FILLER)
-    k_out = data.filled((rows, NKV, data.head_dim), FILLER)
-    v_out = data.filled((rows, NKV, data.head_dim), FILLER)
+    q_out = data.filled((rows, data.nq, data.head_dim), FILLER)
+    k_out = data.filled((rows, data.nkv, data.head_dim), FILLER)
+    v_out = data.filled((rows, data.nkv, data.head_dim), FILLER)
     launcher.run_flat(data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin, positions,
                       q_out, k_out, v_out, rotary_dim=data.rotary_dim if rotary_dim is None else rotary_dim, eps=data.eps,
                       row_offset=row_offset)
@@ -163,7 +173,7 @@ def prefill_arm(data: QkData, scenario: design.PagedScenario = SCENARIO, *, wind
     junk_lead, page_indices is a view that starts just after an entry naming the scenario's
     junk page (valid, unreferenced), so a read one entry before the window lands visibly; q_out
     has spare_rows rows past the request, which must keep the filler."""
-    q_out = data.filled((data.num_tokens + spare_rows, NQ, data.head_dim), FILLER)
+    q_out = data.filled((data.num_tokens + spare_rows, data.nq, data.head_dim), FILLER)
     pool = zero_pool(data, scenario) if pool is None else pool
     window = scenario.window if window is None else window
     if junk_lead:
@@ -189,7 +199,7 @@ def decode_arm(data: QkData, scenario: design.PagedScenario = SCENARIO, *, posit
     indptr = csr_indptr if indptr is None else indptr
     indices = data.put(csr_indices) if indices is None else indices
     origins = scenario.decode_origins() if origins is None else origins
-    q_out = data.filled((data.num_tokens, NQ, data.head_dim), FILLER)
+    q_out = data.filled((data.num_tokens, data.nq, data.head_dim), FILLER)
     pool = zero_pool(data, scenario) if pool is None else pool
     launcher.run_paged_decode(
         data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin, q_out, pool,
@@ -291,7 +301,7 @@ def flat_reads_and_writes_nothing_outside_its_buffers(data: QkData) -> None:
     f = fenced_inputs(data)
     t = data.num_tokens
     outs = {name: guarded((t, heads, data.head_dim), FILLER)
-            for name, heads in (("q_out", NQ), ("k_out", NKV), ("v_out", NKV))}
+            for name, heads in (("q_out", data.nq), ("k_out", data.nkv), ("v_out", data.nkv))}
     launcher.run_flat(f.q, f.k, f.v, f.q_w, f.k_w, f.cos, f.sin, ANCHOR_POSITIONS,
                       *(view for view, _ in outs.values()), rotary_dim=data.rotary_dim, eps=data.eps)
     h = data.host
@@ -315,7 +325,7 @@ def prefill_reads_and_writes_nothing_outside_its_buffers(data: QkData, scenario=
     pages = [layout.page_of(int(p), scenario.window, scenario.page_origin) for p in scenario.positions]
     image = layout.image(scenario.layer, pages, scenario.positions, flat_k, flat_v)
     f = fenced_inputs(data)
-    q_out, q_whole = guarded((data.num_tokens, NQ, data.head_dim), FILLER)
+    q_out, q_whole = guarded((data.num_tokens, data.nq, data.head_dim), FILLER)
     pool, pool_whole = guarded((layout.num_pages * layout.page_stride,), 0)
     window = buffers.fenced(np.asarray(scenario.window, dtype=np.int32), PAGE_FENCE)
     launcher.run_paged_prefill(
@@ -386,7 +396,7 @@ def origin_zero_prefill_lands_flat_values_at_layout_addresses(data: QkData) -> N
     entry; 66 jobs (2 idle warps) and a spare q_out row; tiny heads, so eps sets the values."""
     scenario = design.ORIGIN0_SCENARIO
     assert scenario.page_origin == 0 and data.num_tokens == scenario.num_tokens
-    assert data.num_tokens * (NQ + NKV) % launcher.WARPS_PER_BLOCK, "the job count must leave idle warps"
+    assert data.num_tokens * (data.nq + data.nkv) % launcher.WARPS_PER_BLOCK, "the job count must leave idle warps"
     prefill_lands_flat_values_at_layout_addresses(data, scenario, junk_lead=True, spare_rows=1)
 
 
@@ -494,9 +504,9 @@ def launch_with_negative_page_size(data: QkData) -> None:
     assert data.num_tokens < -NEGATIVE_PAGE_SIZE, "every position must give pos / page_size = 0"
     heads = launcher.check_heads(data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin,
                                  rotary_dim=data.rotary_dim)
-    kv_block = -NEGATIVE_PAGE_SIZE * NKV * data.head_dim
+    kv_block = -NEGATIVE_PAGE_SIZE * data.nkv * data.head_dim
     backing = data.filled((2 * kv_block,), 0)
-    q_out = data.filled((data.num_tokens, NQ, data.head_dim), FILLER)
+    q_out = data.filled((data.num_tokens, data.nq, data.head_dim), FILLER)
     launcher._launch_paged(heads, False, data.q, data.k, data.v, data.q_w, data.k_w, data.cos, data.sin,
                            q_out, backing[kv_block:], NEGATIVE_PAGE_SIZE, 1, 0, 1,
                            data.put(np.zeros(1, dtype=np.int32)), 0, 0,
@@ -557,6 +567,87 @@ def guards_admit_valid_boundary_metadata(data: QkData) -> None:
                    "zero elsewhere)", pool_moved, from_bits(expected.reshape(-1), bf16))
     assert_bits_eq("q_out (decode from CSR begin 0 vs prefill)", q_dec, q_ref)
     assert_bits_eq("pool (decode from CSR begin 0, rows on their origin pages, vs prefill)", pool_dec, pool_ref)
+
+
+# ------------------------------------------------------------------ the sweep: the chain at any shape
+
+
+@dataclass(frozen=True)
+class SweepShape:
+    """One shape of the sweep (gates/test_qk_rope_sweep.py) as the chain runs it: head size,
+    rotary dim, head counts, and the request of T tokens that ends at position cos_max_pos - 1
+    (the last row of its cos/sin table), laid out by `scenario`."""
+
+    head_dim: int
+    rotary_dim: int
+    nq: int
+    nkv: int
+    cos_max_pos: int
+    scenario: design.PagedScenario
+
+    @property
+    def num_tokens(self) -> int:
+        return self.scenario.num_tokens
+
+
+def sweep_window(t: int, page_size: int, ctx: int) -> tuple[int, int]:
+    """(page_origin, window pages) of a request of t tokens ending at position ctx - 1: the
+    window starts a page before the first token's page where there is one (a window entry no
+    token writes), so the origin is not 0 once the request starts past page 1."""
+    origin = max(0, (ctx - t) // page_size - 1)
+    return origin, (ctx - 1) // page_size - origin + 1
+
+
+def sweep_pool_elements(hd: int, nkv: int, t: int, page_size: int, ctx: int, num_layers: int) -> int:
+    """The pool of a sweep shape: its window, a junk page and an unreferenced last page."""
+    _, pages = sweep_window(t, page_size, ctx)
+    return (pages + 2) * num_layers * 2 * page_size * nkv * hd
+
+
+def sweep_shape(shape) -> SweepShape:
+    """A sweep shape (HD, R, NKV, G, T, P, CTX, L): nq = NKV * G query heads, T tokens at
+    positions CTX - T .. CTX - 1, pages of P positions, L layers (the request writes the last,
+    layer L - 1: the far end of every page). The window's pages are shuffled over the pool;
+    the junk page (the decode CSR's lead entry) and the last page are pages no token names."""
+    hd, t, p, ctx, layers = shape["HD"], shape["T"], shape["P"], shape["CTX"], shape["L"]
+    origin, pages = sweep_window(t, p, ctx)
+    num_pages = pages + 2
+    rng = np.random.default_rng([shape[k] for k in sorted(shape)])
+    perm = [int(x) for x in rng.permutation(num_pages - 1)]
+    scenario = design.PagedScenario(page_size=p, num_layers=layers, layer=layers - 1, num_pages=num_pages,
+                                    start_pos=ctx - t, num_tokens=t, page_origin=origin, window=tuple(perm[1:]),
+                                    junk_page=perm[0])
+    return SweepShape(hd, shape["R"], shape["NKV"] * shape["G"], shape["NKV"], ctx, scenario)
+
+
+def sweep_data(s: SweepShape, on_device: bool = True) -> QkData:
+    """The designed inputs of a sweep shape (the anchors' design: exact at any shape)."""
+    return _build(s.head_dim, s.rotary_dim, on_device, num_tokens=s.num_tokens, nq=s.nq, nkv=s.nkv,
+                  cos_max_pos=s.cos_max_pos)
+
+
+def chain_holds_at(data: QkData, scenario: design.PagedScenario) -> None:
+    """The whole chain at one shape, each link bitwise: the flat arm equals the closed form at
+    the request's positions (the anchor: exact on the designed inputs at any head count and
+    rotary dim); the paged prefill puts the flat arm's Q bits in q_out and its K and V bits at
+    the layout's addresses, zero elsewhere; the paged decode over the same positions (per-token
+    windows from each token's own page, behind a junk CSR entry) equals the prefill."""
+    h, positions = data.host, scenario.positions
+    flat = [host(a) for a in flat_arm(data, positions)]
+    expected = (design.closed_form(h["q"], h["q_w"], positions, h["cos"], h["sin"], data.rotary_dim),
+                design.closed_form(h["k"], h["k_w"], positions, h["cos"], h["sin"], data.rotary_dim),
+                design.closed_form_weightless(h["v"] if h["v"] is not None else h["k"]))
+    for name, got, exp in zip(("q_out", "k_out", "v_out"), flat, expected):
+        assert_bits_eq(f"{name} (flat vs closed form)", got, exp)
+    layout = layout_for(data, scenario)
+    pages = [layout.page_of(int(p), scenario.window, scenario.page_origin) for p in positions]
+    image = layout.image(scenario.layer, pages, positions, flat[1], flat[2])
+    prefill_q, prefill_pool = (host(a) for a in prefill_arm(data, scenario))
+    assert_bits_eq("q_out (paged prefill vs flat)", prefill_q, flat[0])
+    assert_bits_eq("pool (paged prefill vs flat values at layout addresses, zero elsewhere)", prefill_pool, image)
+    decode_q, decode_pool = (host(a) for a in decode_arm(data, scenario))
+    assert_bits_eq("q_out (paged decode vs paged prefill)", decode_q, prefill_q)
+    assert_bits_eq("pool (paged decode vs paged prefill)", decode_pool, prefill_pool)
 
 
 # ------------------------------------------------------------------ refusals

@@ -29,7 +29,13 @@ from oracles import paged_attention as ora
 from gates._paged_attention import (POOL_SEED, DeviceCase, DevicePool, engine_scale, kv_len, new_counters, new_scratch,
                                     run_paged_decode, run_paged_prefill)
 
-HEADS = dict(nh=8, nkv=2)         # GQA group of 4
+HEADS = (8, 2)                    # (nh, nkv): a GQA group of 4
+# The batch-invariance gates' (hd, nh, nkv) by id: each head size at 8 query heads in groups of
+# 4, and at Gemma 4 26B-A4B's head counts (config.json: num_attention_heads 16 over
+# num_key_value_heads 8 on its sliding layers at head_dim 256, over num_global_key_value_heads 2
+# at global_head_dim 512): more CTAs a row (the grid's y), other heads sharing a kv head.
+INVARIANCE_CONFIGS = {"hd256": (256, *HEADS), "hd512": (512, *HEADS), "hd256-nh16-nkv8": (256, 16, 8),
+                      "hd512-nh16-nkv2": (512, 16, 2)}
 CASE_SEED = 17
 MOVE_SEED = 19
 
@@ -43,6 +49,7 @@ DECODE_ROWS, DECODE_FILLERS = (0, 1, 2, 3), (4, 5)
 DECODE_WINDOW = {256: 0, 512: 500}            # hd 512: a sliding window of 32 pages, edges mid-page
 DECODE_BATCH_SIZES = (1, 2, 3, 5, 9, 17, 33)  # the launcher's count at nh 8: 16, 16, 11, 7, 4, 2, 1
 FIXED_SPLITS = (16, 5, 1)   # the most (empty splits on the short rows), uneven chunks (94 pages: 4 x 19 + 18), one
+OTHER_HEADS_FIXED_SPLITS = (5,)   # at 16 heads: the uneven chunks (a third of the time)
 
 # Prefill: one chunk of query rows per sequence (a chunked prefill's last rows). Chunks 0-3 are
 # checked: 1, 5, 8 and 17 rows, in tiles of 8 (hd 256: one tile with 7 idle warps, one with 3,
@@ -73,24 +80,30 @@ def prefill_variants(hd: int) -> dict:
 
 
 @host_cache
-def decode_case(hd: int) -> ora.Case:
+def decode_case(hd: int, heads: tuple[int, int] = HEADS) -> ora.Case:
+    nh, nkv = heads
     return ora.cancelling_case(hd=hd, window=DECODE_WINDOW[hd], seqs=[(p,) for p in DECODE_QPOS], seed=CASE_SEED,
-                               **HEADS)
+                               nh=nh, nkv=nkv)
 
 
 @host_cache
-def prefill_case(hd: int) -> ora.Case:
-    return ora.cancelling_case(hd=hd, window=PREFILL_WINDOW[hd], seqs=PREFILL_CHUNKS, seed=CASE_SEED, **HEADS)
+def prefill_case(hd: int, heads: tuple[int, int] = HEADS) -> ora.Case:
+    nh, nkv = heads
+    return ora.cancelling_case(hd=hd, window=PREFILL_WINDOW[hd], seqs=PREFILL_CHUNKS, seed=CASE_SEED, nh=nh, nkv=nkv)
+
+
+def _case(kind: str, hd: int, heads: tuple[int, int]) -> ora.Case:
+    return decode_case(hd, heads) if kind == "decode" else prefill_case(hd, heads)
 
 
 @host_cache
-def moved(kind: str, hd: int):
-    return ora.moved_pool(decode_case(hd) if kind == "decode" else prefill_case(hd), seed=MOVE_SEED)
+def moved(kind: str, hd: int, heads: tuple[int, int] = HEADS):
+    return ora.moved_pool(_case(kind, hd, heads), seed=MOVE_SEED)
 
 
 @host_cache
-def mapped(kind: str, hd: int):
-    return ora.permuted_pool(decode_case(hd) if kind == "decode" else prefill_case(hd), seed=POOL_SEED)
+def mapped(kind: str, hd: int, heads: tuple[int, int] = HEADS):
+    return ora.permuted_pool(_case(kind, hd, heads), seed=POOL_SEED)
 
 
 def _synchronize() -> None:
@@ -115,19 +128,19 @@ class Placement:
     pmap: object | None
 
 
-def placements(kind: str, hd: int, names=("pool", "moved", "page map")) -> dict[str, Placement]:
+def placements(kind: str, hd: int, names=("pool", "moved", "page map"), heads=HEADS) -> dict[str, Placement]:
     """Placements of a case's pages on the device: "pool" as built, "moved" to other pages (the
     table renumbered), "page map" behind a page map into a shuffled pool whose page 0 is NaN."""
-    case = decode_case(hd) if kind == "decode" else prefill_case(hd)
+    case = _case(kind, hd, heads)
     out = {}
     for name in names:
         if name == "pool":
             out[name] = Placement(case.bt, _dev(case.k_pool), _dev(case.v_pool), None)
         elif name == "moved":
-            k, v, table = moved(kind, hd)
+            k, v, table = moved(kind, hd, heads)
             out[name] = Placement(table, _dev(k), _dev(v), None)
         else:
-            k, v, pmap = mapped(kind, hd)
+            k, v, pmap = mapped(kind, hd, heads)
             out[name] = Placement(case.bt, _dev(k), _dev(v), _dev(pmap))
     _synchronize()
     return out
@@ -139,10 +152,10 @@ def on_device(batch: ora.Case, place: Placement) -> tuple[DeviceCase, DevicePool
     return dc, (DevicePool(place.k_pool, place.v_pool, place.pmap) if place.pmap is not None else None)
 
 
-def decode_runner(hd: int, places: dict[str, Placement], fixed: int | None):
+def decode_runner(hd: int, places: dict[str, Placement], fixed: int | None, heads=HEADS):
     """run(ids, (merge, placement)) for assert_batch_invariant: decode of the sequences `ids` as
     one batch, the split count from the launcher (choose_splits, `fixed` or per batch)."""
-    case = decode_case(hd)
+    case = decode_case(hd, heads)
 
     def run(ids, variant):
         merge, where = variant
@@ -155,23 +168,26 @@ def decode_runner(hd: int, places: dict[str, Placement], fixed: int | None):
     return run
 
 
-def decode_label(hd: int, splits: str) -> str:
-    return f"paged decode (hd {hd}, window {DECODE_WINDOW[hd]}, {splits})"
+def decode_label(hd: int, splits: str, heads=HEADS) -> str:
+    at = "" if heads == HEADS else f"nh {heads[0]}, nkv {heads[1]}, "
+    return f"paged decode (hd {hd}, {at}window {DECODE_WINDOW[hd]}, {splits})"
 
 
 @pytest.mark.gpu
 @pytest.mark.invariance
-@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
-def test_decode_rows_are_batch_invariant_at_a_fixed_split_count(hd):
+@pytest.mark.parametrize("config", list(INVARIANCE_CONFIGS))
+def test_decode_rows_are_batch_invariant_at_a_fixed_split_count(config):
     # The launcher's batch-invariant mode, choose_splits(..., fixed=S): every row keeps its
     # row-alone bits in batches of 1 to 33 rows (each change of the per-batch count at nh 8),
     # first, middle and last, next to rows of 2 to 128 pages, in both merges and at three
-    # placements of its pages, for S = 16, 5 and 1.
-    places = placements("decode", hd)
-    for fixed in FIXED_SPLITS:
-        assert_batch_invariant(decode_label(hd, f"fixed splits {fixed}"), decode_runner(hd, places, fixed),
-                               DECODE_ROWS, batch_sizes=DECODE_BATCH_SIZES, variants=DECODE_VARIANTS,
-                               fillers=DECODE_FILLERS)
+    # placements of its pages, for S = 16, 5 and 1 at 8 heads (S = 5 at 16).
+    hd, *heads = INVARIANCE_CONFIGS[config]
+    heads = tuple(heads)
+    places = placements("decode", hd, heads=heads)
+    for fixed in FIXED_SPLITS if heads == HEADS else OTHER_HEADS_FIXED_SPLITS:
+        assert_batch_invariant(decode_label(hd, f"fixed splits {fixed}", heads),
+                               decode_runner(hd, places, fixed, heads), DECODE_ROWS, batch_sizes=DECODE_BATCH_SIZES,
+                               variants=DECODE_VARIANTS, fillers=DECODE_FILLERS)
 
 
 LAUNCHER_SPLITS_REASON = (
@@ -196,10 +212,10 @@ def test_decode_rows_are_batch_invariant_at_the_launchers_split_count(hd):
                                "last-CTA merge"]}, fillers=DECODE_FILLERS)
 
 
-def prefill_runner(hd: int, places: dict[str, Placement]):
+def prefill_runner(hd: int, places: dict[str, Placement], heads=HEADS):
     """run(ids, (rows a tile, placement)): prefill of the chunks `ids` as one batch; returns
     [len(ids), longest chunk, nh, hd], each chunk's rows first and zeros after."""
-    case = prefill_case(hd)
+    case = prefill_case(hd, heads)
     longest = max(len(c) for c in PREFILL_CHUNKS)
 
     def run(ids, variant):
@@ -221,13 +237,16 @@ def prefill_runner(hd: int, places: dict[str, Placement]):
 
 @pytest.mark.gpu
 @pytest.mark.invariance
-@pytest.mark.parametrize("hd", pa.HEAD_SIZES, ids=lambda hd: f"hd{hd}")
-def test_prefill_rows_are_batch_invariant(hd):
+@pytest.mark.parametrize("config", list(INVARIANCE_CONFIGS))
+def test_prefill_rows_are_batch_invariant(config):
     # Each chunk keeps its alone bits in batches of 1 to 9 chunks, first, middle and last (its
     # tiles' indexes and block-table offsets change), in tiles of the kernel's rows, of 3 and of 1
-    # (other rows share its CTA, or none), at three placements of its pages.
-    assert_batch_invariant(f"paged prefill (hd {hd}, window {PREFILL_WINDOW[hd]})",
-                           prefill_runner(hd, placements("prefill", hd)), PREFILL_ROWS,
+    # (other rows share its CTA, or none), at three placements of its pages; at 8 and 16 heads.
+    hd, *heads = INVARIANCE_CONFIGS[config]
+    heads = tuple(heads)
+    at = "" if heads == HEADS else f"nh {heads[0]}, nkv {heads[1]}, "
+    assert_batch_invariant(f"paged prefill (hd {hd}, {at}window {PREFILL_WINDOW[hd]})",
+                           prefill_runner(hd, placements("prefill", hd, heads=heads), heads), PREFILL_ROWS,
                            batch_sizes=PREFILL_BATCH_SIZES, variants=prefill_variants(hd), fillers=PREFILL_FILLERS)
 
 

@@ -158,10 +158,9 @@ def _kernel(name: str):
     return module(SOURCE, name_expressions=NAME_EXPRESSIONS).get(name)
 
 
-def run_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out, *,
-             rotary_dim: int, eps: float, row_offset: int = 0) -> None:
-    """Flat arm: token t at positions[t]; its outputs land in row row_offset + t.
-    v_out receives V (HD 256) or the K = V fork (HD 512)."""
+def check_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out, *, rotary_dim: int,
+               row_offset: int = 0) -> tuple[Heads, np.ndarray]:
+    """Every host check of the flat arm (run_flat's arguments): (the heads, the positions)."""
     heads = check_heads(q, k, v, q_w, k_w, cos, sin, rotary_dim=rotary_dim)
     pos = check_positions(heads, positions, heads.num_tokens)
     if row_offset < 0:
@@ -170,6 +169,15 @@ def run_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out, *,
     _check_out("q_out", q_out, rows, heads.nq, heads)
     _check_out("k_out", k_out, rows, heads.nkv, heads)
     _check_out("v_out", v_out, rows, heads.nkv, heads)
+    return heads, pos
+
+
+def run_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out, *,
+             rotary_dim: int, eps: float, row_offset: int = 0) -> None:
+    """Flat arm: token t at positions[t]; its outputs land in row row_offset + t.
+    v_out receives V (HD 256) or the K = V fork (HD 512)."""
+    heads, pos = check_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out, rotary_dim=rotary_dim,
+                            row_offset=row_offset)
 
     import cupy
 
@@ -182,11 +190,11 @@ def run_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out, *,
     )
 
 
-def run_paged_prefill(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_size: int, num_layers: int,
-                      layer: int, start_pos: int, page_indices, page_origin: int,
-                      rotary_dim: int, eps: float) -> None:
-    """Paged prefill: one request of T tokens at start_pos + t; its window is
-    page_indices (device int32), whose first entry is logical page page_origin."""
+def check_paged_prefill(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_size: int, num_layers: int,
+                        layer: int, start_pos: int, page_indices, page_origin: int,
+                        rotary_dim: int) -> tuple[Heads, int]:
+    """Every host check of the paged prefill arm (run_paged_prefill's arguments): (the heads,
+    the pool's whole pages)."""
     heads = check_heads(q, k, v, q_w, k_w, cos, sin, rotary_dim=rotary_dim)
     num_pages = check_pool(heads, pool, page_size=page_size, num_layers=num_layers, layer=layer)
     if start_pos < 0:
@@ -204,15 +212,27 @@ def run_paged_prefill(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_size: in
         )
     check_int32_vector("", "page_indices", page_indices)
     _check_out("q_out", q_out, heads.num_tokens, heads.nq, heads)
+    return heads, num_pages
+
+
+def run_paged_prefill(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_size: int, num_layers: int,
+                      layer: int, start_pos: int, page_indices, page_origin: int,
+                      rotary_dim: int, eps: float) -> None:
+    """Paged prefill: one request of T tokens at start_pos + t; its window is
+    page_indices (device int32), whose first entry is logical page page_origin."""
+    heads, num_pages = check_paged_prefill(q, k, v, q_w, k_w, cos, sin, q_out, pool, page_size=page_size,
+                                           num_layers=num_layers, layer=layer, start_pos=start_pos,
+                                           page_indices=page_indices, page_origin=page_origin,
+                                           rotary_dim=rotary_dim)
     _launch_paged(heads, False, q, k, v, q_w, k_w, cos, sin, q_out, pool, page_size, num_layers, layer,
                   num_pages, page_indices, start_pos, page_origin, _NULL, _NULL, _NULL, eps)
 
 
-def run_paged_decode(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_size: int, num_layers: int,
-                     layer: int, positions, page_indptr, page_indices, page_origins,
-                     rotary_dim: int, eps: float) -> None:
-    """Paged decode: token b at positions[b] (host ints), window
-    page_indices[page_indptr[b]:page_indptr[b + 1]] with origin page_origins[b] (device int32)."""
+def check_paged_decode(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_size: int, num_layers: int,
+                       layer: int, positions, page_indptr, page_indices, page_origins,
+                       rotary_dim: int) -> tuple[Heads, int, np.ndarray]:
+    """Every host check of the paged decode arm (run_paged_decode's arguments): (the heads, the
+    pool's whole pages, the positions)."""
     heads = check_heads(q, k, v, q_w, k_w, cos, sin, rotary_dim=rotary_dim)
     num_pages = check_pool(heads, pool, page_size=page_size, num_layers=num_layers, layer=layer)
     pos = check_positions(heads, positions, heads.num_tokens)
@@ -220,6 +240,18 @@ def run_paged_decode(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_size: int
     check_int32_vector("", "page_indices", page_indices)
     check_int32_vector("", "page_origins", page_origins, heads.num_tokens)
     _check_out("q_out", q_out, heads.num_tokens, heads.nq, heads)
+    return heads, num_pages, pos
+
+
+def run_paged_decode(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, page_size: int, num_layers: int,
+                     layer: int, positions, page_indptr, page_indices, page_origins,
+                     rotary_dim: int, eps: float) -> None:
+    """Paged decode: token b at positions[b] (host ints), window
+    page_indices[page_indptr[b]:page_indptr[b + 1]] with origin page_origins[b] (device int32)."""
+    heads, num_pages, pos = check_paged_decode(q, k, v, q_w, k_w, cos, sin, q_out, pool, page_size=page_size,
+                                               num_layers=num_layers, layer=layer, positions=positions,
+                                               page_indptr=page_indptr, page_indices=page_indices,
+                                               page_origins=page_origins, rotary_dim=rotary_dim)
 
     import cupy
 

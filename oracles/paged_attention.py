@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from harness.library.dtypes import bf16, from_bits
+from harness.library.dtypes import bf16, bits_of, from_bits
 
 PAGE = 16
 NAN_BF16 = 0x7FC0
@@ -281,12 +281,15 @@ def staircase_case(hd: int, nh: int, nkv: int, window: int, rising: bool, seed: 
 
 
 def copy_rows(case: Case) -> np.ndarray:
-    """The exact expected output of a needle case: out[r, h] = V row of winner[r], kv head h / g."""
+    """The exact expected output of a needle case: out[r, h] = V row of winner[r], kv head h / g
+    (a winner [rows, nkv] names one key per row and kv head: the ladder cases)."""
     g = case.nh // case.nkv
-    pages = case.bt[case.off + case.winner // PAGE]
-    slots = case.winner % PAGE
     heads = np.arange(case.nh) // g
-    return case.v_pool[pages[:, None], heads[None, :], slots[:, None]]
+    winner = np.asarray(case.winner)
+    winner = winner[:, heads] if winner.ndim == 2 else winner[:, None]
+    pages = case.bt[case.off[:, None] + winner // PAGE]
+    slots = winner % PAGE
+    return case.v_pool[pages, heads[None, :], slots]
 
 
 def mean_rows(case: Case) -> np.ndarray:
@@ -602,3 +605,132 @@ def moved_pool(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     k, v = np.empty_like(case.k_pool), np.empty_like(case.v_pool)
     k[perm], v[perm] = case.k_pool, case.v_pool
     return k, v, perm[case.bt].astype(np.int32)
+
+
+# ------------------------------------------------------------------ ladders: exact anchors at any shape
+#
+# The needle and the staircase are exact because the winner outscores every other visible key by
+# more than 104 (each other weight expf underflows to exactly 0, the winner's is exactly 1: the
+# output is a copy of its V row). The staircase's levels c (j + 1) stop being exact in bf16 past
+# 256 keys; the ladder keeps the argument at any length by climbing the positive integers bf16
+# holds exactly (1 .. 256, then every second one to 512, every fourth to 1024, ...). With q = 1
+# and K = c L (c = 128 / hd), a key's score is 128 L, exact in f32 in any order (8 or 16 equal
+# products a lane, then the butterfly: sums of equal values of 8 significant bits), and
+# neighbouring levels differ by at least 1, so scores by at least 128.
+#
+# A sequence's span [lo, hi] (every key some row of it sees) climbs one way per kv head: rising
+# (hi highest: each row copies its last visible key, qpos) or falling (lo highest: each row
+# copies its first visible key). Each key no row of the sequence sees holds DECOY, above the
+# whole ladder, and every block-table entry outside the span names a page of decoys: a key let
+# through the causal mask (rising) or the window (falling), a page walked one too far, an entry
+# followed outside the span, each puts a decoy's V row in the output. The directions alternate
+# with the kv head (and the sequence), so a query head reading another kv head copies another
+# key, and `flip` swaps them: two launches see both directions on every kv head.
+
+LADDER_MAX = 8192   # keys a span climbs at most: levels up to 2^70, scores 2^77, far inside f32
+
+
+def ladder_levels(n: int) -> np.ndarray:
+    """The first n positive integers exact in bf16, ascending (float64): 256 to the first
+    octave, 128 to each after it."""
+    if not 0 <= n <= LADDER_MAX:
+        raise ValueError(f"ladder_levels: {n} levels; a ladder climbs at most {LADDER_MAX}")
+    head = np.arange(1.0, min(n, 256) + 1)
+    rest = n - head.size
+    octaves = -(-rest // 128)
+    tail = [2.0 ** (8 + k) * (1 + np.arange(1, 129) / 128) for k in range(octaves)]
+    out = np.concatenate([head, *tail])[:n] if rest > 0 else head
+    return out
+
+
+DECOY_LEVEL = 2.0 ** (int(np.log2(ladder_levels(LADDER_MAX)[-1])) + 2)   # above every level: 2^72
+
+
+def _nonzero_bf16(rng, shape) -> np.ndarray:
+    """Random bf16 values with 2^-7 <= |v| < 2 (no zero: a copy keeps its sign), made from
+    random bits at once: a random sign, mantissa and low three exponent bits, the exponent's
+    high bits 01111 (exponents 120 .. 127)."""
+    return from_bits((rng.integers(0, 1 << 16, size=shape, dtype=np.uint16) & 0x83FF) | 0x3C00, bf16)
+
+
+@dataclass(frozen=True)
+class LadderPlan:
+    """Where a ladder case's keys live, without its K and V (cheap: a structural gate holds
+    every shape of a sweep to the launcher with it). `seqs[s]` holds sequence s's rows (row ids),
+    `spans[s]` its (lo, hi) and `pages[s]` the physical page of each of its span's logical
+    pages, from lo // 16 on; `bt`, `off`, `qpos` are the launch's; page `decoy` is all decoys;
+    the last page (`num_pages - 1`) is never named by the table (spare: a read a little past a
+    named page stays inside the pool)."""
+
+    hd: int
+    nh: int
+    nkv: int
+    window: int
+    qpos: np.ndarray
+    off: np.ndarray
+    bt: np.ndarray
+    seqs: tuple
+    spans: tuple
+    pages: tuple
+    num_pages: int
+    decoy: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.qpos.size)
+
+
+def ladder_plan(hd: int, nh: int, nkv: int, window: int, seqs, seed: int, prefix: int = 0) -> LadderPlan:
+    """One block-table row per sequence (`seqs`: the query positions of each sequence's rows, in
+    row order), after `prefix` entries of another sequence; each row names its sequence's
+    logical pages 0 .. (last qpos) / 16 + 1. The span's pages go to shuffled physical pages;
+    every other entry names the decoy page."""
+    if nh % nkv:
+        raise ValueError(f"ladder_plan: nh {nh} is not a multiple of nkv {nkv}")
+    rng = np.random.default_rng([seed, hd, nh, nkv, window])
+    seqs = [np.asarray(s, np.int64) for s in seqs]
+    spans = [(int(first_visible(s, window).min()), int(s.max())) for s in seqs]
+    for lo, hi in spans:
+        if hi - lo + 1 > LADDER_MAX:
+            raise ValueError(f"ladder_plan: a span of {hi - lo + 1} keys; a ladder climbs at most {LADDER_MAX}")
+    counts = [hi // PAGE - lo // PAGE + 1 for lo, hi in spans]
+    num_pages = sum(counts) + 2
+    perm = rng.permutation(num_pages - 1).astype(np.int32)
+    decoy, free = int(perm[0]), perm[1:]
+    pages, tables, offs, rows, at, used = [], [], [], [], prefix, 0
+    for s, ((lo, hi), n) in enumerate(zip(spans, counts)):
+        phys = free[used:used + n]
+        used += n
+        table = np.full(hi // PAGE + 2, decoy, np.int32)
+        table[lo // PAGE:hi // PAGE + 1] = phys
+        pages.append(phys)
+        tables.append(table)
+        offs.append(np.full(seqs[s].size, at, np.int32))
+        rows.append(np.arange(sum(x.size for x in seqs[:s]), sum(x.size for x in seqs[:s + 1])))
+        at += table.size
+    bt = np.concatenate([np.full(prefix, decoy, np.int32), *tables])
+    return LadderPlan(hd, nh, nkv, window, np.concatenate(seqs).astype(np.int32), np.concatenate(offs), bt,
+                      tuple(rows), tuple(spans), tuple(pages), num_pages, decoy)
+
+
+def ladder_case(plan: LadderPlan, flip: int = 0, seed: int = 0) -> Case:
+    """The plan's K, V and q (q = 1; V random, no zero) and each (row, kv head)'s winner:
+    sequence s climbs rising on kv head j when s + j + flip is even, falling otherwise."""
+    rng = np.random.default_rng([seed, plan.num_pages, plan.nkv, plan.hd])
+    levels = np.full((plan.num_pages, plan.nkv, PAGE), DECOY_LEVEL)
+    winner = np.empty((plan.rows, plan.nkv), np.int32)
+    fv = first_visible(plan.qpos, plan.window)
+    for s, (rows, (lo, hi), phys) in enumerate(zip(plan.seqs, plan.spans, plan.pages)):
+        keys = (lo // PAGE + np.arange(phys.size))[:, None] * PAGE + np.arange(PAGE)[None, :]   # [pages, 16]
+        inside = (keys >= lo) & (keys <= hi)
+        ladder = ladder_levels(hi - lo + 1)
+        for j in range(plan.nkv):
+            rising = (s + j + flip) % 2 == 0
+            at = np.clip(keys - lo if rising else hi - keys, 0, hi - lo)
+            levels[phys, j] = np.where(inside, ladder[at], DECOY_LEVEL)
+            winner[rows, j] = plan.qpos[rows] if rising else fv[rows]
+    k_bits = bits_of(_bf16(levels * (128.0 / plan.hd)))
+    k = from_bits(np.ascontiguousarray(np.broadcast_to(k_bits[..., None], levels.shape + (plan.hd,))), bf16)
+    v = _nonzero_bf16(rng, (plan.num_pages, plan.nkv, PAGE, plan.hd))
+    q = from_bits(np.full((plan.rows, plan.nh, plan.hd), 0x3F80, np.uint16), bf16)   # bf16 1.0
+    return Case(q, k, v, plan.bt, plan.off, plan.qpos, plan.window, winner)

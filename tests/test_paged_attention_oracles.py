@@ -641,3 +641,95 @@ def test_kernel_model_split_pages_survivors_change_partials_not_outputs(per_name
         if _differs(parts, ora.split_partials(case, splits)):
             moved.append(splits)
     assert moved and 1 not in moved and pa.choose_splits(70, case.rows, case.nh) in moved
+
+
+# ------------------------------------------------------------------ ladders (the sweeps' anchor)
+
+
+def test_ladder_levels_are_the_bf16_integers_at_least_one_apart():
+    levels = ora.ladder_levels(ora.LADDER_MAX)
+    assert levels[0] == 1 and np.all(np.diff(levels) >= 1)
+    assert np.array_equal(levels.astype(bf16).astype(np.float64), levels)
+    assert ora.DECOY_LEVEL > levels[-1] and float(np.float64(ora.DECOY_LEVEL).astype(bf16)) == ora.DECOY_LEVEL
+    assert 128 * ora.DECOY_LEVEL < np.finfo(np.float32).max   # every score finite
+    with pytest.raises(ValueError, match="at most"):
+        ora.ladder_levels(ora.LADDER_MAX + 1)
+
+
+@pytest.mark.parametrize("window", [0, 1, 37])
+@pytest.mark.parametrize("hd", [256, 512])
+def test_ladder_winners_are_the_float64_reference_in_both_directions(hd, window):
+    decode = ora.ladder_plan(hd, 6, 2, window, [(300,), (16,), (0,), (47,)], seed=3)
+    prefill = ora.ladder_plan(hd, 4, 1, window, [tuple(range(120, 161))], seed=3, prefix=2)
+    for plan in (decode, prefill):
+        rising = []
+        for flip in (0, 1):
+            case = ora.ladder_case(plan, flip)
+            np.testing.assert_array_equal(bits_of(ora.reference(case).astype(bf16)), bits_of(ora.copy_rows(case)))
+            rising.append(case.winner == case.qpos[:, None])
+        one_key = (ora.first_visible(plan.qpos, window) == plan.qpos)[:, None]   # both ways the same key
+        assert np.all(rising[0] | rising[1]) and not np.any(rising[0] & rising[1] & ~one_key), \
+            "each (row, kv head) climbs one way, and the other way flipped"
+
+
+def test_ladder_plan_names_only_span_pages_and_the_decoy_page_and_spares_the_last():
+    plan = ora.ladder_plan(256, 4, 2, 40, [(100,), (7,)], seed=1)
+    assert plan.bt.max() < plan.num_pages - 1 and plan.bt.min() >= 0
+    spans = set(np.concatenate(plan.pages).tolist())
+    assert set(plan.bt.tolist()) == spans | {plan.decoy} and plan.decoy not in spans
+    case = ora.ladder_case(plan)
+    # every key no row sees holds the decoy level (K = c L, c = 128 / hd)
+    decoy_k = ora.DECOY_LEVEL * 128 / 256
+    assert np.all(case.k_pool[plan.decoy].astype(np.float64) == decoy_k)
+    assert np.all(case.k_pool[plan.num_pages - 1].astype(np.float64) == decoy_k)
+
+
+def test_kernel_model_copies_the_ladder_winners_in_decode_and_prefill():
+    # The step-for-step host model of the kernels (below) on small ladders: the expected image is
+    # what the kernels compute, at a split count that leaves empty splits and one that does not.
+    model = _Model()
+    decode = ora.ladder_plan(256, 4, 2, 0, [(70,), (5,)], seed=2)
+    for flip, splits in ((0, 3), (1, 16)):
+        case = ora.ladder_case(decode, flip)
+        out, _, followed = model.decode(case, splits)
+        np.testing.assert_array_equal(bits_of(out), bits_of(ora.copy_rows(case)))
+        assert not _follows_unseen(case, followed, page_map=True)
+    prefill = ora.ladder_plan(512, 2, 1, 20, [tuple(range(30, 41))], seed=2, prefix=2)
+    case = ora.ladder_case(prefill, 1)
+    out, _ = model.prefill(case)
+    np.testing.assert_array_equal(bits_of(out), bits_of(ora.copy_rows(case)))
+
+
+def test_a_gqa_mapping_by_shift_copies_other_rows_at_a_group_of_3_and_not_at_4():
+    # The sweep's control attention_sweep_gqa_group_by_shift, in the host model: a group of 3
+    # maps head 2 to kv head 1 (past the last kv head at nkv 1: the next page, still inside the
+    # pool, whose last page is spare); a group of 4 is right.
+    class Shifted(_Model):
+        def add_page(self, st, case, r, h, entry, p):
+            g = case.nh // case.nkv
+            shifted = h >> (g.bit_length() - 1)   # the kernel's kv head, maybe past the last one
+            # base = (entry * nkv + shifted) * 16 * hd: kv head shifted % nkv of page entry + shifted / nkv
+            # (q is 1 in every head, so the score is the same from any query head of that kv head)
+            return super().add_page(st, case, r, (shifted % case.nkv) * g, entry + shifted // case.nkv, p)
+
+    for g, differs in ((3, True), (4, False)):
+        plan = ora.ladder_plan(256, g, 1, 0, [(40,)], seed=4)
+        case = ora.ladder_case(plan)
+        out, _, _ = Shifted().decode(case, 2)
+        assert _differs(out, ora.copy_rows(case)) == differs, g
+
+
+def test_the_big_index_placement_straddles_2_31_elements_and_ends_the_pool():
+    from gates import test_attention_big_index as big
+    from harness.library.buffers import INDEX_32
+
+    dplan, pplan = big.decode_plan(), big.prefill_plan()
+    decode_at, prefill_at, num_pages = big.placement(dplan, pplan)
+    element = lambda page: page * big.PAGE_ELEMENTS  # noqa: E731
+    assert element(decode_at) < INDEX_32 < element(decode_at + dplan.num_pages)
+    assert element(prefill_at) > INDEX_32 and num_pages == prefill_at + pplan.num_pages
+    assert num_pages < 2**31 and decode_at + dplan.num_pages <= prefill_at
+    # K = V: each key's copied row is its ladder level, distinct from every other visible key's
+    for plan, flip in ((dplan, 0), (pplan, 1)):
+        case = big._k_is_v(ora.ladder_case(plan, flip))
+        np.testing.assert_array_equal(bits_of(ora.reference(case).astype(bf16)), bits_of(ora.copy_rows(case)))

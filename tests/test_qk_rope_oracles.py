@@ -341,7 +341,7 @@ def test_order_sensitive_design_moves_the_gates_rows_under_another_order(config)
     assert (seq > 0).all(), f"sequential order leaves rows {np.flatnonzero(seq == 0).tolist()} unmoved"
     assert (two > 0).any(), "two accumulators move none of the gate's rows"
     # the cancelling pairs: one of each rotary pair's outputs is far smaller than the pair's products
-    hd, rot = inv.CONFIGS[config]
+    hd, rot = inv.CONFIGS[config][:2]
     out = design.model_outputs(case.q, case.q_w, case.positions, case.cos, case.sin, rot).astype(np.float64)
     half = rot // 2
     small = np.minimum(np.abs(out[..., :half]), np.abs(out[..., half:rot]))
@@ -353,3 +353,100 @@ def test_order_sensitive_design_moves_the_gates_rows_under_another_order(config)
 def test_order_sensitive_case_refuses_a_table_too_short():
     with pytest.raises(ValueError, match="at least 2 positions"):
         design.order_sensitive_case(4, 4, 2, 256, 256, 1, 0)
+
+
+# ------------------------------------------------------------------ the big-index gate's design
+
+
+def test_the_big_index_window_lies_on_both_sides_of_2_31_pool_elements():
+    from gates import test_qk_rope_big_index as big
+    from harness.library.buffers import INDEX_32
+
+    layout, sc = big.LAYOUT, big.SCENARIO
+    stride = layout.page_stride
+    assert layout.pool_elements > INDEX_32 and sc.num_pages - 1 not in sc.window and sc.junk_page not in sc.window
+    assert 1092 * stride <= INDEX_32, "pages 1090 and 1091 lie wholly below 2^31"
+    last_layer_of_1092 = int(layout.index(1092, sc.layer, K, 0, 0, 0))
+    assert 1092 * stride < INDEX_32 < last_layer_of_1092, "page 1092: the layer term carries the address past"
+    assert all(p * stride > INDEX_32 for p in sc.window if p >= 1093) and {1090, 1091, 1092} <= set(sc.window)
+    assert set(sc.window) <= set(big.REGION) and sc.page_origin == 20
+    # every token lands in the checked region, and the region's image holds each of its rows
+    rows = np.ones((sc.num_tokens, big.NKV, big.HD), bf16)
+    image = big._region_image(rows, -rows)
+    assert np.count_nonzero(bits_of(image)) == 2 * sc.num_tokens * big.NKV * big.HD
+
+
+# ------------------------------------------------------------------ the sweep's chain, on the host
+#
+# The arms emulated from the contract's formulas on numpy arrays (the closed form for each
+# token's rows; the layout's addresses for the pool), so the sweep's check runs here end to end:
+# a kernel that follows the contract passes at every preset and boundary, and one that takes the
+# page slot by mask fails at a page size that is not a power of two.
+
+
+def _emulated_arms(monkeypatch, slot=lambda pos, page_size: pos % page_size):
+    from gates import _qk_rope as qk
+
+    def rows(q, k, v, q_w, k_w, cos, sin, pos, rotary_dim):
+        return (design.closed_form(q, q_w, pos, cos, sin, rotary_dim),
+                design.closed_form(k, k_w, pos, cos, sin, rotary_dim),
+                design.closed_form_weightless(v if v is not None else k))
+
+    def run_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out, *, rotary_dim, eps, row_offset=0):
+        heads, pos = launcher.check_flat(q, k, v, q_w, k_w, cos, sin, positions, q_out, k_out, v_out,
+                                         rotary_dim=rotary_dim, row_offset=row_offset)
+        for out, r in zip((q_out, k_out, v_out), rows(q, k, v, q_w, k_w, cos, sin, pos, rotary_dim)):
+            out[row_offset:row_offset + heads.num_tokens] = r
+
+    def store(heads, pool, page_size, num_layers, layer, pos, pages, k_rows, v_rows):
+        layout = PagedKvLayout(page_size, num_layers, heads.nkv, heads.head_dim,
+                               pool.size // (num_layers * 2 * page_size * heads.nkv * heads.head_dim))
+        at = np.arange(heads.nkv)[:, None] * heads.head_dim + np.arange(heads.head_dim)[None, :]
+        for t, (p, page) in enumerate(zip(pos, pages)):
+            for kind, r in ((K, k_rows), (V, v_rows)):
+                base = layout.index(page, layer, kind, 0, 0, 0) + slot(int(p), page_size) * heads.nkv * heads.head_dim
+                pool[base + at] = r[t]
+
+    def run_paged_prefill(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, eps, **kw):
+        heads, _ = launcher.check_paged_prefill(q, k, v, q_w, k_w, cos, sin, q_out, pool, **kw)
+        pos = kw["start_pos"] + np.arange(heads.num_tokens)
+        qr, kr, vr = rows(q, k, v, q_w, k_w, cos, sin, pos, kw["rotary_dim"])
+        q_out[:heads.num_tokens] = qr
+        pages = [int(kw["page_indices"][p // kw["page_size"] - kw["page_origin"]]) for p in pos]
+        store(heads, pool, kw["page_size"], kw["num_layers"], kw["layer"], pos, pages, kr, vr)
+
+    def run_paged_decode(q, k, v, q_w, k_w, cos, sin, q_out, pool, *, eps, **kw):
+        heads, _, pos = launcher.check_paged_decode(q, k, v, q_w, k_w, cos, sin, q_out, pool, **kw)
+        qr, kr, vr = rows(q, k, v, q_w, k_w, cos, sin, pos, kw["rotary_dim"])
+        q_out[:heads.num_tokens] = qr
+        pages = [int(kw["page_indices"][kw["page_indptr"][b] + p // kw["page_size"] - kw["page_origins"][b]])
+                 for b, p in enumerate(pos)]
+        store(heads, pool, kw["page_size"], kw["num_layers"], kw["layer"], pos, pages, kr, vr)
+
+    for name, fn in (("run_flat", run_flat), ("run_paged_prefill", run_paged_prefill),
+                     ("run_paged_decode", run_paged_decode)):
+        monkeypatch.setattr(launcher, name, fn)
+    return qk
+
+
+def test_the_sweep_chain_holds_for_emulated_arms_at_every_preset_and_some_boundaries(monkeypatch):
+    from gates.test_qk_rope_sweep import QK_ROPE_SHAPES
+
+    qk = _emulated_arms(monkeypatch)
+    boundaries = QK_ROPE_SHAPES.boundary_cases()
+    for shape in [dict(p.shape) for p in QK_ROPE_SHAPES.presets] + boundaries[::7] + boundaries[-3:]:
+        s = qk.sweep_shape(shape)
+        assert s.scenario.positions[-1] == s.cos_max_pos - 1 and s.nq == shape["NKV"] * shape["G"]
+        qk.chain_holds_at(qk.sweep_data(s, on_device=False), s.scenario)
+
+
+def test_the_sweep_chain_fails_a_page_slot_taken_by_mask_at_a_page_size_not_a_power_of_two(monkeypatch):
+    from harness.library.bits import BitsMismatch
+
+    qk = _emulated_arms(monkeypatch, slot=lambda pos, page_size: pos & (page_size - 1))
+    shape = {"HD": 256, "R": 2, "NKV": 1, "G": 1, "T": 1, "P": 3, "CTX": 4, "L": 1}
+    s = qk.sweep_shape(shape)
+    with pytest.raises(BitsMismatch, match=r"pool \(paged prefill vs flat values at layout addresses"):
+        qk.chain_holds_at(qk.sweep_data(s, on_device=False), s.scenario)
+    s = qk.sweep_shape({**shape, "P": 4})
+    qk.chain_holds_at(qk.sweep_data(s, on_device=False), s.scenario)   # a power of two: the mask is the modulo
