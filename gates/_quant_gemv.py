@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness import host_cache
-from harness.library.buffers import BF16_SENTINEL, fenced, filled, to_device, to_host
+from harness.library.buffers import BF16_SENTINEL, INDEX_32, fenced, filled, to_device, to_host
 from harness.library.dtypes import bf16, to_bf16
 from kernels_cu import fp8_gemv, lm_head, nvfp4_gemv
-from oracles.quant_gemv import (Fp8GemvCase, Fp8Inputs, LmHeadCase, Nvfp4Case, lm_head_block_partials,
-                                lm_head_edge_case, lm_head_positional_case)
+from oracles.quant_gemv import (Fp8GemvCase, Fp8Inputs, LmHeadCase, LmHeadFarRowsCase, LmHeadSweepCase, Nvfp4Case,
+                                lm_head_block_partials, lm_head_edge_case, lm_head_positional_case)
 
 SENTINEL = BF16_SENTINEL  # bf16 NaN with a payload; a kernel's NaN would be 0x7fc0 or 0x7fff
 TAIL = 16  # sentinel outputs past N
@@ -24,6 +24,19 @@ TAIL = 16  # sentinel outputs past N
 
 def bf16_sentinels(shape):
     return filled(shape, bf16, SENTINEL)
+
+
+def shaped(shape, dtype) -> np.ndarray:
+    """A host array of `shape` and `dtype`, C-contiguous, that holds no memory (every element
+    is one element, read-only): what a launcher's argument checks read (shape, dtype, layout)
+    for a structural gate's shapes, the big-index ones (gigabytes) included."""
+    dtype = np.dtype(dtype)
+    strides, step = [], dtype.itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= int(d)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), tuple(shape), tuple(reversed(strides)),
+                                           writeable=False)
 
 
 def run_fp8_gemv(case: Fp8GemvCase):
@@ -164,13 +177,19 @@ def _lm_head_padded_inputs(case: LmHeadCase):
 def run_lm_head_guarded(case: LmHeadCase, excluded: int) -> LmHeadGuardedRun:
     """The lm_head arm with padded inputs and the scratch in sentinel guards (above),
     everything back on the host."""
-    t, v = case.h.shape[0], case.E.shape[0]
+    h, E, rs = _lm_head_padded_inputs(case)
+    return run_lm_head_guarded_on_device(h, E, rs, excluded, case.softcap)
+
+
+def run_lm_head_guarded_on_device(h, E, rs, excluded: int, softcap: float) -> LmHeadGuardedRun:
+    """The lm_head arm over inputs already on the device, the scratch in sentinel guards
+    (above), everything back on the host."""
+    t, v = int(h.shape[0]), int(E.shape[0])
     blocks = lm_head.partial_blocks(v)
     n, g = t * blocks, PART_GUARD
     pv = filled((n + 2 * g,), np.float32, PART_VAL_SENTINEL)
     pi = filled((n + 2 * g,), np.int32, PART_IDX_SENTINEL)
-    h, E, rs = _lm_head_padded_inputs(case)
-    idx, val = lm_head.run_lm_head_argmax(h, E, rs, excluded=excluded, softcap=case.softcap,
+    idx, val = lm_head.run_lm_head_argmax(h, E, rs, excluded=excluded, softcap=softcap,
                                           scratch=(pv[g:g + n].reshape(t, blocks), pi[g:g + n].reshape(t, blocks)))
     pv, pi = to_host(pv), to_host(pi)
     guards = (("part_val before row 0", pv[:g], PART_VAL_SENTINEL),
@@ -317,3 +336,91 @@ def run_lm_head_tokens(dev: LmHeadDevice, tokens, *, excluded: int, shards: tupl
             take = val > best[1]
             best = np.where(take, idx, best[0]), np.where(take, val, best[1])
     return np.stack([best[0].astype(np.float64), best[1].astype(np.float64)], axis=1)
+
+
+# The sweep gates' arms (gates/test_lm_head.py): the sweep's embedding is built on the device
+# from its repeating base rows (oracles.quant_gemv.lm_head_sweep_case), a gather of up to a GB
+# the host never holds.
+
+
+def lm_head_sweep_to_device(case: LmHeadSweepCase) -> LmHeadDevice:
+    import cupy
+
+    v = int(case.rs.shape[0])
+    E = cupy.asarray(case.base)[cupy.arange(v) % case.base.shape[0]]
+    E[cupy.asarray(case.rows)] = cupy.asarray(case.special)
+    return LmHeadDevice(h=to_device(case.h, bits=True), E=E, rs=cupy.asarray(case.rs), softcap=0.0)
+
+
+# The big-index arms: weights (or an embedding) past 2^31 bytes, uninitialised but for the rows a
+# gate checks, written by contiguous copies (`.set`: no kernel indexes the whole buffer). The
+# rows nobody wrote compute garbage the gates never read. Each arm returns host arrays only, so
+# that its device buffers are freed when it returns (inside the gate's `device_memory`).
+#
+# A row offset computed in 32 bits wraps: a signed int's product past 2^31 goes negative (the
+# FP8 and lm_head kernels take int sizes), an unsigned one's past 2^32 restarts from zero (the
+# NVFP4 kernels take unsigned sizes). Each arm puts the wrapped address on defined memory that
+# holds other rows of the design, so a wrapped read is a wrong value the gate names, not a fault.
+
+
+def run_fp8_gemv_far_rows(case: Fp8GemvCase, decoys: np.ndarray, n: int) -> np.ndarray:
+    """The FP8 arm over one segment of `n` rows of which only the last R (`case`'s rows, with
+    their row scales) are written: host y [T, R], their outputs. The weights start 2^31 bytes
+    into their allocation, whose first rows hold `decoys`: where a 32-bit signed `row * K`
+    wraps (row * K in [2^31, 2^32)), it reads `w - 2^32 + row * K`, the decoy row
+    row - 2^31 / K."""
+    import cupy
+
+    (w_live, ws_live), = case.segments
+    rows, k = w_live.shape
+    t = case.x.shape[0]
+    whole = cupy.empty(INDEX_32 + n * k, dtype=cupy.uint8)
+    whole[:decoys.size].set(np.ascontiguousarray(decoys).reshape(-1))
+    w = whole[INDEX_32:].reshape(n, k)
+    w[n - rows:].set(w_live)
+    ws = cupy.empty(n, dtype=cupy.float32)
+    ws[n - rows:].set(ws_live)
+    y = bf16_sentinels((t, n))
+    fp8_gemv.run_fp8_gemv(y, cupy.asarray(case.x), cupy.asarray(case.xs), [(w, ws)])
+    return to_host(y[:, n - rows:])
+
+
+def run_nvfp4_far_rows(case: Nvfp4Case, n: int, starts: tuple[int, ...], *, single_warp: bool):
+    """The NVFP4 arm (base or single-warp) over `n` weight rows of which only `case`'s are
+    written, in runs that start at the rows `starts` (case rows in order, the runs splitting
+    them evenly): (host y of those rows in case order, host y[n:n + TAIL], the sentinel tail).
+    A 32-bit unsigned `out * (K / 2)` past 2^32 wraps to `out * (K / 2) - 2^32`: the row
+    out - 2^32 / (K / 2), which a gate makes one of its own rows (a run at row 0)."""
+    import cupy
+
+    live, half = case.w.shape
+    k = 2 * half
+    per = live // len(starts)
+    if per * len(starts) != live:
+        raise ValueError(f"{live} rows do not split evenly into runs at {starts}")
+    w = cupy.empty((n, half), dtype=cupy.uint8)
+    s = cupy.empty((n, k // nvfp4_gemv.GROUP), dtype=cupy.uint8)
+    for i, start in enumerate(starts):
+        w[start:start + per].set(case.w[i * per:(i + 1) * per])
+        s[start:start + per].set(case.s[i * per:(i + 1) * per])
+    y = bf16_sentinels((n + TAIL,))
+    nvfp4_gemv.run_nvfp4_gemv(y, to_device(case.x, bits=True), w, s, case.gs, single_warp=single_warp)
+    out = np.concatenate([to_host(y[start:start + per]) for start in starts])
+    return out, to_host(y[n:])
+
+
+def run_lm_head_far_rows(case: LmHeadFarRowsCase, excluded: int) -> LmHeadGuardedRun:
+    """The lm_head arm over an embedding of V rows of which only the last R (`case.E`) are
+    written, every other row's scale NaN, the scratch in sentinel guards. The embedding starts
+    2^31 bytes into its allocation, whose first rows hold `case.decoys`: where a 32-bit signed
+    `v * H` wraps (v * H in [2^31, 2^32)), it reads `E - 2^32 + v * H`, the decoy row
+    v - 2^31 / H."""
+    import cupy
+
+    live, hdim = case.E.shape
+    v = int(case.rs.shape[0])
+    whole = cupy.empty(INDEX_32 + v * hdim, dtype=cupy.uint8)
+    whole[:case.decoys.size].set(case.decoys.reshape(-1))
+    E = whole[INDEX_32:].reshape(v, hdim)
+    E[v - live:].set(case.E)
+    return run_lm_head_guarded_on_device(to_device(case.h, bits=True), E, cupy.asarray(case.rs), excluded, 0.0)

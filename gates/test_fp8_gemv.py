@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gates._quant_gemv import SENTINEL, run_fp8_gemv, run_fp8_gemv_fenced, run_fp8_gemv_with_tail
+from gates._quant_gemv import (SENTINEL, run_fp8_gemv, run_fp8_gemv_far_rows, run_fp8_gemv_fenced,
+                               run_fp8_gemv_with_tail, shaped)
 from harness import assert_bits_eq
-from harness.library.buffers import assert_untouched
+from harness.library.buffers import INDEX_32, assert_untouched, device_memory
 from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
 from kernels_cu import fp8_gemv
 from oracles.quant_gemv import fp8_chunk_sums, fp8_gemv_case, fp8_gemv_positional_case
@@ -138,13 +139,15 @@ def test_an_output_narrower_than_the_segments_is_refused_before_launch():
 
 # The sweep: the kernel over its shapes. K is swept 16 bytes a lane, 32 lanes a step (512 a
 # warp's pass): its multiples are the passes with no tail, one chunk either side a tail of one
-# chunk. T crosses the tiles of FP8_GEMV_TOKENS_PER_BLOCK tokens; N the blocks of 8 rows. The
-# bound keeps the host oracle's dot products (T * K * N of them) quick, and K keeps the
-# positional design exact (9 K below 2^24 units of 1/64).
+# chunk. T crosses the tiles of FP8_GEMV_TOKENS_PER_BLOCK tokens (its tile: a whole tile, one
+# token either side); N the blocks of 8 rows. The bound keeps the host oracle's dot products
+# (T * K * N of them) quick, and K keeps the positional design exact (9 K below 2^24 units of
+# 1/64).
 FP8_PASS = 32 * fp8_gemv.BYTES_PER_LANE
 FP8_SHAPES = ShapeSpace(
     "fp8_gemv",
-    (Dim("T", 1, 9), Dim("K", 16, 28672, multiple_of=fp8_gemv.BYTES_PER_LANE, tile=FP8_PASS), Dim("N", 1, 4096)),
+    (Dim("T", 1, 9, tile=fp8_gemv.TOKENS_PER_BLOCK),
+     Dim("K", 16, 28672, multiple_of=fp8_gemv.BYTES_PER_LANE, tile=FP8_PASS), Dim("N", 1, 4096)),
     where=(("the host oracle's T * K * N at most 2^24", lambda s: s["T"] * s["K"] * s["N"] <= 1 << 24),),
     presets=(
         Preset("Llama-3 8B decode, q_proj", {"T": 1, "K": 4096, "N": 4096},
@@ -173,7 +176,42 @@ def test_fp8_gemv_matches_the_positional_design_over_its_shape_space():
 @pytest.mark.structural
 def test_every_preset_and_boundary_of_the_fp8_shape_space_is_a_shape_the_launcher_accepts():
     # The space promises shapes the kernel runs: one the launcher refuses is a space declared wrong.
-    for shape in [dict(p.shape) for p in FP8_SHAPES.presets] + FP8_SHAPES.boundary_cases():
+    # So is the big-index gate's shape.
+    big = {"T": BIG_T, "K": BIG_K, "N": BIG_N}
+    for shape in [dict(p.shape) for p in FP8_SHAPES.presets] + FP8_SHAPES.boundary_cases() + [big]:
         t, k, n = shape["T"], shape["K"], shape["N"]
-        y, x, xs, segments = _args(t, k, (n,))
+        y, x, xs = shaped((t, n), np.uint16), shaped((t, k), np.uint8), shaped((t,), np.float32)
+        segments = [(shaped((n, k), np.uint8), shaped((n,), np.float32))]
         assert fp8_gemv.check_fp8_gemv_args(y, x, xs, segments) == (t, k, n), shape
+
+
+# Past 2^31 weight bytes: one segment of N = 2^18 + 64 rows of K = 8192 (Llama-3 70B's
+# hidden_size), so row * K passes 2^31 at row 2^18 and the last 64 rows (8 blocks) lie past it.
+# Only the last BIG_LIVE rows are data: 8 before the boundary, 64 past it. The kernel computes
+# every row; the gate reads the live rows' outputs.
+BIG_K = 8192
+BIG_PAST = 8 * fp8_gemv.ROWS_PER_BLOCK  # rows past 2^31 bytes
+BIG_N = INDEX_32 // BIG_K + BIG_PAST
+BIG_LIVE = BIG_PAST + fp8_gemv.ROWS_PER_BLOCK
+BIG_T, BIG_SEED, BIG_TOKEN_SCALES = 2, 17, (0.5, 2.0)
+# The weights sit 2^31 bytes into their allocation (run_fp8_gemv_far_rows), so the whole is
+# 2^31 + N * K bytes, plus the row scales and y.
+BIG_BYTES = INDEX_32 + BIG_N * BIG_K + 4 * BIG_N + 2 * BIG_T * BIG_N
+
+
+@pytest.mark.memory_safety
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_fp8_gemv_rows_past_2_31_weight_bytes_match_the_positional_design():
+    # The kernel takes int sizes: a row offset `row * K` in 32 bits wraps past 2^31 to
+    # row * K - 2^32 (negative). The weights start 2^31 bytes into their allocation, whose
+    # first rows hold decoys (the same design, another seed), so a wrapped row reads decoy
+    # row - 2^18 and its outputs differ by assertion, not by a fault. The positional design
+    # (every token and row its own values, power-of-two scales) keeps the expected bits exact.
+    # memory_safety: a wrap that lands off the allocation faults, and that is this gate's verdict.
+    case = fp8_gemv_positional_case(BIG_T, BIG_K, (BIG_LIVE,), BIG_SEED, BIG_TOKEN_SCALES)
+    decoys = fp8_gemv_positional_case(BIG_T, BIG_K, (BIG_PAST,), BIG_SEED + 1, BIG_TOKEN_SCALES).segments[0][0]
+    with device_memory(BIG_BYTES, f"FP8 weights past 2^31 bytes ({BIG_N} rows of K = {BIG_K})"):
+        y = run_fp8_gemv_far_rows(case, decoys, BIG_N)
+    assert_bits_eq(f"fp8_gemv y of rows {BIG_N - BIG_LIVE}..{BIG_N - 1} (rows from {BIG_N - BIG_PAST} start past "
+                   "2^31 weight bytes)", y, case.expected)

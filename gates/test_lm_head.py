@@ -5,15 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gates._quant_gemv import (LmHeadGuardedRun, lm_head_edge, lm_head_partials_of, lm_head_positional, run_lm_head,
-                               run_lm_head_fenced, run_lm_head_guarded)
+from gates._quant_gemv import (LmHeadGuardedRun, lm_head_edge, lm_head_partials_of, lm_head_positional,
+                               lm_head_sweep_to_device, run_lm_head, run_lm_head_far_rows, run_lm_head_fenced,
+                               run_lm_head_guarded, run_lm_head_guarded_on_device, shaped)
 from harness import assert_bits_eq, assert_close
-from harness.library.buffers import assert_untouched
+from harness.library.buffers import INDEX_32, assert_untouched, device_memory
+from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
 from kernels_cu import lm_head
 from oracles.quant_gemv import (LM_EDGE_WINNER, LM_HEAD_HOT_ROW, LM_LONE_ROWS, LM_POS_RUNNER_UP, LM_POS_SOFTCAP,
                                  LM_POS_UNIT_CAP, LM_POS_UNIT_CAP_RS, LM_POS_V, LM_POS_WINNERS, TANHF_ULP_BOUND,
-                                 LmHeadCase, capped, lm_head_argmax, lm_head_case, lm_head_exact_logits,
-                                 lm_head_lone_candidate_case)
+                                 LmHeadCase, capped, lm_head_argmax, lm_head_block_partials, lm_head_case,
+                                 lm_head_exact_logits, lm_head_far_rows_case, lm_head_lone_candidate_case,
+                                 lm_head_sweep_case, lm_head_sweep_excluded)
 
 T, V, H, SOFTCAP = 2, 1024, 64, 30.0
 
@@ -136,11 +139,22 @@ def test_lm_head_a_cap_of_one_still_caps(positional):
 
 def assert_partials(run: LmHeadGuardedRun, design: str, excluded: int) -> None:
     """Every block's (value, index) in its own slot, nothing written around the slots."""
+    assert_partials_of(run, *lm_head_partials_of(design, excluded), f"{design}, excluded {excluded}")
+
+
+def assert_partials_of(run: LmHeadGuardedRun, idx: np.ndarray, val: np.ndarray, what: str) -> None:
     for label, arr, bits in run.guards:
         assert_untouched(label, arr, bits)
-    idx, val = lm_head_partials_of(design, excluded)
-    assert_bits_eq(f"block partial indices ({design}, excluded {excluded})", run.part_idx, idx)
-    assert_bits_eq(f"block partial values ({design}, excluded {excluded})", run.part_val, val.astype(np.float32))
+    assert_bits_eq(f"block partial indices ({what})", run.part_idx, idx)
+    assert_bits_eq(f"block partial values ({what})", run.part_val, val.astype(np.float32))
+
+
+def assert_answers(run: LmHeadGuardedRun, logits: np.ndarray, excluded: int, what: str) -> None:
+    """Every block's partial, then each token's answer, against the exact logits."""
+    assert_partials_of(run, *lm_head_block_partials(logits, excluded), what)
+    idx, val = lm_head_argmax(logits, excluded)
+    assert_bits_eq(f"argmax index ({what})", run.idx, idx)
+    assert_bits_eq(f"argmax value ({what})", run.val, val.astype(np.float32))
 
 
 @pytest.mark.gpu
@@ -230,3 +244,99 @@ def test_a_scratch_of_the_wrong_shape_is_refused_before_launch():
         lm_head.check_lm_head_scratch(2, 16, (np.empty((2, 1), np.float32), np.empty((2, 2), np.int32)))
     with pytest.raises(ValueError, match=r"part_val has dtype float64, expected float32"):
         lm_head.check_lm_head_scratch(2, 16, (np.empty((2, 1)), np.empty((2, 1), np.int32)))
+
+
+# The sweep: the kernels over their shapes. H is swept 8 elements a lane, 32 lanes a step (256
+# a warp's pass): its multiples are the passes with no tail, as most production widths are
+# (3584, 4096, 7168, 8192; gpt-oss's 2880 is not), one step of 8 either side a tail of one step.
+# V's tile is the reduce kernel's pass: 256 threads, one block partial of 64 rows each, so 16384
+# rows fill a pass and more take a second (a whole pass, one row either side). Real
+# vocabularies are whole blocks of 64 (every preset's is); drawn V rarely is, so both show. T
+# is a grid dimension, every token its own blocks. The bound keeps a shape's embedding (built
+# on the device: lm_head_sweep_case) within a GB; the host's work is the T x V logits.
+LM_H_PASS = 32 * lm_head.H_PER_LANE
+LM_REDUCE_PASS = lm_head.ROWS_PER_BLOCK * lm_head.THREADS
+LM_SWEEP_BYTES = 1 << 30  # the largest embedding a shape builds
+LM_SHAPES = ShapeSpace(
+    "lm_head",
+    (Dim("T", 1, 8), Dim("V", 1, 262144, tile=LM_REDUCE_PASS),
+     Dim("H", lm_head.H_PER_LANE, 8192, multiple_of=lm_head.H_PER_LANE, tile=LM_H_PASS)),
+    where=(("the embedding at most 2^30 bytes", lambda s: s["V"] * s["H"] <= LM_SWEEP_BYTES),),
+    presets=(
+        Preset("Llama-3 8B decode", {"T": 1, "V": 128256, "H": 4096},
+               "Llama-3-8B config.json: vocab_size 128256, hidden_size 4096"),
+        Preset("Llama-3 70B decode, batch of 4", {"T": 4, "V": 128256, "H": 8192},
+               "Llama-3-70B config.json: vocab_size 128256, hidden_size 8192"),
+        Preset("Qwen2.5 7B decode, batch of 8", {"T": 8, "V": 152064, "H": 3584},
+               "Qwen2.5-7B config.json: vocab_size 152064, hidden_size 3584"),
+        Preset("DeepSeek-V3 decode, batch of 2", {"T": 2, "V": 129280, "H": 7168},
+               "DeepSeek-V3 config.json: vocab_size 129280, hidden_size 7168"),
+        Preset("Gemma-2 9B decode", {"T": 1, "V": 256000, "H": 3584},
+               "gemma-2-9b config.json: vocab_size 256000, hidden_size 3584"),
+        Preset("gpt-oss-120b decode", {"T": 1, "V": 201088, "H": 2880},
+               "gpt-oss-120b config.json: vocab_size 201088, hidden_size 2880"),
+    ),
+)
+
+
+def lm_head_shape_check(shape):
+    # softcap 0: every logit exact, so every block's partial and every answer compare as bits.
+    t, v, hdim = shape["T"], shape["V"], shape["H"]
+    case = lm_head_sweep_case(t, v, hdim, seed=t + 3 * v + 7 * hdim)
+    dev = lm_head_sweep_to_device(case)
+    run = run_lm_head_guarded_on_device(dev.h, dev.E, dev.rs, case.excluded, dev.softcap)
+    assert_answers(run, case.logits, case.excluded, f"T={t}, V={v}, H={hdim}, excluded {case.excluded}")
+
+
+@pytest.mark.gpu
+@pytest.mark.sweep
+def test_lm_head_partials_and_answers_match_the_exact_logits_over_its_shape_space():
+    with device_memory(2 * LM_SWEEP_BYTES, "the lm_head sweep's embeddings (up to 2^30 bytes a shape)"):
+        sweep(LM_SHAPES, lm_head_shape_check)
+
+
+# Past 2^31 embedding bytes: V = 2^18 + 64 rows of H = 8192 (Llama-3 70B's hidden_size), so
+# v * H passes 2^31 at row 2^18 and the last block of 64 rows lies past it. Live: the last two
+# blocks (the one before the boundary and the one past); every other row is never written and
+# its scale is NaN, so its logit never wins whatever it holds. Token 0's winner is the last row;
+# token 1's two rows tie across the boundary (the one before wins).
+BIG_H = 8192
+BIG_FIRST_PAST = INDEX_32 // BIG_H  # the first row past 2^31 bytes
+BIG_V = BIG_FIRST_PAST + lm_head.ROWS_PER_BLOCK
+BIG_LIVE = 2 * lm_head.ROWS_PER_BLOCK
+BIG_WINNERS = ((BIG_V - 1,), (BIG_FIRST_PAST - 1, BIG_FIRST_PAST))
+BIG_SEED = 23
+# The embedding sits 2^31 bytes into its allocation (run_lm_head_far_rows), plus the scales.
+BIG_BYTES = INDEX_32 + BIG_V * BIG_H + 4 * BIG_V
+
+
+@pytest.mark.memory_safety
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_lm_head_rows_past_2_31_embedding_bytes_keep_their_partials_and_answers():
+    # The kernel takes int sizes: a row offset `v * H` in 32 bits wraps past 2^31 to
+    # v * H - 2^32 (negative). The embedding starts 2^31 bytes into its allocation, whose first
+    # rows hold decoys (rows of the same design), so a wrapped row reads decoy v - 2^18: the last
+    # block's partial and token 0's answer differ by assertion, not by a fault. Exact (softcap
+    # 0): every block's partial (the dead blocks' (-inf, no index)) and each answer as bits.
+    # memory_safety: a wrap that lands off the allocation faults, and that is this gate's verdict.
+    case = lm_head_far_rows_case(len(BIG_WINNERS), BIG_V, BIG_H, BIG_LIVE, BIG_WINNERS, BIG_SEED)
+    idx, _ = lm_head_argmax(case.logits)
+    assert idx.tolist() == [BIG_V - 1, BIG_FIRST_PAST - 1], "the design's winners moved"
+    with device_memory(BIG_BYTES, f"an embedding past 2^31 bytes ({BIG_V} rows of H = {BIG_H})"):
+        run = run_lm_head_far_rows(case, lm_head.NONE)
+    assert_answers(run, case.logits, lm_head.NONE, f"rows {BIG_V - BIG_LIVE}..{BIG_V - 1} live, "
+                   f"rows from {BIG_FIRST_PAST} past 2^31 embedding bytes")
+
+
+@pytest.mark.structural
+def test_every_preset_and_boundary_of_the_lm_head_shape_space_is_a_shape_the_launcher_accepts():
+    # The space promises shapes the kernel runs: one the launcher refuses is a space declared
+    # wrong; so is the big-index gate's shape (with the excluded id each one runs with).
+    cases = [(dict(p.shape), lm_head_sweep_excluded(p.shape["V"])) for p in LM_SHAPES.presets]
+    cases += [(s, lm_head_sweep_excluded(s["V"])) for s in LM_SHAPES.boundary_cases()]
+    cases += [({"T": len(BIG_WINNERS), "V": BIG_V, "H": BIG_H}, lm_head.NONE)]
+    for shape, excluded in cases:
+        t, v, hdim = shape["T"], shape["V"], shape["H"]
+        args = shaped((t, hdim), np.uint16), shaped((v, hdim), np.uint8), shaped((v,), np.float32)
+        assert lm_head.check_lm_head_args(*args, excluded, 0.0) == (t, v, hdim), shape

@@ -18,6 +18,7 @@ N_PER_BLOCK = 4  # #define N_PER_BLOCK: base outputs a block
 N_PER_BLOCK_SW = 8  # #define N_PER_BLOCK_SW: single-warp outputs a block, one warp each
 THREADS = 256  # #define NVFP4_THREADS: base threads a block
 GROUP = 16  # #define NVFP4_GROUP (nvfp4_dot.cuh): weights a block scale
+VLANES = 64  # #define NVFP4_VLANES (nvfp4_dot.cuh): virtual lanes an output, one group of GROUP each a sweep
 WARP = 32
 KERNELS = {False: "nvfp4_gemv", True: "nvfp4_gemv_sw"}
 

@@ -329,6 +329,114 @@ def f32_logits(rs: np.ndarray, dots: np.ndarray) -> np.ndarray:
     return f32
 
 
+# The sweep's design. A real vocabulary (128K to 256K rows) at a real width is up to a GB of
+# e4m3: drawn row by row, the host would take seconds a shape. So the embedding repeats: row v
+# is base row v % LM_SWEEP_PERIOD, each row with its own scale, except the designed winners'
+# rows. The period is a prime above the 64 rows of a block, so no block holds a base row twice
+# and blocks (and warps of 8) meet the base rows at every phase: each block has its own best,
+# and a row read in another row's place reads other values. The device builds E by gathering
+# base rows; the host's logits come from the T x PERIOD dots.
+LM_SWEEP_PERIOD = 251
+
+
+@dataclass(frozen=True)
+class LmHeadSweepCase:
+    h: np.ndarray  # bf16 [T, H]
+    base: np.ndarray  # uint8 e4m3 [PERIOD, H]: row v of E is base[v % PERIOD] ...
+    rows: np.ndarray  # int64 [S], ascending: ... except these rows,
+    special: np.ndarray  # uint8 e4m3 [S, H]: which hold these
+    rs: np.ndarray  # f32 [V]
+    excluded: int  # a row that never wins (-1: none)
+    logits: np.ndarray  # float64 [T, V], exact
+
+    def embedding(self) -> np.ndarray:
+        """E [V, H] on the host (what the device gathers)."""
+        v = self.rs.shape[0]
+        E = self.base[np.arange(v) % self.base.shape[0]]
+        E[self.rows] = self.special
+        return E
+
+
+def lm_head_sweep_excluded(v: int) -> int:
+    """The row a sweep case excludes: V // 2, none for a vocabulary of one row."""
+    return v // 2 if v >= 2 else -1
+
+
+def lm_head_sweep_case(t: int, v: int, hdim: int, seed: int) -> LmHeadSweepCase:
+    """h and the base rows drawn from SIGNED_SET, row scales from LM_POS_RS (seeded), E
+    repeating the base rows (above); the designed rows are 2 * sign(h[tok]) with scale 1, the
+    largest dot a row can reach: token 0's is V - 1 (the last block's last row); token 1's
+    two tie, one of them the excluded row V // 2, so its answer is the other; every later
+    token's is a drawn row. Rows can coincide at small V; the logits are the truth either way.
+
+    Exact as the positional design: products multiples of 1/4, every f32 partial sum a
+    multiple of 1/4 below 4 H, scales powers of two; the argmax and every block's partial are
+    those of these float64 logits."""
+    if v < 1 or t < 1 or hdim < 8 or hdim % 8:
+        raise ValueError(f"T={t}, V={v}, H={hdim}: need T, V >= 1 and H a positive multiple of 8")
+    _check_f32_exact(np.asarray([4.0 * hdim]), 0.25, "lm_head_sweep_case")
+    rng = np.random.default_rng(seed)
+    values = np.asarray(SIGNED_SET)
+    h = rng.choice(values, size=(t, hdim))
+    base = rng.choice(values, size=(LM_SWEEP_PERIOD, hdim))
+    rs = rng.choice(np.asarray(LM_POS_RS), size=v)
+    excluded = lm_head_sweep_excluded(v)
+    designed: dict[int, np.ndarray] = {}
+    for tok in range(t):
+        if tok == 0:
+            rows = (v - 1,)
+        elif tok == 1:
+            rows = (max(excluded, 0), int(rng.integers(v)))
+        else:
+            rows = (int(rng.integers(v)),)
+        for r in rows:
+            designed[r] = 2.0 * np.sign(h[tok])
+            rs[r] = 1.0
+    rows = np.asarray(sorted(designed), dtype=np.int64)
+    special = np.stack([designed[r] for r in rows.tolist()])
+    logits = rs[None, :] * (h @ base.T)[:, np.arange(v) % LM_SWEEP_PERIOD]
+    logits[:, rows] = rs[rows][None, :] * (h @ special.T)
+    return LmHeadSweepCase(h=to_bf16(h), base=e4m3_bits(base), rows=rows, special=e4m3_bits(special),
+                           rs=rs.astype(np.float32), excluded=excluded, logits=logits)
+
+
+@dataclass(frozen=True)
+class LmHeadFarRowsCase:
+    h: np.ndarray  # bf16 [T, H]
+    E: np.ndarray  # uint8 e4m3 [R, H]: the live rows V - R .. V - 1
+    rs: np.ndarray  # f32 [V]: NaN outside the live rows, whose logits then never win
+    decoys: np.ndarray  # uint8 e4m3 [R, H]: rows of the same design that are no row of E
+    logits: np.ndarray  # float64 [T, V]: NaN outside the live rows, exact inside
+
+
+def lm_head_far_rows_case(t: int, v: int, hdim: int, live: int, winners: tuple[tuple[int, ...], ...],
+                          seed: int) -> LmHeadFarRowsCase:
+    """A vocabulary of V rows of which only the last `live` are data (the rest are memory a
+    gate never writes): h, the live rows and `decoys` drawn from SIGNED_SET, live row scales
+    from LM_POS_RS, every other row's scale NaN (its logit NaN, which never wins, whatever its
+    row holds). Token t's rows `winners[t]` are 2 * sign(h[t]) with scale 1 (they tie for its
+    maximum). Exact as the positional design."""
+    if len(winners) != t or any(not v - live <= r < v for rows in winners for r in rows):
+        raise ValueError(f"one winner tuple a token, each row among the last {live} of V={v}")
+    _check_f32_exact(np.asarray([4.0 * hdim]), 0.25, "lm_head_far_rows_case")
+    rng = np.random.default_rng(seed)
+    values = np.asarray(SIGNED_SET)
+    h = rng.choice(values, size=(t, hdim))
+    E = rng.choice(values, size=(live, hdim))
+    decoys = rng.choice(values, size=(live, hdim))
+    live_rs = rng.choice(np.asarray(LM_POS_RS), size=live)
+    for tok, rows in enumerate(winners):
+        for r in rows:
+            E[r - (v - live)] = 2.0 * np.sign(h[tok])
+            live_rs[r - (v - live)] = 1.0
+    rs = np.full(v, np.nan)
+    rs[v - live:] = live_rs
+    logits = np.full((t, v), np.nan)
+    logits[:, v - live:] = live_rs[None, :] * (h @ E.T)
+    return LmHeadFarRowsCase(h=to_bf16(h), E=e4m3_bits(E), rs=rs.astype(np.float32), decoys=e4m3_bits(decoys),
+                             logits=logits)
+
+
 # The edge design: logits at or below zero, where
 # an initial best of 0 or -FLT_MAX instead of -inf shows, and odd e4m3 codes in the winning row.
 LM_EDGE_H = 72  # 9 steps of 8: lanes 0-8 take one, lanes 9-31 none
@@ -442,6 +550,31 @@ def nvfp4_designed(n: int, k: int, seed: int) -> Nvfp4Case:
     return Nvfp4Case(x=x, w=w, s=s, gs=0.5)
 
 
+# The sweep's inputs: x of magnitude at most 1 (not nvfp4_designed's 4), so that the exactness
+# bound reaches the production K (the largest term is 1 * 6 * 4 = 24, a multiple of 1/16:
+# every f32 partial sum is exact while 24 K < 2^20, K below 43690; Llama-3 70B's down_proj
+# takes K = 28672). No zero x: an element that multiplies by zero hides which weight it met.
+NVFP4_SWEEP_X = (-1.0, -0.75, -0.5, -0.25, 0.25, 0.5, 0.75, 1.0)
+E2M1_MAX = 6.0
+
+
+def nvfp4_sweep_case(n: int, k: int, seed: int) -> Nvfp4Case:
+    """x drawn from NVFP4_SWEEP_X, every e2m1 code (drawn as codes and packed, low nibble
+    first), block scales from NVFP4_SCALES, global scale 0.5: every term a multiple of 1/16
+    below 24, so every f32 partial sum is exact in any order and `nvfp4_expected` is exact.
+    Most outputs need more than bf16's 8 significant bits, so the output rounding shows.
+    Built for sweep sizes (N * K up to 2^24) in well under a second."""
+    if k <= 0 or k % NVFP4_GROUP:
+        raise ValueError(f"K={k} is not a positive multiple of {NVFP4_GROUP}")
+    _check_f32_exact(np.asarray([24.0 * k]), 1.0 / 16, "nvfp4_sweep_case")
+    rng = np.random.default_rng(seed)
+    x = to_bf16(rng.choice(np.asarray(NVFP4_SWEEP_X), size=k))
+    codes = rng.integers(0, 16, size=(n, k), dtype=np.uint8)
+    w = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    s = e4m3_bits(np.asarray(NVFP4_SCALES))[rng.integers(0, len(NVFP4_SCALES), size=(n, k // NVFP4_GROUP))]
+    return Nvfp4Case(x=x, w=w, s=s, gs=0.5)
+
+
 def nvfp4_random(n: int, k: int, seed: int) -> Nvfp4Case:
     """Arbitrary inputs (rounding everywhere) for the SW-equals-base link."""
     rng = np.random.default_rng(seed)
@@ -453,18 +586,30 @@ def nvfp4_random(n: int, k: int, seed: int) -> Nvfp4Case:
 
 def nvfp4_expected(case: Nvfp4Case) -> np.ndarray:
     """y[n] = bf16(gs * sum_k x[k] * e2m1(w[n, k]) * e4m3(s[n, k / 16])), from the contract's
-    formula in float64 over ml_dtypes decodes. Exact for `nvfp4_designed` inputs (gs is a
-    power of two there); refuses other inputs, whose f32 sums round order-dependently."""
+    formula over ml_dtypes decodes. Exact for `nvfp4_designed` and `nvfp4_sweep_case` inputs
+    (gs a power of two, x a multiple of 1/4, block scales multiples of 1/2: every term a
+    multiple of 1/16, and each row's sum of |terms| bounded below 2^20, both checked); refuses
+    other inputs, whose f32 sums round order-dependently.
+
+    Vectorised for sweep-sized weights: each weight times its block scale is exact in f32 (at
+    most 2 and 4 significant bits), and so is every partial sum of the dot in any order (a
+    multiple of 1/16 below 2^20), so one f32 matrix-vector product gives the exact dot."""
     n, half = case.w.shape
     k = 2 * half
-    w = unpack_fp4(case.w, k).astype(np.float64)
-    scale = np.repeat(decode_e4m3(case.s).astype(np.float64), NVFP4_GROUP, axis=1)
+    groups = k // NVFP4_GROUP
     x = case.x.astype(np.float64)
-    terms = x[None, :] * w * scale
-    if not np.all(np.mod(terms * 16, 1) == 0) or abs(case.gs) not in (0.25, 0.5, 1.0, 2.0):
+    scale = decode_e4m3(case.s)  # f32 [N, K / 16]
+    if (not np.all(np.mod(x * 4, 1) == 0) or not np.all(np.mod(scale * 2, 1) == 0)
+            or abs(case.gs) not in (0.25, 0.5, 1.0, 2.0)):
         raise ValueError("nvfp4_expected is exact only on nvfp4_designed inputs; link other inputs to a certified arm")
-    _check_f32_exact(np.abs(terms).sum(axis=1), 1.0 / 16, "nvfp4_expected")
-    return to_bf16(case.gs * terms.sum(axis=1)).reshape(n)
+    group_abs = E2M1_MAX * np.abs(x).reshape(groups, NVFP4_GROUP).sum(axis=1)  # bounds a group's sum of |terms|
+    _check_f32_exact(scale.astype(np.float64) @ group_abs, 1.0 / 16, "nvfp4_expected")
+    codes = np.arange(256)
+    table = decode_e2m1(np.arange(16, dtype=np.uint8))  # the 16 e2m1 values, decoded by ml_dtypes
+    pairs = np.stack([table[codes & 0x0F], table[codes >> 4]], axis=-1)  # a byte's two values, low nibble first
+    w = pairs[case.w].reshape(n, groups, NVFP4_GROUP) * scale[:, :, None]
+    dots = w.reshape(n, k) @ case.x.astype(np.float32)
+    return to_bf16(case.gs * dots.astype(np.float64)).reshape(n)
 
 
 # ------------------------------------------------------------------ order-sensitive inputs

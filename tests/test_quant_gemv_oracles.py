@@ -337,3 +337,136 @@ def test_lm_head_lone_candidate_case_has_one_minus_inf_logit_a_token_after_warps
             if v > best[0] or (v == best[0] and i < best[1]):
                 best = (v, slots[w][1])
         assert best[1] == (r if r % LM_ROWS_PER_BLOCK < 8 else LM_NO_INDEX), r
+
+
+# ------------------------------------------------------------------ the sweeps' and big-index designs
+
+from harness.library.buffers import INDEX_32  # noqa: E402
+from oracles.quant_gemv import (  # noqa: E402
+    LM_SWEEP_PERIOD,
+    lm_head_block_partials,
+    lm_head_far_rows_case,
+    lm_head_sweep_case,
+    lm_head_sweep_excluded,
+    nvfp4_sweep_case,
+)
+
+
+def _nvfp4_by_the_formula(case) -> np.ndarray:
+    n, half = case.w.shape
+    w = unpack_fp4(case.w, 2 * half).astype(np.float64)
+    scale = np.repeat(decode_e4m3(case.s).astype(np.float64), 16, axis=1)
+    return to_bf16(case.gs * (case.x.astype(np.float64)[None, :] * w * scale).sum(axis=1))
+
+
+@pytest.mark.parametrize("n, k", [(9, 1024), (5, 32768), (3, 16), (17, 3600)])
+def test_nvfp4_sweep_case_is_exact_and_expected_is_the_contract_formula(n, k):
+    case = nvfp4_sweep_case(n, k, seed=n + k)
+    assert case.w.shape == (n, k // 2) and case.s.shape == (n, k // 16)
+    x = case.x.astype(np.float64)
+    assert np.all(np.mod(x * 4, 1) == 0) and np.abs(x).max() <= 1 and np.all(x != 0)
+    assert set(decode_e4m3(case.s).ravel().tolist()) <= {0.5, 1.0, 2.0, 4.0}
+    np.testing.assert_array_equal(bits_of(nvfp4_expected(case)), bits_of(_nvfp4_by_the_formula(case)))
+
+
+def test_nvfp4_sweep_case_exercises_the_rounding_and_every_code():
+    case = nvfp4_sweep_case(64, 4096, seed=1)
+    codes = np.concatenate([case.w & 0x0F, case.w >> 4], axis=1)
+    assert set(np.unique(codes).tolist()) == set(range(16))
+    exact = _nvfp4_by_the_formula(case).astype(np.float64)
+    w = unpack_fp4(case.w, 4096).astype(np.float64) * np.repeat(decode_e4m3(case.s).astype(np.float64), 16, axis=1)
+    f32 = (case.gs * (w @ case.x.astype(np.float64))).astype(np.float32)
+    assert np.count_nonzero(f32.view(np.uint32) & 0xFFFF) >= 48, "most outputs must round to bf16"
+    # a dropped last sweep of 64 groups moves most outputs
+    dropped = (case.gs * (w[:, :3072] @ case.x.astype(np.float64)[:3072])).astype(np.float64)
+    assert np.count_nonzero(bits_of(to_bf16(dropped)) != bits_of(to_bf16(exact))) >= 60
+
+
+def test_nvfp4_sweep_case_refuses_a_k_past_its_exactness():
+    nvfp4_sweep_case(1, 43680, seed=0)
+    with pytest.raises(ValueError, match="past 2\\^24: shrink K"):
+        nvfp4_sweep_case(1, 43696, seed=0)
+
+
+def test_nvfp4_expected_refuses_scales_that_are_not_multiples_of_a_half():
+    case = nvfp4_sweep_case(2, 64, seed=3)
+    quarter = e4m3_bits([0.25])[0]
+    with pytest.raises(ValueError, match="exact only on nvfp4_designed inputs"):
+        nvfp4_expected(type(case)(x=case.x, w=case.w, s=np.full_like(case.s, quarter), gs=case.gs))
+
+
+@pytest.mark.parametrize("t, v, hdim", [(3, 200, 264), (1, 1, 8), (2, 2, 16), (4, 64 * 5, 256), (8, 16385, 8)])
+def test_lm_head_sweep_case_logits_are_those_of_its_embedding(t, v, hdim):
+    case = lm_head_sweep_case(t, v, hdim, seed=5)
+    E = case.embedding()
+    assert E.shape == (v, hdim) and case.h.shape == (t, hdim) and case.rs.shape == (v,)
+    logits = case.rs.astype(np.float64)[None, :] * (case.h.astype(np.float64) @ decode_e4m3(E).astype(np.float64).T)
+    np.testing.assert_array_equal(logits, case.logits)
+    assert np.array_equal(logits.astype(np.float32).astype(np.float64), logits), "exact in f32"
+    assert case.excluded == lm_head_sweep_excluded(v)
+    idx, _ = lm_head_argmax(case.logits, case.excluded)
+    if hdim >= 64 and v >= 3:  # the designed rows' 2 * sum |h| is past every drawn row's reach
+        assert idx[0] == v - 1
+        if t >= 2:  # token 1's designed rows tie, one of them excluded: the other answers
+            assert case.excluded in case.rows.tolist() and idx[1] != case.excluded
+            assert case.logits[1, idx[1]] == case.logits[1, case.excluded]
+
+
+def test_lm_head_sweep_case_repeats_its_base_rows_but_every_block_and_warp_sees_other_phases():
+    case = lm_head_sweep_case(2, 64 * 300, 256, seed=9)
+    E = case.embedding()
+    generic = np.setdiff1d(np.arange(E.shape[0]), case.rows)
+    assert np.array_equal(E[generic], case.base[generic % LM_SWEEP_PERIOD])
+    assert LM_SWEEP_PERIOD > 64 and all(LM_SWEEP_PERIOD % d for d in range(2, 16)), "a prime past a block"
+    # the bests spread over the base rows, and a row read one place off (its neighbour's values under its own
+    # scale) moves most block partials
+    pidx, pval = lm_head_block_partials(case.logits, case.excluded)
+    assert len(np.unique(pidx % LM_SWEEP_PERIOD)) > 32, "the blocks' bests come from many base rows"
+    e = decode_e4m3(np.roll(E, -1, axis=0)).astype(np.float64)
+    shifted = case.rs.astype(np.float64)[None, :] * (case.h.astype(np.float64) @ e.T)
+    sidx, sval = lm_head_block_partials(shifted, case.excluded)
+    assert np.mean(sval != pval) > 0.5 and np.mean(sidx != pidx) > 0.5
+
+
+def test_lm_head_far_rows_case_is_data_only_in_its_live_rows():
+    v, live = 64 * 10, 128
+    winners = ((v - 1,), (v - 65, v - 64))
+    case = lm_head_far_rows_case(2, v, 64, live, winners, seed=2)
+    assert np.all(np.isnan(case.rs[:v - live])) and not np.any(np.isnan(case.rs[v - live:]))
+    assert np.all(np.isnan(case.logits[:, :v - live])) and not np.any(np.isnan(case.logits[:, v - live:]))
+    idx, _ = lm_head_argmax(case.logits)
+    assert idx.tolist() == [v - 1, v - 65]
+    e = decode_e4m3(case.E).astype(np.float64)
+    np.testing.assert_array_equal(case.logits[:, v - live:],
+                                  case.rs[v - live:].astype(np.float64)[None, :] * (case.h.astype(np.float64) @ e.T))
+    assert not np.array_equal(case.decoys, case.E)
+    with pytest.raises(ValueError, match="among the last"):
+        lm_head_far_rows_case(1, v, 64, live, ((0,),), seed=2)
+
+
+def test_each_big_index_gate_puts_a_32_bit_wrap_on_other_rows_of_its_design():
+    # The geometry the big-index gates and their 32-bit controls rely on: the live rows past
+    # the limit, and where a 32-bit product sends each of them (gates/_quant_gemv.py).
+    import gates.test_fp8_gemv as f
+    import gates.test_lm_head as lm
+    import gates.test_nvfp4_gemv as nv
+
+    def signed(x):
+        return (x + 2**31) % 2**32 - 2**31
+
+    # FP8 and lm_head: int products; the weights sit INDEX_32 bytes into their allocation.
+    for rows, width, live, decoys in ((f.BIG_N, f.BIG_K, f.BIG_LIVE, f.BIG_PAST),
+                                      (lm.BIG_V, lm.BIG_H, lm.BIG_LIVE, lm.BIG_LIVE)):
+        past = [r for r in range(rows - live, rows) if r * width >= INDEX_32]
+        assert past and rows - live < past[0] and (rows - 1) * width < 2 * INDEX_32
+        wrapped = [INDEX_32 + signed(r * width) for r in past]
+        assert all(0 <= a and a + width <= decoys * width for a in wrapped), "a wrap lands on the decoys"
+    # NVFP4: unsigned products; the rows past 2^32 bytes wrap onto rows of the first run.
+    half = nv.BIG_K // 2
+    live = [r for s in nv.BIG_STARTS for r in range(s, s + nv.BIG_RUN)]
+    past = [r for r in live if r * half >= 2 * INDEX_32]
+    assert len(past) == nv.BIG_PAST and past[-1] == nv.BIG_N - 1
+    assert all((r * half) % 2**32 // half in range(nv.BIG_STARTS[0], nv.BIG_STARTS[0] + nv.BIG_RUN) for r in past)
+    for limit in (INDEX_32 // 2, INDEX_32, 2 * INDEX_32):  # element 2^31, byte 2^31, byte 2^32: straddled
+        assert any(r * half < limit for r in live if r * half >= limit - nv.BIG_RUN * half)
+        assert any(r * half >= limit for r in live if r * half < limit + nv.BIG_RUN * half)
