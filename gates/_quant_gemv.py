@@ -258,10 +258,13 @@ def fp8_inputs_to_device(inputs: Fp8Inputs) -> Fp8Device:
                      ws=cupy.asarray(inputs.ws))
 
 
-def run_fp8_gemv_tokens(dev: Fp8Device, tokens, segment_rows: tuple[int, ...], fill: int = SENTINEL):
+def run_fp8_gemv_tokens(dev: Fp8Device, tokens, segment_rows: tuple[int, ...], fill: int = SENTINEL, *,
+                        mode: str = "eager", replay=None):
     """y [len(tokens), N] on the device: the tokens `tokens` of `dev` as one batch (T =
     len(tokens)), the weight rows split into segments of `segment_rows` rows (views of one
-    allocation, so each segment's first row is where the one before it ends)."""
+    allocation, so each segment's first row is where the one before it ends). `mode` "graph"
+    replays the launch from a CUDA graph `replay` captured once a segment split and batch size
+    (harness.library.graphs), the batch's x, xs and y copied into the captured buffers."""
     import cupy
 
     n = int(dev.w.shape[0])
@@ -273,18 +276,29 @@ def run_fp8_gemv_tokens(dev: Fp8Device, tokens, segment_rows: tuple[int, ...], f
         segments.append((dev.w[start:start + rows], dev.ws[start:start + rows]))
         start += rows
     y = filled((len(tokens), n), bf16, fill)
-    fp8_gemv.run_fp8_gemv(y, dev.x[ids], dev.xs[ids], segments)
+    if replay is None:
+        fp8_gemv.run_fp8_gemv(y, dev.x[ids], dev.xs[ids], segments)
+    else:
+        replay(mode, tuple(segment_rows), lambda x, xs, y: fp8_gemv.run_fp8_gemv(y, x, xs, segments),
+               x=dev.x[ids], xs=dev.xs[ids], y=y)
     return y
 
 
-def run_nvfp4_rows(dev: Nvfp4Device, rows, *, single_warp: bool, fill: int = SENTINEL):
+def run_nvfp4_rows(dev: Nvfp4Device, rows, *, single_warp: bool, fill: int = SENTINEL, mode: str = "eager",
+                   replay=None):
     """y [len(rows)] on the device: the weight rows `rows` of `dev` (their outputs) as one
-    launch, N = len(rows), by the base or the single-warp arm."""
+    launch, N = len(rows), by the base or the single-warp arm; `mode` and `replay` as
+    `run_fp8_gemv_tokens` takes them (the rows' w, s and y are the captured buffers)."""
     import cupy
 
     ids = cupy.asarray(list(rows), dtype=cupy.int64)
     y = filled((len(rows),), bf16, fill)
-    nvfp4_gemv.run_nvfp4_gemv(y, dev.x, dev.w[ids], dev.s[ids], dev.gs, single_warp=single_warp)
+    if replay is None:
+        nvfp4_gemv.run_nvfp4_gemv(y, dev.x, dev.w[ids], dev.s[ids], dev.gs, single_warp=single_warp)
+    else:
+        replay(mode, single_warp, lambda w, s, y: nvfp4_gemv.run_nvfp4_gemv(y, dev.x, w, s, dev.gs,
+                                                                             single_warp=single_warp),
+               w=dev.w[ids], s=dev.s[ids], y=y)
     return y
 
 

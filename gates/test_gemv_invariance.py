@@ -21,6 +21,7 @@ import pytest
 from gates._quant_gemv import (SENTINEL, fp8_inputs_to_device, lm_head_to_device, nvfp4_to_device, run_fp8_gemv_tokens,
                                run_lm_head_tokens, run_nvfp4_rows)
 from harness import host_cache
+from harness.library.graphs import GraphReplay, eager_and_graph
 from harness.library.invariance import assert_batch_invariant, assert_deterministic
 from kernels_cu import fp8_gemv, nvfp4_gemv
 from oracles.quant_gemv import fp8_outlier_case, lm_head_outlier_case, nvfp4_outlier_case
@@ -102,12 +103,17 @@ def test_an_fp8_token_has_its_bits_in_every_batch_tile_place_and_segment_split(f
     # same warp tree): the tile only interleaves other tokens' independent sums. So a token
     # alone (T = 1, a partial tile of 1) has the bits it has in every batch of 1..9, first,
     # second, middle, last but one or last: in a whole tile, in a partial one, in tile 0, 1 or
-    # 2; and with the rows given as three segments or one.
-    def run(ids, segments):
-        return run_fp8_gemv_tokens(fp8_dev, ids, segments)
+    # 2; and with the rows given as three segments or one. Launched eagerly and replayed from a
+    # CUDA graph captured once a split and batch size (an engine decodes under graphs).
+    replay = GraphReplay("fp8_gemv y")
+
+    def run(ids, variant):
+        segments, mode = variant
+        return run_fp8_gemv_tokens(fp8_dev, ids, segments, mode=mode, replay=replay)
 
     assert_batch_invariant("fp8_gemv y", run, FP8_ROWS, batch_sizes=FP8_BATCH_SIZES, positions=POSITIONS,
-                           variants=FP8_VARIANTS, fillers=FP8_FILLERS)
+                           variants=eager_and_graph(FP8_VARIANTS), fillers=FP8_FILLERS)
+    assert replay.replays > replay.captures > 0, (replay.captures, replay.replays)
 
 
 @pytest.mark.gpu
@@ -116,10 +122,15 @@ def test_fp8_gemv_gives_the_same_bits_on_every_repeat(fp8_dev):
     # All 9 tokens (three tiles, the last partial), 20 repeats a segment split, on the current
     # stream and on fresh ones, the output prefilled with other bits each repeat (an output left
     # unwritten differs between repeats).
-    def run(repeat, segments):
-        return run_fp8_gemv_tokens(fp8_dev, range(FP8_T), segments, fill=BF16_FILLS[repeat % len(BF16_FILLS)])
+    replay = GraphReplay("fp8_gemv y")
 
-    assert_deterministic("fp8_gemv y", run, repeats=20, variants=FP8_VARIANTS)
+    def run(repeat, variant):
+        segments, mode = variant
+        return run_fp8_gemv_tokens(fp8_dev, range(FP8_T), segments, fill=BF16_FILLS[repeat % len(BF16_FILLS)],
+                                   mode=mode, replay=replay)
+
+    assert_deterministic("fp8_gemv y", run, repeats=20, variants=eager_and_graph(FP8_VARIANTS))
+    assert replay.replays > replay.captures > 0, (replay.captures, replay.replays)
 
 
 @pytest.mark.gpu
@@ -129,12 +140,16 @@ def test_an_nvfp4_output_has_its_bits_in_every_row_set_place_and_arm(nvfp4_dev):
     # depend on N or on the output's place (which block, which of its 4 or 8 slots, a partial
     # last block), and the arms must agree bit for bit (the link): an engine picks the arm by
     # shape, so an output must not change with it. Each row alone in the base arm is the
-    # reference for every batch of rows in both arms.
-    def run(ids, single_warp):
-        return run_nvfp4_rows(nvfp4_dev, ids, single_warp=single_warp)
+    # reference for every batch of rows in both arms, eager and replayed from a CUDA graph.
+    replay = GraphReplay("nvfp4_gemv y")
+
+    def run(ids, variant):
+        single_warp, mode = variant
+        return run_nvfp4_rows(nvfp4_dev, ids, single_warp=single_warp, mode=mode, replay=replay)
 
     assert_batch_invariant("nvfp4_gemv y", run, NV_ROWS, batch_sizes=NV_BATCH_SIZES, positions=POSITIONS,
-                           variants=NV_ARMS, fillers=NV_FILLERS)
+                           variants=eager_and_graph(NV_ARMS), fillers=NV_FILLERS)
+    assert replay.replays > replay.captures > 0, (replay.captures, replay.replays)
 
 
 @pytest.mark.gpu
@@ -144,11 +159,15 @@ def test_nvfp4_gemv_gives_the_same_bits_on_every_repeat(nvfp4_dev):
     # prefilled with other bits each repeat. On these inputs a change in the order the 64
     # partials of an output meet moves most outputs' bits (an atomicAdd in place of the
     # ordered sums would move them from run to run).
-    def run(repeat, single_warp):
-        return run_nvfp4_rows(nvfp4_dev, range(NV_N), single_warp=single_warp,
-                              fill=BF16_FILLS[repeat % len(BF16_FILLS)])
+    replay = GraphReplay("nvfp4_gemv y")
 
-    assert_deterministic("nvfp4_gemv y", run, repeats=30, variants=NV_ARMS)
+    def run(repeat, variant):
+        single_warp, mode = variant
+        return run_nvfp4_rows(nvfp4_dev, range(NV_N), single_warp=single_warp,
+                              fill=BF16_FILLS[repeat % len(BF16_FILLS)], mode=mode, replay=replay)
+
+    assert_deterministic("nvfp4_gemv y", run, repeats=30, variants=eager_and_graph(NV_ARMS))
+    assert replay.replays > replay.captures > 0, (replay.captures, replay.replays)
 
 
 @pytest.mark.gpu
