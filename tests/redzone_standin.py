@@ -1,0 +1,75 @@
+"""A stand-in device for the redzones' bookkeeping with no GPU: numpy arrays are device memory,
+and the check reads every guard by its address, word by word, as `redzone_check.cu` does
+(the same masks, the same nearest byte, the same atomicMin of check number and distance)."""
+
+import ctypes
+
+import numpy as np
+
+from harness.library.redzones import NONE
+
+MASK = (1 << 64) - 1
+
+
+class StandInDevice:
+    def __init__(self):
+        self.capturing = False
+        self.checks = 0
+        self.syncs = 0
+
+    def full(self, n, bits, uint):
+        return np.full(int(n), bits, dtype=uint)
+
+    def from_host(self, host):
+        return host.copy()
+
+    def fill(self, array, bits):
+        array[...] = bits
+
+    def address(self, array):
+        return array.__array_interface__["data"][0]
+
+    def read(self, array):
+        return array.copy()
+
+    def current_stream(self):
+        return "the current stream"
+
+    def is_capturing(self, stream):
+        return self.capturing
+
+    def record(self):
+        return None
+
+    def upload(self, records, stream, writes):
+        return records.copy()
+
+    def new_results(self, count):
+        return np.full(count, NONE, np.uint64)
+
+    def synchronize(self):
+        self.syncs += 1
+
+    def launch_check(self, table, count, results, seq, blocks, stream):
+        self.checks += 1
+        for guard in table[:count]:
+            start, end, pattern, side, slot = (int(guard[k]) for k in ("start", "end", "pattern", "side", "slot"))
+            first = start & ~7
+            words = np.frombuffer(ctypes.string_at(first, end - first), dtype="<u8")
+            for w, word in enumerate(words):
+                at = first + 8 * w
+                diff = int(word) ^ pattern
+                if at < start:
+                    diff &= (MASK << ((start - at) * 8)) & MASK
+                if not diff:
+                    continue
+                if side == 0:
+                    distance = end - (at + ((diff.bit_length() - 1) >> 3))
+                else:
+                    distance = at + (((diff & -diff).bit_length() - 1) >> 3) - start
+                results[slot] = min(int(results[slot]), (seq << 32) | distance)
+
+
+def plant(view, offset: int, data: bytes) -> None:
+    """A stray store of `data` at `offset` bytes from the view's first byte (negative: before it)."""
+    ctypes.memmove(view.__array_interface__["data"][0] + offset, data, len(data))
