@@ -1,11 +1,12 @@
 """harness.library.redzones with no GPU: the layout and the poison, the check's bookkeeping and its
-failure text (line by line), the buffers nothing refers to let go, the opt-outs and the setting that
-turns them off for a run. A stand-in device
-(tests/redzone_standin.py) holds the memory in numpy arrays and checks the guards by address as
-the kernel does; the kernel itself is compiled here with NVRTC, and run on a GPU by
+failure text (line by line), the buffers nothing refers to let go, the opt-outs, the setting
+that turns them off for a run and the plugin's end-of-gate read. A stand-in device
+(tests/redzone_standin.py) holds the memory in numpy arrays and checks the guards by address
+as the kernel does; the kernel itself is compiled here with NVRTC, and run on a GPU by
 tests/test_redzones_gpu.py."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -19,6 +20,7 @@ from harness.library.bits import BitsMismatch
 from harness.library.dtypes import bf16
 from harness.library.redzones import (ALIGN, GUARD_RECORD, REDZONE_BYTES, ROW_CAP, Layout, RedzoneWritten,
                                       Redzones, guard_bytes, pattern_bits)
+from tests._machine import use_child_env
 from tests.redzone_standin import StandInDevice, plant
 
 F32_ZEROS = np.zeros(8, np.uint32)
@@ -332,3 +334,103 @@ def test_no_redzones_reaches_a_child_as_its_option():
     settings = replace(in_effect(), redzones=False)
     assert "--no-redzones" in ChildPytest.over(["g"], settings).args()
     assert "--no-redzones" not in ChildPytest.over(["g"], in_effect()).args()
+
+
+class _Marked:
+    nodeid = "gates/test_x.py::test_tile"
+
+    def __init__(self, **markers):
+        self.markers = markers
+
+    def get_closest_marker(self, name):
+        return self.markers.get(name)
+
+
+def test_a_gate_policy_is_off_with_a_reason_or_for_a_trap_gate_and_a_marker_needs_its_reason():
+    from harness.plugin.redzones import TRAP_REASON, Policy, policy_of
+
+    assert policy_of(_Marked()) == Policy(True)
+    assert policy_of(_Marked(no_redzones=pytest.mark.no_redzones(reason="a tile past").mark)) == \
+        Policy(False, "a tile past")
+    assert policy_of(_Marked(trap=pytest.mark.trap.mark)) == Policy(False, TRAP_REASON)
+    with pytest.raises(pytest.UsageError, match=r"gates/test_x.py::test_tile: @pytest.mark.no_redzones needs a "
+                                                r"reason: write e\.g\. @pytest.mark.no_redzones\(reason="):
+        policy_of(_Marked(no_redzones=pytest.mark.no_redzones.mark))
+
+
+CHILD_CONFTEST = """
+import sys
+pytest_plugins = [] if "harness.plugin" in sys.modules else ["harness.plugin"]
+
+from harness.library import redzones
+from redzone_standin import StandInDevice
+
+_zones = redzones.Redzones(StandInDevice())
+redzones._registries[0] = _zones
+redzones.registry = lambda: _zones
+"""
+
+CHILD_GATES = """
+import numpy as np
+import pytest
+from harness.library import redzones
+from redzone_standin import plant
+
+
+def make(label):
+    return redzones.allocate(8, np.float32, shape=(8,), helper="make", label=label, contents=np.zeros(8, np.uint32))
+
+
+@pytest.fixture(scope="module")
+def shared():
+    return make("shared")
+
+
+@pytest.mark.anchor
+def test_a_store_one_past(shared):
+    y = make("y")
+    plant(y, 32, b"\\x00\\x00\\x00\\x40")
+    redzones.after_launch("planted.cu:one_past", device=0)
+
+
+@pytest.mark.anchor
+@pytest.mark.no_redzones(reason="stores a tile past its view on purpose")
+def test_with_no_redzones(shared):
+    assert make("unguarded") is None
+    plant(shared, 32, b"\\x01")
+    redzones.after_launch("tiled.cu:past", device=0)
+
+
+@pytest.mark.anchor
+def test_after_it(shared):
+    redzones.after_launch("clean.cu:k", device=0)
+
+
+@pytest.mark.anchor
+def test_failing_and_writing(shared):
+    plant(shared, -1, b"\\x01")
+    redzones.after_launch("planted.cu:minus_one", device=0)
+    assert 1 == 2, "the gate's own assertion"
+"""
+
+
+def test_the_end_of_each_gate_reads_its_guards_and_a_gate_with_none_blames_no_later_one(pytester, monkeypatch):
+    use_child_env(monkeypatch)
+    pytester.makeini("[pytest]\nkernel_root = .\nharness_lanes = 1\n")
+    pytester.makeconftest(CHILD_CONFTEST)
+    pytester.makepyfile(redzone_standin=(Path(__file__).parent / "redzone_standin.py").read_text())
+    pytester.makepyfile(test_gates=CHILD_GATES)
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-rA")
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    assert "PASSED test_gates.py::test_with_no_redzones" in out and "PASSED test_gates.py::test_after_it" in out
+    result.stdout.fnmatch_lines([
+        "*RedzoneWritten: redzone written: y (float32 (8,), 32 bytes), after its end",
+        "*kernel launched last: planted.cu:one_past",
+        "*read at: the end of the gate",
+    ])
+    result.stdout.fnmatch_lines([
+        "*AssertionError: the gate's own assertion*",
+        "*The above exception was the direct cause of the following exception*",
+        "*RedzoneWritten: redzone written: shared (float32 (8,), 32 bytes), before its start",
+    ])

@@ -39,9 +39,10 @@ from harness.plugin.report import classify_route, failure_message, first_line, w
 from harness.plugin.state import GpuGates, HarnessRun, Role, gpu_key, harness_run, role_key, run_key
 from harness.plugin.verdicts import Recorder, run_facts, worker_reports
 
-# bit snapshots (and the line an update run ends with), comparisons and --shard, features of their own
+# bit snapshots (and the line an update run ends with), comparisons, --shard and the redzones' gate
+# hooks, features of their own
 pytest_plugins = ["harness.plugin.snapshots", "harness.plugin.snapshot_tally", "harness.plugin.compare",
-                  "harness.plugin.shard"]
+                  "harness.plugin.shard", "harness.plugin.redzones"]
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
