@@ -16,6 +16,7 @@ class StandInDevice:
         self.capturing = False
         self.checks = 0
         self.syncs = 0
+        self.waits = 0
 
     def full(self, n, bits, uint):
         return np.full(int(n), bits, dtype=uint)
@@ -29,17 +30,35 @@ class StandInDevice:
     def address(self, array):
         return array.__array_interface__["data"][0]
 
+    def keep(self, array):
+        return None  # numpy frees an array's memory after its weak references are told
+
     def read(self, array):
         return array.copy()
+
+    def read_bytes(self, address, nbytes):
+        return ctypes.string_at(address, nbytes)
+
+    def read_slots(self, results, start, count):
+        return results[start:start + count].copy()
+
+    def set_slots(self, results, start, values):
+        results[start:start + len(values)] = values
 
     def current_stream(self):
         return "the current stream"
 
+    def stream_key(self, stream):
+        return stream
+
     def is_capturing(self, stream):
         return self.capturing
 
-    def record(self):
-        return None
+    def record(self, stream=None, event=None):
+        return "an event"
+
+    def wait(self, events):
+        self.waits += len(events)
 
     def upload(self, records, stream, writes):
         return records.copy()
@@ -50,7 +69,7 @@ class StandInDevice:
     def synchronize(self):
         self.syncs += 1
 
-    def launch_check(self, table, count, results, seq, blocks, stream):
+    def launch_check(self, table, count, results, seq, blocks, stream, uploaded):
         self.checks += 1
         for guard in table[:count]:
             start, end, pattern, side, slot = (int(guard[k]) for k in ("start", "end", "pattern", "side", "slot"))

@@ -106,10 +106,11 @@ def test_the_check_kernel_compiles_with_nvrtc(tmp_path, settings_in_effect):
 def test_a_buffer_lies_between_guards_of_its_pattern_in_an_allocation_of_its_own(zones):
     view = zones.allocate(3, bf16, guard=REDZONE_BYTES, name="x", what="bfloat16 (3,)",
                           contents=np.array([1, 2, 3], np.uint16))
-    (a,) = zones.allocations
-    assert view.base is a.whole and view.dtype == np.uint16 and list(view) == [1, 2, 3]
-    assert a.layout == Layout(4096, 6, 4346)
-    assert (a.whole[:2048] == 0x7F8D).all() and (a.whole[2051:] == 0x7F8D).all()
+    (a,) = zones.allocations.values()
+    whole = a.ref()
+    assert view.base is whole and view.dtype == np.uint16 and list(view) == [1, 2, 3]
+    assert a.layout == Layout(4096, 6, 4346) and a.address == whole.__array_interface__["data"][0]
+    assert (whole[:2048] == 0x7F8D).all() and (whole[2051:] == 0x7F8D).all()
     filled = zones.allocate(4, np.float32, guard=REDZONE_BYTES, name="f", what="float32 (4,)", fill_bits=0x7FC00000)
     assert (filled == 0x7FC00000).all() and (filled.base[:1024] == pattern_bits(np.float32)).all()
 
@@ -125,15 +126,16 @@ def test_each_buffer_helper_hands_out_a_view_between_redzones(zones):
     fenced = buffers.fenced(host, 0x7FC00000)
     view, whole = buffers.guarded((4,), np.float32, 0x7FA00000, guard=16)
     assert whole.size == 4 + 2 * 16 and (whole[:16] == 0x7FA00000).all()  # the gate's own guards, inside
-    names = [a.name for a in zones.allocations]
+    made = list(zones.allocations.values())
+    names = [a.name for a in made]
     assert names[0] == "x"
     assert names[1].startswith("to_device at tests/test_redzones.py:") and names[1].endswith(
         "in test_each_buffer_helper_hands_out_a_view_between_redzones")
     assert [n.split(" at ")[0] for n in names[2:]] == ["filled", "filled", "fenced", "guarded"]
-    assert [a.what for a in zones.allocations] == ["float32 (2, 3)", "bfloat16 (2, 3)", "bfloat16 (2, 3)",
+    assert [a.what for a in made] == ["float32 (2, 3)", "bfloat16 (2, 3)", "bfloat16 (2, 3)",
                                                    "float32 (5,)", "float32 (2, 3)", "float32 (4,)"]
-    for a, v in zip(zones.allocations, (dev, raw, out, nan, fenced, whole)):
-        assert v.base is a.whole  # a view into its own guarded allocation
+    for a, v in zip(made, (dev, raw, out, nan, fenced, whole)):
+        assert v.base is a.ref()  # a view into its own guarded allocation
 
 
 def test_redzone_false_or_a_run_with_none_leaves_the_helpers_as_they_were(zones, settings_in_effect, monkeypatch):
@@ -243,14 +245,14 @@ def test_a_write_no_harness_launch_came_before_says_so_and_names_the_last_that_d
 
 
 def test_no_check_is_queued_on_a_stream_being_captured(zones):
-    y8(zones)
+    y = y8(zones)
     zones.device.capturing = True
     redzones.after_launch("captured", device=0)
     redzones.check_redzones()  # nothing can wait inside a capture: the read waits for the replay's
     assert zones.device.checks == 0 and zones.device.syncs == 0
     zones.device.capturing = False
     redzones.after_launch("replayed", device=0)
-    assert zones.device.checks == 1
+    assert zones.device.checks == 1 and y is not None
 
 
 def test_a_run_or_gate_with_no_redzones_queues_no_check(zones, settings_in_effect):
@@ -273,36 +275,56 @@ def test_nothing_is_queued_where_no_buffer_is_guarded(zones):
 # ------------------------------------------------------------------ lifetime
 
 
-def test_a_buffer_is_let_go_at_the_read_after_its_last_view_dies_never_before(zones):
+def test_a_buffer_is_let_go_when_its_last_view_dies_and_the_registry_holds_nothing_after_the_last(zones):
     y = y8(zones)
     part = y[2:4].view(np.uint8)  # a view of the view: it refers to the allocation too
-    del y
     redzones.check_redzones()
+    del y
     assert len(zones.allocations) == 1
     del part
-    redzones.after_launch("k", device=0)
-    assert len(zones.allocations) == 1  # held while a check may be in flight
-    redzones.check_redzones()
-    assert zones.allocations == []
+    assert zones.allocations == {} and zones._results is None  # no device memory held for no buffer
+    assert zones.device.waits == 0  # nothing since the read point: nothing to wait for or read
 
 
-def test_too_many_unreferenced_buffers_make_a_read_before_the_next_allocation(zones, monkeypatch):
-    monkeypatch.setattr(redzones, "DEAD_COUNT", 3)
-    for _ in range(3):
-        y8(zones)
-    assert len(zones.allocations) == 3 and zones.device.syncs == 0
-    keep = y8(zones)
-    assert zones.device.syncs == 1 and zones.allocations[0].whole is keep.base and len(zones.allocations) == 1
-
-
-def test_a_write_found_at_an_allocation_is_raised_there(zones, monkeypatch):
-    monkeypatch.setattr(redzones, "DEAD_COUNT", 1)
+def test_a_write_into_a_buffer_that_dies_before_the_read_is_named_with_its_bytes(zones):
     y = y8(zones)
-    plant(y, 32, b"\x01")
+    keep = y8(zones, "kept")
+    plant(y, 32, np.float32(2.0).tobytes())
+    redzones.after_launch("planted.cu:one_past", device=0)
+    del y  # its guards are read as it dies, after every check in flight
+    assert zones.device.waits == 1 and len(zones.allocations) == 1
+    again = y8(zones, "reuses its index")
+    redzones.after_launch("clean.cu:k", device=0)
+    with pytest.raises(RedzoneWritten) as info:
+        redzones.check_redzones()
+    text = message(info)
+    assert text[:5] == [
+        "redzone written: y (float32 (8,), 32 bytes), after its end",
+        "  nearest changed byte: +0 past its end, in element [8] (its last is [7])",
+        "  changed: 4 of the 4320 guard bytes after it, +0 to +3",
+        "  first changed guard bytes, +0 to +15: 00 00 00 40 8d 8d 8d 7f 8d 8d 8d 7f 8d 8d 8d 7f  "
+        "(the pattern: 8d 8d 8d 7f)",
+        "  kernel launched last: planted.cu:one_past"]
+    assert [line for line in text if line.startswith("redzone written")] == [text[0]]
+    assert keep is not None and again is not None
+
+
+def test_a_buffer_that_dies_inside_the_registrys_own_work_is_let_go_after_it(zones):
+    y = y8(zones)
+    with zones._working():
+        del y
+        assert len(zones.allocations) == 1  # not under a table being built from it
+    assert zones.allocations == {}
+
+
+def test_a_write_found_when_the_slots_run_out_is_raised_at_that_allocation(zones, monkeypatch):
+    monkeypatch.setattr(redzones, "FIRST_CAPACITY", 2)
+    a, b = y8(zones, "a"), y8(zones, "b")
+    plant(b, 32, b"\x01")
     redzones.after_launch("k", device=0)
-    del y
-    with pytest.raises(RedzoneWritten, match=r"(?s)read at: a new buffer's allocation"):
+    with pytest.raises(RedzoneWritten, match=r"(?s)redzone written: b .*read at: a new buffer's allocation"):
         y8(zones)
+    assert a is not None
 
 
 def test_the_result_slots_grow_after_a_read(zones, monkeypatch):
@@ -313,18 +335,6 @@ def test_the_result_slots_grow_after_a_read(zones, monkeypatch):
     redzones.after_launch("k", device=0)
     with pytest.raises(RedzoneWritten, match="redzone written: b4"):
         redzones.check_redzones()
-
-
-def test_let_go_keeps_every_buffer_while_a_written_guard_is_unreported(zones):
-    y = y8(zones)
-    plant(y, 32, b"\x01")
-    redzones.after_launch("k", device=0)
-    del y
-    redzones.let_go()
-    assert len(zones.allocations) == 1
-    with pytest.raises(RedzoneWritten, match="kernel launched last: k"):
-        redzones.check_redzones()
-    assert zones.allocations == []
 
 
 # ------------------------------------------------------------------ the setting and the plugin

@@ -20,13 +20,15 @@ one small kernel (`redzone_check.cu`, compiled by the harness's own compile path
 launch's stream: it compares every guard of this device with its pattern and keeps, per guard,
 the changed byte nearest the buffer, with the number of the check that first saw it. Nothing
 waits for it. The results (8 bytes a guard) are read at a read point: `check_redzones()`,
-`buffers.to_host`, the end of every gate (the plugin), and before an allocation when the dead
-buffers held or the slots run out. A written guard is a `RedzoneWritten` naming the buffer, the
-side, the offset from its end (or start), the first changed guard bytes and the kernel launched
-last before the check that saw it; the guard is then filled again.
+`buffers.to_host`, the end of every gate (the plugin), and an allocation that finds the slots
+all taken. A written guard is a `RedzoneWritten` naming the buffer, the side, the offset from its
+end (or start), the first changed guard bytes and the kernel launched last before the check that
+saw it; the guard is then filled again.
 
-**Lifetime.** The registry holds each allocation until a read point finds nothing else refers to
-it, so no check still in flight reads memory given back to CuPy's pool.
+**Lifetime.** The registry refers to each allocation weakly: it goes back to CuPy's pool when its
+last view dies, as it would with no redzones. As it dies, every check still in flight is waited
+for, then its two results are read (and its guards, where one was written, for the read point
+to report): no check reads memory the pool gave to another buffer, and no write is lost.
 
 **Off.** `--no-redzones` for the run (`Settings.redzones`); `@pytest.mark.no_redzones(reason=...)`
 for a gate whose kernel writes past a view on purpose (it runs with none, and every guard is filled
@@ -37,7 +39,9 @@ harness's own host tests) gets none: a host array is never launched.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,22 +50,16 @@ import numpy as np
 from harness.core import settings as _settings
 from harness.library.bits import BitsMismatch
 from harness.library.dtypes import _UINT_OF_SIZE
+from harness.library.redzone_device import (CHECK_KERNEL, CHECK_SOURCE, GUARD_RECORD, MAX_BLOCKS_X,  # noqa: F401
+                                            NONE, THREADS, CupyDevice, compile_check)
 
 REDZONE_BYTES = 4096  # the least guard on each side of a buffer
 ROW_CAP = 1 << 20  # a guard grows to one row of its buffer, up to this
 ALIGN = 256  # the view's alignment, and the allocation's length a multiple of it
-NONE = (1 << 64) - 1  # a result slot whose guard no check saw written
-DEAD_BYTES = 64 << 20  # bytes of buffers nothing refers to any more, held until a read point, at most
-DEAD_COUNT = 256  # and as many such buffers, at most
 MAX_CHECKS = 1 << 16  # checks between two read points, at most
 FIRST_CAPACITY = 256  # buffers the first result array has slots for
 WINDOW = 16  # guard bytes a failure shows
-THREADS = 256  # the check kernel's block
-MAX_BLOCKS_X = 8  # its blocks along one guard
 
-CHECK_SOURCE = Path(__file__).with_name("redzone_check.cu")
-CHECK_KERNEL = "harness_redzone_check"
-GUARD_RECORD = np.dtype([("start", "<u8"), ("end", "<u8"), ("pattern", "<u8"), ("side", "<u4"), ("slot", "<u4")])
 SIDES = ("before", "after")
 PATTERNS = {1: 0x7F, 2: 0x7F8D, 4: 0x7F8D8D8D, 8: 0x7FF48D8D8D8D8D8D}
 F16_PATTERN = 0x7D8D
@@ -113,10 +111,13 @@ class Layout:
 
 @dataclass(eq=False)
 class Allocation:
-    """One guarded buffer: its whole allocation (unsigned ints of the item size), where the view
-    lies in it, its pattern and its name in a failure."""
+    """One guarded buffer: a weak reference to its whole allocation (each view of it refers to
+    it), the device's hold on its memory while it is registered, where it lies, its pattern and
+    its name in a failure."""
 
-    whole: object
+    ref: object  # weakref to the whole allocation, unsigned ints of the item size
+    keep: object  # the device's hold on its memory (CuPy's MemoryPointer), dropped when it dies
+    address: int  # the whole allocation's first byte
     layout: Layout
     itemsize: int
     pattern: int  # one element's bits
@@ -124,11 +125,17 @@ class Allocation:
     what: str  # dtype and shape, "bfloat16 (4, 256)"
 
     def guard(self, side: int) -> slice:
-        """The guard's elements in `whole`."""
+        """The guard's elements in the whole allocation."""
         s = self.itemsize
         if side == 0:
             return slice(0, self.layout.before // s)
         return slice((self.layout.before + self.layout.nbytes) // s, self.layout.total // s)
+
+    def guard_bytes(self, side: int) -> tuple[int, int]:
+        """(address, bytes) of a guard."""
+        if side == 0:
+            return self.address, self.layout.before
+        return self.address + self.layout.before + self.layout.nbytes, self.layout.after
 
     def pattern_bytes(self) -> bytes:
         return int(self.pattern).to_bytes(self.itemsize, "little")
@@ -205,11 +212,6 @@ class RedzoneWritten(BitsMismatch):
         super().__init__("\n".join([*lines, f"  read at: {read_at}", OPT_OUT]))
 
 
-def _unreferenced(allocation: Allocation) -> bool:
-    """Nothing but the registry refers to the allocation (no view of it is alive)."""
-    return sys.getrefcount(allocation.whole) <= 2  # the record's attribute and this call's argument
-
-
 def _replicated(pattern: int, itemsize: int) -> int:
     """One element's bits repeated over 8 bytes, as memory holds them at an 8-aligned address."""
     return int.from_bytes(int(pattern).to_bytes(itemsize, "little") * (8 // itemsize), "little")
@@ -217,61 +219,126 @@ def _replicated(pattern: int, itemsize: int) -> int:
 
 class Redzones:
     """One device's guarded buffers and their check (module docstring). `device` does the device's
-    part (`_Cupy`; a test's stand-in)."""
+    part (`harness.library.redzone_device.CupyDevice`; a test's stand-in)."""
 
     def __init__(self, device):
         self.device = device
-        self.allocations: list[Allocation] = []
+        self.allocations: dict[int, Allocation] = {}  # by index: result slots 2 * index (before) and + 1 (after)
         self.launched: list[str | None] = []  # by check number: the kernel launched just before it
-        self.last_kernel: str | None = None
+        self._free: list[int] = []  # indexes no buffer holds
+        self._capacity = 0
         self._results = None
-        self._capacity = 0  # buffers the result array has slots for (two each)
-        self._table = None  # (the guards on the device, how many, blocks along a guard); None: to build
-        self._kept: list = []  # tables a check in flight may still read, until the next read point
-        self._writes: list = []  # our own writes (fills, resets) a check on another stream must wait for
+        self._table = None  # (the guards on the device, how many, blocks along a guard, uploaded); None: to build
+        self._kept: list = []  # tables a check in flight may still read
+        self._writes: list = []  # our own writes (fills, resets) the next table's stream waits for
+        self._in_flight: dict = {}  # stream -> (stream, the event after its last check)
+        self._orphans: list[Finding] = []  # written guards of buffers that died before a read point
         self._unread = False  # checked or allocated since the last read point
+        self._busy = 0  # inside one of the methods below: a buffer that dies now is let go after it
+        self._dying: list[int] = []
+
+    @contextlib.contextmanager
+    def _working(self):
+        """A buffer may die in the middle of our own work (a garbage collection while we allocate):
+        it is let go when the work is done, never under a table being built from it."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            while not self._busy and self._dying:
+                self._let_go(self._dying.pop())
 
     # ---------------------------------------------------------------- allocating
 
     def allocate(self, n: int, dtype, *, guard: int, name: str, what: str, contents=None, fill_bits=None):
         """A buffer of `n` elements of `dtype` between guards of `guard` bytes: holding `contents`
         (host bits, unsigned ints of the item size), else every element `fill_bits`, else the
-        pattern. Returns the view, 1-D, as unsigned ints of the item size."""
+        pattern. Returns the view, 1-D, as unsigned ints of the item size (None: no slot can be
+        had now; the caller allocates without)."""
         dtype = np.dtype(dtype)
         s, pattern = dtype.itemsize, pattern_bits(dtype)
         uint = _UINT_OF_SIZE[s]
         layout = Layout.of(int(n) * s, guard)
-        self._make_room(layout.total)
         first, count = layout.before // s, int(n)
-        if contents is not None:
-            host = np.full(layout.total // s, pattern, dtype=uint)
-            host[first:first + count] = np.asarray(contents).reshape(-1).view(uint)
-            whole = self.device.from_host(host)
-        else:
-            whole = self.device.full(layout.total // s, pattern, uint)
-            if fill_bits is not None and count:
-                self.device.fill(whole[first:first + count], fill_bits)
-        self._wrote()
-        self.allocations.append(Allocation(whole, layout, s, pattern, name, what))
-        self._unread = True
-        return whole[first:first + count]
-
-    def _make_room(self, nbytes: int) -> None:
-        """A read point first where the buffers nothing refers to hold too much, or the result
-        slots run out; then room for one more buffer."""
-        dead = [a for a in self.allocations if _unreferenced(a)]
-        held = sum(a.layout.total for a in dead)
-        if len(self.allocations) >= self._capacity or (dead and (held + nbytes > DEAD_BYTES
-                                                                 or len(dead) >= DEAD_COUNT)):
-            self.read("a new buffer's allocation")
-        if len(self.allocations) >= self._capacity:
-            self._capacity = max(FIRST_CAPACITY, 2 * self._capacity)
-            self._results = self.device.new_results(2 * self._capacity)  # no check in flight: read above
+        with self._working():
+            index = self._index()
+            if index is None:
+                return None
+            if contents is not None:
+                host = np.full(layout.total // s, pattern, dtype=uint)
+                host[first:first + count] = np.asarray(contents).reshape(-1).view(uint)
+                whole = self.device.from_host(host)
+            else:
+                whole = self.device.full(layout.total // s, pattern, uint)
+                if fill_bits is not None and count:
+                    self.device.fill(whole[first:first + count], fill_bits)
             self._wrote()
+            self.allocations[index] = Allocation(weakref.ref(whole, lambda _, i=index: self._died(i)),
+                                                 self.device.keep(whole), self.device.address(whole), layout, s,
+                                                 pattern, name, what)
+            self._unread = True
+            return whole[first:first + count]
+
+    def _index(self) -> int | None:
+        """A free index; where none is left, a read point and twice the slots (no check is in
+        flight after it, so the new result array replaces the old one). None where no read
+        point can be had (inside a graph capture)."""
+        if not self._free:
+            if self._capacity:
+                self.read("a new buffer's allocation")
+                if self._in_flight:
+                    return None
+            grown = max(FIRST_CAPACITY, 2 * self._capacity)
+            self._results = self.device.new_results(2 * grown)
+            self._free = list(range(grown - 1, self._capacity - 1, -1))
+            self._capacity = grown
+            self._wrote()
+        return self._free.pop()
 
     def _wrote(self) -> None:
         self._writes.append(self.device.record())
         self._table = None  # the next check's stream waits for these writes when it uploads its table
+
+    def _died(self, index: int) -> None:
+        """A buffer's whole allocation died (its last view with it): let go now, or after the
+        work under way."""
+        if self._busy:
+            self._dying.append(index)
+        else:
+            self._let_go(index)
+
+    def _let_go(self, index: int) -> None:
+        """A dead buffer's guards read while its memory is still held, any write kept for the
+        next read point; then its memory goes back and its index is free. A check in flight may
+        still read it or write its slots, so every one is waited for first (and our own writes:
+        a reset of the results)."""
+        a = self.allocations.pop(index, None)
+        if a is None:
+            return
+        try:
+            if self._unread and self._results is not None:  # its slots may hold what no read point saw
+                self.device.wait([event for _, event in self._in_flight.values()] + self._writes)
+                self._in_flight.clear()
+                self._kept = []
+                keys = self.device.read_slots(self._results, 2 * index, 2)
+                written = [(side, int(key)) for side, key in enumerate(keys) if int(key) != NONE]
+                self._orphans += [self._finding(a, side, key) for side, key in written]
+                if written:
+                    self.device.set_slots(self._results, 2 * index, [NONE, NONE])
+        except Exception:  # noqa: BLE001 - a context that faulted: nothing can be read; the fault is the verdict
+            pass
+        a.keep = None
+        self._free.append(index)
+        self._table = None
+        if not self.allocations and not self._in_flight:
+            self._release()
+
+    def _release(self) -> None:
+        """No buffer left and no check in flight: the result array and the tables go back to
+        CuPy's pool (a worker that served a mutant must hold no device memory after it)."""
+        self._results, self._table, self._kept, self._writes = None, None, [], []
+        self._free, self._capacity = [], 0
 
     # ---------------------------------------------------------------- checking
 
@@ -285,30 +352,35 @@ class Redzones:
             return
         if len(self.launched) >= MAX_CHECKS:
             self.read("the checks' count")
-        self.last_kernel = name
-        self._check(stream, name)
+        with self._working():
+            self._check(stream, name)
 
     def _check(self, stream, name: str | None) -> None:
         seq = len(self.launched)
         self.launched.append(name)
-        table, count, blocks = self._table_on(stream)
-        self.device.launch_check(table, count, self._results, seq, blocks, stream)
+        table, count, blocks, uploaded = self._table_on(stream)
+        self.device.launch_check(table, count, self._results, seq, blocks, stream, uploaded)
+        key = self.device.stream_key(stream)
+        event = self._in_flight[key][1] if key in self._in_flight else None
+        self._in_flight[key] = (stream, self.device.record(stream, event))
         self._unread = True
 
     def _table_on(self, stream):
         if self._table is None:
-            records = np.zeros(2 * len(self.allocations), GUARD_RECORD)
+            records = np.zeros(2 * (max(self.allocations) + 1 if self.allocations else 0), GUARD_RECORD)
             words = 0
-            for i, a in enumerate(self.allocations):
-                base, lay = self.device.address(a.whole), a.layout
+            for i, a in list(self.allocations.items()):
                 pattern = _replicated(a.pattern, a.itemsize)
-                records[2 * i] = (base, base + lay.before, pattern, 0, 2 * i)
-                records[2 * i + 1] = (base + lay.before + lay.nbytes, base + lay.total, pattern, 1, 2 * i + 1)
-                words = max(words, lay.before // 8, lay.after // 8 + 1)
+                for side in (0, 1):
+                    start, nbytes = a.guard_bytes(side)
+                    records[2 * i + side] = (start, start + nbytes, pattern, side, 2 * i + side)
+                words = max(words, a.layout.before // 8, a.layout.after // 8 + 1)
+            records = records[records["end"] != 0]  # the free indexes' rows
             table = self.device.upload(records, stream, self._writes)
             self._writes = []
             self._kept.append(table)
-            self._table = (table, len(records), max(1, min(MAX_BLOCKS_X, -(-words // THREADS))))
+            self._table = (table, len(records), max(1, min(MAX_BLOCKS_X, -(-words // THREADS))),
+                           self.device.record(stream))
         return self._table
 
     def _settled(self) -> np.ndarray | None:
@@ -321,35 +393,33 @@ class Redzones:
             self._check(stream, None)
         self.device.synchronize()
         self._unread = False
-        self._kept = []  # no check is in flight any more
-        return np.asarray(self.device.read(self._results))[:2 * len(self.allocations)]
-
-    def _forget_unreferenced(self) -> None:
-        alive = [a for a in self.allocations if not _unreferenced(a)]
-        if len(alive) != len(self.allocations):
-            self.allocations = alive
-            self._table = None
+        self._in_flight.clear()
+        self._kept = []  # no check is in flight: only the current table is still needed
+        return np.asarray(self.device.read(self._results))
 
     def read(self, why: str, *, report: bool = True) -> None:
         """A read point (`why`: what asked for it): every result read after a last check. Each
-        written guard is filled again and, with `report`, raised as one `RedzoneWritten`; the
-        buffers nothing refers to any more are let go."""
-        if not self.allocations:
-            self.launched.clear()
-            return
-        results = self._settled()
-        if results is None:
-            return
-        written = [int(slot) for slot in np.flatnonzero(results != NONE)]
-        findings = [self._finding(slot, int(results[slot])) for slot in written]
-        for slot in written:
-            a = self.allocations[slot // 2]
-            self.device.fill(a.whole[a.guard(slot % 2)], a.pattern)
-        if written:
-            self.device.fill(self._results, NONE)
-            self._wrote()
+        written guard is filled again and, with `report`, raised with the writes kept from
+        buffers that died since, as one `RedzoneWritten`."""
+        findings = []
+        with self._working():
+            if self.allocations:
+                results = self._settled()
+                if results is None:
+                    return
+                for index, a in sorted(self.allocations.items()):
+                    for side in (0, 1):
+                        key = int(results[2 * index + side])
+                        if key != NONE:
+                            findings.append(self._finding(a, side, key))
+                            whole = a.ref()
+                            if whole is not None:
+                                self.device.fill(whole[a.guard(side)], a.pattern)
+                if findings:
+                    self.device.fill(self._results, NONE)
+                    self._wrote()
+        findings, self._orphans = self._orphans + findings, []
         self.launched.clear()
-        self._forget_unreferenced()
         if findings and report:
             raise RedzoneWritten(findings, why)
 
@@ -358,22 +428,9 @@ class Redzones:
         self._unread = True  # launches went unchecked (a gate with no redzones): look once more
         self.read("rearm", report=False)
 
-    def let_go(self) -> None:
-        """After a wait for the device, let go of the buffers nothing refers to, unless a guard
-        was written (the next read point reports it, with every buffer it names): before the
-        pool's cached memory goes back to the driver."""
-        if not self.allocations:
-            return
-        results = self._settled()
-        if results is None or (results != NONE).any():
-            return
-        self.launched.clear()
-        self._forget_unreferenced()
-
-    def _finding(self, slot: int, key: int) -> Finding:
-        a, side = self.allocations[slot // 2], slot % 2
+    def _finding(self, a: Allocation, side: int, key: int) -> Finding:
         seq, distance = key >> 32, key & 0xFFFFFFFF
-        raw = np.asarray(self.device.read(a.whole[a.guard(side)])).view(np.uint8)
+        raw = np.frombuffer(self.device.read_bytes(*a.guard_bytes(side)), np.uint8)
         expected = np.frombuffer(a.pattern_bytes() * (raw.size // a.itemsize), np.uint8)
         at = np.flatnonzero(raw != expected)
         if side == 1:  # byte i of the guard lies i bytes past the view's end
@@ -392,82 +449,6 @@ class Redzones:
                        farthest=int(distances.max()) if at.size else distance, window_from=window_from,
                        window=bytes(window), pattern=a.pattern_bytes(), kernel=kernel,
                        last_kernel=last if kernel is None else None)
-
-
-class _Cupy:
-    """What the redzones ask of one device, through CuPy (a test gives a stand-in)."""
-
-    def __init__(self, ordinal: int):
-        import cupy
-
-        self.cupy = cupy
-        self.ordinal = ordinal
-        self._module = self._kernel = None
-
-    def full(self, n: int, bits: int, uint):
-        return self.cupy.full(int(n), np.dtype(uint).type(bits), dtype=uint)
-
-    def from_host(self, host: np.ndarray):
-        return self.cupy.asarray(host)
-
-    def fill(self, array, bits: int) -> None:
-        array.fill(np.dtype(array.dtype).type(bits))
-
-    def address(self, array) -> int:
-        return int(array.data.ptr)
-
-    def read(self, array) -> np.ndarray:
-        return array.get()
-
-    def current_stream(self):
-        return self.cupy.cuda.get_current_stream()
-
-    def is_capturing(self, stream) -> bool:
-        try:
-            return bool(stream.is_capturing())
-        except Exception:  # noqa: BLE001 - the legacy stream beside a capture: queue nothing there
-            return True
-
-    def record(self):
-        event = self.cupy.cuda.Event(disable_timing=True)
-        event.record()
-        return event
-
-    def upload(self, records: np.ndarray, stream, writes: list):
-        with stream:
-            for event in writes:
-                stream.wait_event(event)
-            return self.cupy.asarray(records.view(np.uint8))
-
-    def new_results(self, count: int):
-        return self.cupy.full(int(count), np.uint64(NONE), dtype=np.uint64)
-
-    def launch_check(self, table, count: int, results, seq: int, blocks: int, stream) -> None:
-        self._check_kernel()((blocks, min(count, 65535)), (THREADS,),
-                             (table, np.uint32(count), results, np.uint32(seq)), stream=stream)
-
-    def synchronize(self) -> None:
-        self.cupy.cuda.runtime.deviceSynchronize()
-
-    def _check_kernel(self):
-        if self._kernel is None:
-            self._module = self.cupy.cuda.function.Module()
-            self._module.load(compile_check().cubin)
-            self._kernel = self._module.get_function(CHECK_KERNEL)
-        return self._kernel
-
-
-def compile_check(run: _settings.Settings | None = None):
-    """The check kernel's `CompiledModule`, through the harness's compile path (NVRTC, the cubin
-    cache), for the run's arch (`run`: the settings in effect by default)."""
-    from dataclasses import replace
-
-    from harness.compiling.compile import compile_file
-    from harness.compiling.modsettings import ModuleSettings
-
-    run = run if run is not None else _settings.in_effect()
-    return compile_file(CHECK_SOURCE, kernel_root=CHECK_SOURCE.parent, settings=ModuleSettings(device_view=False),
-                        include_dirs=(), run=replace(run, trap_shadow=False))
 
 
 # ------------------------------------------------------------------ this process's redzones
@@ -491,7 +472,7 @@ def registry() -> Redzones | None:
     ordinal = cupy.cuda.runtime.getDevice()
     found = _registries.get(ordinal)
     if found is None:
-        found = _registries[ordinal] = Redzones(_Cupy(ordinal))
+        found = _registries[ordinal] = Redzones(CupyDevice(ordinal))
     return found
 
 
@@ -557,10 +538,3 @@ def rearm() -> None:
     redzones (its kernel may write past its views on purpose), so no later gate is blamed."""
     for found in list(_registries.values()):
         found.rearm()
-
-
-def let_go() -> None:
-    """The buffers nothing refers to let go (`Redzones.let_go`): before CuPy's cached blocks go
-    back to the driver."""
-    for found in list(_registries.values()):
-        found.let_go()
