@@ -17,6 +17,7 @@ class StandInDevice:
         self.checks = 0
         self.syncs = 0
         self.waits = 0
+        self.fault = None  # an exception every wait for the device raises from now on (a faulted context)
 
     def full(self, n, bits, uint):
         return np.full(int(n), bits, dtype=uint)
@@ -67,6 +68,8 @@ class StandInDevice:
         return np.full(count, NONE, np.uint64)
 
     def synchronize(self):
+        if self.fault is not None:
+            raise self.fault
         self.syncs += 1
 
     def launch_check(self, table, count, results, seq, blocks, stream, uploaded):

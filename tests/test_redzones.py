@@ -421,19 +421,35 @@ def test_failing_and_writing(shared):
     plant(shared, -1, b"\\x01")
     redzones.after_launch("planted.cu:minus_one", device=0)
     assert 1 == 2, "the gate's own assertion"
+
+
+class CUDARuntimeError(RuntimeError):
+    pass
+
+
+@pytest.mark.anchor
+def test_expecting_a_fault(shared):
+    fault = CUDARuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+    redzones._registries[0].device.fault = fault  # the context faulted, as the gate meant it to
+    redzones.after_launch("faulting.cu:k", device=0)
 """
 
 
 def test_the_end_of_each_gate_reads_its_guards_and_a_gate_with_none_blames_no_later_one(pytester, monkeypatch):
+    """In a child pytest over the stand-in device: a store one past fails its gate at the end of
+    the call; a gate marked no_redzones writes past a shared buffer and passes, and the next
+    gate is not blamed; a gate that fails and wrote gets both, the write caused by its failure;
+    a gate whose context faulted, as it meant to, passes."""
     use_child_env(monkeypatch)
     pytester.makeini("[pytest]\nkernel_root = .\nharness_lanes = 1\n")
     pytester.makeconftest(CHILD_CONFTEST)
     pytester.makepyfile(redzone_standin=(Path(__file__).parent / "redzone_standin.py").read_text())
     pytester.makepyfile(test_gates=CHILD_GATES)
     result = pytester.runpytest_subprocess("-p", "no:xdist", "-rA")
-    result.assert_outcomes(passed=2, failed=2)
+    result.assert_outcomes(passed=3, failed=2)
     out = result.stdout.str()
     assert "PASSED test_gates.py::test_with_no_redzones" in out and "PASSED test_gates.py::test_after_it" in out
+    assert "PASSED test_gates.py::test_expecting_a_fault" in out  # a device error the read meets is the gate's
     result.stdout.fnmatch_lines([
         "*RedzoneWritten: redzone written: y (float32 (8,), 32 bytes), after its end",
         "*kernel launched last: planted.cu:one_past",
