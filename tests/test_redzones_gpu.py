@@ -2,7 +2,8 @@
 past a buffer, one before it, one past a buffer that ends inside a word, and one past a CUDA
 graph's own copy; each is named by the real check kernel with its buffer, side, offset and
 kernel. A read past the end sees the poison; a correct kernel, and every read after a named
-write, passes. The bookkeeping with no GPU: tests/test_redzones.py."""
+write, passes; a whole gate run fails the planted gate at its end, and --no-redzones turns it
+off there. The bookkeeping with no GPU: tests/test_redzones.py."""
 
 import numpy as np
 import pytest
@@ -149,3 +150,69 @@ def test_a_buffer_goes_back_to_the_pool_when_its_last_view_dies(planted):
     assert len(found.allocations) == 1
     del x
     assert found.allocations == {} and pool.used_bytes() == before  # a warm worker's reset needs it
+
+
+CHILD_GATES = """
+import numpy as np
+import pytest
+from harness.library import buffers, kernels
+
+N = 64
+
+
+def planted(name):
+    return kernels.module("planted.cu").get(name)
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_a_planted_store_one_past():
+    y = buffers.filled((N,), np.float32, 0, label="y")
+    planted("one_past")((1,), (128,), (y, np.int32(N)))
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.no_redzones(reason="stores one past its output on purpose")
+def test_the_same_store_marked_no_redzones():
+    y = buffers.filled((N,), np.float32, 0, label="y")
+    planted("one_past")((1,), (128,), (y, np.int32(N)))
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+def test_a_right_kernel_after_them():
+    x = buffers.to_device(np.arange(N, dtype=np.float32))
+    y = buffers.filled((N,), np.float32, 0)
+    planted("scale")((1,), (128,), (x, y, np.int32(N)))
+    assert (buffers.to_host(y) == 2 * np.arange(N, dtype=np.float32)).all()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.deadline(600)  # two child runs, each starting its own pool on the GPU
+def test_a_planted_store_fails_its_gate_in_a_gate_run_and_no_redzones_turns_it_off(pytester, monkeypatch):
+    """A whole gate run on the GPU (the pool's workers): the planted store one past fails its gate
+    at the end of the gate, naming the buffer, the offset and the kernel; the same store in a gate
+    marked no_redzones passes, and so does the right kernel after it. Under --no-redzones,
+    which the workers receive from the run, all pass."""
+    from tests._machine import use_child_env
+
+    use_child_env(monkeypatch, {"CUDA_VISIBLE_DEVICES": None})
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(pytester.path / "cache"))
+    pytester.makeini("[pytest]\nkernel_root = .\nharness_lanes = 1\n")
+    pytester.makeconftest("import sys\npytest_plugins = [] if 'harness.plugin' in sys.modules else ['harness.plugin']\n")
+    (pytester.path / "planted.cu").write_text(PLANTED_CU)
+    pytester.makepyfile(test_planted=CHILD_GATES)
+    result = pytester.runpytest_subprocess("--require-gpu", "-p", "no:xdist", "-rA")
+    result.assert_outcomes(passed=3, failed=1)  # the compile gate of planted.cu among the passed
+    result.stdout.fnmatch_lines([
+        "*RedzoneWritten: redzone written: y (float32 (64,), 256 bytes), after its end",
+        "*nearest changed byte: +0 past its end, in element ?64? (its last is ?63?)",
+        "*kernel launched last: planted.cu:one_past",
+        "*read at: the end of the gate",
+    ])
+    assert "FAILED test_planted.py::test_a_planted_store_one_past" in result.stdout.str()
+    off = pytester.runpytest_subprocess("--require-gpu", "-p", "no:xdist", "--no-redzones")
+    off.assert_outcomes(passed=4)
