@@ -230,7 +230,7 @@ class Redzones:
         self._results = None
         self._table = None  # (the guards on the device, how many, blocks along a guard, uploaded); None: to build
         self._kept: list = []  # tables a check in flight may still read
-        self._writes: list = []  # our own writes (fills, resets) the next table's stream waits for
+        self._writes: dict = {}  # stream -> the event after our last write on it (fills, resets), waited for
         self._in_flight: dict = {}  # stream -> (stream, the event after its last check)
         self._orphans: list[Finding] = []  # written guards of buffers that died before a read point
         self._unread = False  # checked or allocated since the last read point
@@ -297,7 +297,8 @@ class Redzones:
         return self._free.pop()
 
     def _wrote(self) -> None:
-        self._writes.append(self.device.record())
+        key = self.device.stream_key(self.device.current_stream())
+        self._writes[key] = self.device.record(None, self._writes.get(key))
         self._table = None  # the next check's stream waits for these writes when it uploads its table
 
     def _died(self, index: int) -> None:
@@ -318,7 +319,7 @@ class Redzones:
             return
         try:
             if self._unread and self._results is not None:  # its slots may hold what no read point saw
-                self.device.wait([event for _, event in self._in_flight.values()] + self._writes)
+                self.device.wait([event for _, event in self._in_flight.values()] + list(self._writes.values()))
                 self._in_flight.clear()
                 self._kept = []
                 keys = self.device.read_slots(self._results, 2 * index, 2)
@@ -337,7 +338,7 @@ class Redzones:
     def _release(self) -> None:
         """No buffer left and no check in flight: the result array and the tables go back to
         CuPy's pool (a worker that served a mutant must hold no device memory after it)."""
-        self._results, self._table, self._kept, self._writes = None, None, [], []
+        self._results, self._table, self._kept, self._writes = None, None, [], {}
         self._free, self._capacity = [], 0
 
     # ---------------------------------------------------------------- checking
@@ -376,8 +377,8 @@ class Redzones:
                     records[2 * i + side] = (start, start + nbytes, pattern, side, 2 * i + side)
                 words = max(words, a.layout.before // 8, a.layout.after // 8 + 1)
             records = records[records["end"] != 0]  # the free indexes' rows
-            table = self.device.upload(records, stream, self._writes)
-            self._writes = []
+            table = self.device.upload(records, stream, list(self._writes.values()))
+            self._writes = {}
             self._kept.append(table)
             self._table = (table, len(records), max(1, min(MAX_BLOCKS_X, -(-words // THREADS))),
                            self.device.record(stream))
