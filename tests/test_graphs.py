@@ -18,7 +18,7 @@ class StandInDevice:
         self.allocated = 0
         self.captured = []
 
-    def copy(self, a):
+    def copy(self, a, label=None):
         return a.copy()
 
     def copy_into(self, dst, src):

@@ -51,6 +51,7 @@ class ChildPytest:
     deadline: float | None = None  # seconds: each GPU gate's, and its isolated (trap) gates end within it
     sweep_budget: int | None = None
     sweep_replay: str | None = None
+    no_redzones: bool = False  # --no-redzones: the device buffers carry no guard regions
     rootdir: Path | None = None
     config_file: Path | None = None
     report_dir: Path | None = None  # --harness-report: its gates.json is the child's verdicts
@@ -70,7 +71,8 @@ class ChildPytest:
         return cls(tuple(targets), kernel_root=settings.kernel_root, cache_dir=settings.cache_dir,
                    arch=settings.arch if settings.arch_source == "--arch" else None,
                    include_dirs=settings.include_dirs, deadline=settings.deadline,
-                   sweep_budget=settings.sweep_budget, sweep_replay=settings.sweep_replay, **kw)
+                   sweep_budget=settings.sweep_budget, sweep_replay=settings.sweep_replay,
+                   no_redzones=not settings.redzones, **kw)
 
     def args(self) -> list[str]:
         out = list(self.targets)
@@ -96,6 +98,8 @@ class ChildPytest:
             out.append(f"--sweep-budget={self.sweep_budget}")
         if self.sweep_replay is not None:
             out.append(f"--sweep-replay={self.sweep_replay}")
+        if self.no_redzones:
+            out.append("--no-redzones")
         if self.report_dir is not None:
             out.append(f"--harness-report={self.report_dir}")
         if self.no_fail_fast:

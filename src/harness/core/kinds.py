@@ -56,6 +56,8 @@ MARKERS = {
     "structural": "reads kernel source text (a constant agrees with its #define); needs no device",
     "compile": "compiles one .cu with NVRTC (collected from the kernel root; no device)",
     "deadline(seconds)": "this GPU gate's deadline, over --harness-deadline / ini harness_deadline",
+    "no_redzones(reason)": "the gate's kernel writes past a buffer's view on purpose: its buffers carry no "
+                           "redzones and its launches no check (harness.library.redzones); the reason is required",
 }
 
 REQUIRE_GPU_ENV = "HARNESS_REQUIRE_GPU"
@@ -66,7 +68,7 @@ OPT_IN_OPTIONS = {"require_gpu": "--require-gpu", "kernel_root": "--kernel-root"
                   "harness_report": "--harness-report", "harness_cache_dir": "--harness-cache-dir",
                   "harness_deadline": "--harness-deadline", "sanitize": "--sanitize", "include_dir": "--include-dir",
                   "no_fail_fast": "--no-fail-fast", "harness_serve": "--harness-serve",
-                  "snapshot_update": "--snapshot-update", "compare_to": "--compare-to"}
+                  "snapshot_update": "--snapshot-update", "compare_to": "--compare-to", "no_redzones": "--no-redzones"}
 OPT_IN_ENV = (REQUIRE_GPU_ENV, KERNEL_ROOT_ENV)
 OPT_IN_INI = ("kernel_root", GATES_INI, "controls_dir", "harness_cache_dir", INCLUDE_DIRS_INI,
               "harness_deadline")

@@ -44,7 +44,8 @@ DEADLINE_INI = "harness_deadline"
 @dataclass(frozen=True)
 class Settings:
     """What the compile path, the pool and every child read: the kernel root, the arch, the
-    cubin cache, the extra include folders and the per-gate deadline, each absolute or final."""
+    cubin cache, the extra include folders, the per-gate deadline and whether the device buffers
+    carry redzones, each absolute or final."""
 
     kernel_root: Path
     arch: str | None  # None: the device's arch, or sm_90 with no device
@@ -57,6 +58,7 @@ class Settings:
     generated_sources: bool = False  # the tree is a campaign's mutant: its source analyses are not kept on disk
     sweep_budget: int | None = None  # --sweep-budget: shapes a sweep draws after its presets and boundaries
     sweep_replay: str | None = None  # --sweep-replay: the one shape a sweep checks (N=64,K=1024)
+    redzones: bool = True  # guard regions around the harness's device buffers, checked after each launch
 
     def with_kernel_root(self, kernel_root: str | os.PathLike) -> "Settings":
         """These settings over another kernel tree (a sandbox, a comparison's REF)."""
@@ -269,7 +271,7 @@ def _as_lines(value) -> list[str]:
 
 def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), controls_dir=None,
             deadline: float | None = None, sanitize: bool = False, sweep_budget: int | None = None,
-            sweep_replay: str | None = None,
+            sweep_replay: str | None = None, redzones: bool = True,
             rootdir: str | os.PathLike | None = None, ini=None, cache_option: str = "--cache-dir") -> Project:
     """The settings of the project at `rootdir` (default: found from the working folder up,
     as pytest finds it), in one order for every setting:
@@ -283,7 +285,8 @@ def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), cont
     - controls folder: --controls-dir, ini `controls_dir`, `controls`;
     - include directories: --include-dir, then ini `harness_include_dirs`;
     - per-gate deadline: --harness-deadline (`deadline`, a float its option parsed), ini
-      `harness_deadline`, 120 s (x10 under --sanitize, `sanitize`).
+      `harness_deadline`, 120 s (x10 under --sanitize, `sanitize`);
+    - redzones around the device buffers: on, unless --no-redzones (`redzones=False`).
 
     Options and environment variables are relative to the working folder, ini keys to the
     rootdir. `ini(key)` reads the project's ini (pytest's getini inside a run; the files
@@ -313,7 +316,7 @@ def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), cont
                         arch_source="--arch" if explicit else ARCH_ENV,
                         include_dirs=include_dirs(include_dir, _as_lines(read(INCLUDE_DIRS_INI)), root),
                         deadline=seconds, deadline_source=seconds_source, sweep_budget=sweep_budget,
-                        sweep_replay=sweep_replay or None)
+                        sweep_replay=sweep_replay or None, redzones=bool(redzones))
     return Project(rootdir=root, settings=settings, kernel_root_source=kr_source, cache_source=cache_source,
                    controls_dir=controls, gate_paths=gates)
 

@@ -1,31 +1,51 @@
 """Device buffers filled with sentinels, the checks that they stayed untouched, and the
 host <-> device copies that carry bf16 through its raw bits (CuPy has no bfloat16 type of
-its own: a bf16 array lives on the device as its uint16 bits, viewed as ml_dtypes' bf16)."""
+its own: a bf16 array lives on the device as its uint16 bits, viewed as ml_dtypes' bf16).
+
+Every buffer made here lies between redzones (`harness.library.redzones`): guard regions of
+poison, checked on the device after each launch. Each helper takes `label=` (the buffer's name
+in a failure; by default the helper and its call site) and `redzone=False` (none for this
+buffer: a kernel that writes past it on purpose)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from harness.library import tensors
+from harness.library import redzones, tensors
 from harness.library.bits import BitsMismatch, bits_mismatch_lines
-from harness.library.dtypes import _UINT_OF_SIZE, _host, bf16, bits_of, from_bits
+from harness.library.dtypes import _UINT_OF_SIZE, _host, bf16, from_bits
 
 BF16_SENTINEL = 0x7FA5
 """A bf16 NaN with a payload: the kernels' own NaNs are 0x7fc0 or 0x7fff, so no output computed
 from finite inputs has these bits. Fill outputs with it to see what a kernel never wrote."""
 
 
-def to_device(a, *, bits: bool = False):
+def _guarded_copy(bits: np.ndarray, dtype, shape, helper: str, label: str | None, redzone: bool):
+    """`bits` (a host array of unsigned ints of the item size) on the device, 1-D, between
+    redzones where this buffer gets them (`harness.library.redzones.allocate`)."""
+    inside = redzones.allocate(bits.size, dtype, shape=shape, helper=helper, label=label, redzone=redzone,
+                               contents=bits)
+    if inside is not None:
+        return inside
+    import cupy
+
+    return cupy.asarray(bits.reshape(-1))
+
+
+def to_device(a, *, bits: bool = False, label: str | None = None, redzone: bool = True):
     """A host array as a C-contiguous CuPy array. bf16 goes through its bits and comes back
     viewed as bf16, or as the raw uint16 bits with `bits=True` (for kernels taking
     `uint16_t*`/`__nv_bfloat16*` and launchers accepting either)."""
     import cupy
 
     a = np.ascontiguousarray(a)
-    if a.dtype != bf16:
-        return cupy.asarray(a)
-    dev = cupy.asarray(bits_of(a))
-    return dev if bits else dev.view(bf16)
+    if not (a.dtype == bf16 or (a.dtype.kind in "biufc" and a.dtype.itemsize in _UINT_OF_SIZE)):
+        return cupy.asarray(a)  # no redzones for a dtype CuPy does not hold by its bits
+    raw = a.reshape(-1).view(_UINT_OF_SIZE[a.dtype.itemsize])
+    dev = _guarded_copy(raw, a.dtype, a.shape, "to_device", label, redzone).reshape(a.shape)
+    if a.dtype == bf16:
+        return dev if bits else dev.view(bf16)
+    return dev.view(a.dtype)
 
 
 def to_host(a, dtype=None) -> np.ndarray:
@@ -41,30 +61,34 @@ def to_host(a, dtype=None) -> np.ndarray:
         return host if dtype is None else from_bits(host.view(_UINT_OF_SIZE[host.dtype.itemsize]), dtype)
     import cupy
 
+    redzones.check_redzones("to_host")  # waits for the device: a kernel's write past a buffer is named first
     cupy.cuda.runtime.deviceSynchronize()
     host = a.view(cupy.uint16).get().view(bf16) if np.dtype(a.dtype) == bf16 else a.get()
     return host if dtype is None else from_bits(host.view(_UINT_OF_SIZE[host.dtype.itemsize]), dtype)
 
 
-def filled(shape, dtype, bits: int):
+def filled(shape, dtype, bits: int, *, label: str | None = None, redzone: bool = True):
     """A CuPy array whose every element has the raw bit pattern `bits`."""
     import cupy
 
     dtype = np.dtype(dtype)
     u = _UINT_OF_SIZE[dtype.itemsize]
-    return cupy.full(shape, bits, dtype=u).view(dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    inside = redzones.allocate(n, dtype, shape=shape, helper="filled", label=label, redzone=redzone, fill_bits=bits)
+    if inside is None:
+        return cupy.full(shape, bits, dtype=u).view(dtype)
+    return inside.reshape(shape).view(dtype)
 
 
-def fenced(a, fill_bits: int | None = None, *, min_pad: int = 256):
+def fenced(a, fill_bits: int | None = None, *, min_pad: int = 256, label: str | None = None, redzone: bool = True):
     """A host array on the device as a view into the middle of an allocation three times its
     size (at least `min_pad` elements each side): the fences before and after hold the raw
     bit pattern `fill_bits` (a NaN, for a kernel whose every read must stay inside `a`;
     by default the quiet NaN of `a`'s floating dtype, `nan_bits`). A kernel that reads up to
     a whole buffer length before or past `a` reads the fence, defined memory, and fails by a
     value its gate can assert, not by a fault; reading further still faults. Returns the
-    view, C-contiguous, in `a`'s shape and dtype (bf16 as in `to_device`)."""
-    import cupy
-
+    view, C-contiguous, in `a`'s shape and dtype (bf16 as in `to_device`). The redzones lie
+    outside the fences."""
     a = np.ascontiguousarray(a)
     if fill_bits is None:
         if not (a.dtype == bf16 or np.issubdtype(a.dtype, np.floating)):
@@ -74,27 +98,29 @@ def fenced(a, fill_bits: int | None = None, *, min_pad: int = 256):
     n = a.size
     pad = max(n, min_pad)
     fence = np.full(pad, fill_bits, dtype=u)
-    dev = cupy.asarray(np.concatenate([fence, a.reshape(-1).view(u), fence]))
+    dev = _guarded_copy(np.concatenate([fence, a.reshape(-1).view(u), fence]), a.dtype, a.shape, "fenced", label,
+                        redzone)
     return dev[pad:pad + n].reshape(a.shape).view(a.dtype)
 
 
 GUARD = 1024  # elements of a guarded buffer's guard on each side (`guarded`)
 
 
-def guarded(shape, dtype, guard_bits: int, *, inside_bits: int | None = None, guard: int = GUARD):
+def guarded(shape, dtype, guard_bits: int, *, inside_bits: int | None = None, guard: int = GUARD,
+            label: str | None = None, redzone: bool = True):
     """An output buffer for a memory-safety gate: a device array of `shape` and `dtype`, a
     view into the middle of an allocation `guard` elements longer on each side. The guards
     hold `guard_bits` (a sentinel), the view `inside_bits` (default: the same). A store a
     little before or past the output lands in a guard, which `assert_guards_untouched`
     names by assertion. Returns (the view, the whole allocation as unsigned ints of the
-    dtype's size)."""
+    dtype's size). The redzones lie outside the guards."""
     dtype = np.dtype(dtype)
     u = _UINT_OF_SIZE[dtype.itemsize]
     n = int(np.prod(shape))
     bits = np.full(n + 2 * guard, guard_bits, dtype=u)
     if inside_bits is not None:
         bits[guard:guard + n] = inside_bits
-    whole = to_device(bits)
+    whole = _guarded_copy(bits, dtype, shape, "guarded", label, redzone)
     return whole[guard:guard + n].view(dtype).reshape(shape), whole
 
 
@@ -114,9 +140,9 @@ def nan_bits(dtype) -> int:
     return bits[dtype.itemsize]
 
 
-def nan_filled(shape, dtype):
+def nan_filled(shape, dtype, *, label: str | None = None, redzone: bool = True):
     """Quiet NaN in every element (bf16 0x7fc0, f32 0x7fc00000, f16 0x7e00)."""
-    return filled(shape, dtype, nan_bits(dtype))
+    return filled(shape, dtype, nan_bits(dtype), label=label, redzone=redzone)
 
 
 def assert_untouched(label: str, arr, bits: int) -> None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Callable
 
 from harness.core.errors import UsageError
-from harness.library import coverage
+from harness.library import coverage, redzones
 
 MODES = ("eager", "graph")
 
@@ -82,11 +82,14 @@ class _Cupy:
         if not array.flags.c_contiguous:
             raise UsageError(f"graph replay: {what} is not C-contiguous: pass whole buffers (a contiguous copy)")
 
-    def copy(self, array):
-        """A new device buffer holding `array`'s bytes (raw: bf16 and fp8 views copy as their bits)."""
+    def copy(self, array, label: str | None = None):
+        """A new device buffer holding `array`'s bytes (raw: bf16 and fp8 views copy as their bits),
+        between redzones (`harness.library.redzones`) named `label`."""
         self._contiguous(array, "a buffer")
-        raw = self.cupy.empty(array.nbytes, dtype=self.cupy.uint8)
-        own = raw.view(array.dtype).reshape(array.shape)
+        inside = redzones.allocate(array.size, array.dtype, shape=array.shape, helper="GraphReplay", label=label)
+        if inside is None:
+            inside = self.cupy.empty(array.nbytes, dtype=self.cupy.uint8)
+        own = inside.view(array.dtype).reshape(array.shape)
         self.copy_into(own, array)
         return own
 
@@ -154,6 +157,7 @@ class GraphReplay:
         for name, b in buffers.items():
             dev.copy_into(own[name], b)
         dev.replay(graph)
+        redzones.after_launch(f"{self.label}: CUDA-graph replay of key {key!r}")
         for name, b in buffers.items():
             dev.copy_into(b, own[name])
         self.replays += 1
@@ -162,7 +166,7 @@ class GraphReplay:
 
     def _capture(self, key, launch, buffers: dict) -> tuple[object, dict]:
         dev = self.device
-        own = {name: dev.copy(b) for name, b in buffers.items()}
+        own = {name: dev.copy(b, f"{self.label}: the graph's {name}") for name, b in buffers.items()}
         launch(**own)  # outside the capture: modules load, one-time initialisation happens here
         for name, b in buffers.items():
             dev.copy_into(own[name], b)

@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.compiling.compile import CompiledModule, compile_file
 from harness.core import settings as _settings
 from harness.core.errors import HarnessError
-from harness.library import coverage, timing
+from harness.library import coverage, redzones, timing
 from harness.library.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, allow_dynamic_shared, kernel_args, torch_stream
 
 
@@ -89,8 +89,8 @@ class Module:
 
 
 class Launch:
-    """A kernel that notes its own launches (for the watchdog and the sanitizer's count).
-    A launch with `shared_mem` above 48 KiB first raises the function's dynamic shared
+    """A kernel that notes its own launches (for the watchdog and the sanitizer's count), each
+    followed by the redzones' check on its stream (`harness.library.redzones`). A launch with `shared_mem` above 48 KiB first raises the function's dynamic shared
     memory attribute (`harness.library.launch.allow_dynamic_shared`), once per size.
 
     Arguments may be torch CUDA tensors (or other CUDA-array-interface objects) on the
@@ -129,7 +129,10 @@ class Launch:
         coverage.note_kernel(self.name)  # which gates run which kernel: a campaign's finer selection
         if timing.armed():  # a comparison run: counted, and timed for --compare-timing
             timing.before_launch(self, grid, block, args, rest, kwargs)
-        return self.function(grid, block, args, *rest, **kwargs)
+        launched = self.function(grid, block, args, *rest, **kwargs)
+        # the guards beside the harness's buffers, checked on the same stream, behind it
+        redzones.after_launch(self.name, kwargs.get("stream", rest[1] if len(rest) > 1 else None), self.device)
+        return launched
 
     def __getattr__(self, attr):
         return getattr(self.function, attr)

@@ -39,9 +39,10 @@ from harness.plugin.report import classify_route, failure_message, first_line, w
 from harness.plugin.state import GpuGates, HarnessRun, Role, gpu_key, harness_run, role_key, run_key
 from harness.plugin.verdicts import Recorder, run_facts, worker_reports
 
-# bit snapshots (and the line an update run ends with), comparisons and --shard, features of their own
+# bit snapshots (and the line an update run ends with), comparisons, --shard and the redzones' gate
+# hooks, features of their own
 pytest_plugins = ["harness.plugin.snapshots", "harness.plugin.snapshot_tally", "harness.plugin.compare",
-                  "harness.plugin.shard"]
+                  "harness.plugin.shard", "harness.plugin.redzones"]
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -110,7 +111,8 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
         project = _settings.resolve(kernel_root=opt.kernel_root, cache_dir=opt.harness_cache_dir, arch=opt.arch,
                                     include_dir=opt.include_dir, deadline=opt.harness_deadline,
                                     sanitize=bool(opt.sanitize), sweep_budget=opt.sweep_budget,
-                                    sweep_replay=opt.sweep_replay, rootdir=config.rootpath, ini=_ini(config),
+                                    sweep_replay=opt.sweep_replay, redzones=not opt.no_redzones,
+                                    rootdir=config.rootpath, ini=_ini(config),
                                     cache_option="--harness-cache-dir")
     except (IncludeDirError, UsageError) as exc:
         raise as_pytest_usage(exc) from None

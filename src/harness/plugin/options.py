@@ -79,6 +79,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          f"{SWEEP_BUDGET}; 0: the presets and boundaries only)")
     group.addoption("--sweep-replay", default=None, metavar="SHAPE",
                     help="each selected sweep gate checks this one shape (N=64,K=1024), as its failure printed it")
+    group.addoption("--no-redzones", action="store_true", default=False,
+                    help="the device buffers the harness makes carry no guard regions, and no launch is followed "
+                         "by their check (harness.library.redzones; default: on)")
     group.addoption("--harness-serve", action="store_true", default=False, help=argparse.SUPPRESS)
     group.addoption("--harness-child-timeout", default=None, help=argparse.SUPPRESS)  # removed: says what replaced it
     # Defaults are empty so that "set in the project's ini" can be told from "not set": a set
