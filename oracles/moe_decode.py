@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.library.dtypes import (bf16, bits_of, decode_e4m3, fp8_e4m3, from_bits, to_bf16, to_fp4_e2m1,
+from harness.library.dtypes import (bf16, bits_of, decode_e2m1, decode_e4m3, fp8_e4m3, from_bits, to_bf16, to_fp4_e2m1,
                                     to_fp8_e4m3_saturating, unpack_fp4)
 
 GROUP = 16
@@ -107,11 +107,16 @@ def e2m1_device_codes(x) -> np.ndarray:
 # ------------------------------------------------------------------ margin-checked rounding
 
 
-def _stable(label: str, f, y64: np.ndarray, spread: np.ndarray | float, margin: float = MARGIN) -> np.ndarray:
-    """f(y64) after checking f(y64 - d) == f(y64) == f(y64 + d), d = margin * spread."""
+def _unstable(f, y64: np.ndarray, spread: np.ndarray | float, margin: float = MARGIN) -> tuple[np.ndarray, np.ndarray]:
+    """(f(y64), where f(y64 - d) or f(y64 + d) differs from it), d = margin * spread."""
     d = margin * np.broadcast_to(np.abs(spread), y64.shape)
     mid, lo, hi = f(y64), f(np.where(d > 0, y64 - d, y64)), f(np.where(d > 0, y64 + d, y64))
-    bad = (bits_of(lo) != bits_of(mid)) | (bits_of(hi) != bits_of(mid))
+    return mid, (bits_of(lo) != bits_of(mid)) | (bits_of(hi) != bits_of(mid))
+
+
+def _stable(label: str, f, y64: np.ndarray, spread: np.ndarray | float, margin: float = MARGIN) -> np.ndarray:
+    """f(y64) after checking f(y64 - d) == f(y64) == f(y64 + d), d = margin * spread."""
+    mid, bad = _unstable(f, y64, spread, margin)
     if np.any(bad):
         first = np.argwhere(bad)[0]
         raise DesignError(f"{label}: {int(bad.sum())} values round differently within {margin:g} (relative); "
@@ -330,6 +335,7 @@ class RouterCase:
 
 
 WTS_RTOL = 2.0**-19  # softmax: expf within 2 ulp each, the sum and one IEEE division: < 2^-20
+ROUTER_DENSE_H = 2048  # router_designed: Wr a fifth nonzero up to this H, a fifth of 2048 / H past it
 
 
 def topk_ties_low(logits: np.ndarray, k: int) -> np.ndarray:
@@ -351,8 +357,9 @@ def softmax_selected_f32(sel: np.ndarray) -> np.ndarray:
 def router_designed(t: int, h: int, e: int, k: int, seed: int, *, equal_top: bool = False) -> RouterCase:
     """Logits designed per token through one private column c_t of rr (rr[t, c_t] = 1, the other
     tokens 0 there): logit[t, e] = pes[e] * (R[t, e] + Wr[e, c_t]) with R the integer dot over the
-    other columns. Targets: winners away from expert 0; a tie straddling the K boundary (the
-    loser has the higher id) and a tie inside the top K (equal_top=False), or K equal winners."""
+    other columns. Targets: winners away from expert 0 (unless K = E); a tie straddling the K
+    boundary (the loser has the higher id) and a tie inside the top K (equal_top=False), or K
+    equal winners."""
     if t > h // 4:
         raise DesignError("router_designed needs a private column a token")
     for attempt in range(40):
@@ -361,14 +368,19 @@ def router_designed(t: int, h: int, e: int, k: int, seed: int, *, equal_top: boo
         rr = rng.choice(np.array([-2.0, -1.0, 1.0, 2.0]), (t, h))
         rr[:, cols] = 0.0
         rr[np.arange(t), cols] = 1.0
-        wr = rng.choice(np.array([-1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]), (e, h))
+        if h <= ROUTER_DENSE_H:
+            wr = rng.choice(np.array([-1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]), (e, h))
+        else:  # sparser, so the private column's integer stays within 256 (bf16-exact)
+            live = rng.random((e, h)) < 0.2 * ROUTER_DENSE_H / h
+            wr = np.where(live, rng.choice(np.array([-1.0, 1.0]), (e, h)), 0.0)
         wr[:, cols] = 0.0
         pes = rng.choice(np.array([1 / 16, 1 / 8, 1 / 4]), e)
         # Targets in quarters: winners a quarter apart, losers a quarter to three below the K-th,
         # so a softmax over all E would move every weight by far more than WTS_RTOL.
         units = np.zeros((t, e))
         for tok in range(t):
-            perm = rng.permutation(np.arange(1, e))
+            # Expert 0 never wins unless every expert does (K = E).
+            perm = rng.permutation(np.arange(1, e)) if k < e else rng.permutation(e)
             winners = perm[:k]
             top = int(rng.integers(8, 17))
             units[tok] = top - (k - 1) - rng.integers(1, 4, e)
@@ -382,12 +394,12 @@ def router_designed(t: int, h: int, e: int, k: int, seed: int, *, equal_top: boo
             if k < e - 1:
                 units[tok, perm[k]] = units[tok, winners[-1]]  # a tie straddling the K boundary
         target = units / 4.0
-        r = (rr[:, None, :] * wr[None, :, :]).sum(-1)  # [T, E], integers
+        r = rr @ wr.T  # [T, E], integers: exact in float64
         col = target / pes[None, :] - r
         if np.any(np.abs(col) > 256) or np.any(col != np.round(col)):
             continue
         wr[:, cols] = col.T
-        logits = (pes[None, :] * ((rr[:, None, :] * wr[None, :, :]).sum(-1))).astype(np.float32)
+        logits = (pes[None, :] * (rr @ wr.T)).astype(np.float32)
         if np.any(logits.astype(np.float64) != target):
             continue
         ids = topk_ties_low(logits, k)
@@ -635,21 +647,28 @@ class FinalCase:
     out: np.ndarray  # expected bf16 [T, H]
 
 
-def final_expected(mid, dense, opair, wts, w_d, w_m, layer_scalar, eps) -> np.ndarray:
-    """Float64 final stage with the rounding margin-checked."""
+def _final64(mid, dense, opair, wts, w_d, w_m, layer_scalar, eps) -> tuple[np.ndarray, np.ndarray]:
+    """The final stage's float64 output before its bf16 rounding, and the spread of its terms."""
     m = np.einsum("tk,tkh->th", wts.astype(np.float64), opair.astype(np.float64))
     d64 = dense.astype(np.float64)
     td = d64 * rms_factor64(d64, eps) * w_d.astype(np.float64)
     tm = m * rms_factor64(m, eps) * w_m.astype(np.float64)
     y = (mid.astype(np.float64) + td + tm) * layer_scalar
-    spread = (np.abs(mid.astype(np.float64)) + np.abs(td) + np.abs(tm)) * abs(layer_scalar)
-    return _stable("out", _bf16_of, y, spread)
+    return y, (np.abs(mid.astype(np.float64)) + np.abs(td) + np.abs(tm)) * abs(layer_scalar)
 
 
-def final_designed(t: int, h: int, k: int, seed: int, *, eps: float = ANCHOR_EPS) -> FinalCase:
+def final_expected(mid, dense, opair, wts, w_d, w_m, layer_scalar, eps) -> np.ndarray:
+    """Float64 final stage with the rounding margin-checked."""
+    return _stable("out", _bf16_of, *_final64(mid, dense, opair, wts, w_d, w_m, layer_scalar, eps))
+
+
+def final_designed(t: int, h: int, k: int, seed: int, *, eps: float = ANCHOR_EPS, repair: bool = False) -> FinalCase:
     """wts = 2^-(K-1-k): the last slot weighs most. Slots 0..K-2 carry w_k * o_k in {+-1/8 ..
     +-1} (multiples of 1/8); the last slot completes m = sum_k w_k o_k to a unit-RMS vector of
-    eighths, so every partial sum is exact and dropping any slot moves m by a whole value."""
+    eighths, so every partial sum is exact and dropping any slot moves m by a whole value.
+    With `repair`, an output whose rounding is too close to call moves its mid by 1/4 (mid is
+    an input of its element alone) instead of the design starting over: at T * H in the tens of
+    thousands some element nearly always is."""
     for attempt in range(40):
         rng = np.random.default_rng(seed * 1000 + attempt)
         wts = np.tile(np.exp2(-(k - 1 - np.arange(k))), (t, 1)).astype(np.float32)
@@ -673,6 +692,12 @@ def final_designed(t: int, h: int, k: int, seed: int, *, eps: float = ANCHOR_EPS
         if np.any(ob.astype(np.float64) != opair):
             continue
         ls = 0.5
+        for _ in range(8 if repair else 0):
+            _, bad = _unstable(_bf16_of, *_final64(to_bf16(mid), to_bf16(dense), ob, wts, w_d, w_m, ls, eps))
+            if not bad.any():
+                break
+            mid = np.where(bad, mid + 0.25, mid)
+            mid = np.where(np.abs(mid + rest) < 0.5, mid + 2.0, mid)
         try:
             out = final_expected(to_bf16(mid), to_bf16(dense), ob, wts, w_d, w_m, ls, eps)
         except DesignError:
@@ -980,6 +1005,135 @@ def nvfp4_rows_in_kernel_order(w, s, gs: float, x, lane_shift: int = 0) -> np.nd
         n = min(4, rows - p0)
         out[p0:p0 + n] = (half[:n, 0] + half[:n, 1]).astype(np.float32)
     return to_bf16(np.float32(gs) * out)
+
+
+# ------------------------------------------------------------------ sparse designed experts (the sweep, the big-index gate)
+#
+# glu_weights_designed at production sizes is seconds of Python a shape; these are its design
+# vectorised, for any ids: every expert row has two live groups (at places that depend on the
+# row and the expert) under one power-of-two scale, zero codes elsewhere, gs = 1; activations
+# are e2m1 codes +-1, +-2, +-4 under power-of-two block scales. Every dot is then a short sum of
+# dyadic products, exact in f32 in any order, so the kernel's bf16 rows are known bit for bit.
+# On the device the zero groups' scales are 1.0 (a zero code times a finite scale adds 0) and
+# every expert no token selects keeps NaN scales (sparse_device_experts).
+
+DYADIC_CODES = np.array([2, 4, 6, 10, 12, 14], np.uint8)  # e2m1 +-1, +-2, +-4
+
+
+@dataclass(frozen=True)
+class SparseExperts:
+    """Designed rows of some experts over K inputs, by expert id: `groups` [rows, 2] the live
+    groups, `codes` uint8 [rows, 2, 16] their e2m1 codes, `scales` uint8 [rows] the e4m3 scale
+    both share (a power of two)."""
+
+    k: int
+    groups: dict
+    codes: dict
+    scales: dict
+
+    def dense(self, e: int) -> tuple[np.ndarray, np.ndarray]:
+        """Expert e's whole tables on the host: (codes [rows, K/2] packed, scales [rows, K/16]),
+        zero codes under scale 1.0 off the live groups."""
+        rows = self.groups[e].shape[0]
+        codes = np.zeros((rows, self.k // GROUP, GROUP), np.uint8)
+        scales = np.full((rows, self.k // GROUP), 0x38, np.uint8)
+        r = np.arange(rows)[:, None]
+        codes[r, self.groups[e]] = self.codes[e]
+        scales[r, self.groups[e]] = self.scales[e][:, None]
+        return pack_codes(codes.reshape(rows, self.k)), scales
+
+    def dots(self, e: int, x: np.ndarray) -> np.ndarray:
+        """float64 [n, rows]: expert e's rows against activations x [n, K] (gs = 1), exact."""
+        xg = np.asarray(x, np.float64).reshape(x.shape[0], self.k // GROUP, GROUP)[:, self.groups[e]]  # [n, rows, 2, 16]
+        vals = decode_e2m1(self.codes[e]).astype(np.float64)
+        return np.einsum("nrgj,rgj->nr", xg, vals) * decode_e4m3(self.scales[e]).astype(np.float64)[None, :]
+
+
+def _live_groups(rows: int, k16: int, e: int, stride: int) -> np.ndarray:
+    g1 = (stride * np.arange(rows) + 3 * e) % k16
+    return np.stack([g1, (g1 + k16 // 2) % k16], axis=1)
+
+
+def _dyadic_activation(rng, lead: tuple, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(packed codes [..., K/2], e4m3 block scales [..., K/16]): codes +-1, +-2, +-4 under 2^-2 .. 2^2."""
+    codes = rng.choice(DYADIC_CODES, (*lead, k))
+    return pack_codes(codes), _pow2_e4m3(rng.integers(-2, 3, (*lead, k // GROUP)))
+
+
+@dataclass(frozen=True)
+class GluSparseCase:
+    ids: np.ndarray  # int32 [T, K]
+    gq: np.ndarray  # uint8 [T, H/2]
+    gsc: np.ndarray  # uint8 [T, H/16]
+    weights: SparseExperts  # 2I rows over H: gate rows then up rows
+    act_g: float
+    act_h: float
+    gu: np.ndarray  # expected bf16 [T, K, 2I]
+    hq: np.ndarray  # expected uint8 [T, K, I/2]
+    hs: np.ndarray  # expected uint8 [T, K, I/16]
+
+
+def glu_sparse_designed(ids, h: int, i: int, seed: int, *, act_g: float = 1.0, act_h: float = 64.0) -> GluSparseCase:
+    """glu_weights_designed's design, vectorised, on any ids [T, K]: gate rows scaled so every
+    token that selects the expert sees g = 0 or |g| >= 10 (a quarter of them all zero), up rows
+    under a random power of two; act_g = 1 keeps every nonzero dot at least 1/8, so a scale of
+    at most 2^7 lifts it past 10, and act_h = 64 keeps a = g * u inside e4m3's range."""
+    ids = np.asarray(ids, np.int32)
+    t, k = ids.shape
+    rng = np.random.default_rng([seed, h, i, t, k, 6])
+    gq, gsc = _dyadic_activation(rng, (t,), h)
+    x = unpack_fp4(gq, h).astype(np.float64) * np.repeat(decode_e4m3(gsc).astype(np.float64), GROUP, -1) * act_g
+    w = SparseExperts(h, {}, {}, {})
+    gu = np.zeros((t, k, 2 * i), np.float64)
+    for e in sorted({int(v) for v in ids.ravel()}):
+        w.groups[e] = _live_groups(2 * i, h // GROUP, e, 7)
+        codes = rng.integers(0, 16, (2 * i, 2, GROUP), dtype=np.uint8)
+        codes[:i][rng.random(i) < 0.25] = 0  # gate rows that give g = 0
+        w.codes[e] = codes
+        w.scales[e] = np.full(2 * i, 0x38, np.uint8)
+        users = np.flatnonzero(np.any(ids == e, axis=1))
+        sums = w.dots(e, x[users])  # [users, 2I] under scale 1
+        live = np.where(sums[:, :i] != 0, np.abs(sums[:, :i]), np.inf).min(axis=0)
+        m = np.where(np.isfinite(live), np.ceil(np.log2(10.0 / np.where(np.isfinite(live), live, 1.0))), 0)
+        w.scales[e] = _pow2_e4m3(np.concatenate([np.clip(m, -6, 8), rng.integers(-2, 3, i)]).astype(np.int64))
+        for tok, kk in zip(*np.nonzero(ids == e)):
+            gu[tok, kk] = w.dots(e, x[tok:tok + 1])[0]
+    gu = to_bf16(gu.astype(np.float32))
+    g, u = gu[..., :i].astype(np.float32), gu[..., i:].astype(np.float32)
+    bad = (g != 0) & (np.abs(g) < GELU_SATURATED)
+    if np.any(bad):
+        raise DesignError(f"glu_sparse_designed: {int(bad.sum())} gate values between 0 and {GELU_SATURATED}")
+    hq, hs = nvfp4_quantize(glu_saturated(g, u), act_h)
+    return GluSparseCase(ids=ids, gq=gq, gsc=gsc, weights=w, act_g=act_g, act_h=act_h, gu=gu, hq=hq, hs=hs)
+
+
+@dataclass(frozen=True)
+class DownSparseCase:
+    ids: np.ndarray  # int32 [T, K]
+    hq: np.ndarray  # uint8 [T, K, I/2]
+    hs: np.ndarray  # uint8 [T, K, I/16]
+    weights: SparseExperts  # H rows over I
+    act_h: float
+    opair: np.ndarray  # expected bf16 [T, K, H]
+
+
+def down_sparse_designed(ids, h: int, i: int, seed: int, *, act_h: float = ACT_H) -> DownSparseCase:
+    """Each slot's activation dyadic (codes +-1, +-2, +-4 under 2^-2 .. 2^2, act_h a power of
+    two), each down row two live groups under 2^-3 .. 2^3: opair = bf16 of an exact dot."""
+    ids = np.asarray(ids, np.int32)
+    t, k = ids.shape
+    rng = np.random.default_rng([seed, h, i, t, k, 7])
+    hq, hs = _dyadic_activation(rng, (t, k), i)
+    x = unpack_fp4(hq, i).astype(np.float64) * np.repeat(decode_e4m3(hs).astype(np.float64), GROUP, -1) * act_h
+    w = SparseExperts(i, {}, {}, {})
+    opair = np.zeros((t, k, h), np.float64)
+    for e in sorted({int(v) for v in ids.ravel()}):
+        w.groups[e] = _live_groups(h, i // GROUP, e, 5)
+        w.codes[e] = rng.integers(0, 16, (h, 2, GROUP), dtype=np.uint8)
+        w.scales[e] = _pow2_e4m3(rng.integers(-3, 4, h))
+        for tok, kk in zip(*np.nonzero(ids == e)):
+            opair[tok, kk] = w.dots(e, x[tok, kk][None, :])[0]
+    return DownSparseCase(ids=ids, hq=hq, hs=hs, weights=w, act_h=act_h, opair=to_bf16(opair.astype(np.float32)))
 
 
 # ------------------------------------------------------------------ f32 evaluation orders (host emulation)

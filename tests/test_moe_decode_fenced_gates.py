@@ -99,16 +99,20 @@ import math  # noqa: E402
 import numpy as np  # noqa: E402
 
 from gates import test_moe_invariance as inv  # noqa: E402
+from gates import test_moe_sweep as sw  # noqa: E402
+from harness.library.sweep import Dim, ShapeFailed, ShapeSpace, sweep  # noqa: E402
 from harness.library.dtypes import bf16, to_bf16  # noqa: E402
 from harness.library.invariance import NotBatchInvariant  # noqa: E402
 
 
 class EmulatedMoe:
     """The launchers of kernels_cu.moe_decode over host arrays. `final_order(T)` names the
-    order of final's dense norm for a batch of T tokens ("kernel" by default)."""
+    order of final's dense norm for a batch of T tokens ("kernel" by default); with
+    `router_elements` the router's dot stops there (a chunk loop bound cut short)."""
 
-    def __init__(self, final_order=lambda t: "kernel"):
+    def __init__(self, final_order=lambda t: "kernel", router_elements=None):
         self.final_order = final_order
+        self.router_elements = router_elements
 
     @staticmethod
     def _rms(v, order="kernel", eps=1e-6):
@@ -128,7 +132,10 @@ class EmulatedMoe:
 
     def run_router(self, logits, ids, wts, ticket, rr, wr, pes, *, k):
         g.moe.check_router(logits, ids, wts, ticket, rr, wr, pes, k)
-        lg = od.RouterOrderCase(np.asarray(rr), np.asarray(wr), np.asarray(pes)).logits()
+        rr = np.array(rr)
+        if self.router_elements is not None:
+            rr[:, self.router_elements:] = 0
+        lg = od.RouterOrderCase(rr, np.asarray(wr), np.asarray(pes)).logits()
         logits[...] = lg
         top = od.topk_ties_low(lg, k)
         sel = np.take_along_axis(lg, top, axis=1)
@@ -201,3 +208,28 @@ def test_the_invariance_gate_fails_a_final_dense_norm_summed_otherwise_past_four
     emulated_moe.final_order = lambda t: "warps reversed" if t > 4 else "kernel"
     with pytest.raises(NotBatchInvariant, match=r"batch invariance of moe decode final out: row 0 at position"):
         inv.test_a_tokens_outputs_do_not_depend_on_its_batch_its_place_or_the_layout(SMALL)
+
+
+# ------------------------------------------------------------------ the sweep's check on the emulated device
+
+# Small shapes at the space's edges: E = K, K = 1, E past 128 with winners there, H and I a
+# whole 64-lane sweep (1024) and a tail past it, H past the seed's 2816.
+SWEEP_SHAPES = [dict(T=1, K=1, E=1, H=64, I=64), dict(T=3, K=3, E=3, H=192, I=128),
+                dict(T=2, K=8, E=200, H=1024, I=64), dict(T=8, K=2, E=9, H=64, I=1088),
+                dict(T=2, K=4, E=33, H=2880, I=64)]
+
+
+@pytest.mark.parametrize("shape", SWEEP_SHAPES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_the_sweep_check_passes_an_emulated_device(emulated_moe, shape):
+    assert sw.MOE_SHAPES.problem(shape) is None
+    sw.moe_shape_check(shape)
+
+
+def test_the_sweep_shrinks_a_router_cut_at_the_seeds_hidden_size_to_h_2880(emulated_moe):
+    # What the control moe_router_chunk_loop_stops_at_the_seeds_hidden puts into the .cu, on a
+    # small space of the same check (the real one's presets are too large to emulate).
+    emulated_moe.router_elements = 2816
+    space = ShapeSpace("moe_small", (Dim("T", 1, 2), Dim("K", 1, 2), Dim("E", 1, 16), Dim("H", 64, 3072, 64, 1024),
+                                     Dim("I", 64, 128, 64)), where=sw.MOE_SHAPES.where[:1])
+    with pytest.raises(ShapeFailed, match=r"smallest failing shape is T=1, K=1, E=1, H=2880, I=64 .*router logits"):
+        sweep(space, sw.moe_shape_check, budget=0, nodeid="gates/test_moe_sweep.py::x")
