@@ -335,7 +335,7 @@ class RouterCase:
 
 
 WTS_RTOL = 2.0**-19  # softmax: expf within 2 ulp each, the sum and one IEEE division: < 2^-20
-ROUTER_DENSE_H = 2048  # router_designed: Wr a fifth nonzero up to this H, a fifth of 2048 / H past it
+ROUTER_DENSE_H = 4096  # router_designed: Wr a fifth nonzero up to this H, 4096 / (5 H) past it (the integer dot within 256)
 
 
 def topk_ties_low(logits: np.ndarray, k: int) -> np.ndarray:

@@ -633,3 +633,36 @@ def test_the_pool_has_its_twin_its_zero_token_and_shared_experts(shape_id):
     assert all(len(set(row.tolist())) == s.k for row in ids) and ids.max() < s.e
     # every checked token's outputs are not the zero token's: a vacuous row would compare nothing
     assert all(np.count_nonzero(bits_of(pool.post.o[t])) > s.h // 2 for t in CHECKED)
+
+
+# ------------------------------------------------------------------ the big-index gate's layout and the sparse designs
+
+from gates import test_moe_big_index as big  # noqa: E402
+
+
+def test_the_far_expert_lies_past_2_32_bytes_and_its_wrapped_offset_on_a_decoy_of_its_own():
+    lay = big.far_end_layout()
+    assert big.layout_problems(lay) == []
+    assert lay.glu_codes >= 1 << 32 and lay.down_codes >= 1 << 31
+    assert lay.decoy == lay.glu_codes - (1 << 32)
+    # an expert nearer the start would not wrap: the gate's own check refuses such a layout
+    assert any("not in [2^32" in p for p in big.layout_problems(big.far_end_layout(far=100)))
+
+
+@pytest.mark.parametrize("t, k, e, h, i", [(1, 1, 1, 64, 64), (3, 3, 13, 192, 128), (2, 8, 40, 1024, 1088)])
+def test_the_sparse_designs_are_the_kernel_order_rows_of_their_whole_tables(t, k, e, h, i):
+    # The sparse designs' expected rows are the kernel-order emulation of the tables they write
+    # (exact dyadic dots: any order), and gate rows are 0 or past the tanh saturation bound.
+    ids = od.router_designed(t, h, e, k, seed=e).ids
+    glu, down = od.glu_sparse_designed(ids, h, i, seed=1), od.down_sparse_designed(ids, h, i, seed=1)
+    for tok in range(t):
+        x = od.nvfp4_dequantize(glu.gq[tok], glu.gsc[tok], glu.act_g)
+        for kk in range(k):
+            ex = int(ids[tok, kk])
+            w, s = glu.weights.dense(ex)
+            assert np.array_equal(bits_of(od.nvfp4_rows(w, s, 1.0, x)), bits_of(glu.gu[tok, kk]))
+            w, s = down.weights.dense(ex)
+            xd = od.nvfp4_dequantize(down.hq[tok, kk], down.hs[tok, kk], down.act_h)
+            assert np.array_equal(bits_of(od.nvfp4_rows(w, s, 1.0, xd)), bits_of(down.opair[tok, kk]))
+    g = glu.gu[..., :i].astype(np.float32)
+    assert np.all((g == 0) | (np.abs(g) >= od.GELU_SATURATED)) and np.count_nonzero(g) > g.size // 2
