@@ -268,7 +268,8 @@ def device_experts(shape: Shape, weights: od.ExpertWeights, table: np.ndarray) -
     return moe.Experts(wgu=wgu, sgu=sgu, gs_gu=gs_gu, wdn=wdn, sdn=sdn, gs_dn=gs_dn, table=put(table.astype(np.int32)))
 
 
-def sparse_device_experts(shape: Shape, glu: od.SparseExperts, down: od.SparseExperts, table: np.ndarray) -> moe.Experts:
+def sparse_device_experts(shape: Shape, glu: od.SparseExperts, down: od.SparseExperts,
+                          table: np.ndarray) -> moe.Experts:
     """Tables of E storage slots for designed sparse experts (oracles.moe_decode.SparseExperts):
     a selected expert's slot holds zero codes under scale 1.0 but on its live groups, written
     there alone (a few bytes a row: the host never builds a whole table), and every other slot

@@ -79,7 +79,8 @@ def layout_problems(lay: FarEndLayout) -> list[str]:
             (sa, na), (sb, nb) = spans[names[a]], spans[names[b]]
             if sa < sb + nb and sb < sa + na:
                 out.append(f"{names[a]} and {names[b]} overlap")
-    if lay.glu_scales < lay.down_scales + lay.down_row_bytes // 8 and lay.down_scales < lay.glu_scales + lay.glu_row_bytes // 8:
+    glu_scales, down_scales = lay.glu_row_bytes // 8, lay.down_row_bytes // 8  # one scale a group of 16 codes (8 bytes)
+    if lay.glu_scales < lay.down_scales + down_scales and lay.down_scales < lay.glu_scales + glu_scales:
         out.append("the far expert's gate/up and down scales overlap")
     return out
 

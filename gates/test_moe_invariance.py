@@ -176,7 +176,8 @@ def _assert_the_pool_collides(case: Case, full: dict) -> None:
     ids = full["router ids"]
     pos = {tok: i for i, tok in enumerate(tokens)}
     assert np.array_equal(ids[pos[TWIN]], ids[pos[0]]), f"the twin picked {ids[pos[TWIN]]}, token 0 {ids[pos[0]]}"
-    assert np.array_equal(ids[pos[ZERO]], np.arange(s.k)), f"the zero token picked {ids[pos[ZERO]]}, not 0..K-1 (all ties)"
+    assert np.array_equal(ids[pos[ZERO]], np.arange(s.k)), \
+        f"the zero token picked {ids[pos[ZERO]]}, not 0..K-1 (all ties)"
     for label, picks in (("the router's picks", ids), ("the expert stages' ids", case.pool.experts.ids[list(tokens)])):
         distinct = [set(picks[pos[tok]].tolist()) for tok in tokens if tok not in (TWIN, ZERO)]
         shared = any(a & b for i, a in enumerate(distinct) for b in distinct[i + 1:])

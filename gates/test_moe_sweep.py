@@ -46,7 +46,8 @@ MOE_SHAPES = ShapeSpace(
          lambda s: s["T"] * s["K"] * (2 * s["I"] + s["H"]) <= ORACLE_ROWS),
     ),
     presets=(
-        Preset("the contract's seed", {"T": 2, "K": 8, "E": 128, "H": 2816, "I": 704}, "seeds/000: E 128, H 2816, I 704, K 8, T 2"),
+        Preset("the contract's seed", {"T": 2, "K": 8, "E": 128, "H": 2816, "I": 704},
+               "seeds/000 (contracts/moe_decode.md): E 128, H 2816, I 704, K 8, T 2"),
         Preset("DeepSeek-V3 decode: router and norms", {"T": 4, "K": 8, "E": 256, "H": 7168, "I": 128},
                "DeepSeek-V3 config.json: hidden_size 7168, n_routed_experts 256, num_experts_per_tok 8; "
                "moe_intermediate_size 2048 scaled to 128 (E * H * I within 2^28)"),

@@ -335,7 +335,7 @@ class RouterCase:
 
 
 WTS_RTOL = 2.0**-19  # softmax: expf within 2 ulp each, the sum and one IEEE division: < 2^-20
-ROUTER_DENSE_H = 4096  # router_designed: Wr a fifth nonzero up to this H, 4096 / (5 H) past it (the integer dot within 256)
+ROUTER_DENSE_H = 4096  # router_designed: Wr a fifth nonzero up to this H, 4096 / (5 H) past it (dots within 256)
 
 
 def topk_ties_low(logits: np.ndarray, k: int) -> np.ndarray:
@@ -1007,7 +1007,7 @@ def nvfp4_rows_in_kernel_order(w, s, gs: float, x, lane_shift: int = 0) -> np.nd
     return to_bf16(np.float32(gs) * out)
 
 
-# ------------------------------------------------------------------ sparse designed experts (the sweep, the big-index gate)
+# ------------------------------------------------------------------ sparse designed experts (sweep, big index)
 #
 # glu_weights_designed at production sizes is seconds of Python a shape; these are its design
 # vectorised, for any ids: every expert row has two live groups (at places that depend on the
@@ -1044,7 +1044,8 @@ class SparseExperts:
 
     def dots(self, e: int, x: np.ndarray) -> np.ndarray:
         """float64 [n, rows]: expert e's rows against activations x [n, K] (gs = 1), exact."""
-        xg = np.asarray(x, np.float64).reshape(x.shape[0], self.k // GROUP, GROUP)[:, self.groups[e]]  # [n, rows, 2, 16]
+        x = np.asarray(x, np.float64).reshape(x.shape[0], self.k // GROUP, GROUP)
+        xg = x[:, self.groups[e]]  # [n, rows, 2, 16]
         vals = decode_e2m1(self.codes[e]).astype(np.float64)
         return np.einsum("nrgj,rgj->nr", xg, vals) * decode_e4m3(self.scales[e]).astype(np.float64)[None, :]
 
@@ -1489,7 +1490,8 @@ class PostAttnOrderCase:
             return np.count_nonzero(bits_of(self.mid(self.inv("o"))) != bits_of(self.mid(self.inv("o", order))), axis=1)
         mid = self.mid(self.inv("o"))
         (fs_a, rr_a), (fs_b, rr_b) = (self.n_outputs(mid, self.inv("mid", o)) for o in ("kernel", order))
-        return (bits_of(fs_a) != bits_of(fs_b)).astype(np.int64) + np.count_nonzero(bits_of(rr_a) != bits_of(rr_b), axis=1)
+        rr_moved = np.count_nonzero(bits_of(rr_a) != bits_of(rr_b), axis=1)
+        return (bits_of(fs_a) != bits_of(fs_b)).astype(np.int64) + rr_moved
 
     def moves_under_every_order(self) -> np.ndarray:
         h = self.x.shape[-1]
@@ -1612,7 +1614,8 @@ def paired_nvfp4_designed(n: int, k: int, tables: int, rows: int, act: float, se
     own = np.array(pairs)[np.arange(rows) % PAIRS]  # rows alternate between the pairs
     for p in pairs:
         mine = (own == p)[None, :, None]
-        live = rng.integers(1, 8, (tables, rows, GROUP), dtype=np.uint8) | (8 * rng.integers(0, 2, (tables, rows, GROUP), dtype=np.uint8))
+        sign = 8 * rng.integers(0, 2, (tables, rows, GROUP), dtype=np.uint8)
+        live = rng.integers(1, 8, (tables, rows, GROUP), dtype=np.uint8) | sign
         wc[:, :, 2 * p] = np.where(mine, live, 0)
         wc[:, :, 2 * p + 1] = np.where(mine, live ^ 0x8, 0)
         sw[:, :, 2 * p] = np.where(mine[..., 0], BIG_SCALE, sw[:, :, 2 * p])
