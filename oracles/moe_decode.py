@@ -1625,12 +1625,14 @@ def paired_nvfp4_designed(n: int, k: int, tables: int, rows: int, act: float, se
 
 
 MOVED_ROWS = 64  # the rows of each slot the designs and their tests count moved values over
+GLU_ORDER_GS = 256.0  # glu's global scale: g and u of order 1 (the cancelled rows are about 2^-7), so a = gelu(g) * u
+# quantizes to live codes and scales under act_h (a power of two: the bits of g and u only move up)
 
 
 @dataclass(frozen=True)
 class ExpertsOrderCase:
     """glu's and down's pool: ids [POOL, K] (collisions by design), glu's activation a token,
-    down's a slot, every expert's tables (gs = 1) and the models of their rows."""
+    down's a slot, every expert's tables (gs GLU_ORDER_GS and 1) and the models of their rows."""
 
     ids: np.ndarray  # int32 [POOL, K]
     gq: np.ndarray  # uint8 [POOL, H/2]
@@ -1683,7 +1685,7 @@ def experts_order_designed(h: int, i: int, e: int, k: int, seed: int) -> Experts
     down = paired_nvfp4_designed(ORDER_LIVE * k, i, e, h, ACT_H, seed + 1)
     w = ExpertWeights({}, {}, {}, {}, {}, {})
     for ex in range(e):
-        w.wgu[ex], w.sgu[ex], w.gs_gu[ex] = glu.w[ex], glu.sw[ex], np.float32(1.0)
+        w.wgu[ex], w.sgu[ex], w.gs_gu[ex] = glu.w[ex], glu.sw[ex], np.float32(GLU_ORDER_GS)
         w.wdn[ex], w.sdn[ex], w.gs_dn[ex] = down.w[ex], down.sw[ex], np.float32(1.0)
     case = ExpertsOrderCase(ids=ids, gq=_pool_rows(glu.q), gsc=_pool_rows(glu.s),
                             hq=_pool_rows(down.q.reshape(ORDER_LIVE, k, -1)),
