@@ -17,6 +17,7 @@ import pytest
 
 from gates import _moe_decode as g
 from harness import assert_bits_eq, assert_close
+from harness.library.buffers import device_memory
 from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
 from kernels_cu import moe_decode as moe
 from oracles import moe_decode as od
@@ -96,16 +97,21 @@ def moe_shape_check(shape) -> None:
 
     glu = od.glu_sparse_designed(router.ids, h, i, seed=seed)
     down = od.down_sparse_designed(router.ids, h, i, seed=seed)
-    experts = g.sparse_device_experts(s, glu.weights, down.weights, np.arange(e, dtype=np.int32))
     ids = _slots(router.ids, s.kcap, g.ID_SENTINEL)
-    hq, hs, gu = g.run_glu(ids, glu.gq, glu.gsc, experts, act_g=glu.act_g, act_h=glu.act_h, k=k, i=i)
-    assert_bits_eq("glu g/u", g.host(gu)[:, :k], glu.gu)
-    assert_bits_eq("glu hs", g.host(hs)[:, :k], glu.hs)
-    assert_bits_eq("glu hq", g.host(hq)[:, :k], glu.hq)
-    opair = g.run_down(ids, _slots(down.hq, s.kcap, g.BYTE_SENTINEL), _slots(down.hs, s.kcap, g.BYTE_SENTINEL),
-                       experts, act_h=down.act_h, k=k, h=h)
-    assert_bits_eq("down opair", g.host(opair)[:, :k], down.opair)
-    g.assert_slots_past_k_untouched("down opair", opair, k)
+    # Tables of every size up to 430 MB, one size a shape: their blocks go back to the driver
+    # after each shape (device_memory), not into a pool that would keep one of each.
+    with device_memory(e * h * i * 27 // 16 + (1 << 20), f"the expert tables of E {e}, H {h}, I {i}"):
+        experts = g.sparse_device_experts(s, glu.weights, down.weights, np.arange(e, dtype=np.int32))
+        hq, hs, gu = g.run_glu(ids, glu.gq, glu.gsc, experts, act_g=glu.act_g, act_h=glu.act_h, k=k, i=i)
+        opair = g.run_down(ids, _slots(down.hq, s.kcap, g.BYTE_SENTINEL), _slots(down.hs, s.kcap, g.BYTE_SENTINEL),
+                           experts, act_h=down.act_h, k=k, h=h)
+        got = {name: g.host(a) for name, a in (("gu", gu), ("hq", hq), ("hs", hs), ("opair", opair))}
+        del experts, hq, hs, gu, opair
+    assert_bits_eq("glu g/u", got["gu"][:, :k], glu.gu)
+    assert_bits_eq("glu hs", got["hs"][:, :k], glu.hs)
+    assert_bits_eq("glu hq", got["hq"][:, :k], glu.hq)
+    assert_bits_eq("down opair", got["opair"][:, :k], down.opair)
+    g.assert_slots_past_k_untouched("down opair", got["opair"], k)
 
     final = od.final_designed(t, h, k, seed=seed, repair=True)
     op = _slots(final.opair, s.kcap, np.nan)
