@@ -268,6 +268,35 @@ def device_experts(shape: Shape, weights: od.ExpertWeights, table: np.ndarray) -
     return moe.Experts(wgu=wgu, sgu=sgu, gs_gu=gs_gu, wdn=wdn, sdn=sdn, gs_dn=gs_dn, table=put(table.astype(np.int32)))
 
 
+def sparse_device_experts(shape: Shape, glu: od.SparseExperts, down: od.SparseExperts,
+                          table: np.ndarray) -> moe.Experts:
+    """Tables of E storage slots for designed sparse experts (oracles.moe_decode.SparseExperts):
+    a selected expert's slot holds zero codes under scale 1.0 but on its live groups, written
+    there alone (a few bytes a row: the host never builds a whole table), and every other slot
+    NaN block and global scales, so an expert read by mistake poisons its output."""
+    import cupy
+
+    e, h, i = shape.e, shape.h, shape.i
+    wgu = cupy.zeros((e, 2 * i, h // 2), np.uint8)
+    sgu = cupy.full((e, 2 * i, h // od.GROUP), NAN_E4M3, np.uint8)
+    wdn = cupy.zeros((e, h, i // 2), np.uint8)
+    sdn = cupy.full((e, h, i // od.GROUP), NAN_E4M3, np.uint8)
+    gs_gu = cupy.full((e,), np.nan, np.float32)
+    gs_dn = cupy.full((e,), np.nan, np.float32)
+    for eid in glu.groups:
+        st = int(table[eid])
+        for w, sc, design in ((wgu, sgu, glu), (wdn, sdn, down)):
+            sc[st] = 0x38
+            groups, rows = design.groups[eid], np.arange(design.groups[eid].shape[0])
+            cols = groups[:, :, None] * (od.GROUP // 2) + np.arange(od.GROUP // 2)  # [rows, 2, 8] byte columns
+            w[st][put(np.broadcast_to(rows[:, None, None], cols.shape).ravel()), put(cols.ravel())] = \
+                put(od.pack_codes(design.codes[eid]).ravel())
+            sc[st][put(np.repeat(rows, 2)), put(groups.ravel())] = put(np.repeat(design.scales[eid], 2))
+        gs_gu[st] = 1.0
+        gs_dn[st] = 1.0
+    return moe.Experts(wgu=wgu, sgu=sgu, gs_gu=gs_gu, wdn=wdn, sdn=sdn, gs_dn=gs_dn, table=put(table.astype(np.int32)))
+
+
 def zero_experts(shape: Shape, *, spare: bool = False) -> moe.Experts:
     """The seed's tables: every code zero, every block scale 1.0 (0x38), every global scale 1.
     With `spare`, every table is a view of an allocation one expert longer (the table one entry

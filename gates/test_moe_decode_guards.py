@@ -125,6 +125,8 @@ REFUSALS = [
     Refusal("router_wr_misaligned", "not 16-byte aligned", lambda: router(wr=_misaligned((E, H), bf16))),
     Refusal("glu_wgu_misaligned", "not 8-byte aligned", lambda: glu(ex=experts(wgu=_misaligned((E, 2 * I, H // 2), np.uint8)))),
     Refusal("post_attn_h_too_large", "needs 65536 bytes of shared memory", lambda: post_attn(t=1, h=16384)),
+    Refusal("down_i_too_large", "I needs 49280 bytes of shared memory, more than 49152: split the expert width",
+            lambda: down(t=1, e=1, k=1, kcap=1, h=64, i=24640)),
     Refusal("post_attn_eps_zero", "eps=0.0 must be a finite positive float", lambda: post_attn(eps=0.0)),
 ]
 

@@ -1,5 +1,6 @@
-"""NVFP4 MoE decode: batch invariance and run-to-run determinism of the whole chain
-(post_attn -> router -> glu -> down -> final), every intermediate read back.
+"""NVFP4 MoE decode: batch invariance and run-to-run determinism of every stage (post_attn,
+router, glu, down, final), every output read back, on inputs designed to show any other order
+of the stages' reductions.
 
 A row is a token. The only batch parameter the launcher takes is T, the tokens of a launch
 (1 to MOE_MAX_T = 8); from it come the post_attn and final grids (T blocks), the router's
@@ -10,14 +11,24 @@ the launcher accepts (1 to 8), which crosses any threshold a launcher could deri
 at the first, middle and last place of each batch, under both launch layouts the family
 has (LAYOUTS): a token's bits must be its bits alone.
 
-The pool of tokens (`_pool`) holds random tokens, one token twice (the pair picks the same K
-experts, so each of those experts gets two tokens of the batch) and a zero token (rr = 0:
-every logit is +0 and the top K is all ties, ids 0..K-1). Distinct tokens of a batch share
-experts by pigeonhole from 5 tokens at E 13, K 3 and from 3 at E 16, K 8 (the gate checks it
-on its batch of 8): an expert's slots then come from several tokens, at slot places that
-move with the batch.
+Random tokens would hide a batch-dependent order: a norm's sum of squares reassociated moves
+rsqrt by an ulp, which a bf16, e4m3 or e2m1 output rounds away nearly always. So each stage is
+launched on its own designed inputs (oracles.moe_decode, "order-sensitive designs"), not on
+the stage before's outputs: ladders of squares whose f32 sum moves by ulps under any other
+grouping, outputs whose other addend cancels the normalised term so that an ulp of the
+factor moves their bf16 bits, router inputs over twenty binades, and NVFP4 rows that cancel
+on a pair of groups so that the bf16 output is made of the roundings. tests/test_moe_decode_
+oracles.py shows on the host that every order that regroups at these shapes moves outputs of
+the checked tokens.
 
-The determinism gate repeats the chain at decode's largest batch (T 8, K 8: 64 slots, a
+The pool: live tokens 0..6, token 7 = token 0 (its twin: the same experts, so each of those
+experts gets two tokens of the batch) and token 8 zero everywhere (rr = 0: every logit is +0
+and the top K is all ties, ids 0..K-1). The expert stages' ids are designed (token 3 shares an
+expert with token 0); the router's own picks share experts by pigeonhole from 5 tokens at E 13,
+K 3 and from 3 at E 16, K 8 (checked on the batch of 8): an expert's slots then come from
+several tokens, at slot places that move with the batch.
+
+The determinism gate repeats every stage at decode's largest batch (T 8, K 8: 64 slots, a
 token's 8 expert rows of `opair` computed by 8 different blocks of moe_down, 11,264 blocks in
 all) with the seed's H and I, on fresh zeroed buffers each repeat (an engine's zeroed
 buffers: a kernel that accumulates into its output then shows the order of its additions,
@@ -36,6 +47,7 @@ import numpy as np
 import pytest
 
 from gates import _moe_decode as g
+from harness.library.caching import host_cache
 from harness.library.invariance import assert_batch_invariant, assert_deterministic
 from kernels_cu import moe_decode as moe
 from oracles import moe_decode as od
@@ -57,16 +69,14 @@ LAYOUTS = {
     "kcap K, no g/u rows (production), permuted table": Layout(spare_slots=0, gu_rows=False, permuted_table=True),
 }
 
-# Every intermediate a token owns, in pipeline order: the first one whose bits differ names
-# the stage that made the difference. Slot buffers are read at slots 0..K-1 (kcap differs
-# between the layouts); fs is one value a token.
+# Every output a token owns, in pipeline order: the first one whose bits differ names the
+# stage that made the difference. Slot buffers are read at slots 0..K-1 (kcap differs between
+# the layouts); fs is one value a token.
 OUTPUTS = ("post_attn mid", "post_attn rr", "post_attn fq", "post_attn fs", "post_attn gq", "post_attn gsc",
            "router logits", "router ids", "router wts", "glu g/u", "glu hq", "glu hs", "down opair", "final out")
 
-# The pool: tokens 0..6 random, token 7 = token 0 (its twin), token 8 = the zero token.
-POOL_TOKENS = 9
-TWIN, ZERO = 7, 8
-ROWS = (0, TWIN, ZERO, 3)  # checked: a random token, its twin, the zero token, another random token
+TWIN, ZERO = od.ORDER_TWIN, od.ORDER_ZERO
+ROWS = (0, TWIN, ZERO, 3)  # checked: a live token, its twin, the zero token, another live token
 FILLERS = (1, 2, 4, 5, 6)  # computed around them, not checked
 BATCH_SIZES = tuple(range(1, moe.MAX_T + 1))
 POSITIONS = (0, "middle", -1)
@@ -74,62 +84,74 @@ POSITIONS = (0, "middle", -1)
 SHAPES = {
     # The contract's small shape (E not a multiple of the router's 8 experts a block, H three
     # 64-lane sweeps, K odd): 3 experts a token among 13.
-    "small-E13-H192-I128-K3": g.Shape(t=POOL_TOKENS, h=192, i=128, e=13, k=3),
+    "small-E13-H192-I128-K3": g.Shape(t=od.ORDER_POOL, h=192, i=128, e=13, k=3),
     # The seed's H and I with decode's largest K (8 of 16 experts: every expert serves several
-    # tokens of a batch); H 2816 is 11 of the router's 16-byte chunks a lane and 2 full 64-lane
-    # sweeps plus a tail in glu. All 16 experts are filled (48 MB).
-    "seed-H2816-I704-E16-K8": g.Shape(t=POOL_TOKENS, h=2816, i=704, e=16, k=8),
+    # tokens of a batch); H 2816 is 11 of the router's 16-byte chunks a lane, 11 passes of a
+    # norm's 256 threads, and 2 full 64-lane sweeps plus a tail in glu. All 16 experts are
+    # filled (48 MB).
+    "seed-H2816-I704-E16-K8": g.Shape(t=od.ORDER_POOL, h=2816, i=704, e=16, k=8),
 }
 DETERMINISM_SHAPE = "seed-H2816-I704-E16-K8"
-DETERMINISM_TOKENS = tuple(range(moe.MAX_T))  # T 8: the seven random tokens and the twin
+DETERMINISM_TOKENS = tuple(range(moe.MAX_T))  # T 8: the seven live tokens and the twin
 REPEATS = 30
 L2_EVICT_BYTES = 128 << 20
+
+
+@host_cache(disk=True)
+def order_pool(shape_id: str) -> od.OrderPool:
+    """The designed pool of a shape (host only; seconds to build at the seed's size, so kept on disk)."""
+    s = SHAPES[shape_id]
+    return od.order_pool(s.h, s.i, s.e, s.k, seed=s.h + s.e)
 
 
 @dataclass
 class Case:
     shape: g.Shape
-    inputs: od.LayerInputs  # the pool, one row a token
+    pool: od.OrderPool
     experts: dict  # permuted_table -> moe.Experts
-    weights: dict  # the shared weights on the device, by LayerInputs field
+    weights: dict  # the shared weights on the device, by name
     ticket: object  # one ticket counter for every launch of the case, as an engine keeps one
-
-
-def _pool(s: g.Shape) -> od.LayerInputs:
-    inp = od.random_layer(s.t, s.h, s.e, seed=s.h + s.e)
-    x, o, dense = inp.x.copy(), inp.o.copy(), inp.dense.copy()
-    x[TWIN], o[TWIN], dense[TWIN] = x[0], o[0], dense[0]
-    x[ZERO], o[ZERO] = 0, 0
-    return od.LayerInputs(**{**vars(inp), "x": x, "o": o, "dense": dense})
 
 
 @functools.lru_cache(maxsize=None)
 def _case(shape_id: str) -> Case:
     s = SHAPES[shape_id]
-    inp = _pool(s)
-    weights = od.random_experts(np.arange(s.e), s.h, s.i, seed=s.e + s.h)
-    experts = {False: g.device_experts(s, weights, np.arange(s.e, dtype=np.int32)),
-               True: g.device_experts(s, weights, od.permuted_table(s.e, seed=s.e))}
-    shared = {name: g.put(getattr(inp, name)) for name in ("w_pa", "w_router", "wr", "pes", "w_d", "w_m")}
-    return Case(shape=s, inputs=inp, experts=experts, weights=shared, ticket=g.zero_ticket())
+    pool = order_pool(shape_id)
+    w = pool.experts.weights
+    experts = {False: g.device_experts(s, w, np.arange(s.e, dtype=np.int32)),
+               True: g.device_experts(s, w, od.permuted_table(s.e, seed=s.e))}
+    shared = {"w_pa": pool.post.w_pa, "w_router": pool.post.w_router, "wr": pool.router.wr, "pes": pool.router.pes,
+              "w_d": pool.final.w_d, "w_m": pool.final.w_m}
+    return Case(shape=s, pool=pool, experts=experts, weights={n: g.put(v) for n, v in shared.items()},
+                ticket=g.zero_ticket())
+
+
+def _slots(a: np.ndarray, kcap: int, fill) -> np.ndarray:
+    """[n, K, ...] -> [n, kcap, ...], the slots past K holding `fill` (never read)."""
+    out = np.full((a.shape[0], kcap, *a.shape[2:]), fill, dtype=a.dtype)
+    out[:, :a.shape[1]] = a
+    return out
 
 
 def _layer(case: Case, tokens, layout: Layout, *, zeroed: bool = False) -> dict:
-    """The chain on the pool's `tokens` as one batch (T = len(tokens)) under `layout`: every
-    output a token owns, on the host, first axis the batch."""
-    s, inp, w = case.shape, case.inputs, case.weights
+    """Every stage on the pool's `tokens` as one batch (T = len(tokens)) under `layout`, each on
+    its designed inputs: every output a token owns, on the host, first axis the batch."""
+    s, p, w = case.shape, case.pool, case.weights
     rows = np.asarray(tokens, dtype=np.int64)
+    k, kcap = s.k, s.k + layout.spare_slots
     experts = case.experts[layout.permuted_table]
-    post = g.run_post_attn(inp.x[rows], inp.o[rows], w["w_pa"], w["w_router"], act_g=inp.act_g, eps=inp.eps,
-                           zeroed=zeroed)
-    router = g.run_router(post.rr, w["wr"], w["pes"], k=s.k, kcap=s.k + layout.spare_slots, ticket=case.ticket,
-                          zeroed=zeroed)
-    hq, hs, gu = g.run_glu(router.ids, post.gq, post.gsc, experts, act_g=inp.act_g, act_h=inp.act_h, k=s.k, i=s.i,
+    post = g.run_post_attn(p.post.x[rows], p.post.o[rows], w["w_pa"], w["w_router"], act_g=p.post.act_g,
+                           eps=p.post.eps, zeroed=zeroed)
+    router = g.run_router(p.router.rr[rows], w["wr"], w["pes"], k=k, kcap=kcap, ticket=case.ticket, zeroed=zeroed)
+    ex = p.experts
+    ids = _slots(ex.ids[rows], kcap, g.ID_SENTINEL)
+    hq, hs, gu = g.run_glu(ids, ex.gq[rows], ex.gsc[rows], experts, act_g=ex.act_g, act_h=ex.act_h, k=k, i=s.i,
                            gu_rows=layout.gu_rows, zeroed=zeroed)
-    opair = g.run_down(router.ids, hq, hs, experts, act_h=inp.act_h, k=s.k, h=s.h, zeroed=zeroed)
-    out = g.run_final(inp.dense[rows], opair, router.wts, post.mid, w["w_d"], w["w_m"],
-                      layer_scalar=inp.layer_scalar, eps=inp.eps, k=s.k, zeroed=zeroed)
-    k = s.k
+    opair = g.run_down(ids, _slots(ex.hq[rows], kcap, g.BYTE_SENTINEL), _slots(ex.hs[rows], kcap, g.BYTE_SENTINEL),
+                       experts, act_h=ex.act_h, k=k, h=s.h, zeroed=zeroed)
+    f = p.final
+    out = g.run_final(f.dense[rows], _slots(f.opair[rows], kcap, np.nan), _slots(f.wts[rows], kcap, np.nan),
+                      f.mid[rows], w["w_d"], w["w_m"], layer_scalar=f.layer_scalar, eps=f.eps, k=k, zeroed=zeroed)
     got = {"post_attn mid": post.mid, "post_attn rr": post.rr, "post_attn fq": post.fq,
            "post_attn fs": post.fs.reshape(-1, 1), "post_attn gq": post.gq, "post_attn gsc": post.gsc,
            "router logits": router.logits, "router ids": router.ids[:, :k], "router wts": router.wts[:, :k],
@@ -147,17 +169,19 @@ def _layouts_with(name: str) -> dict:
 def _assert_the_pool_collides(case: Case, full: dict) -> None:
     """Non-vacuity: the batch of every checked row and filler writes every output, the twin
     picks its token's experts, the zero token's top K is all ties (ids 0..K-1), and two
-    different tokens share an expert."""
+    different tokens share an expert, in the router's picks and in the expert stages' ids."""
     s, tokens = case.shape, ROWS + FILLERS[:moe.MAX_T - len(ROWS)]
     for name, a in full.items():
         g.assert_fully_written(f"{name} (a batch of {len(tokens)})", a)
     ids = full["router ids"]
     pos = {tok: i for i, tok in enumerate(tokens)}
     assert np.array_equal(ids[pos[TWIN]], ids[pos[0]]), f"the twin picked {ids[pos[TWIN]]}, token 0 {ids[pos[0]]}"
-    assert np.array_equal(ids[pos[ZERO]], np.arange(s.k)), f"the zero token picked {ids[pos[ZERO]]}, not 0..K-1 (all ties)"
-    distinct = [set(ids[pos[tok]].tolist()) for tok in tokens if tok not in (TWIN, ZERO)]
-    shared = any(a & b for i, a in enumerate(distinct) for b in distinct[i + 1:])
-    assert shared, f"no two different tokens share an expert: {ids.tolist()}"
+    assert np.array_equal(ids[pos[ZERO]], np.arange(s.k)), \
+        f"the zero token picked {ids[pos[ZERO]]}, not 0..K-1 (all ties)"
+    for label, picks in (("the router's picks", ids), ("the expert stages' ids", case.pool.experts.ids[list(tokens)])):
+        distinct = [set(picks[pos[tok]].tolist()) for tok in tokens if tok not in (TWIN, ZERO)]
+        shared = any(a & b for i, a in enumerate(distinct) for b in distinct[i + 1:])
+        assert shared, f"no two different tokens share an expert in {label}: {picks.tolist()}"
 
 
 @pytest.mark.gpu

@@ -137,9 +137,9 @@ def check_sizes(op: str, *, t: int, h: int, i: int | None = None, e: int | None 
                  k=int(k) if k is not None else 0, kcap=int(kcap) if kcap is not None else 0)
 
 
-def _check_shared(op: str, name: str, nbytes: int) -> None:
+def _check_shared(op: str, name: str, nbytes: int, fix: str = "split the hidden size") -> None:
     if nbytes > MAX_SHARED:
-        _refuse(op, f"{name} needs {nbytes} bytes of shared memory, more than {MAX_SHARED}: split the hidden size")
+        _refuse(op, f"{name} needs {nbytes} bytes of shared memory, more than {MAX_SHARED}: {fix}")
 
 
 def _dims(op: str, name: str, arr, ndim: int, what: str) -> tuple[int, ...]:
@@ -322,6 +322,7 @@ def check_down(opair, ids, hq, hs, experts: Experts, act_h, k) -> Sizes:
     _need(op, "hs", hs, (t, kcap, i // GROUP), E4M3, "GLU output block scales [T, kcap, I/16] e4m3")
     _need(op, "opair", opair, (t, kcap, h), BF16, "expert outputs [T, kcap, H] bf16")
     _scalar(op, "act_h", act_h, positive=True)
+    _check_shared(op, "I", 2 * i, "split the expert width")  # the staged activation, bf16 [I]
     return sz
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.library.dtypes import (bf16, bits_of, decode_e4m3, fp8_e4m3, from_bits, to_bf16, to_fp4_e2m1,
+from harness.library.dtypes import (bf16, bits_of, decode_e2m1, decode_e4m3, fp8_e4m3, from_bits, to_bf16, to_fp4_e2m1,
                                     to_fp8_e4m3_saturating, unpack_fp4)
 
 GROUP = 16
@@ -107,11 +107,16 @@ def e2m1_device_codes(x) -> np.ndarray:
 # ------------------------------------------------------------------ margin-checked rounding
 
 
-def _stable(label: str, f, y64: np.ndarray, spread: np.ndarray | float, margin: float = MARGIN) -> np.ndarray:
-    """f(y64) after checking f(y64 - d) == f(y64) == f(y64 + d), d = margin * spread."""
+def _unstable(f, y64: np.ndarray, spread: np.ndarray | float, margin: float = MARGIN) -> tuple[np.ndarray, np.ndarray]:
+    """(f(y64), where f(y64 - d) or f(y64 + d) differs from it), d = margin * spread."""
     d = margin * np.broadcast_to(np.abs(spread), y64.shape)
     mid, lo, hi = f(y64), f(np.where(d > 0, y64 - d, y64)), f(np.where(d > 0, y64 + d, y64))
-    bad = (bits_of(lo) != bits_of(mid)) | (bits_of(hi) != bits_of(mid))
+    return mid, (bits_of(lo) != bits_of(mid)) | (bits_of(hi) != bits_of(mid))
+
+
+def _stable(label: str, f, y64: np.ndarray, spread: np.ndarray | float, margin: float = MARGIN) -> np.ndarray:
+    """f(y64) after checking f(y64 - d) == f(y64) == f(y64 + d), d = margin * spread."""
+    mid, bad = _unstable(f, y64, spread, margin)
     if np.any(bad):
         first = np.argwhere(bad)[0]
         raise DesignError(f"{label}: {int(bad.sum())} values round differently within {margin:g} (relative); "
@@ -330,6 +335,7 @@ class RouterCase:
 
 
 WTS_RTOL = 2.0**-19  # softmax: expf within 2 ulp each, the sum and one IEEE division: < 2^-20
+ROUTER_DENSE_H = 4096  # router_designed: Wr a fifth nonzero up to this H, 4096 / (5 H) past it (dots within 256)
 
 
 def topk_ties_low(logits: np.ndarray, k: int) -> np.ndarray:
@@ -351,8 +357,9 @@ def softmax_selected_f32(sel: np.ndarray) -> np.ndarray:
 def router_designed(t: int, h: int, e: int, k: int, seed: int, *, equal_top: bool = False) -> RouterCase:
     """Logits designed per token through one private column c_t of rr (rr[t, c_t] = 1, the other
     tokens 0 there): logit[t, e] = pes[e] * (R[t, e] + Wr[e, c_t]) with R the integer dot over the
-    other columns. Targets: winners away from expert 0; a tie straddling the K boundary (the
-    loser has the higher id) and a tie inside the top K (equal_top=False), or K equal winners."""
+    other columns. Targets: winners away from expert 0 (unless K = E); a tie straddling the K
+    boundary (the loser has the higher id) and a tie inside the top K (equal_top=False), or K
+    equal winners."""
     if t > h // 4:
         raise DesignError("router_designed needs a private column a token")
     for attempt in range(40):
@@ -361,14 +368,19 @@ def router_designed(t: int, h: int, e: int, k: int, seed: int, *, equal_top: boo
         rr = rng.choice(np.array([-2.0, -1.0, 1.0, 2.0]), (t, h))
         rr[:, cols] = 0.0
         rr[np.arange(t), cols] = 1.0
-        wr = rng.choice(np.array([-1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]), (e, h))
+        if h <= ROUTER_DENSE_H:
+            wr = rng.choice(np.array([-1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]), (e, h))
+        else:  # sparser, so the private column's integer stays within 256 (bf16-exact)
+            live = rng.random((e, h)) < 0.2 * ROUTER_DENSE_H / h
+            wr = np.where(live, rng.choice(np.array([-1.0, 1.0]), (e, h)), 0.0)
         wr[:, cols] = 0.0
         pes = rng.choice(np.array([1 / 16, 1 / 8, 1 / 4]), e)
         # Targets in quarters: winners a quarter apart, losers a quarter to three below the K-th,
         # so a softmax over all E would move every weight by far more than WTS_RTOL.
         units = np.zeros((t, e))
         for tok in range(t):
-            perm = rng.permutation(np.arange(1, e))
+            # Expert 0 never wins unless every expert does (K = E).
+            perm = rng.permutation(np.arange(1, e)) if k < e else rng.permutation(e)
             winners = perm[:k]
             top = int(rng.integers(8, 17))
             units[tok] = top - (k - 1) - rng.integers(1, 4, e)
@@ -382,12 +394,12 @@ def router_designed(t: int, h: int, e: int, k: int, seed: int, *, equal_top: boo
             if k < e - 1:
                 units[tok, perm[k]] = units[tok, winners[-1]]  # a tie straddling the K boundary
         target = units / 4.0
-        r = (rr[:, None, :] * wr[None, :, :]).sum(-1)  # [T, E], integers
+        r = rr @ wr.T  # [T, E], integers: exact in float64
         col = target / pes[None, :] - r
         if np.any(np.abs(col) > 256) or np.any(col != np.round(col)):
             continue
         wr[:, cols] = col.T
-        logits = (pes[None, :] * ((rr[:, None, :] * wr[None, :, :]).sum(-1))).astype(np.float32)
+        logits = (pes[None, :] * (rr @ wr.T)).astype(np.float32)
         if np.any(logits.astype(np.float64) != target):
             continue
         ids = topk_ties_low(logits, k)
@@ -635,21 +647,28 @@ class FinalCase:
     out: np.ndarray  # expected bf16 [T, H]
 
 
-def final_expected(mid, dense, opair, wts, w_d, w_m, layer_scalar, eps) -> np.ndarray:
-    """Float64 final stage with the rounding margin-checked."""
+def _final64(mid, dense, opair, wts, w_d, w_m, layer_scalar, eps) -> tuple[np.ndarray, np.ndarray]:
+    """The final stage's float64 output before its bf16 rounding, and the spread of its terms."""
     m = np.einsum("tk,tkh->th", wts.astype(np.float64), opair.astype(np.float64))
     d64 = dense.astype(np.float64)
     td = d64 * rms_factor64(d64, eps) * w_d.astype(np.float64)
     tm = m * rms_factor64(m, eps) * w_m.astype(np.float64)
     y = (mid.astype(np.float64) + td + tm) * layer_scalar
-    spread = (np.abs(mid.astype(np.float64)) + np.abs(td) + np.abs(tm)) * abs(layer_scalar)
-    return _stable("out", _bf16_of, y, spread)
+    return y, (np.abs(mid.astype(np.float64)) + np.abs(td) + np.abs(tm)) * abs(layer_scalar)
 
 
-def final_designed(t: int, h: int, k: int, seed: int, *, eps: float = ANCHOR_EPS) -> FinalCase:
+def final_expected(mid, dense, opair, wts, w_d, w_m, layer_scalar, eps) -> np.ndarray:
+    """Float64 final stage with the rounding margin-checked."""
+    return _stable("out", _bf16_of, *_final64(mid, dense, opair, wts, w_d, w_m, layer_scalar, eps))
+
+
+def final_designed(t: int, h: int, k: int, seed: int, *, eps: float = ANCHOR_EPS, repair: bool = False) -> FinalCase:
     """wts = 2^-(K-1-k): the last slot weighs most. Slots 0..K-2 carry w_k * o_k in {+-1/8 ..
     +-1} (multiples of 1/8); the last slot completes m = sum_k w_k o_k to a unit-RMS vector of
-    eighths, so every partial sum is exact and dropping any slot moves m by a whole value."""
+    eighths, so every partial sum is exact and dropping any slot moves m by a whole value.
+    With `repair`, an output whose rounding is too close to call moves its mid by 1/4 (mid is
+    an input of its element alone) instead of the design starting over: at T * H in the tens of
+    thousands some element nearly always is."""
     for attempt in range(40):
         rng = np.random.default_rng(seed * 1000 + attempt)
         wts = np.tile(np.exp2(-(k - 1 - np.arange(k))), (t, 1)).astype(np.float32)
@@ -673,6 +692,12 @@ def final_designed(t: int, h: int, k: int, seed: int, *, eps: float = ANCHOR_EPS
         if np.any(ob.astype(np.float64) != opair):
             continue
         ls = 0.5
+        for _ in range(8 if repair else 0):
+            _, bad = _unstable(_bf16_of, *_final64(to_bf16(mid), to_bf16(dense), ob, wts, w_d, w_m, ls, eps))
+            if not bad.any():
+                break
+            mid = np.where(bad, mid + 0.25, mid)
+            mid = np.where(np.abs(mid + rest) < 0.5, mid + 2.0, mid)
         try:
             out = final_expected(to_bf16(mid), to_bf16(dense), ob, wts, w_d, w_m, ls, eps)
         except DesignError:
@@ -980,3 +1005,814 @@ def nvfp4_rows_in_kernel_order(w, s, gs: float, x, lane_shift: int = 0) -> np.nd
         n = min(4, rows - p0)
         out[p0:p0 + n] = (half[:n, 0] + half[:n, 1]).astype(np.float32)
     return to_bf16(np.float32(gs) * out)
+
+
+# ------------------------------------------------------------------ sparse designed experts (sweep, big index)
+#
+# glu_weights_designed at production sizes is seconds of Python a shape; these are its design
+# vectorised, for any ids: every expert row has two live groups (at places that depend on the
+# row and the expert) under one power-of-two scale, zero codes elsewhere, gs = 1; activations
+# are e2m1 codes +-1, +-2, +-4 under power-of-two block scales. Every dot is then a short sum of
+# dyadic products, exact in f32 in any order, so the kernel's bf16 rows are known bit for bit.
+# On the device the zero groups' scales are 1.0 (a zero code times a finite scale adds 0) and
+# every expert no token selects keeps NaN scales (sparse_device_experts).
+
+DYADIC_CODES = np.array([2, 4, 6, 10, 12, 14], np.uint8)  # e2m1 +-1, +-2, +-4
+
+
+@dataclass(frozen=True)
+class SparseExperts:
+    """Designed rows of some experts over K inputs, by expert id: `groups` [rows, 2] the live
+    groups, `codes` uint8 [rows, 2, 16] their e2m1 codes, `scales` uint8 [rows] the e4m3 scale
+    both share (a power of two)."""
+
+    k: int
+    groups: dict
+    codes: dict
+    scales: dict
+
+    def dense(self, e: int) -> tuple[np.ndarray, np.ndarray]:
+        """Expert e's whole tables on the host: (codes [rows, K/2] packed, scales [rows, K/16]),
+        zero codes under scale 1.0 off the live groups."""
+        rows = self.groups[e].shape[0]
+        codes = np.zeros((rows, self.k // GROUP, GROUP), np.uint8)
+        scales = np.full((rows, self.k // GROUP), 0x38, np.uint8)
+        r = np.arange(rows)[:, None]
+        codes[r, self.groups[e]] = self.codes[e]
+        scales[r, self.groups[e]] = self.scales[e][:, None]
+        return pack_codes(codes.reshape(rows, self.k)), scales
+
+    def dots(self, e: int, x: np.ndarray) -> np.ndarray:
+        """float64 [n, rows]: expert e's rows against activations x [n, K] (gs = 1), exact."""
+        x = np.asarray(x, np.float64).reshape(x.shape[0], self.k // GROUP, GROUP)
+        xg = x[:, self.groups[e]]  # [n, rows, 2, 16]
+        vals = decode_e2m1(self.codes[e]).astype(np.float64)
+        return np.einsum("nrgj,rgj->nr", xg, vals) * decode_e4m3(self.scales[e]).astype(np.float64)[None, :]
+
+
+def _live_groups(rows: int, k16: int, e: int, stride: int) -> np.ndarray:
+    g1 = (stride * np.arange(rows) + 3 * e) % k16
+    return np.stack([g1, (g1 + k16 // 2) % k16], axis=1)
+
+
+def _dyadic_activation(rng, lead: tuple, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(packed codes [..., K/2], e4m3 block scales [..., K/16]): codes +-1, +-2, +-4 under 2^-2 .. 2^2."""
+    codes = rng.choice(DYADIC_CODES, (*lead, k))
+    return pack_codes(codes), _pow2_e4m3(rng.integers(-2, 3, (*lead, k // GROUP)))
+
+
+@dataclass(frozen=True)
+class GluSparseCase:
+    ids: np.ndarray  # int32 [T, K]
+    gq: np.ndarray  # uint8 [T, H/2]
+    gsc: np.ndarray  # uint8 [T, H/16]
+    weights: SparseExperts  # 2I rows over H: gate rows then up rows
+    act_g: float
+    act_h: float
+    gu: np.ndarray  # expected bf16 [T, K, 2I]
+    hq: np.ndarray  # expected uint8 [T, K, I/2]
+    hs: np.ndarray  # expected uint8 [T, K, I/16]
+
+
+def glu_sparse_designed(ids, h: int, i: int, seed: int, *, act_g: float = 1.0, act_h: float = 64.0) -> GluSparseCase:
+    """glu_weights_designed's design, vectorised, on any ids [T, K]: gate rows scaled so every
+    token that selects the expert sees g = 0 or |g| >= 10 (a quarter of them all zero), up rows
+    under a random power of two; act_g = 1 keeps every nonzero dot at least 1/8, so a scale of
+    at most 2^7 lifts it past 10, and act_h = 64 keeps a = g * u inside e4m3's range."""
+    ids = np.asarray(ids, np.int32)
+    t, k = ids.shape
+    rng = np.random.default_rng([seed, h, i, t, k, 6])
+    gq, gsc = _dyadic_activation(rng, (t,), h)
+    x = unpack_fp4(gq, h).astype(np.float64) * np.repeat(decode_e4m3(gsc).astype(np.float64), GROUP, -1) * act_g
+    w = SparseExperts(h, {}, {}, {})
+    gu = np.zeros((t, k, 2 * i), np.float64)
+    for e in sorted({int(v) for v in ids.ravel()}):
+        w.groups[e] = _live_groups(2 * i, h // GROUP, e, 7)
+        codes = rng.integers(0, 16, (2 * i, 2, GROUP), dtype=np.uint8)
+        codes[:i][rng.random(i) < 0.25] = 0  # gate rows that give g = 0
+        w.codes[e] = codes
+        w.scales[e] = np.full(2 * i, 0x38, np.uint8)
+        users = np.flatnonzero(np.any(ids == e, axis=1))
+        sums = w.dots(e, x[users])  # [users, 2I] under scale 1
+        live = np.where(sums[:, :i] != 0, np.abs(sums[:, :i]), np.inf).min(axis=0)
+        m = np.where(np.isfinite(live), np.ceil(np.log2(10.0 / np.where(np.isfinite(live), live, 1.0))), 0)
+        w.scales[e] = _pow2_e4m3(np.concatenate([np.clip(m, -6, 8), rng.integers(-2, 3, i)]).astype(np.int64))
+        for tok, kk in zip(*np.nonzero(ids == e)):
+            gu[tok, kk] = w.dots(e, x[tok:tok + 1])[0]
+    gu = to_bf16(gu.astype(np.float32))
+    g, u = gu[..., :i].astype(np.float32), gu[..., i:].astype(np.float32)
+    bad = (g != 0) & (np.abs(g) < GELU_SATURATED)
+    if np.any(bad):
+        raise DesignError(f"glu_sparse_designed: {int(bad.sum())} gate values between 0 and {GELU_SATURATED}")
+    hq, hs = nvfp4_quantize(glu_saturated(g, u), act_h)
+    return GluSparseCase(ids=ids, gq=gq, gsc=gsc, weights=w, act_g=act_g, act_h=act_h, gu=gu, hq=hq, hs=hs)
+
+
+@dataclass(frozen=True)
+class DownSparseCase:
+    ids: np.ndarray  # int32 [T, K]
+    hq: np.ndarray  # uint8 [T, K, I/2]
+    hs: np.ndarray  # uint8 [T, K, I/16]
+    weights: SparseExperts  # H rows over I
+    act_h: float
+    opair: np.ndarray  # expected bf16 [T, K, H]
+
+
+def down_sparse_designed(ids, h: int, i: int, seed: int, *, act_h: float = ACT_H) -> DownSparseCase:
+    """Each slot's activation dyadic (codes +-1, +-2, +-4 under 2^-2 .. 2^2, act_h a power of
+    two), each down row two live groups under 2^-3 .. 2^3: opair = bf16 of an exact dot."""
+    ids = np.asarray(ids, np.int32)
+    t, k = ids.shape
+    rng = np.random.default_rng([seed, h, i, t, k, 7])
+    hq, hs = _dyadic_activation(rng, (t, k), i)
+    x = unpack_fp4(hq, i).astype(np.float64) * np.repeat(decode_e4m3(hs).astype(np.float64), GROUP, -1) * act_h
+    w = SparseExperts(i, {}, {}, {})
+    opair = np.zeros((t, k, h), np.float64)
+    for e in sorted({int(v) for v in ids.ravel()}):
+        w.groups[e] = _live_groups(h, i // GROUP, e, 5)
+        w.codes[e] = rng.integers(0, 16, (h, 2, GROUP), dtype=np.uint8)
+        w.scales[e] = _pow2_e4m3(rng.integers(-3, 4, h))
+        for tok, kk in zip(*np.nonzero(ids == e)):
+            opair[tok, kk] = w.dots(e, x[tok, kk][None, :])[0]
+    return DownSparseCase(ids=ids, hq=hq, hs=hs, weights=w, act_h=act_h, opair=to_bf16(opair.astype(np.float32)))
+
+
+# ------------------------------------------------------------------ f32 evaluation orders (host emulation)
+#
+# The invariance and determinism gates compare the device with itself, so their inputs must make
+# the order of every reduction visible: a kernel that sums in another order for some batches
+# must change an output bit. The functions below emulate, exactly in f32, the order each kernel
+# of moe_decode.cu reduces in ("kernel") and the orders a batch-dependent kernel might take
+# instead; the designs further down are checked against them (tests/test_moe_decode_oracles.py).
+# They are not expected values of any gate: the gates compare the device with itself.
+
+
+def fma32(a, b, c) -> np.ndarray:
+    """fmaf(a, b, c) on f32 values, exactly: a * b is exact in float64 (two 24-bit significands),
+    the float64 sum's own rounding error is recovered (TwoSum), and a float64 sum that lands on
+    an f32 rounding midpoint is moved to the side the exact value lies on before the f32 rounding."""
+    a64, b64, c64 = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
+    p = a64 * b64
+    s = p + c64
+    z = s - p
+    err = (p - (s - z)) + (c64 - z)  # s + err == p + c exactly
+    r = s.astype(np.float32)
+    r64 = r.astype(np.float64)
+    other = np.nextafter(r, np.where(s > r64, np.float32(np.inf), np.float32(-np.inf))).astype(np.float32)
+    midpoint = (s != r64) & (s == (r64 + other.astype(np.float64)) / 2) & (err != 0)
+    toward = np.where(err > 0, np.maximum(r, other), np.minimum(r, other))
+    return np.where(midpoint, toward, r).astype(np.float32)
+
+
+def _add32(a, b) -> np.ndarray:
+    return (np.asarray(a, np.float32) + np.asarray(b, np.float32)).astype(np.float32)
+
+
+def _lane0(vals) -> np.ndarray:
+    """nvfp4_warp_sum's result (lane 0 of the shift-down tree) over the last axis of 32 lanes."""
+    return warp_tree_sum(vals)[..., 0]
+
+
+# Orders of a block's sum of squares (moe_block_sum over fmaf(v, v, ss) in post_attn and final):
+# "kernel" is moe_decode.cu's (256 threads, thread tid adds i = tid, tid + 256, ... in turn, each
+# warp's shift-down tree, then the 8 warp results added in warp order from 0); the others are what
+# a kernel that derives its reduction from the batch might do instead.
+NORM_ORDERS = ("threads 128", "threads 512", "two accumulators", "warps reversed", "sequential")
+
+
+def block_sum_of_squares(v, order: str = "kernel") -> np.ndarray:
+    """The f32 sum of v^2 over the last axis in a named order (NORM_ORDERS or "kernel"), each
+    step an exact fmaf(v, v, acc) (fma32: v may be any f32, as final's slot sum is)."""
+    v = np.asarray(v).astype(np.float32)
+    lead, n = v.shape[:-1], v.shape[-1]
+    if order == "sequential":
+        acc = np.zeros(lead, np.float32)
+        for i in range(n):
+            acc = fma32(v[..., i], v[..., i], acc)
+        return acc
+    threads = {"threads 128": 128, "threads 512": 512}.get(order, BLOCK_THREADS)
+    if order not in NORM_ORDERS and order != "kernel":
+        raise ValueError(f"unknown order {order!r}: kernel or one of {', '.join(NORM_ORDERS)}")
+    accs = np.zeros((2, *lead, threads), np.float32)
+    for p, lo in enumerate(range(0, n, threads)):
+        seg = v[..., lo:lo + threads]
+        which = p % 2 if order == "two accumulators" else 0
+        accs[which, ..., :seg.shape[-1]] = fma32(seg, seg, accs[which, ..., :seg.shape[-1]])
+    per_thread = _add32(accs[0], accs[1]) if order == "two accumulators" else accs[0]
+    red = _lane0(per_thread.reshape(*lead, threads // 32, 32))  # [..., warps]
+    warps = range(red.shape[-1] - 1, -1, -1) if order == "warps reversed" else range(red.shape[-1])
+    s = np.zeros(lead, np.float32)
+    for w in warps:
+        s = _add32(s, red[..., w])
+    return s
+
+
+def rms_factor32(sumsq, n: int, eps: float) -> np.ndarray:
+    """moe_rms_scale's rsqrt(sumsq / n + eps) with the division and the addition in f32 (IEEE, as
+    the kernels are compiled) and a correctly rounded rsqrt standing for rsqrtf (within 2 ulp of
+    it on the device: these models count moved outputs, they are not expected values)."""
+    y = (np.asarray(sumsq, np.float32) / np.float32(n) + np.float32(eps)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        return (1.0 / np.sqrt(y.astype(np.float64))).astype(np.float32)
+
+
+# Orders of a router logit's dot (moe_router: one warp an expert, lane l adds the 8 products of
+# chunks l, l + 32, ... in element order by fmaf, then the warp's shift-down tree).
+ROUTER_ORDERS = ("16 lanes", "two accumulators", "sequential")
+
+
+def router_dots(rr, wr, order: str = "kernel") -> np.ndarray:
+    """f32 dot(rr[t], wr[e]) for every token and expert in a named order: [T, E]. The products of
+    two bf16 values are exact in f32, so each fmaf is one f32 addition."""
+    x = np.asarray(rr).astype(np.float32)
+    w = np.asarray(wr).astype(np.float32)
+    prod = x[:, None, :] * w[None, :, :]  # exact
+    t, e, h = prod.shape
+    if order == "sequential":
+        acc = np.zeros((t, e), np.float32)
+        for i in range(h):
+            acc = _add32(acc, prod[..., i])
+        return acc
+    if order not in ROUTER_ORDERS and order != "kernel":
+        raise ValueError(f"unknown order {order!r}: kernel or one of {', '.join(ROUTER_ORDERS)}")
+    lanes = 16 if order == "16 lanes" else 32
+    chunks = prod.reshape(t, e, h // 8, 8)
+    accs = np.zeros((2, t, e, 32), np.float32)
+    for p, c0 in enumerate(range(0, h // 8, lanes)):
+        live = min(lanes, h // 8 - c0)
+        which = p % 2 if order == "two accumulators" else 0
+        for el in range(8):
+            accs[which, ..., :live] = _add32(accs[which, ..., :live], chunks[:, :, c0:c0 + live, el])
+    return _lane0(_add32(accs[0], accs[1]) if order == "two accumulators" else accs[0])
+
+
+# Orders of an NVFP4 row's dot (nvfp4_dot.cuh, as moe_glu and moe_down call it: 64 virtual lanes,
+# lane v adds groups v, v + 64, ... by fmaf(group sum, scale, acc), a shift-down tree each half,
+# the halves added low first).
+GEMV_ORDERS = ("32 lanes", "128 lanes", "sequential")
+
+
+def nvfp4_rows(w, s, gs: float, x, order: str = "kernel") -> np.ndarray:
+    """bf16 [rows]: bf16(gs * dot) of NVFP4 rows (w [rows, K/2] codes, s [rows, K/16] e4m3 bits)
+    against bf16 x [K], in a named order, every f32 step exact (fma32). A group's 16 products are
+    exact in f32 and summed in element order."""
+    x = np.asarray(x).astype(np.float32)
+    kk = x.shape[-1]
+    k16 = kk // GROUP
+    rows = w.shape[0]
+    prod = (unpack_fp4(w, kk) * x[None, :]).astype(np.float32).reshape(rows, k16, GROUP)  # exact
+    gsum = np.zeros((rows, k16), np.float32)
+    for el in range(GROUP):
+        gsum = _add32(gsum, prod[..., el])
+    sc = decode_e4m3(s)
+    if order == "sequential":
+        total = np.zeros(rows, np.float32)
+        for grp in range(k16):
+            total = fma32(gsum[:, grp], sc[:, grp], total)
+    else:
+        lanes = {"kernel": 64, "32 lanes": 32, "128 lanes": 128}.get(order)
+        if lanes is None:
+            raise ValueError(f"unknown order {order!r}: kernel or one of {', '.join(GEMV_ORDERS)}")
+        part = np.zeros((rows, lanes), np.float32)
+        for g0 in range(0, k16, lanes):
+            live = min(lanes, k16 - g0)
+            part[:, :live] = fma32(gsum[:, g0:g0 + live], sc[:, g0:g0 + live], part[:, :live])
+        halves = _lane0(part.reshape(rows, lanes // 32, 32))
+        total = halves[:, 0]
+        for hh in range(1, halves.shape[1]):
+            total = _add32(total, halves[:, hh])
+    return to_bf16((np.float32(gs) * total).astype(np.float32))
+
+
+
+def norm_orders_at(h: int) -> tuple[str, ...]:
+    """The NORM_ORDERS that group H squares otherwise than the kernel: with one element a thread
+    (H <= 256) two accumulators and 512 threads add the same numbers the same way; with two
+    passes two accumulators still do (the second starts from 0); two nonzero warps commute."""
+    return tuple(o for o, needs in (("threads 128", h > 128), ("threads 512", h > 256),
+                                    ("two accumulators", h > 512), ("warps reversed", h > 64),
+                                    ("sequential", True)) if needs)
+
+
+def router_orders_at(h: int) -> tuple[str, ...]:
+    """The ROUTER_ORDERS that group a dot of H over 8-element chunks otherwise than the kernel."""
+    chunks = h // 8
+    return tuple(o for o, needs in (("16 lanes", chunks > 16), ("two accumulators", chunks > 64),
+                                    ("sequential", True)) if needs)
+
+
+def gemv_orders_at(k: int) -> tuple[str, ...]:
+    """The GEMV_ORDERS that group K / 16 groups otherwise than the kernel's 64 lanes."""
+    k16 = k // GROUP
+    return tuple(o for o, needs in (("32 lanes", k16 > 32), ("128 lanes", k16 > 64), ("sequential", k16 > 2)) if needs)
+
+
+# ------------------------------------------------------------------ order-sensitive designs (invariance, determinism)
+#
+# One pool of tokens, each stage given its own designed inputs: the gates launch each stage on
+# them, not on the stage before's outputs, so each design holds whatever the device's rsqrtf
+# and expf give upstream. Tokens 0..6 are live, ORDER_TWIN repeats token 0 and ORDER_ZERO is
+# zero everywhere. How a reduction order reaches each stage's outputs:
+#
+# - A norm's sum of squares (a "ladder", _ladder): one outlier a token, 64 (its square 2^12,
+#   whose f32 ulp u is 2^-11), first in its thread; every other square is 0.3 to 0.5 u. Added
+#   one at a time to a partial at the outlier's scale such a square is lost (under half an ulp),
+#   added as part of any sum of two or more it counts. So the kernel loses the outlier thread's
+#   later elements, and an order that gives them (or the elements of the thread 128 further)
+#   another accumulator, another thread or another warp counts them: 2 to 5 ulps of the sum.
+#   Each other warp's sum is set a residue past a whole ulp (three filler elements a warp,
+#   ladder_residues), so the kernel's warp-order sum drops each residue and the same sum taken
+#   last warp first drops their total's fraction once. The factor rsqrt(sum / H + eps) then
+#   moves by an ulp or more.
+# - That ulp reaches a bf16 output through cancellation: the output's other addend cancels the
+#   normalised term to bf16 precision (post_attn: x = -bf16(o * inv_o * w_pa); final: mid =
+#   -bf16(dense * inv_d * w_d) where w_m = 0, or of the MoE term where w_d = 0), so the bf16
+#   output is the product's low bits and an ulp of the factor moves it by about a bf16 step
+#   (a few elements in a hundred, whatever their size).
+# - post_attn's second norm shows in fs = max|n| / 448, an f32 output: mid's largest element is
+#   x = 64 where o = 0 (mid = x exactly there: n_max = 64 inv_m), on a ladder of its own over
+#   the elements where o = 0, beside o's ladder.
+# - A router logit is an f32 output of a dot over log-uniform rr (products over 2^20 apart).
+# - An NVFP4 row (glu, down) cancels: two groups of equal activation blocks, one with the row's
+#   codes and one with their negations, both under scale 256, in two lanes; every other group
+#   is small (a couple of the pair's f32 ulps, bits far below): each side of the pair rounds
+#   the small groups at its own scale in its lane and in the warp tree, the pair cancels, and
+#   the bf16 output is made of those roundings.
+#
+# The norm and router designs keep only tokens whose outputs the host model moves under every
+# order that regroups at the shape (norm_orders_at, router_orders_at). The models take a
+# correctly rounded rsqrt for the device's rsqrtf (within 2 ulp of it): a sum that moves by an
+# ulp or two on the host may keep its rsqrtf on the device, so each checked token is a separate
+# chance. tests/test_moe_decode_oracles.py holds every design to these claims.
+
+ORDER_LIVE = 7  # tokens 0..6
+ORDER_TWIN, ORDER_ZERO = 7, 8
+ORDER_POOL = 9
+ORDER_EPS = 1e-6
+ORDER_LAYER_SCALAR = 0.75
+OUTLIER = 64.0
+OUTLIER_ULP = 2.0**-11  # of 64^2 = 2^12 and of every f32 in [2^12, 2^13)
+HALF_ULP = (0.3, 0.5)  # a ladder's other squares, in OUTLIER_ULP
+FILLERS = 3  # elements a warp that set its residue
+SEARCH_BATCH = 32  # candidate tokens a try
+SEARCH_TRIES = 12
+
+
+def _pool_rows(live: np.ndarray) -> np.ndarray:
+    """The pool from its live tokens: token ORDER_TWIN = token 0, token ORDER_ZERO = 0."""
+    return np.concatenate([live, live[:1], np.zeros_like(live[:1])])
+
+
+def _log_uniform(rng, shape, log2_range) -> np.ndarray:
+    return np.where(rng.random(shape) < 0.5, -1.0, 1.0) * np.exp2(rng.uniform(*log2_range, shape))
+
+
+def _search(label: str, rng, make, keep) -> dict:
+    """ORDER_LIVE candidate tokens that `keep` accepts: `make(rng, n)` draws n candidates as a
+    dict of arrays (first axis the token), `keep(candidates)` says which to keep."""
+    kept: dict[str, list] = {}
+    count = 0
+    for _ in range(SEARCH_TRIES):
+        cand = make(rng, SEARCH_BATCH)
+        ok = np.flatnonzero(keep(cand))
+        for name, arr in cand.items():
+            kept.setdefault(name, []).append(arr[ok])
+        count += ok.size
+        if count >= ORDER_LIVE:
+            return {name: np.concatenate(parts)[:ORDER_LIVE] for name, parts in kept.items()}
+    raise DesignError(f"{label}: {count} of {SEARCH_TRIES * SEARCH_BATCH} candidate tokens move every output "
+                      f"under every order, {ORDER_LIVE} needed")
+
+
+def warp_sums_of_squares(v) -> np.ndarray:
+    """[..., 8]: each warp's result in moe_block_sum's kernel order (the 8 values it adds)."""
+    v = np.asarray(v).astype(np.float32)
+    acc = np.zeros((*v.shape[:-1], BLOCK_THREADS), np.float32)
+    for lo in range(0, v.shape[-1], BLOCK_THREADS):
+        seg = v[..., lo:lo + BLOCK_THREADS]
+        acc[..., :seg.shape[-1]] = fma32(seg, seg, acc[..., :seg.shape[-1]])
+    return _lane0(acc.reshape(*v.shape[:-1], BLOCK_THREADS // 32, 32))
+
+
+def ladder_residues(h: int) -> np.ndarray:
+    """[warps]: each outlier-free warp's sum past a whole OUTLIER_ULP, in it (warp 0, the
+    outlier's, 0). Under 1/2, so the kernel's warp-order sum drops it; 0.24 where 128 threads a
+    block would add the warp to another outlier-free one (two residues, still under 1/2), 0.45
+    elsewhere, so that their total's fraction, all the reversed order drops, is well under it."""
+    warps = -(-min(h, BLOCK_THREADS) // 32)
+    out = np.zeros(warps)
+    for w in range(1, warps):
+        paired = (w + 4 < warps) or (w - 4 >= 1)
+        out[w] = 0.24 if paired else 0.45
+    return out
+
+
+def _ladder_places(rng, n: int, h: int, taken: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(outlier element [n], filler elements [n, warps, FILLERS]) on elements not `taken`: the
+    outlier in warp 0 (first pass), fillers in the first pass of warps 1..7, off the thread 128
+    past the outlier."""
+    warps = -(-min(h, BLOCK_THREADS) // 32)
+    taken = np.zeros((n, h), bool) if taken is None else taken
+    at = np.array([rng.choice(np.flatnonzero(~taken[t, :min(h, 32)])) for t in range(n)])
+    fill = np.full((n, warps, FILLERS), -1)
+    for t in range(n):
+        for w in range(1, warps):
+            lanes = [32 * w + l for l in rng.permutation(32) if 32 * w + l < h and not taken[t, 32 * w + l]
+                     and 32 * w + l != at[t] + 128]
+            fill[t, w] = lanes[:FILLERS]
+    return at, fill
+
+
+def _ladder(rng, h: int, at: np.ndarray, fill: np.ndarray, free: np.ndarray, elements=None) -> np.ndarray:
+    """bf16 [n, H]: OUTLIER at `at`, squares in HALF_ULP (of OUTLIER_ULP) on the `free` elements,
+    0 elsewhere, the fillers set so that each other warp's sum is its ladder_residues past a
+    whole ulp.
+    `elements(v)` maps the values to what the kernel squares (identity by default); with it the
+    fillers are adjusted on `v` and their effect read through it."""
+    n = at.size
+    u = OUTLIER_ULP
+    elements = elements or (lambda v: v)
+    mag = np.sqrt(rng.uniform(*HALF_ULP, (n, h)) * u)
+    v = np.where(free, np.where(rng.random((n, h)) < 0.5, -1.0, 1.0) * mag, 0.0)
+    v[np.arange(n), at] = np.where(rng.random(n) < 0.5, -OUTLIER, OUTLIER)
+    v = to_bf16(v).astype(np.float64)
+    target = ladder_residues(h)
+    for _ in range(3):
+        r = warp_sums_of_squares(elements(to_bf16(v))).astype(np.float64)[:, :target.size] / u
+        need = target - (r - np.floor(r))  # in (-1, 1): the change of each warp's sum, in u
+        for t in range(n):
+            for w in range(1, fill.shape[1]):
+                d = need[t, w]
+                if abs(d) < 0.01:
+                    continue
+                sq = v[t, fill[t, w]] ** 2 / u
+                if d > 0 and d > np.sum(0.49 - sq):
+                    d -= 1.0  # lower the sum to the residue below instead
+                if d < 0 and -d > np.sum(sq):
+                    d += 1.0
+                for j, f in enumerate(fill[t, w]):
+                    new = float(np.clip(sq[j] + d, 0.0, 0.49))
+                    d -= new - sq[j]
+                    v[t, f] = np.copysign(np.sqrt(new * u), v[t, f] if v[t, f] else 1.0)
+        v = to_bf16(v).astype(np.float64)
+    return to_bf16(v)
+
+
+@dataclass(frozen=True)
+class PostAttnOrderCase:
+    x: np.ndarray  # bf16 [n, H]
+    o: np.ndarray
+    w_pa: np.ndarray  # bf16 [H]
+    w_router: np.ndarray
+    act_g: float
+    eps: float
+
+    def mid(self, inv_o) -> np.ndarray:
+        """mid = bf16(fmaf(o * inv_o, w_pa, x)) for given per-token factors."""
+        a = (self.o.astype(np.float32) * np.asarray(inv_o, np.float32)[:, None]).astype(np.float32)
+        return to_bf16(fma32(a, self.w_pa.astype(np.float32)[None, :], self.x.astype(np.float32)))
+
+    def inv(self, which: str, order: str = "kernel") -> np.ndarray:
+        """The factor of norm `which` ("o", or "mid": of the kernel-order mid) in `order`."""
+        v = self.o if which == "o" else self.mid(self.inv("o"))
+        return rms_factor32(block_sum_of_squares(v, order), v.shape[-1], self.eps)
+
+    def n_outputs(self, mid, inv_m) -> tuple[np.ndarray, np.ndarray]:
+        """(fs [n] f32, rr [n, H] bf16) from mid and its norm's factor."""
+        n = (mid.astype(np.float32) * np.asarray(inv_m, np.float32)[:, None]).astype(np.float32)
+        fs = (np.max(np.abs(n), axis=-1) / np.float32(E4M3_MAX)).astype(np.float32)
+        return fs, to_bf16((n * self.w_router.astype(np.float32)[None, :]).astype(np.float32))
+
+    def moved_by(self, which: str, order: str) -> np.ndarray:
+        """[n]: outputs the model rounds otherwise when norm `which` sums in `order`: mid's elements
+        for "o"; fs (one) and rr's elements for "mid"."""
+        if which == "o":
+            return np.count_nonzero(bits_of(self.mid(self.inv("o"))) != bits_of(self.mid(self.inv("o", order))), axis=1)
+        mid = self.mid(self.inv("o"))
+        (fs_a, rr_a), (fs_b, rr_b) = (self.n_outputs(mid, self.inv("mid", o)) for o in ("kernel", order))
+        rr_moved = np.count_nonzero(bits_of(rr_a) != bits_of(rr_b), axis=1)
+        return (bits_of(fs_a) != bits_of(fs_b)).astype(np.int64) + rr_moved
+
+    def moves_under_every_order(self) -> np.ndarray:
+        h = self.x.shape[-1]
+        return np.all([self.moved_by(which, order) > 0 for which in ("o", "mid") for order in norm_orders_at(h)],
+                      axis=0)
+
+
+def post_attn_order_designed(h: int, seed: int) -> PostAttnOrderCase:
+    """Each live token: o on a ladder, x cancelling o's normalised values; on the elements of
+    another warp-0 thread, the thread 128 past it and three fillers a warp, o = 0 and x on a
+    ladder of its own (mid = x there, its largest 64 = mid's largest)."""
+    rng = np.random.default_rng([seed, h, 1])
+    w_pa = to_bf16(rng.uniform(0.5, 1.5, h))
+    w_router = to_bf16(rng.uniform(0.5, 1.5, h))
+    idx = np.arange(h)
+
+    def make(rng, n):
+        at_x, fill_x = _ladder_places(rng, n, h)
+        plain = np.zeros((n, h), bool)
+        for t in range(n):
+            lane = at_x[t] % BLOCK_THREADS
+            plain[t] = (idx % BLOCK_THREADS == lane) | (idx % BLOCK_THREADS == lane + 128)
+            plain[t, fill_x[t][fill_x[t] >= 0]] = True
+        at_o, fill_o = _ladder_places(rng, n, h, taken=plain)
+        o = _ladder(rng, h, at_o, fill_o, ~plain)
+        inv_o = rms_factor32(block_sum_of_squares(o), h, ORDER_EPS)
+        a = (o.astype(np.float32) * inv_o[:, None]).astype(np.float64) * w_pa.astype(np.float64)
+        cancel = -to_bf16(a).astype(np.float64) + 0.0
+
+        def mid_of(x_plain):  # the model's mid: x where o = 0, the cancelled residue elsewhere
+            x = np.where(plain, x_plain.astype(np.float64), cancel)
+            return PostAttnOrderCase(to_bf16(x), o, w_pa, w_router, ACT_G, ORDER_EPS).mid(inv_o)
+
+        x_plain = _ladder(rng, h, at_x, fill_x, plain, elements=mid_of)
+        return {"x": to_bf16(np.where(plain, x_plain.astype(np.float64), cancel)), "o": o}
+
+    def keep(c):
+        return PostAttnOrderCase(c["x"], c["o"], w_pa, w_router, ACT_G, ORDER_EPS).moves_under_every_order()
+
+    live = _search(f"post_attn_order_designed(H={h})", rng, make, keep)
+    return PostAttnOrderCase(x=_pool_rows(live["x"]), o=_pool_rows(live["o"]), w_pa=w_pa, w_router=w_router,
+                             act_g=ACT_G, eps=ORDER_EPS)
+
+
+@dataclass(frozen=True)
+class RouterOrderCase:
+    rr: np.ndarray  # bf16 [n, H]
+    wr: np.ndarray  # bf16 [E, H]
+    pes: np.ndarray  # bf16 [E], powers of two: logit = pes * dot exactly
+
+    def logits(self, order: str = "kernel") -> np.ndarray:
+        return (self.pes.astype(np.float32)[None, :] * router_dots(self.rr, self.wr, order)).astype(np.float32)
+
+    def moved_by(self, order: str) -> np.ndarray:
+        """[n]: logits whose bits another order of the dot changes."""
+        return np.count_nonzero(bits_of(self.logits()) != bits_of(self.logits(order)), axis=1)
+
+    def moves_under_every_order(self) -> np.ndarray:
+        return np.all([self.moved_by(o) > 0 for o in router_orders_at(self.rr.shape[-1])], axis=0)
+
+
+def router_order_designed(h: int, e: int, seed: int) -> RouterOrderCase:
+    """rr log-uniform over 2^-8 .. 2^2 with an outlier 64 a token; Wr normal; pes powers of two."""
+    rng = np.random.default_rng([seed, h, e, 2])
+    wr = to_bf16(rng.normal(0.0, 1.0, (e, h)) / np.sqrt(h))
+    pes = to_bf16(np.exp2(rng.integers(-1, 2, e)))
+
+    def make(rng, n):
+        rr = _log_uniform(rng, (n, h), (-8.0, 2.0))
+        rr[np.arange(n), rng.integers(0, h, n)] = OUTLIER
+        return {"rr": to_bf16(rr)}
+
+    live = _search(f"router_order_designed(H={h}, E={e})", rng, make,
+                   lambda c: RouterOrderCase(c["rr"], wr, pes).moves_under_every_order())
+    return RouterOrderCase(rr=_pool_rows(live["rr"]), wr=wr, pes=pes)
+
+
+# The cancelling NVFP4 design: activation blocks of PAIRS pairs (2p, 2p + 1) equal and large,
+# the rest small; a row's pair under BIG_SCALE with codes and negated codes, the other pair zero,
+# every other group under a scale in [0.5, 1). With the activation scale act, a large block's
+# values are e2m1 / 4 and a small block's e2m1 * 2^-14: the pair's terms are about 2^10, the
+# small groups' about 2^-11, a couple of the pair's f32 ulps, with bits far below them.
+PAIRS = 2
+BIG_SCALE = 0x78  # e4m3 256
+SMALL_SCALES = (0x30, 0x38)  # e4m3 [0.5, 1): any mantissa
+
+
+def _e4m3_pow2_bits(log2: int) -> int:
+    """e4m3 bits of 2^log2 (-9 <= log2 <= 8; subnormal below -6)."""
+    return (log2 + 7) << 3 if log2 >= -6 else 1 << (log2 + 9)
+
+
+@dataclass(frozen=True)
+class PairedNvfp4:
+    """NVFP4 activations [n, K] whose pair blocks are equal, and weight tables [tables, rows, K]
+    whose rows cancel on one pair each (the comment above)."""
+
+    q: np.ndarray  # uint8 [n, K/2]
+    s: np.ndarray  # uint8 [n, K/16]
+    w: np.ndarray  # uint8 [tables, rows, K/2]
+    sw: np.ndarray  # uint8 [tables, rows, K/16]
+    pairs: tuple  # the pair indices p (blocks 2p, 2p + 1)
+
+
+def paired_nvfp4_designed(n: int, k: int, tables: int, rows: int, act: float, seed: int) -> PairedNvfp4:
+    """Activations for n vectors of K values, and `tables` weight tables of `rows` rows."""
+    k16 = k // GROUP
+    rng = np.random.default_rng([seed, n, k, tables, rows, 3])
+    pairs = tuple(int(p) for p in rng.choice(k16 // 2, PAIRS, replace=False))
+    big = [b for p in pairs for b in (2 * p, 2 * p + 1)]
+    # The activation: random codes; block scales 2^6 (large) and 2^-6 (small) under act 2^-8.
+    shift = int(round(np.log2(ACT_G / act)))
+    codes = rng.integers(0, 16, (n, k16, GROUP), dtype=np.uint8)
+    s = np.full((n, k16), _e4m3_pow2_bits(-6 + shift), np.uint8)
+    s[:, big] = _e4m3_pow2_bits(6 + shift)
+    for p in pairs:
+        codes[:, 2 * p + 1] = codes[:, 2 * p]
+    wc = rng.integers(0, 16, (tables, rows, k16, GROUP), dtype=np.uint8)
+    sw = rng.integers(*SMALL_SCALES, (tables, rows, k16), dtype=np.uint8)
+    own = np.array(pairs)[np.arange(rows) % PAIRS]  # rows alternate between the pairs
+    for p in pairs:
+        mine = (own == p)[None, :, None]
+        sign = 8 * rng.integers(0, 2, (tables, rows, GROUP), dtype=np.uint8)
+        live = rng.integers(1, 8, (tables, rows, GROUP), dtype=np.uint8) | sign
+        wc[:, :, 2 * p] = np.where(mine, live, 0)
+        wc[:, :, 2 * p + 1] = np.where(mine, live ^ 0x8, 0)
+        sw[:, :, 2 * p] = np.where(mine[..., 0], BIG_SCALE, sw[:, :, 2 * p])
+        sw[:, :, 2 * p + 1] = np.where(mine[..., 0], BIG_SCALE, sw[:, :, 2 * p + 1])
+    return PairedNvfp4(q=pack_codes(codes.reshape(n, k)), s=s, w=pack_codes(wc.reshape(tables, rows, k)), sw=sw,
+                       pairs=pairs)
+
+
+MOVED_ROWS = 64  # the rows of each slot the designs and their tests count moved values over
+GLU_ORDER_GS = 256.0  # glu's global scale: g and u of order 1 (the cancelled rows are about 2^-7), so a = gelu(g) * u
+# quantizes to live codes and scales under act_h (a power of two: the bits of g and u only move up)
+
+
+@dataclass(frozen=True)
+class ExpertsOrderCase:
+    """glu's and down's pool: ids [POOL, K] (collisions by design), glu's activation a token,
+    down's a slot, every expert's tables (gs GLU_ORDER_GS and 1) and the models of their rows."""
+
+    ids: np.ndarray  # int32 [POOL, K]
+    gq: np.ndarray  # uint8 [POOL, H/2]
+    gsc: np.ndarray  # uint8 [POOL, H/16]
+    hq: np.ndarray  # uint8 [POOL, K, I/2]
+    hs: np.ndarray  # uint8 [POOL, K, I/16]
+    weights: ExpertWeights
+    act_g: float
+    act_h: float
+
+    def rows(self, stage: str, token: int, slot: int, order: str = "kernel", rows=slice(None)) -> np.ndarray:
+        """The model's bf16 g/u rows (stage "glu") or opair row (stage "down") of a slot."""
+        e = int(self.ids[token, slot])
+        w = self.weights
+        if stage == "glu":
+            x = nvfp4_dequantize(self.gq[token], self.gsc[token], self.act_g)
+            return nvfp4_rows(w.wgu[e][rows], w.sgu[e][rows], w.gs_gu[e], x, order)
+        x = nvfp4_dequantize(self.hq[token, slot], self.hs[token, slot], self.act_h)
+        return nvfp4_rows(w.wdn[e][rows], w.sdn[e][rows], w.gs_dn[e], x, order)
+
+    def moved_by(self, stage: str, token: int, order: str, rows=slice(None)) -> int:
+        """How many of a token's g/u ("glu") or opair ("down") values, over its K slots and the
+        given rows, another order of the row's dot rounds otherwise."""
+        return sum(int(np.count_nonzero(bits_of(self.rows(stage, token, k, rows=rows))
+                                        != bits_of(self.rows(stage, token, k, order, rows))))
+                   for k in range(self.ids.shape[1]))
+
+    def orders(self, stage: str) -> tuple[str, ...]:
+        """The orders that regroup the stage's dot (over H for glu, I for down)."""
+        return gemv_orders_at(2 * self.gq.shape[-1] if stage == "glu" else 2 * self.hq.shape[-1])
+
+    def moves_under_every_order(self, stage: str, token: int, rows=slice(0, MOVED_ROWS)) -> bool:
+        return all(self.moved_by(stage, token, order, rows) > 0 for order in self.orders(stage))
+
+
+
+def order_ids(e: int, k: int, seed: int) -> np.ndarray:
+    """[POOL, K] expert ids: K distinct experts a live token (token 3 shares one with token 0),
+    the twin token 0's, the zero token 0..K-1."""
+    rng = np.random.default_rng([seed, e, k, 4])
+    live = np.stack([rng.choice(e, k, replace=False) for _ in range(ORDER_LIVE)]).astype(np.int32)
+    if not set(live[3].tolist()) & set(live[0].tolist()):
+        live[3, 0] = live[0, 0]
+    return np.concatenate([live, live[:1], np.arange(k, dtype=np.int32)[None, :]]).astype(np.int32)
+
+
+def experts_order_designed(h: int, i: int, e: int, k: int, seed: int) -> ExpertsOrderCase:
+    ids = order_ids(e, k, seed)
+    glu = paired_nvfp4_designed(ORDER_LIVE, h, e, 2 * i, ACT_G, seed)
+    down = paired_nvfp4_designed(ORDER_LIVE * k, i, e, h, ACT_H, seed + 1)
+    w = ExpertWeights({}, {}, {}, {}, {}, {})
+    for ex in range(e):
+        w.wgu[ex], w.sgu[ex], w.gs_gu[ex] = glu.w[ex], glu.sw[ex], np.float32(GLU_ORDER_GS)
+        w.wdn[ex], w.sdn[ex], w.gs_dn[ex] = down.w[ex], down.sw[ex], np.float32(1.0)
+    case = ExpertsOrderCase(ids=ids, gq=_pool_rows(glu.q), gsc=_pool_rows(glu.s),
+                            hq=_pool_rows(down.q.reshape(ORDER_LIVE, k, -1)),
+                            hs=_pool_rows(down.s.reshape(ORDER_LIVE, k, -1)), weights=w, act_g=ACT_G, act_h=ACT_H)
+    for stage in ("glu", "down"):
+        still = [t for t in range(ORDER_LIVE) if not case.moves_under_every_order(stage, t)]
+        if still:
+            raise DesignError(f"experts_order_designed(H={h}, I={i}, E={e}, K={k}): {stage} rows of tokens {still} "
+                              f"keep their bits under one of {case.orders(stage)}")
+    return case
+
+
+@dataclass(frozen=True)
+class FinalOrderCase:
+    """final's tokens: half the elements carry the dense term alone (w_m = 0 there), half the
+    MoE term alone (w_d = 0), and mid cancels whichever term an element carries."""
+
+    mid: np.ndarray  # bf16 [n, H]
+    dense: np.ndarray
+    opair: np.ndarray  # bf16 [n, K, H]
+    wts: np.ndarray  # f32 [n, K]
+    w_d: np.ndarray  # bf16 [H]
+    w_m: np.ndarray
+    layer_scalar: float
+    eps: float
+
+    def slot_sum(self) -> np.ndarray:
+        """moe_final's m = sum_k fmaf(wts_k, opair_k, m), in slot order from 0."""
+        return slot_sum(self.wts, self.opair)
+
+    def inv(self, which: str, order: str = "kernel") -> np.ndarray:
+        v = self.dense if which == "dense" else self.slot_sum()
+        return rms_factor32(block_sum_of_squares(v, order), v.shape[-1], self.eps)
+
+    def terms(self, inv_d, inv_m) -> tuple[np.ndarray, np.ndarray]:
+        """(f32(dense * inv_d), f32(m * inv_m)): the normalised terms before their weights."""
+        a = (self.dense.astype(np.float32) * np.asarray(inv_d, np.float32)[:, None]).astype(np.float32)
+        return a, (self.slot_sum() * np.asarray(inv_m, np.float32)[:, None]).astype(np.float32)
+
+    def out(self, inv_d, inv_m) -> np.ndarray:
+        a, b = self.terms(inv_d, inv_m)
+        acc = fma32(a, self.w_d.astype(np.float32)[None, :], self.mid.astype(np.float32))
+        acc = fma32(b, self.w_m.astype(np.float32)[None, :], acc)
+        return to_bf16((acc * np.float32(self.layer_scalar)).astype(np.float32))
+
+    def moved_by(self, which: str, order: str) -> np.ndarray:
+        """[n]: output elements the model rounds otherwise when norm `which` ("dense" or "moe")
+        sums in `order`."""
+        base = self.out(self.inv("dense"), self.inv("moe"))
+        if which == "dense":
+            other = self.out(self.inv("dense", order), self.inv("moe"))
+        else:
+            other = self.out(self.inv("dense"), self.inv("moe", order))
+        return np.count_nonzero(bits_of(base) != bits_of(other), axis=1)
+
+    def moves_under_every_order(self) -> np.ndarray:
+        h = self.dense.shape[-1]
+        return np.all([self.moved_by(which, order) > 0 for which in ("dense", "moe") for order in norm_orders_at(h)],
+                      axis=0)
+
+
+def slot_sum(wts, opair) -> np.ndarray:
+    """moe_final's m = sum_k fmaf(wts_k, opair_k, m), slot order from 0: f32 [n, H]."""
+    wts = np.asarray(wts, np.float32)
+    m = np.zeros((wts.shape[0], opair.shape[-1]), np.float32)
+    for kk in range(wts.shape[1]):
+        m = fma32(wts[:, kk:kk + 1], np.asarray(opair[:, kk]).astype(np.float32), m)
+    return m
+
+
+def final_order_designed(h: int, k: int, seed: int) -> FinalOrderCase:
+    """dense on a ladder; the slot sum on a ladder too (slot 0 carries it, the other slots add
+    small log-uniform terms with low bits); wts a softmax of random logits; mid cancels each
+    element's normalised term (FinalOrderCase)."""
+    rng = np.random.default_rng([seed, h, k, 5])
+    dense_half = rng.random(h) < 0.5
+    w_d = to_bf16(np.where(dense_half, rng.uniform(0.5, 1.5, h), 0.0))
+    w_m = to_bf16(np.where(dense_half, 0.0, rng.uniform(0.5, 1.5, h)))
+    free = np.ones(h, bool)
+
+    def make(rng, n):
+        at, fill = _ladder_places(rng, n, h)
+        dense = _ladder(rng, h, at, fill, np.broadcast_to(free, (n, h)))
+        logits = rng.normal(0.0, 1.0, (n, k))
+        wts = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).astype(np.float32)
+        rest = np.zeros((n, k, h))
+        rest[:, 1:] = _log_uniform(rng, (n, k - 1, h), (-16.0, -12.0))  # well under the ladder's squares' roots
+        rest = to_bf16(rest)
+
+        def opair_for(target):  # slot 0 brings the slot sum to `target`
+            others = np.einsum("nk,nkh->nh", wts[:, 1:].astype(np.float64), rest[:, 1:].astype(np.float64))
+            op = rest.astype(np.float64).copy()
+            op[:, 0] = (np.asarray(target, np.float64) - others) / wts[:, :1].astype(np.float64)
+            return to_bf16(op)
+
+        at_m, fill_m = _ladder_places(rng, n, h)
+        target = _ladder(rng, h, at_m, fill_m, np.broadcast_to(free, (n, h)),
+                         elements=lambda t: slot_sum(wts, opair_for(t)))
+        opair = opair_for(target)
+        case = FinalOrderCase(mid=to_bf16(np.zeros((n, h))), dense=dense, opair=opair, wts=wts, w_d=w_d,
+                              w_m=w_m, layer_scalar=ORDER_LAYER_SCALAR, eps=ORDER_EPS)
+        a, b = case.terms(case.inv("dense"), case.inv("moe"))
+        term = np.where(dense_half[None, :], a.astype(np.float64) * w_d.astype(np.float64),
+                        b.astype(np.float64) * w_m.astype(np.float64))
+        return {"mid": to_bf16(-to_bf16(term).astype(np.float64) + 0.0), "dense": dense, "opair": opair, "wts": wts}
+
+    def keep(c):
+        return FinalOrderCase(**c, w_d=w_d, w_m=w_m, layer_scalar=ORDER_LAYER_SCALAR,
+                              eps=ORDER_EPS).moves_under_every_order()
+
+    live = _search(f"final_order_designed(H={h}, K={k})", rng, make, keep)
+    wts = np.concatenate([live["wts"], live["wts"][:1], np.full((1, k), 1.0 / k, np.float32)]).astype(np.float32)
+    return FinalOrderCase(mid=_pool_rows(live["mid"]), dense=_pool_rows(live["dense"]),
+                          opair=_pool_rows(live["opair"]), wts=wts, w_d=w_d, w_m=w_m,
+                          layer_scalar=ORDER_LAYER_SCALAR, eps=ORDER_EPS)
+
+
+@dataclass(frozen=True)
+class OrderPool:
+    """Every stage's order-sensitive inputs for one shape, ORDER_POOL tokens."""
+
+    post: PostAttnOrderCase
+    router: RouterOrderCase
+    experts: ExpertsOrderCase
+    final: FinalOrderCase
+
+
+def order_pool(h: int, i: int, e: int, k: int, seed: int) -> OrderPool:
+    return OrderPool(post=post_attn_order_designed(h, seed), router=router_order_designed(h, e, seed),
+                     experts=experts_order_designed(h, i, e, k, seed), final=final_order_designed(h, k, seed))

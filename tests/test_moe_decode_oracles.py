@@ -478,3 +478,191 @@ def test_post_attn_design_with_o_four_times_its_unit_mean_square_keeps_mid_and_s
         assert np.count_nonzero(bits_of(moved) != bits_of(big.mid[live])) > h // 2, wrong
     with pytest.raises(od.DesignError, match="not a power of two"):
         od.post_attn_designed(t, h, seed=h, o_scale=3.0)
+
+
+# ------------------------------------------------------------------ order-sensitive designs (invariance gates)
+
+from fractions import Fraction  # noqa: E402
+
+from gates import test_moe_invariance as inv  # noqa: E402
+
+CHECKED = [r for r in inv.ROWS if r < od.ORDER_LIVE]  # the live tokens the invariance gate checks
+
+
+def _f32_round(v: Fraction) -> np.float32:
+    """The f32 nearest an exact value, ties to even."""
+    f = np.float32(float(v))
+    near = [f, np.nextafter(f, np.float32(np.inf)), np.nextafter(f, np.float32(-np.inf))]
+    return min(near, key=lambda c: (abs(Fraction(float(c)) - v), int(np.array(c).view(np.uint32)) & 1))
+
+
+def test_fma32_rounds_the_exact_product_and_sum_once():
+    rng = np.random.default_rng(0)
+    a = (rng.normal(size=400) * np.exp2(rng.integers(-20, 20, 400))).astype(np.float32)
+    b = (rng.normal(size=400) * np.exp2(rng.integers(-20, 20, 400))).astype(np.float32)
+    c = (rng.normal(size=400) * np.exp2(rng.integers(-40, 40, 400))).astype(np.float32)
+    c[::2] = (-(a[::2].astype(np.float64) * b[::2])).astype(np.float32)  # near-cancellation
+    got = od.fma32(a, b, c)
+    want = [_f32_round(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))) for x, y, z in zip(a, b, c)]
+    assert np.array_equal(bits_of(got), bits_of(np.array(want, np.float32)))
+    # On an f32 midpoint the float64 sum lost the part that decides: (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24.
+    one = np.float32(1 + 2**-12)
+    assert od.fma32(one, one, np.float32(2.0**-80)) == np.nextafter(np.float32(1 + 2**-11), np.float32(2))
+    assert od.fma32(one, one, np.float32(-2.0**-80)) == np.float32(1 + 2**-11)
+
+
+def test_the_same_squares_summed_in_another_order_give_another_quantised_output():
+    # The property the invariance gate rests on, on one ladder: the kernel's order and 128 threads
+    # a block sum the same squares to different f32 values, the factors differ, and the bf16
+    # outputs that cancel the normalised term differ.
+    case = inv.order_pool("seed-H2816-I704-E16-K8").post
+    sums = {o: od.block_sum_of_squares(case.o[:1], o) for o in ("kernel", "threads 128")}
+    assert sums["kernel"] != sums["threads 128"], f"both orders sum to {sums['kernel']}"
+    inv_o = {o: od.rms_factor32(s, case.o.shape[-1], case.eps) for o, s in sums.items()}
+    assert inv_o["kernel"] != inv_o["threads 128"]
+    sub = od.PostAttnOrderCase(case.x[:1], case.o[:1], case.w_pa, case.w_router, case.act_g, case.eps)
+    mids = {o: sub.mid(v) for o, v in inv_o.items()}
+    assert np.count_nonzero(bits_of(mids["kernel"]) != bits_of(mids["threads 128"])) > 0
+
+
+def test_the_kernel_order_of_a_block_sum_is_the_threads_then_the_warp_trees_then_the_warps():
+    # An independent spelling of moe_block_sum over fmaf(v, v, ss) at H 2816 (11 passes).
+    rng = np.random.default_rng(1)
+    v = to_bf16(rng.normal(0, 1, (3, 2816)) * np.exp2(rng.integers(-6, 6, (3, 2816))))
+    x = v.astype(np.float32)
+    want = np.zeros(3, np.float32)
+    for t in range(3):
+        threads = np.zeros(256, np.float32)
+        for i in range(2816):
+            threads[i % 256] = np.float32(threads[i % 256] + np.float32(x[t, i] * x[t, i]))
+        warps = [od.warp_tree_sum(threads[32 * w:32 * w + 32][None, :])[0, 0] for w in range(8)]
+        s = np.float32(0)
+        for r in warps:
+            s = np.float32(s + r)
+        want[t] = s
+    assert np.array_equal(bits_of(od.block_sum_of_squares(v)), bits_of(want))
+
+
+@pytest.mark.parametrize("h", [64, 192, 256, 512, 704, 2816])
+def test_an_order_that_does_not_regroup_at_a_size_gives_the_kernels_bits(h):
+    # norm_orders_at leaves out exactly the orders that add the same numbers the same way at H;
+    # the designs are held to every order it names.
+    rng = np.random.default_rng(h)
+    v = to_bf16(rng.normal(0, 1, (16, h)) * np.exp2(rng.uniform(-12, 6, (16, h))))
+    base = bits_of(od.block_sum_of_squares(v))
+    for order in set(od.NORM_ORDERS) - set(od.norm_orders_at(h)):
+        assert np.array_equal(bits_of(od.block_sum_of_squares(v, order)), base), order
+    assert any(not np.array_equal(bits_of(od.block_sum_of_squares(v, o)), base) for o in od.norm_orders_at(h))
+
+
+@pytest.mark.parametrize("shape_id", list(inv.SHAPES))
+def test_every_norm_order_moves_the_checked_tokens_outputs(shape_id):
+    # Under every order that regroups at H, each checked live token of post_attn moves mid (o's
+    # norm) and fs (mid's norm), and of final moves out (both norms), in the host model.
+    pool = inv.order_pool(shape_id)
+    h = inv.SHAPES[shape_id].h
+    for order in od.norm_orders_at(h):
+        for which in ("o", "mid"):
+            moved = pool.post.moved_by(which, order)[CHECKED]
+            assert (moved > 0).all(), f"post_attn {which} norm in {order}: moved {moved.tolist()}"
+        for which in ("dense", "moe"):
+            moved = pool.final.moved_by(which, order)[CHECKED]
+            assert (moved > 0).all(), f"final {which} norm in {order}: moved {moved.tolist()}"
+
+
+@pytest.mark.parametrize("shape_id", list(inv.SHAPES))
+def test_the_ladders_sums_move_by_an_ulp_or_more_and_mid_s_maximum_is_64(shape_id):
+    pool = inv.order_pool(shape_id)
+    h = inv.SHAPES[shape_id].h
+    post, final = pool.post, pool.final
+    mid = post.mid(post.inv("o"))
+    for label, v in (("o", post.o), ("mid", mid), ("dense", final.dense), ("slot sum", final.slot_sum())):
+        base = od.block_sum_of_squares(v[CHECKED]).view(np.int32).astype(np.int64)
+        for order in od.norm_orders_at(h):
+            ulps = od.block_sum_of_squares(v[CHECKED], order).view(np.int32).astype(np.int64) - base
+            assert (np.abs(ulps) >= 1).all(), f"{label} summed in {order}: {ulps.tolist()} ulps"
+    assert (np.max(np.abs(mid[:od.ORDER_LIVE].astype(np.float32)), axis=1) == od.OUTLIER).all()
+    r = od.warp_sums_of_squares(post.o[CHECKED]).astype(np.float64) / od.OUTLIER_ULP
+    target = od.ladder_residues(h)
+    assert np.allclose((r - np.floor(r))[:, 1:target.size], target[1:], atol=0.02)
+
+
+@pytest.mark.parametrize("shape_id", list(inv.SHAPES))
+def test_every_router_order_moves_the_checked_tokens_logits(shape_id):
+    pool = inv.order_pool(shape_id)
+    for order in od.router_orders_at(inv.SHAPES[shape_id].h):
+        moved = pool.router.moved_by(order)[CHECKED]
+        assert (moved > 0).all(), f"router dot in {order}: moved {moved.tolist()}"
+
+
+@pytest.mark.parametrize("shape_id", list(inv.SHAPES))
+def test_every_gemv_order_moves_the_checked_tokens_expert_rows(shape_id):
+    ex = inv.order_pool(shape_id).experts
+    for stage in ("glu", "down"):
+        assert ex.orders(stage), f"{stage}: no order regroups at this shape"
+        for token in CHECKED:
+            for order in ex.orders(stage):
+                moved = ex.moved_by(stage, token, order, rows=slice(0, od.MOVED_ROWS))
+                assert moved > 0, f"{stage} rows of token {token} in {order}: none moved"
+
+
+def test_a_cancelling_pair_makes_the_row_its_roundings():
+    # One row: the pair's two groups carry +-B of about 2^10, the rest about 2^-11; the kernel's
+    # bf16 output is far below B and the orders that regroup give other bits.
+    pair = od.paired_nvfp4_designed(1, 2816, 1, 4, od.ACT_G, seed=3)
+    x = od.nvfp4_dequantize(pair.q[0], pair.s[0], od.ACT_G)
+    rows = od.nvfp4_rows(pair.w[0], pair.sw[0], 1.0, x).astype(np.float32)
+    assert (np.abs(rows) < 2.0**-2).all() and (rows != 0).all(), rows
+    for order in od.gemv_orders_at(2816):
+        assert not np.array_equal(bits_of(od.nvfp4_rows(pair.w[0], pair.sw[0], 1.0, x, order)), bits_of(to_bf16(rows)))
+
+
+@pytest.mark.parametrize("shape_id", list(inv.SHAPES))
+def test_the_pool_has_its_twin_its_zero_token_and_shared_experts(shape_id):
+    pool = inv.order_pool(shape_id)
+    s = inv.SHAPES[shape_id]
+    twin, zero = od.ORDER_TWIN, od.ORDER_ZERO
+    for name, a in (("x", pool.post.x), ("o", pool.post.o), ("rr", pool.router.rr), ("gq", pool.experts.gq),
+                    ("hq", pool.experts.hq), ("dense", pool.final.dense), ("opair", pool.final.opair),
+                    ("mid", pool.final.mid)):
+        assert np.array_equal(bits_of(a[twin]), bits_of(a[0])), f"{name}: the twin is not token 0"
+        assert not np.any(bits_of(a[zero])), f"{name}: the zero token is not zero"
+    ids = pool.experts.ids
+    assert np.array_equal(ids[twin], ids[0]) and np.array_equal(ids[zero], np.arange(s.k))
+    assert set(ids[3].tolist()) & set(ids[0].tolist())
+    assert all(len(set(row.tolist())) == s.k for row in ids) and ids.max() < s.e
+    # every checked token's outputs are not the zero token's: a vacuous row would compare nothing
+    assert all(np.count_nonzero(bits_of(pool.post.o[t])) > s.h // 2 for t in CHECKED)
+
+
+# ------------------------------------------------------------------ the big-index gate's layout and the sparse designs
+
+from gates import test_moe_big_index as big  # noqa: E402
+
+
+def test_the_far_expert_lies_past_2_32_bytes_and_its_wrapped_offset_on_a_decoy_of_its_own():
+    lay = big.far_end_layout()
+    assert big.layout_problems(lay) == []
+    assert lay.glu_codes >= 1 << 32 and lay.down_codes >= 1 << 31
+    assert lay.decoy == lay.glu_codes - (1 << 32)
+    # an expert nearer the start would not wrap: the gate's own check refuses such a layout
+    assert any("not in [2^32" in p for p in big.layout_problems(big.far_end_layout(far=100)))
+
+
+@pytest.mark.parametrize("t, k, e, h, i", [(1, 1, 1, 64, 64), (3, 3, 13, 192, 128), (2, 8, 40, 1024, 1088)])
+def test_the_sparse_designs_are_the_kernel_order_rows_of_their_whole_tables(t, k, e, h, i):
+    # The sparse designs' expected rows are the kernel-order emulation of the tables they write
+    # (exact dyadic dots: any order), and gate rows are 0 or past the tanh saturation bound.
+    ids = od.router_designed(t, h, e, k, seed=e).ids
+    glu, down = od.glu_sparse_designed(ids, h, i, seed=1), od.down_sparse_designed(ids, h, i, seed=1)
+    for tok in range(t):
+        x = od.nvfp4_dequantize(glu.gq[tok], glu.gsc[tok], glu.act_g)
+        for kk in range(k):
+            ex = int(ids[tok, kk])
+            w, s = glu.weights.dense(ex)
+            assert np.array_equal(bits_of(od.nvfp4_rows(w, s, 1.0, x)), bits_of(glu.gu[tok, kk]))
+            w, s = down.weights.dense(ex)
+            xd = od.nvfp4_dequantize(down.hq[tok, kk], down.hs[tok, kk], down.act_h)
+            assert np.array_equal(bits_of(od.nvfp4_rows(w, s, 1.0, xd)), bits_of(down.opair[tok, kk]))
+    g = glu.gu[..., :i].astype(np.float32)
+    assert np.all((g == 0) | (np.abs(g) >= od.GELU_SATURATED)) and np.count_nonzero(g) > g.size // 2
