@@ -234,11 +234,14 @@ class _Run:
         self.space, self.check = space, check
         self.tried = 0
         self.failures: dict[tuple, BaseException] = {}
+        self.passed: set[tuple] = set()  # a shape Hypothesis draws again is not checked again
 
     def fails(self, shape: Shape) -> bool:
         key = tuple(shape[n] for n in self.space.names)
         if key in self.failures:
             return True
+        if key in self.passed:
+            return False
         self.tried += 1
         try:
             self.check(dict(shape))
@@ -247,6 +250,7 @@ class _Run:
                 raise _Fault(shape, exc) from exc
             self.failures[key] = exc
             return True
+        self.passed.add(key)
         return False
 
     def error(self, shape: Shape) -> BaseException:
