@@ -465,10 +465,10 @@ def enabled() -> bool:
 
 def registry() -> Redzones | None:
     """The current device's redzones, made on first use; None where CuPy is a stand-in whose arrays
-    are host arrays (no `ndarray` type of its own)."""
+    are host arrays (no `ndarray` type of its own, or no `cuda` runtime: a test's emulated device)."""
     import cupy
 
-    if not isinstance(getattr(cupy, "ndarray", None), type):
+    if not isinstance(getattr(cupy, "ndarray", None), type) or getattr(cupy, "cuda", None) is None:
         return None
     ordinal = cupy.cuda.runtime.getDevice()
     found = _registries.get(ordinal)
