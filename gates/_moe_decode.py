@@ -246,17 +246,20 @@ def certified_gemv(w, s, gs: float, x_bf16):
 # ------------------------------------------------------------------ expert tables
 
 
-def device_experts(shape: Shape, weights: od.ExpertWeights, table: np.ndarray) -> moe.Experts:
-    """Tables of E storage slots; the experts in `weights` at table[e], the rest NaN-scaled."""
+def _poisoned_tables(shape: Shape):
+    """(wgu, sgu, gs_gu, wdn, sdn, gs_dn) of E storage slots: zero codes under NaN block and global
+    scales, so a slot no expert was written into poisons whatever reads it."""
     import cupy
 
     e, h, i = shape.e, shape.h, shape.i
-    wgu = cupy.zeros((e, 2 * i, h // 2), np.uint8)
-    sgu = cupy.full((e, 2 * i, h // od.GROUP), NAN_E4M3, np.uint8)
-    wdn = cupy.zeros((e, h, i // 2), np.uint8)
-    sdn = cupy.full((e, h, i // od.GROUP), NAN_E4M3, np.uint8)
-    gs_gu = cupy.full((e,), np.nan, np.float32)
-    gs_dn = cupy.full((e,), np.nan, np.float32)
+    return (cupy.zeros((e, 2 * i, h // 2), np.uint8), cupy.full((e, 2 * i, h // od.GROUP), NAN_E4M3, np.uint8),
+            cupy.full((e,), np.nan, np.float32), cupy.zeros((e, h, i // 2), np.uint8),
+            cupy.full((e, h, i // od.GROUP), NAN_E4M3, np.uint8), cupy.full((e,), np.nan, np.float32))
+
+
+def device_experts(shape: Shape, weights: od.ExpertWeights, table: np.ndarray) -> moe.Experts:
+    """Tables of E storage slots; the experts in `weights` at table[e], the rest NaN-scaled."""
+    wgu, sgu, gs_gu, wdn, sdn, gs_dn = _poisoned_tables(shape)
     for eid in weights.wgu:
         st = int(table[eid])
         wgu[st] = put(weights.wgu[eid])
@@ -274,15 +277,7 @@ def sparse_device_experts(shape: Shape, glu: od.SparseExperts, down: od.SparseEx
     a selected expert's slot holds zero codes under scale 1.0 but on its live groups, written
     there alone (a few bytes a row: the host never builds a whole table), and every other slot
     NaN block and global scales, so an expert read by mistake poisons its output."""
-    import cupy
-
-    e, h, i = shape.e, shape.h, shape.i
-    wgu = cupy.zeros((e, 2 * i, h // 2), np.uint8)
-    sgu = cupy.full((e, 2 * i, h // od.GROUP), NAN_E4M3, np.uint8)
-    wdn = cupy.zeros((e, h, i // 2), np.uint8)
-    sdn = cupy.full((e, h, i // od.GROUP), NAN_E4M3, np.uint8)
-    gs_gu = cupy.full((e,), np.nan, np.float32)
-    gs_dn = cupy.full((e,), np.nan, np.float32)
+    wgu, sgu, gs_gu, wdn, sdn, gs_dn = _poisoned_tables(shape)
     for eid in glu.groups:
         st = int(table[eid])
         for w, sc, design in ((wgu, sgu, glu), (wdn, sdn, down)):
