@@ -298,7 +298,8 @@ def prefill_plan(shape) -> ora.LadderPlan:
 def decode_ladder_holds(plan: ora.LadderPlan, splits: int) -> None:
     """Each row copies its winner's V row in every head, bitwise: the last-CTA merge on the
     ladders as planned, the combine kernel on the ladders flipped (each kv head climbing the
-    other way), so both merges see both directions on every kv head."""
+    other way). The ladders alternate direction by kv head, so each merge sees both directions
+    (on alternate kv heads) and every kv head climbs both ways over the two launches."""
     for flip, merge in ((0, "last_cta"), (1, "combine")):
         case = ora.ladder_case(plan, flip)
         assert_bits_eq(f"paged decode out [row, head, dim] ({merge} merge, splits {splits}, ladders flipped {flip})",

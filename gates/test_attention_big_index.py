@@ -75,7 +75,7 @@ def test_paged_attention_copies_each_rows_ladder_winner_from_a_pool_past_2_31_el
     dplan, pplan = decode_plan(), prefill_plan()
     decode_at, prefill_at, num_pages = placement(dplan, pplan)
     dcase, pcase = _k_is_v(ora.ladder_case(dplan, 0)), _k_is_v(ora.ladder_case(pplan, 1))
-    with buffers.device_memory(num_pages * PAGE_ELEMENTS * 2 + (1 << 28), "a paged-attention pool of 2.15e9 bf16 "
+    with buffers.device_memory(num_pages * PAGE_ELEMENTS * 2 + (1 << 28), "a paged-attention pool of 2.16e9 bf16 "
                                "elements"):
         big = cupy.empty((num_pages, NKV, pa.PAGE, HD), dtype=cupy.uint16)   # only the plans' pages written
         big[decode_at:decode_at + dplan.num_pages] = cupy.asarray(bits_of(dcase.k_pool))

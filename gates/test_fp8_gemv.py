@@ -140,7 +140,9 @@ def test_an_output_narrower_than_the_segments_is_refused_before_launch():
 # The sweep: the kernel over its shapes. K is swept 16 bytes a lane, 32 lanes a step (512 a
 # warp's pass): its multiples are the passes with no tail, one chunk either side a tail of one
 # chunk. T crosses the tiles of FP8_GEMV_TOKENS_PER_BLOCK tokens (its tile: a whole tile, one
-# token either side); N the blocks of 8 rows. The bound keeps the host oracle's dot products
+# token either side); N crosses the blocks of 8 rows by its powers of two (a whole block, several)
+# and by the drawn values (a partial last block; a tile for N would add some 190 boundaries of
+# little more worth). The bound keeps the host oracle's dot products
 # (T * K * N of them) quick, and K keeps the positional design exact (9 K below 2^24 units of
 # 1/64).
 FP8_PASS = 32 * fp8_gemv.BYTES_PER_LANE

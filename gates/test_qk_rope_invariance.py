@@ -1,4 +1,4 @@
-"""Batch invariance and determinism of QK RMSNorm + RoPE (flat and paged decode arms).
+"""Batch invariance and determinism of QK RMSNorm + RoPE (the flat, paged-prefill and paged-decode arms).
 
 A token's Q, K and V rows must not depend on the batch it is launched in: how many tokens
 share the launch (the grid, which block of 4 warps its jobs fall in, whether they straddle
