@@ -35,5 +35,7 @@ The modules, by role:
   mutants;
 - `lanes`: the ordinary GPU gates of a run split over several workers at once, and what
   each gate took the last time it ran (`GateTimes`);
+- `ledger` and `share`: the machine's ledger of the lanes every harness run on it holds, and
+  how many a run gets beside them (the host's cores, the GPU's memory) and why;
 - `traps`: trap gates started ahead on spares, a few at a time (`--harness-real-traps`).
 """

@@ -45,7 +45,21 @@ def probe_dict() -> dict:
 
     p = device.probe()
     return {"count": p.count, "name": p.name, "arch": p.arch, "error": p.error,
-            "devices": [list(d) for d in device.list_devices()] if p.usable else []}
+            "devices": [list(d) for d in device.list_devices()] if p.usable else [],
+            "memory": device_memory() if p.usable else None}
+
+
+def device_memory() -> list[int] | None:
+    """[free, total] bytes of this process's current device, from the driver (through CuPy):
+    what the run's share of lanes is weighed against (harness.pool.share); None where they
+    cannot be read (no GPU, a stand-in for one)."""
+    try:
+        import cupy
+
+        free, total = cupy.cuda.runtime.memGetInfo()
+        return [int(free), int(total)]
+    except Exception:  # noqa: BLE001 - no driver, no device, no CuPy: no facts
+        return None
 
 
 def become_worker(session, token: int) -> None:
