@@ -114,12 +114,26 @@ class Ledger:
         import fcntl
 
         self._make_folder()
-        fd = os.open(self.root / LOCK_FILE, os.O_RDONLY | os.O_CREAT, 0o644)
+        fd = self._open_lock()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # flock: a descriptor opened for reading takes it too
             yield
         finally:
             os.close(fd)  # and the lock with it
+
+    def _open_lock(self) -> int:
+        """The lock file, opened for reading (made where it is missing). An existing one is
+        opened without O_CREAT: in a folder open to all, the kernel refuses an O_CREAT open of
+        another user's file (fs.protected_regular)."""
+        path = self.root / LOCK_FILE
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            pass
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:  # made by another claim meanwhile
+            return os.open(path, os.O_RDONLY)
 
     def _make_folder(self) -> None:
         try:
@@ -161,5 +175,6 @@ class Ledger:
             path = self.root / f"{mine.pid}-{mine.started or 0}-{uuid.uuid4().hex[:8]}.json"
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(asdict(mine), sort_keys=True) + "\n")
+            os.chmod(tmp, 0o644)  # past the umask: every user's runs read it
             os.replace(tmp, path)
         return Claim(path, mine, others)
