@@ -1,7 +1,8 @@
 """Runs that share a machine share its lanes (harness.pool.ledger, harness.pool.share): claims
 written down and released, a holder killed by SIGKILL swept, claims made at once from several
 processes never past the budget (and the control: without the ledger's lock they are), what
-each bound gives and the line the summary says it in."""
+each bound gives and the line the summary says it in; then runs through pytester on a stand-in
+GPU that the probe names by UUID, beside a process that holds lanes in the same ledger."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import pytest
 from harness.pool import share
 from harness.pool.ledger import Holding, Ledger, process_start
 from harness.pool.share import GIB, Ask, GpuFacts, Limit, decide
-from tests._machine import child_env
+from tests._machine import child_env, use_child_env
+from tests.test_plugin import FAKE_DEVICE_CONFTEST
 
 UUID = "GPU-fa6e0000-1111-2222-3333-444455556666"
 OTHER_GPU = "GPU-0b0e0000-1111-2222-3333-444455556666"
@@ -215,3 +217,86 @@ def test_the_probe_names_the_gpu_by_uuid_or_there_is_nothing_shared_to_weigh():
     assert GpuFacts.from_probe(probe, 1) == GpuFacts(OTHER_GPU), "the memory read is the probe's device's, the first"
     assert GpuFacts.from_probe({"count": 1, "devices": []}, None) is None
     assert GpuFacts.from_probe({"count": 1, "devices": [[0, "Fake", ""]]}, None) is None
+
+
+# ------------------------------------------------------------------ runs through pytester
+
+
+# A stand-in GPU the probe names by UUID, with 40 of 80 GiB free, on a host of 8 cores (4 lanes).
+LEDGER_CONFTEST = FAKE_DEVICE_CONFTEST + f"""
+import harness.pool.lanes as lanes
+import harness.pool.worker as worker
+
+device.list_devices = lambda: [(0, "Fake GPU", "{UUID}")]
+worker.device_memory = lambda: [40 << 30, 80 << 30]
+lanes.host_cpus = lambda: 8
+"""
+
+# A gate that writes down the ledger's entries it sees while it runs.
+GATES = """
+import json, os, pathlib, tempfile, pytest
+
+@pytest.mark.gpu
+@pytest.mark.anchor
+@pytest.mark.parametrize("i", range(2))
+def test_g(i):
+    folder = pathlib.Path(tempfile.gettempdir()) / "harness-ledger"
+    seen = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    pathlib.Path(f"seen-{{os.getpid()}}-{me}-{{i}}").write_text(json.dumps(seen))
+"""
+
+
+@pytest.fixture
+def machine(pytester, monkeypatch, tmp_path_factory):
+    """A pytester folder whose runs share a ledger (in their temp dir) with a process that holds
+    2 lanes (4 workers) on the same stand-in GPU."""
+    use_child_env(monkeypatch)
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(pytester.path / "cache"))
+    tmp = tmp_path_factory.mktemp("t")
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    pytester.makeini("[pytest]\nkernel_root = .\n")
+    pytester.makeconftest(LEDGER_CONFTEST)
+    for me in "abc":
+        pytester.makepyfile(**{f"test_{me}": GATES.format(me=me)})
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER.replace("4, 6", "2, 4"), str(tmp / "harness-ledger"),
+                               UUID], stdout=subprocess.PIPE, text=True, env=child_env())
+    assert holder.stdout.readline().strip() == "claimed"
+    pytester.ledger, pytester.holder = tmp / "harness-ledger", holder
+    yield pytester
+    holder.kill()
+    holder.wait()
+
+
+def _seen(machine) -> list[list[dict]]:
+    return [json.loads(p.read_text()) for p in machine.path.glob("seen-*")]
+
+
+def test_a_run_beside_another_gets_the_lanes_left_says_why_and_gives_them_back(machine):
+    result = machine.runpytest_subprocess("--require-gpu", "--harness-report", "rep")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["lanes: 2 of 4: 8 cores make 4 lanes, 2 held by other runs (1 other harness run "
+                                 "holds 2 lanes, 4 workers on GPU-fa6e0000; 40.0 of 80.0 GiB free at the probe)"])
+    workers = {g["worker"] for g in json.loads((machine.path / "rep" / "gates.json").read_text())["gates"]}
+    assert len(workers) == 2, workers
+    for seen in _seen(machine):  # while it ran: the holder's entry and its own, 2 lanes and a spare beside them
+        assert sorted((e["pid"] == machine.holder.pid, e["lanes"], e["workers"], e["fixed"]) for e in seen) == \
+            [(False, 2, 3, ""), (True, 2, 4, "")]
+    assert [h.pid for h in Ledger(machine.ledger).holdings()] == [machine.holder.pid], "its claim was released"
+
+
+def test_harness_lanes_is_honoured_written_down_and_said_to_be_over_the_budget(machine):
+    result = machine.runpytest_subprocess("--require-gpu", "--harness-lanes", "3")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["lanes: 3, fixed by --harness-lanes, over the budget of 2: 8 cores make 4 lanes, 2 "
+                                 "held by other runs (1 other harness run holds 2 lanes, 4 workers on GPU-fa6e0000; "
+                                 "40.0 of 80.0 GiB free at the probe)"])
+    mine = [e for seen in _seen(machine) for e in seen if e["pid"] != machine.holder.pid]
+    assert mine and {(e["lanes"], e["workers"], e["fixed"]) for e in mine} == {(3, 4, "--harness-lanes")}
+
+
+def test_a_stand_in_device_the_probe_names_by_no_uuid_claims_nothing_and_says_nothing(machine):
+    machine.makeconftest(FAKE_DEVICE_CONFTEST)
+    result = machine.runpytest_subprocess("--require-gpu")
+    result.assert_outcomes(passed=6)
+    assert "lanes:" not in result.stdout.str()
+    assert all(e["pid"] == machine.holder.pid for seen in _seen(machine) for e in seen)

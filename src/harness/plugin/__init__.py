@@ -33,8 +33,8 @@ from harness.core.records import Outcome, Route
 from harness.library import coverage
 from harness.plugin import cufiles
 from harness.plugin.options import check_configuration, deadline_value, pytest_addoption, setting_notes  # noqa: F401
-from harness.plugin.pool import (lanes_wanted, new_pool, plan_lanes, probe_beside_xdist, refuse_without_device,
-                                 run_in_pool, start_pool)
+from harness.plugin.pool import (claim_lanes, lanes_wanted, new_pool, plan_lanes, probe_beside_xdist,
+                                 refuse_without_device, run_in_pool, start_pool)
 from harness.plugin.report import classify_route, failure_message, first_line, write_reports
 from harness.plugin.state import GpuGates, HarnessRun, Role, gpu_key, harness_run, role_key, run_key
 from harness.plugin.verdicts import Recorder, run_facts, worker_reports
@@ -276,6 +276,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         # The probe's count is the truth: it corrects the hint for the spares started from now.
         gpu.pool.config.device_ordinal = (device.ordinal_for_xdist_worker(
             config.workerinput.get("workerid", "gw0"), count) if count > 1 else None)
+    claim_lanes(gpu, run, config, gpu_items)  # its share of the machine, before its workers' contexts
     gpu.pool.warm_up()
     if run.sanitize:
         skip = pytest.mark.skip(reason=f"trap gate: its device guard's __trap() is itself a {run.sanitize} finding, "

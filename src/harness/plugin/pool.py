@@ -14,7 +14,7 @@ from harness.core.errors import as_pytest_usage
 
 if TYPE_CHECKING:
     from harness.plugin.state import GpuGates, HarnessRun, Role
-    from harness.pool import controller
+    from harness.pool import controller, share
 
 
 def server_args(run: HarnessRun, config: pytest.Config, files: list[str]) -> list[str]:
@@ -65,27 +65,19 @@ def start_pool(gpu: GpuGates, run: HarnessRun, config: pytest.Config, items: lis
     pool, worker_role = gpu.pool, run.role.xdist_worker
     args = server_args(run, config, files)
     pool.config.pytest_args = args + ["--harness-serve"]
-    from harness.pool.traps import first_spares
-
-    traps = sum(1 for it in items if it.get_closest_marker("trap"))
     if worker_role:
         at_once = int(config.workerinput.get("workercount", 1))  # its spares: below
-    else:  # no more lanes than ordinary GPU gates to share out
-        ordinary = sum(1 for it in items if it.get_closest_marker("gpu") and not it.get_closest_marker("trap"))
-        at_once = min(lanes_wanted(run.role, run.sanitize, config), max(1, ordinary))
+    else:
         # The first spares: a worker for each lane, one for the trap lane (the trap shadow) or for
         # each trap gate that may run at once (--harness-real-traps, harness.pool.traps), and the
         # main worker's replacement, their contexts made together before any trap. (A context
         # asked for while traps are handled waits for them: lanes that took the trap gates'
-        # spares would have their replacements made during the traps.)
-        pool.config.spares = first_spares(traps, run.shadow_traps) + at_once - 1
-    # Workers that run gates at once (the lanes, or xdist's workers, a pool each) share the
-    # host's cores: each keeps to its share of BLAS threads (harness.pool.worker.limit_blas).
-    if at_once > 1:
-        from harness.core.child import BLAS_THREADS_CHANNEL
-        from harness.pool import lanes
-
-        pool.config.worker_env = {BLAS_THREADS_CHANNEL: str(lanes.blas_share(at_once))}
+        # spares would have their replacements made during the traps.) Where the probe names the
+        # GPU, the lanes are those the run's claim got (`claim_lanes`).
+        ask = lane_ask(run, config, items)
+        at_once = ask.wanted
+        pool.config.spares = ask.beside + at_once - 1
+    _share_blas(pool, at_once)
     early = not worker_role
     if worker_role:
         # N xdist workers share the machine and none knows its gates ahead: one spare each.
@@ -99,10 +91,55 @@ def start_pool(gpu: GpuGates, run: HarnessRun, config: pytest.Config, items: lis
         pool.collect(args)
         if early:
             # The device is known before the probe answers: the main worker starts beside the
-            # probe, the trap gates' spares once it answered (pytest_collection_modifyitems).
+            # probe, the others once it answered and the run claimed its lanes (`claim_lanes`):
+            # runs that share the GPU must not make their contexts before they know their share.
             # The driver makes contexts one at a time, so made all at once, the first gate
             # would wait for every one of them.
-            pool.warm_up(1 if traps and not worker_role else None)
+            pool.warm_up(1)
+
+
+def _share_blas(pool: controller.Pool, at_once: int) -> None:
+    """Workers that run gates at once (the lanes, or xdist's workers, a pool each) share the
+    host's cores: each keeps to its share of BLAS threads (harness.pool.worker.limit_blas)."""
+    from harness.core.child import BLAS_THREADS_CHANNEL
+    from harness.pool import lanes
+
+    env = dict(pool.config.worker_env or {})
+    env.pop(BLAS_THREADS_CHANNEL, None)
+    if at_once > 1:
+        env[BLAS_THREADS_CHANNEL] = str(lanes.blas_share(at_once))
+    pool.config.worker_env = env or None
+
+
+def lane_ask(run: HarnessRun, config: pytest.Config, items: list[pytest.Item]) -> share.Ask:
+    """What this run asks of the machine (`harness.pool.share`): its lanes (no more than its
+    ordinary GPU gates), the workers beside them, and what fixed the count where something did."""
+    from harness.pool import share
+    from harness.pool.traps import first_spares
+
+    traps = sum(1 for it in items if it.get_closest_marker("trap"))
+    ordinary = sum(1 for it in items if it.get_closest_marker("gpu") and not it.get_closest_marker("trap"))
+    n, fixed = lanes_setting(run.role, run.sanitize, config)
+    return share.Ask(wanted=min(n, max(1, ordinary)), beside=first_spares(traps, run.shadow_traps), fixed=fixed)
+
+
+def claim_lanes(gpu: GpuGates, run: HarnessRun, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Once the probe answered: claim this run's lanes in the machine's ledger
+    (`harness.pool.share`), weighed against the other harness runs there and the GPU's memory,
+    and size the pool's first spares to what it got. Nothing where the probe named no GPU by
+    its UUID (a stand-in device): there is nothing shared to weigh."""
+    from harness.pool import lanes, share
+    from harness.pool.ledger import Ledger
+
+    facts = share.GpuFacts.from_probe(gpu.probe or {}, gpu.pool.config.device_ordinal)
+    if facts is None:
+        return
+    ask = lane_ask(run, config, items)
+    gpu.lane_claim = share.claim(ask, facts, lanes.host_cpus(), Ledger())
+    if not run.role.xdist_worker:
+        got = gpu.lane_claim.share.lanes
+        gpu.pool.config.spares = ask.beside + got - 1
+        _share_blas(gpu.pool, got)
 
 
 def probe_beside_xdist(run: HarnessRun, config: pytest.Config) -> None:
@@ -207,19 +244,32 @@ def shadow_unsettled(result) -> str | None:
 
 
 def lanes_wanted(role: Role, sanitize: str | None, config: pytest.Config) -> int:
-    """How many lanes this run's ordinary GPU gates take (`harness.pool.lanes`): 1 under xdist
-    (each worker has its own pool and is not told its gates ahead), a sanitizer, or timed
+    """How many lanes this run's ordinary GPU gates take (`harness.pool.lanes`), before the
+    run's claim weighs them against the machine's (`claim_lanes`): `lanes_setting`'s count."""
+    return lanes_setting(role, sanitize, config)[0]
+
+
+def lanes_setting(role: Role, sanitize: str | None, config: pytest.Config) -> tuple[int, str]:
+    """The lanes this run asks for, and what fixed the count ("" where `auto` chose it): 1 under
+    xdist (each worker has its own pool and is not told its gates ahead), a sanitizer, or timed
     launches (`--compare-timing`); else --harness-lanes (ini harness_lanes), `auto` by default."""
     from harness.pool import lanes
 
-    if role.xdist_worker or sanitize or config.getoption("compare_timing", False):
-        return 1
-    raw = config.getoption("harness_lanes", None) or str(config.getini("harness_lanes") or "").strip() or "auto"
+    if role.xdist_worker:
+        return 1, "xdist (a lane a worker)"
+    if sanitize:
+        return 1, "--sanitize"
+    if config.getoption("compare_timing", False):
+        return 1, "--compare-timing"
+    option = config.getoption("harness_lanes", None)
+    raw = option or str(config.getini("harness_lanes") or "").strip() or "auto"
     try:
         n = lanes.lanes_value(raw)
     except ValueError as exc:
         raise as_pytest_usage(exc) from None
-    return lanes.auto_lanes() if n == "auto" else n
+    if n == "auto":
+        return lanes.auto_lanes(), ""
+    return n, "--harness-lanes" if option else "ini harness_lanes"
 
 
 def pool_order(items: list[pytest.Item], in_pool) -> list[pytest.Item]:
@@ -243,7 +293,8 @@ def plan_lanes(gpu: GpuGates, run: HarnessRun, current: pytest.Item, deadline_fo
     from harness.core.kinds import is_gpu
     from harness.pool import lanes
 
-    n = lanes_wanted(run.role, run.sanitize, current.config)
+    claimed = gpu.lane_claim  # the run's share of the machine, where the probe named the GPU
+    n = claimed.share.lanes if claimed is not None else lanes_wanted(run.role, run.sanitize, current.config)
     if not run.role.xdist_worker:  # xdist's workers would overwrite each other's file
         gpu.gate_times = lanes.GateTimes(run.settings.cache_dir / lanes.TIMES_FILE)
     rest = [it for it in _from(current) if is_gpu(it) and is_gate(it) and not it.get_closest_marker("skip")]

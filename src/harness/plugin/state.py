@@ -25,6 +25,7 @@ from harness.core.settings import Settings
 if TYPE_CHECKING:
     from harness.pool.controller import Pool, Worker
     from harness.pool.lanes import GateTimes, Lanes
+    from harness.pool.share import LaneClaim
     from harness.pool.traps import TrapsAhead
 
 
@@ -81,6 +82,7 @@ class GpuGates:
     selected: int = 0  # GPU gates collected
     lanes_planned: bool = False  # planned at the run's first item (`lanes` None then: one lane)
     lanes: "Lanes | None" = None
+    lane_claim: "LaneClaim | None" = None  # its lanes, claimed in the machine's ledger once the probe named the GPU
     gate_times: "GateTimes | None" = None  # what each GPU gate took, for the next run's split
     traps: "TrapsAhead | None" = None  # trap gates started ahead on spares
     shadow_worker: "Worker | None" = None  # outside the trap lane: the worker trap gates shadow in
@@ -95,11 +97,14 @@ class GpuGates:
             self.lanes = None
 
     def close(self) -> None:
-        """Stop everything this run started on the device, the pool last."""
+        """Stop everything this run started on the device, the pool last; then give its lanes
+        back to the machine's ledger (the claim stays, for the summary)."""
         self.stop_ahead()
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self.lane_claim is not None:
+            self.lane_claim.release()
 
 
 role_key = pytest.StashKey[Role]()

@@ -109,6 +109,8 @@ def render_summary(terminalreporter, run, recorder) -> None:
     traps = trap_line(records)
     if traps:
         console.print(traps)
+    if recorder.gpu.lane_claim is not None:  # its lanes on a machine it may share (harness.pool.share)
+        console.print(recorder.gpu.lane_claim.share.line(), markup=False, soft_wrap=True)
     if run.sanitize:
         console.print(f"compute-sanitizer {run.sanitize}: {recorder.sanitizer_findings} gate(s) with findings over "
                       f"{recorder.launches} kernel launches through harness.library.kernels.")
