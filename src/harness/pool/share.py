@@ -93,14 +93,12 @@ class Others:
 
     runs: int = 0
     lanes: int = 0  # on the whole machine
-    gpu_runs: int = 0
     gpu_workers: int = 0  # on this run's GPU
 
     @classmethod
     def of(cls, holdings: list[Holding], gpu: str) -> "Others":
-        here = [h for h in holdings if h.gpu == gpu]
         return cls(runs=len({h.pid for h in holdings}), lanes=sum(h.lanes for h in holdings),
-                   gpu_runs=len({h.pid for h in here}), gpu_workers=sum(h.workers for h in here))
+                   gpu_workers=sum(h.workers for h in holdings if h.gpu == gpu))
 
 
 def _gib(n: int) -> str:
