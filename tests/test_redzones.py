@@ -26,6 +26,12 @@ from tests.redzone_standin import StandInDevice, plant
 F32_ZEROS = np.zeros(8, np.uint32)
 
 
+@pytest.fixture(autouse=True)
+def redzones_on(settings_in_effect):
+    """Redzones are opt-in (--redzones) until proven on a GPU: these tests run with them on."""
+    settings_in_effect(replace(in_effect(), redzones=True))
+
+
 @pytest.fixture
 def zones(monkeypatch):
     """This process's redzones on the stand-in device, as device 0 (undone after the test)."""
@@ -340,10 +346,9 @@ def test_the_result_slots_grow_after_a_read(zones, monkeypatch):
 # ------------------------------------------------------------------ the setting and the plugin
 
 
-def test_no_redzones_reaches_a_child_as_its_option():
-    settings = replace(in_effect(), redzones=False)
-    assert "--no-redzones" in ChildPytest.over(["g"], settings).args()
-    assert "--no-redzones" not in ChildPytest.over(["g"], in_effect()).args()
+def test_redzones_reach_a_child_as_its_option():
+    assert "--redzones" in ChildPytest.over(["g"], replace(in_effect(), redzones=True)).args()
+    assert "--redzones" not in ChildPytest.over(["g"], replace(in_effect(), redzones=False)).args()
 
 
 class _Marked:
@@ -445,7 +450,7 @@ def test_the_end_of_each_gate_reads_its_guards_and_a_gate_with_none_blames_no_la
     pytester.makeconftest(CHILD_CONFTEST)
     pytester.makepyfile(redzone_standin=(Path(__file__).parent / "redzone_standin.py").read_text())
     pytester.makepyfile(test_gates=CHILD_GATES)
-    result = pytester.runpytest_subprocess("-p", "no:xdist", "-rA")
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-rA", "--redzones")
     result.assert_outcomes(passed=3, failed=2)
     out = result.stdout.str()
     assert "PASSED test_gates.py::test_with_no_redzones" in out and "PASSED test_gates.py::test_after_it" in out

@@ -205,7 +205,7 @@ def test_a_planted_store_fails_its_gate_in_a_gate_run_and_no_redzones_turns_it_o
     pytester.makeconftest("import sys\npytest_plugins = [] if 'harness.plugin' in sys.modules else ['harness.plugin']\n")
     (pytester.path / "planted.cu").write_text(PLANTED_CU)
     pytester.makepyfile(test_planted=CHILD_GATES)
-    result = pytester.runpytest_subprocess("--require-gpu", "-p", "no:xdist", "-rA")
+    result = pytester.runpytest_subprocess("--require-gpu", "-p", "no:xdist", "-rA", "--redzones")
     result.assert_outcomes(passed=3, failed=1)  # the compile gate of planted.cu among the passed
     result.stdout.fnmatch_lines([
         "*RedzoneWritten: redzone written: y (float32 (64,), 256 bytes), after its end",
@@ -214,5 +214,5 @@ def test_a_planted_store_fails_its_gate_in_a_gate_run_and_no_redzones_turns_it_o
         "*read at: the end of the gate",
     ])
     assert "FAILED test_planted.py::test_a_planted_store_one_past" in result.stdout.str()
-    off = pytester.runpytest_subprocess("--require-gpu", "-p", "no:xdist", "--no-redzones")
+    off = pytester.runpytest_subprocess("--require-gpu", "-p", "no:xdist", "--redzones", "--no-redzones")
     off.assert_outcomes(passed=4)

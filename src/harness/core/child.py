@@ -51,7 +51,7 @@ class ChildPytest:
     deadline: float | None = None  # seconds: each GPU gate's, and its isolated (trap) gates end within it
     sweep_budget: int | None = None
     sweep_replay: str | None = None
-    no_redzones: bool = False  # --no-redzones: the device buffers carry no guard regions
+    redzones: bool = False  # --redzones: guard regions around the device buffers (opt-in until proven on a GPU)
     rootdir: Path | None = None
     config_file: Path | None = None
     report_dir: Path | None = None  # --harness-report: its gates.json is the child's verdicts
@@ -72,7 +72,7 @@ class ChildPytest:
                    arch=settings.arch if settings.arch_source == "--arch" else None,
                    include_dirs=settings.include_dirs, deadline=settings.deadline,
                    sweep_budget=settings.sweep_budget, sweep_replay=settings.sweep_replay,
-                   no_redzones=not settings.redzones, **kw)
+                   redzones=settings.redzones, **kw)
 
     def args(self) -> list[str]:
         out = list(self.targets)
@@ -98,8 +98,8 @@ class ChildPytest:
             out.append(f"--sweep-budget={self.sweep_budget}")
         if self.sweep_replay is not None:
             out.append(f"--sweep-replay={self.sweep_replay}")
-        if self.no_redzones:
-            out.append("--no-redzones")
+        if self.redzones:
+            out.append("--redzones")
         if self.report_dir is not None:
             out.append(f"--harness-report={self.report_dir}")
         if self.no_fail_fast:

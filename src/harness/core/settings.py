@@ -58,7 +58,7 @@ class Settings:
     generated_sources: bool = False  # the tree is a campaign's mutant: its source analyses are not kept on disk
     sweep_budget: int | None = None  # --sweep-budget: shapes a sweep draws after its presets and boundaries
     sweep_replay: str | None = None  # --sweep-replay: the one shape a sweep checks (N=64,K=1024)
-    redzones: bool = True  # guard regions around the harness's device buffers, checked after each launch
+    redzones: bool = False  # guard regions around the harness's device buffers, checked after each launch (--redzones)
 
     def with_kernel_root(self, kernel_root: str | os.PathLike) -> "Settings":
         """These settings over another kernel tree (a sandbox, a comparison's REF)."""
@@ -271,7 +271,7 @@ def _as_lines(value) -> list[str]:
 
 def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), controls_dir=None,
             deadline: float | None = None, sanitize: bool = False, sweep_budget: int | None = None,
-            sweep_replay: str | None = None, redzones: bool = True,
+            sweep_replay: str | None = None, redzones: bool = False,
             rootdir: str | os.PathLike | None = None, ini=None, cache_option: str = "--cache-dir") -> Project:
     """The settings of the project at `rootdir` (default: found from the working folder up,
     as pytest finds it), in one order for every setting:
@@ -286,7 +286,7 @@ def resolve(*, kernel_root=None, cache_dir=None, arch=None, include_dir=(), cont
     - include directories: --include-dir, then ini `harness_include_dirs`;
     - per-gate deadline: --harness-deadline (`deadline`, a float its option parsed), ini
       `harness_deadline`, 120 s (x10 under --sanitize, `sanitize`);
-    - redzones around the device buffers: on, unless --no-redzones (`redzones=False`).
+    - redzones around the device buffers: off unless --redzones (`redzones=True`); --no-redzones wins.
 
     Options and environment variables are relative to the working folder, ini keys to the
     rootdir. `ini(key)` reads the project's ini (pytest's getini inside a run; the files

@@ -111,7 +111,7 @@ def _activate(config: pytest.Config, reason: str, before_collection: bool) -> No
         project = _settings.resolve(kernel_root=opt.kernel_root, cache_dir=opt.harness_cache_dir, arch=opt.arch,
                                     include_dir=opt.include_dir, deadline=opt.harness_deadline,
                                     sanitize=bool(opt.sanitize), sweep_budget=opt.sweep_budget,
-                                    sweep_replay=opt.sweep_replay, redzones=not opt.no_redzones,
+                                    sweep_replay=opt.sweep_replay, redzones=bool(opt.redzones) and not opt.no_redzones,
                                     rootdir=config.rootpath, ini=_ini(config),
                                     cache_option="--harness-cache-dir")
     except (IncludeDirError, UsageError) as exc:

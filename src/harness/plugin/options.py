@@ -79,9 +79,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          f"{SWEEP_BUDGET}; 0: the presets and boundaries only)")
     group.addoption("--sweep-replay", default=None, metavar="SHAPE",
                     help="each selected sweep gate checks this one shape (N=64,K=1024), as its failure printed it")
+    group.addoption("--redzones", action="store_true", default=False,
+                    help="the device buffers the harness makes carry guard regions, checked after each launch: a "
+                         "write past a buffer fails its gate naming buffer and offset (harness.library.redzones; "
+                         "off by default until proven on a GPU, issue 52)")
     group.addoption("--no-redzones", action="store_true", default=False,
-                    help="the device buffers the harness makes carry no guard regions, and no launch is followed "
-                         "by their check (harness.library.redzones; default: on)")
+                    help="no guard regions (the default for now; wins over --redzones)")
     group.addoption("--harness-serve", action="store_true", default=False, help=argparse.SUPPRESS)
     group.addoption("--harness-child-timeout", default=None, help=argparse.SUPPRESS)  # removed: says what replaced it
     # Defaults are empty so that "set in the project's ini" can be told from "not set": a set
