@@ -22,12 +22,13 @@ import pytest
 from harness import host_cache
 from harness.library import buffers
 from harness.library.dtypes import bf16
+from harness.library.graphs import GraphReplay, eager_and_graph
 from harness.library.invariance import NotBatchInvariant, assert_batch_invariant, assert_deterministic
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
-from gates._paged_attention import (POOL_SEED, DeviceCase, DevicePool, engine_scale, kv_len, new_counters, new_scratch,
-                                    run_paged_decode, run_paged_prefill)
+from gates._paged_attention import (POOL_SEED, DeviceCase, DevicePool, _host_bf16, _out, engine_scale, kv_len,
+                                    new_counters, new_scratch, run_paged_decode, run_paged_prefill)
 
 HEADS = (8, 2)                    # (nh, nkv): a GQA group of 4
 # The batch-invariance gates' (hd, nh, nkv) by id: each head size at 8 query heads in groups of
@@ -152,18 +153,36 @@ def on_device(batch: ora.Case, place: Placement) -> tuple[DeviceCase, DevicePool
     return dc, (DevicePool(place.k_pool, place.v_pool, place.pmap) if place.pmap is not None else None)
 
 
-def decode_runner(hd: int, places: dict[str, Placement], fixed: int | None, heads=HEADS):
+def decode_runner(hd: int, places: dict[str, Placement], fixed: int | None, heads=HEADS, replay=None):
     """run(ids, (merge, placement)) for assert_batch_invariant: decode of the sequences `ids` as
-    one batch, the split count from the launcher (choose_splits, `fixed` or per batch)."""
+    one batch, the split count from the launcher (choose_splits, `fixed` or per batch). With a
+    `replay` (harness.library.graphs.GraphReplay), run(ids, ((merge, placement), mode)): mode
+    "graph" replays the launch from a CUDA graph captured once a variant, split count and batch
+    shape, the batch's queries, block table, offsets and positions and a fresh output, scratch
+    and counters copied into the captured buffers (the pools stay put, as an engine's KV cache)."""
     case = decode_case(hd, heads)
 
     def run(ids, variant):
-        merge, where = variant
+        (merge, where), mode = variant if replay is not None else (variant, "eager")
         place = places[where]
         batch = ora.batch_case(case, ids, place.table)
         splits = pa.choose_splits(kv_len(batch), batch.rows, batch.nh, fixed=fixed)
         dc, pool = on_device(batch, place)
-        return run_paged_decode(dc, splits=splits, merge=merge, pool=pool, scale=engine_scale(hd))
+        if replay is None:
+            return run_paged_decode(dc, splits=splits, merge=merge, pool=pool, scale=engine_scale(hd))
+        out, scratch = _out(batch), new_scratch(batch, splits)
+        counters = new_counters(batch) if merge == "last_cta" else None
+        pmap = pool.pmap if pool else None
+
+        def launch(q, bt, off, qpos, out, scratch, counters=None):
+            pa.paged_decode(out, q, place.k_pool, place.v_pool, bt, off, qpos, scratch=scratch, splits=splits,
+                            counters=counters, pmap=pmap, window=batch.window, scale=engine_scale(hd))
+
+        bufs = dict(q=dc.q, bt=dc.bt, off=dc.off, qpos=dc.qpos, out=out, scratch=scratch)
+        if counters is not None:
+            bufs["counters"] = counters
+        replay(mode, (merge, where, splits), launch, **bufs)
+        return _host_bf16(out)
 
     return run
 
@@ -180,14 +199,20 @@ def test_decode_rows_are_batch_invariant_at_a_fixed_split_count(config):
     # The launcher's batch-invariant mode, choose_splits(..., fixed=S): every row keeps its
     # row-alone bits in batches of 1 to 33 rows (each change of the per-batch count at nh 8),
     # first, middle and last, next to rows of 2 to 128 pages, in both merges and at three
-    # placements of its pages, for S = 16, 5 and 1 at 8 heads (S = 5 at 16).
+    # placements of its pages, for S = 16, 5 and 1 at 8 heads (S = 5 at 16). At the first S, also
+    # replayed from CUDA graphs (an engine decodes under graphs, at a fixed split count: the
+    # grid is (S, heads, rows), and every length the kernel walks is read on the device).
     hd, *heads = INVARIANCE_CONFIGS[config]
     heads = tuple(heads)
     places = placements("decode", hd, heads=heads)
-    for fixed in FIXED_SPLITS if heads == HEADS else OTHER_HEADS_FIXED_SPLITS:
+    for i, fixed in enumerate(FIXED_SPLITS if heads == HEADS else OTHER_HEADS_FIXED_SPLITS):
+        replay = GraphReplay(decode_label(hd, f"fixed splits {fixed}", heads)) if i == 0 else None
         assert_batch_invariant(decode_label(hd, f"fixed splits {fixed}", heads),
-                               decode_runner(hd, places, fixed, heads), DECODE_ROWS, batch_sizes=DECODE_BATCH_SIZES,
-                               variants=DECODE_VARIANTS, fillers=DECODE_FILLERS)
+                               decode_runner(hd, places, fixed, heads, replay), DECODE_ROWS,
+                               batch_sizes=DECODE_BATCH_SIZES,
+                               variants=eager_and_graph(DECODE_VARIANTS) if replay else DECODE_VARIANTS,
+                               fillers=DECODE_FILLERS)
+        assert replay is None or replay.replays > replay.captures > 0, (replay.captures, replay.replays)
 
 
 LAUNCHER_SPLITS_REASON = (
