@@ -2,7 +2,7 @@
 host <-> device copies that carry bf16 through its raw bits (CuPy has no bfloat16 type of
 its own: a bf16 array lives on the device as its uint16 bits, viewed as ml_dtypes' bf16).
 
-Every buffer made here lies between redzones (`harness.library.redzones`): guard regions of
+In a run with `--redzones`, every buffer made here lies between redzones (`harness.library.redzones`): guard regions of
 poison, checked on the device after each launch. Each helper takes `label=` (the buffer's name
 in a failure; by default the helper and its call site) and `redzone=False` (none for this
 buffer: a kernel that writes past it on purpose)."""

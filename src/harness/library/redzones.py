@@ -30,7 +30,8 @@ last view dies, as it would with no redzones. As it dies, every check still in f
 for, then its two results are read (and its guards, where one was written, for the read point
 to report): no check reads memory the pool gave to another buffer, and no write is lost.
 
-**Off.** `--no-redzones` for the run (`Settings.redzones`); `@pytest.mark.no_redzones(reason=...)`
+**On and off.** A run asks for them with `--redzones` (`Settings.redzones`; opt-in until a GPU run
+proves them, issue 52); `--no-redzones` wins over it; `@pytest.mark.no_redzones(reason=...)`
 for a gate whose kernel writes past a view on purpose (it runs with none, and every guard is filled
 again after it); `redzone=False` for one buffer. Trap gates run with none: their fault is the
 verdict, and nothing can be read after it. A stand-in CuPy whose arrays are host arrays (the
