@@ -44,6 +44,17 @@ def test_nvfp4_base_matches_host_decode_on_exact_inputs(designed):
     assert_untouched("nvfp4_gemv y[N:]", y[N:], SENTINEL)
 
 
+def assert_both_arms_match(case, n: int, k: int) -> None:
+    """Both arms on `case` (uploaded once) against its host decode, bitwise, and nothing past N
+    written: the host oracle is most of the cost, so the arms share it."""
+    dev = nvfp4_to_device(case)
+    expected = nvfp4_expected(case)
+    for arm, single_warp in ARMS.items():
+        y = run_nvfp4(dev, single_warp=single_warp)
+        assert_bits_eq(f"nvfp4_gemv {arm} y[:N] (N={n}, K={k})", y[:n], expected)
+        assert_untouched(f"nvfp4_gemv {arm} y[N:] (N={n}, K={k})", y[n:], SENTINEL)
+
+
 @pytest.mark.gpu
 @pytest.mark.anchor
 @pytest.mark.parametrize("shape", SWEEP_SHAPES.values(), ids=SWEEP_SHAPES.keys())
@@ -52,13 +63,7 @@ def test_both_arms_match_host_decode_over_two_sweeps_and_an_all_tail_k(shape):
     # partial dot (both arms call it); one sweep of 64 cannot see the sweep stride; so both
     # arms are anchored here on K with two whole sweeps and on K with no whole sweep.
     n, k = shape
-    case = nvfp4_designed(n, k, seed=n + k)
-    dev = nvfp4_to_device(case)
-    expected = nvfp4_expected(case)
-    for arm, single_warp in ARMS.items():
-        y = run_nvfp4(dev, single_warp=single_warp)
-        assert_bits_eq(f"nvfp4_gemv {arm} y[:N] (N={n}, K={k})", y[:n], expected)
-        assert_untouched(f"nvfp4_gemv {arm} y[N:]", y[n:], SENTINEL)
+    assert_both_arms_match(nvfp4_designed(n, k, seed=n + k), n, k)
 
 
 @pytest.mark.gpu
@@ -144,16 +149,8 @@ NVFP4_SHAPES = ShapeSpace(
 
 
 def nvfp4_gemv_shape_check(shape):
-    # Both arms against one host oracle: building it is most of a shape's cost, so the arms
-    # share it (and the upload) rather than each sweeping alone.
     n, k = shape["N"], shape["K"]
-    case = nvfp4_sweep_case(n, k, seed=n + 7 * k)
-    dev = nvfp4_to_device(case)
-    expected = nvfp4_expected(case)
-    for arm, single_warp in ARMS.items():
-        y = run_nvfp4(dev, single_warp=single_warp)
-        assert_bits_eq(f"nvfp4_gemv {arm} y[:N] (N={n}, K={k})", y[:n], expected)
-        assert_untouched(f"nvfp4_gemv {arm} y[N:] (N={n}, K={k})", y[n:], SENTINEL)
+    assert_both_arms_match(nvfp4_sweep_case(n, k, seed=n + 7 * k), n, k)
 
 
 @pytest.mark.gpu
