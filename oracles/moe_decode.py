@@ -547,6 +547,17 @@ def glu_saturated(g, u) -> np.ndarray:
     return (np.float32(0.5) * g * (np.float32(1) + tanh) * u).astype(np.float32)
 
 
+def quantized_glu(gu: np.ndarray, i: int, act_h: float, who: str) -> tuple[np.ndarray, np.ndarray]:
+    """(hq, hs): the GLU of a design's bf16 gate/up outputs `gu` [..., 2I], NVFP4-quantised under
+    `act_h`; a gate value between 0 and GELU_SATURATED (where tanh is not +-1 in f32) is a
+    DesignError naming the design `who` and how many."""
+    g, u = gu[..., :i].astype(np.float32), gu[..., i:].astype(np.float32)
+    bad = (g != 0) & (np.abs(g) < GELU_SATURATED)
+    if np.any(bad):
+        raise DesignError(f"{who}: {int(bad.sum())} gate values between 0 and {GELU_SATURATED}")
+    return nvfp4_quantize(glu_saturated(g, u), act_h)
+
+
 @dataclass(frozen=True)
 class GluCase:
     gu: np.ndarray  # bf16 [slots, 2I], gate half first
@@ -924,11 +935,7 @@ def glu_weights_designed(t: int, h: int, e: int, i: int, k: int, seed: int, *,
             ex = int(ids[tok, kk])
             dq = dequant_weights64(w.wgu[ex], w.sgu[ex], w.gs_gu[ex])
             gu[tok, kk] = to_bf16((dq @ x[tok]).astype(np.float32))
-    g, u = gu[..., :i].astype(np.float32), gu[..., i:].astype(np.float32)
-    bad = (g != 0) & (np.abs(g) < GELU_SATURATED)
-    if np.any(bad):
-        raise DesignError(f"glu_weights_designed: {int(bad.sum())} gate values between 0 and {GELU_SATURATED}")
-    hq, hs = nvfp4_quantize(glu_saturated(g, u), act_h)
+    hq, hs = quantized_glu(gu, i, act_h, "glu_weights_designed")
     return GluWeightsCase(ids=ids, gq=gq, gsc=gsc, weights=w, act_g=act_g, act_h=act_h, gu=gu, hq=hq, hs=hs)
 
 
@@ -1100,11 +1107,7 @@ def glu_sparse_designed(ids, h: int, i: int, seed: int, *, act_g: float = 1.0, a
         for tok, kk in zip(*np.nonzero(ids == e)):
             gu[tok, kk] = w.dots(e, x[tok:tok + 1])[0]
     gu = to_bf16(gu.astype(np.float32))
-    g, u = gu[..., :i].astype(np.float32), gu[..., i:].astype(np.float32)
-    bad = (g != 0) & (np.abs(g) < GELU_SATURATED)
-    if np.any(bad):
-        raise DesignError(f"glu_sparse_designed: {int(bad.sum())} gate values between 0 and {GELU_SATURATED}")
-    hq, hs = nvfp4_quantize(glu_saturated(g, u), act_h)
+    hq, hs = quantized_glu(gu, i, act_h, "glu_sparse_designed")
     return GluSparseCase(ids=ids, gq=gq, gsc=gsc, weights=w, act_g=act_g, act_h=act_h, gu=gu, hq=hq, hs=hs)
 
 
