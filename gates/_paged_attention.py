@@ -169,11 +169,15 @@ def new_scratch(case: ora.Case, splits: int):
 
 def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = "last_cta",
                      counters=None, pool: DevicePool | None = None, partials: bool = False, scale: float = 1.0,
-                     out=None, scratch=None):
+                     out=None, scratch=None, mode: str = "eager", replay=None):
     """One split-K decode launch; `merge` is 'last_cta' (ticket counters) or 'combine'.
     partials=True returns (out, scratch as f32 [rows, nh, splits, hd + 2]). `out`: the output
     buffer (uint16 bf16 bits, holding OUT_SENTINEL) if not a fresh one; `scratch`: the split-K
-    scratch (f32, at least decode_scratch_floats) if not a fresh NaN one (`new_scratch`)."""
+    scratch (f32, at least decode_scratch_floats) if not a fresh NaN one (`new_scratch`). With a
+    `replay` (harness.library.graphs.GraphReplay), `mode` "graph" replays the launch from a CUDA
+    graph captured once a merge, split count, set of pools and batch shape: the batch's queries,
+    block table, offsets and positions and the output, scratch and counters are the captured
+    buffers, the pools stay put (as an engine's KV cache)."""
     case = dc.host
     splits = chosen_splits(case) if splits is None else splits
     if merge == "last_cta" and counters is None:
@@ -182,9 +186,21 @@ def run_paged_decode(dc: DeviceCase, *, splits: int | None = None, merge: str = 
         counters = None
     scratch = new_scratch(case, splits) if scratch is None else scratch
     out = _out(case) if out is None else out
-    pa.paged_decode(out, dc.q, pool.k_pool if pool else dc.k_pool, pool.v_pool if pool else dc.v_pool,
-                    dc.bt, dc.off, dc.qpos, scratch=scratch, splits=splits, counters=counters,
-                    pmap=pool.pmap if pool else None, window=case.window, scale=scale)
+    k_pool, v_pool = (pool.k_pool, pool.v_pool) if pool else (dc.k_pool, dc.v_pool)
+    pmap = pool.pmap if pool else None
+
+    def launch(q, bt, off, qpos, out, scratch, counters=None):
+        pa.paged_decode(out, q, k_pool, v_pool, bt, off, qpos, scratch=scratch, splits=splits, counters=counters,
+                        pmap=pmap, window=case.window, scale=scale)
+
+    bufs = dict(q=dc.q, bt=dc.bt, off=dc.off, qpos=dc.qpos, out=out, scratch=scratch)
+    if counters is not None:
+        bufs["counters"] = counters
+    if replay is None:
+        launch(**bufs)
+    else:
+        # The pools are captured as they are (not copied in): other pools are another graph.
+        replay(mode, (merge, splits, id(k_pool), id(v_pool), id(pmap)), launch, **bufs)
     if partials:
         parts = buffers.to_host(scratch).reshape(case.rows, case.nh, splits, case.hd + 2)
         return _host_bf16(out), parts

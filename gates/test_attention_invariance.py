@@ -27,8 +27,8 @@ from harness.library.invariance import NotBatchInvariant, assert_batch_invariant
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
-from gates._paged_attention import (POOL_SEED, DeviceCase, DevicePool, _host_bf16, _out, engine_scale, kv_len,
-                                    new_counters, new_scratch, run_paged_decode, run_paged_prefill)
+from gates._paged_attention import (POOL_SEED, DeviceCase, DevicePool, engine_scale, kv_len, new_counters, new_scratch,
+                                    run_paged_decode, run_paged_prefill)
 
 HEADS = (8, 2)                    # (nh, nkv): a GQA group of 4
 # The batch-invariance gates' (hd, nh, nkv) by id: each head size at 8 query heads in groups of
@@ -157,9 +157,7 @@ def decode_runner(hd: int, places: dict[str, Placement], fixed: int | None, head
     """run(ids, (merge, placement)) for assert_batch_invariant: decode of the sequences `ids` as
     one batch, the split count from the launcher (choose_splits, `fixed` or per batch). With a
     `replay` (harness.library.graphs.GraphReplay), run(ids, ((merge, placement), mode)): mode
-    "graph" replays the launch from a CUDA graph captured once a variant, split count and batch
-    shape, the batch's queries, block table, offsets and positions and a fresh output, scratch
-    and counters copied into the captured buffers (the pools stay put, as an engine's KV cache)."""
+    "graph" replays the launch from a CUDA graph (`run_paged_decode`)."""
     case = decode_case(hd, heads)
 
     def run(ids, variant):
@@ -168,21 +166,8 @@ def decode_runner(hd: int, places: dict[str, Placement], fixed: int | None, head
         batch = ora.batch_case(case, ids, place.table)
         splits = pa.choose_splits(kv_len(batch), batch.rows, batch.nh, fixed=fixed)
         dc, pool = on_device(batch, place)
-        if replay is None:
-            return run_paged_decode(dc, splits=splits, merge=merge, pool=pool, scale=engine_scale(hd))
-        out, scratch = _out(batch), new_scratch(batch, splits)
-        counters = new_counters(batch) if merge == "last_cta" else None
-        pmap = pool.pmap if pool else None
-
-        def launch(q, bt, off, qpos, out, scratch, counters=None):
-            pa.paged_decode(out, q, place.k_pool, place.v_pool, bt, off, qpos, scratch=scratch, splits=splits,
-                            counters=counters, pmap=pmap, window=batch.window, scale=engine_scale(hd))
-
-        bufs = dict(q=dc.q, bt=dc.bt, off=dc.off, qpos=dc.qpos, out=out, scratch=scratch)
-        if counters is not None:
-            bufs["counters"] = counters
-        replay(mode, (merge, where, splits), launch, **bufs)
-        return _host_bf16(out)
+        return run_paged_decode(dc, splits=splits, merge=merge, pool=pool, scale=engine_scale(hd), mode=mode,
+                                replay=replay)
 
     return run
 
@@ -206,9 +191,9 @@ def test_decode_rows_are_batch_invariant_at_a_fixed_split_count(config):
     heads = tuple(heads)
     places = placements("decode", hd, heads=heads)
     for i, fixed in enumerate(FIXED_SPLITS if heads == HEADS else OTHER_HEADS_FIXED_SPLITS):
-        replay = GraphReplay(decode_label(hd, f"fixed splits {fixed}", heads)) if i == 0 else None
-        assert_batch_invariant(decode_label(hd, f"fixed splits {fixed}", heads),
-                               decode_runner(hd, places, fixed, heads, replay), DECODE_ROWS,
+        label = decode_label(hd, f"fixed splits {fixed}", heads)
+        replay = GraphReplay(label) if i == 0 else None
+        assert_batch_invariant(label, decode_runner(hd, places, fixed, heads, replay), DECODE_ROWS,
                                batch_sizes=DECODE_BATCH_SIZES,
                                variants=eager_and_graph(DECODE_VARIANTS) if replay else DECODE_VARIANTS,
                                fillers=DECODE_FILLERS)
