@@ -43,6 +43,7 @@ from typing import Callable
 
 from harness.core.errors import UsageError
 from harness.library import coverage, redzones
+from harness.library.invariance import named_variants
 
 MODES = ("eager", "graph")
 
@@ -51,14 +52,7 @@ def eager_and_graph(variants=None) -> dict[str, tuple]:
     """Each variant twice: launched eagerly, then replayed from a CUDA graph. Returns
     {name: (variant, mode)}, the eager ones first (the first is the invariance gates' reference).
     `variants` as the invariance helpers take it: None (one default variant), a list, or a dict."""
-    if variants is None:
-        named = {"default": None}
-    elif isinstance(variants, dict):
-        named = {str(k): v for k, v in variants.items()}
-    else:
-        named = {str(v): v for v in variants}
-    if not named:
-        raise ValueError("variants is empty: pass None for the launcher's default, or name at least one")
+    named = named_variants(variants)
     out = {}
     for mode in MODES:
         for name, v in named.items():

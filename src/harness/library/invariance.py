@@ -42,14 +42,15 @@ class NotDeterministic(BitsMismatch):
     """A repeated launch gave other bits."""
 
 
-def _variants(variants) -> dict[str, object]:
+def named_variants(variants) -> dict[str, object]:
+    """{name: variant} from what the helpers take: None (one default variant), a dict, or a list
+    (each named by its str)."""
     if variants is None:
         return {"default": None}
-    if isinstance(variants, dict):
-        if not variants:
-            raise ValueError("variants is empty: pass None for the launcher's default, or name at least one")
-        return {str(k): v for k, v in variants.items()}
-    return {str(v): v for v in variants}
+    named = {str(k): v for k, v in variants.items()} if isinstance(variants, dict) else {str(v): v for v in variants}
+    if not named:
+        raise ValueError("variants is empty: pass None for the launcher's default, or name at least one")
+    return named
 
 
 def _place(position, size: int) -> int | None:
@@ -84,7 +85,7 @@ def assert_batch_invariant(label: str, run, rows, *, batch_sizes, positions=(0, 
         raise ValueError("assert_batch_invariant needs at least one row and one batch size")
     if min(sizes) < 1:
         raise ValueError(f"batch sizes must be at least 1, got {min(sizes)}")
-    named = _variants(variants)
+    named = named_variants(variants)
     first = next(iter(named))
     fillers = [int(f) for f in fillers]
 
@@ -132,7 +133,7 @@ def assert_deterministic(label: str, run, *, repeats: int = 10, variants=None, s
     on every one of `repeats` repeats, under each variant. Module docstring."""
     if repeats < 2:
         raise ValueError(f"repeats={repeats}: determinism needs at least 2 repeats")
-    named = _variants(variants)
+    named = named_variants(variants)
     kinds = set()
     for name, variant in named.items():
         first = None
