@@ -332,7 +332,7 @@ def _hazards(loop, shared: set[str], barrier_fns: set[str]) -> list[str]:
                     problems.append(f"line {line_of(stmts[s])}: the next iteration stores `{array}` while a slow "
                                     f"warp may still read it at line {line_of(stmts[r])}: no barrier between the "
                                     "read and the loop's next store (around the back edge)")
-                if r <= s and r != s and not fenced(s, r, True):
+                if r < s and not fenced(s, r, True):
                     problems.append(f"line {line_of(stmts[r])}: the next iteration reads `{array}` before a barrier "
                                     f"publishes this iteration's store at line {line_of(stmts[s])}")
     return problems
