@@ -33,6 +33,8 @@ class FakeFunction:
 def raised(monkeypatch):
     seen = []
     monkeypatch.setattr(kernels, "allow_dynamic_shared", lambda fn, n: seen.append((fn.name, n)))
+    # the function attribute a kernel with no static shared memory starts with
+    monkeypatch.setattr(kernels, "dynamic_shared_allowed", lambda fn: getattr(fn, "allowed", DEFAULT_DYNAMIC_SHARED_LIMIT))
     noted = []
     monkeypatch.setattr(kernels, "note_launch", noted.append)
     return seen, noted
@@ -49,6 +51,22 @@ def test_a_launch_above_48_kib_raises_the_attribute_once_per_size(raised):
     assert seen == [("row_reverse.cu:row_reverse_smem", 64 * 1024), ("row_reverse.cu:row_reverse_smem", 80 * 1024)]
     assert noted == ["row_reverse.cu:row_reverse_smem"] * 4  # the watchdog still sees every launch
     assert len(fn.function.calls) == 4 and fn.function.calls[1][4] == {"shared_mem": 64 * 1024}
+
+
+def test_a_kernel_with_static_shared_memory_raises_the_attribute_for_48_kib_of_dynamic(raised):
+    # 4H bytes of dynamic shared memory at H = 12288 is 48 KiB; with a 32-byte __shared__ array
+    # beside it the block needs the opt-in, or the launch fails with "invalid argument" (found by
+    # the MoE sweep on an H100): the function's own attribute, not 48 KiB, is the line
+    seen, _ = raised
+    inner = FakeFunction()
+    inner.allowed = DEFAULT_DYNAMIC_SHARED_LIMIT - 32
+    fn = kernels.Launch(inner, "moe_decode.cu:moe_post_attn")
+    fn((1, 1, 1), (256, 1, 1), ())  # no dynamic shared memory: the attribute is not even read
+    assert fn.shared_allowed is None
+    fn((1, 1, 1), (256, 1, 1), (), shared_mem=DEFAULT_DYNAMIC_SHARED_LIMIT - 32)
+    assert seen == []
+    fn((1, 1, 1), (256, 1, 1), (), shared_mem=DEFAULT_DYNAMIC_SHARED_LIMIT)
+    assert seen == [("moe_decode.cu:moe_post_attn", DEFAULT_DYNAMIC_SHARED_LIMIT)]
 
 
 def test_dynamic_shared_memory_over_the_opt_in_limit_is_refused():

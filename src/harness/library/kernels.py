@@ -11,7 +11,7 @@ from harness.compiling.compile import CompiledModule, compile_file
 from harness.core import settings as _settings
 from harness.core.errors import HarnessError
 from harness.library import coverage, redzones, timing
-from harness.library.launch import DEFAULT_DYNAMIC_SHARED_LIMIT, allow_dynamic_shared, kernel_args, torch_stream
+from harness.library.launch import allow_dynamic_shared, dynamic_shared_allowed, kernel_args, torch_stream
 
 
 class KernelNotFound(HarnessError, LookupError):
@@ -90,8 +90,11 @@ class Module:
 
 class Launch:
     """A kernel that notes its own launches (for the watchdog and the sanitizer's count), each
-    followed by the redzones' check on its stream (`harness.library.redzones`). A launch with `shared_mem` above 48 KiB first raises the function's dynamic shared
-    memory attribute (`harness.library.launch.allow_dynamic_shared`), once per size.
+    followed by the redzones' check on its stream (`harness.library.redzones`). A launch with
+    more `shared_mem` than the function takes with no opt-in (48 KiB less its static shared
+    memory: `harness.library.launch.dynamic_shared_allowed`, read at its first launch with any)
+    first raises the function's dynamic shared memory attribute
+    (`harness.library.launch.allow_dynamic_shared`), once per size.
 
     Arguments may be torch CUDA tensors (or other CUDA-array-interface objects) on the
     kernel's device: each is passed as its device pointer, with no copy
@@ -104,7 +107,7 @@ class Launch:
     def __init__(self, function, name: str, device: int | None = None):
         self.function = function
         self.name = name
-        self.shared_allowed = DEFAULT_DYNAMIC_SHARED_LIMIT
+        self.shared_allowed: int | None = None  # read at the first launch with dynamic shared memory
         self.device = device  # None: the current CuPy device, read at the first torch argument
 
     def _device(self) -> int:
@@ -122,7 +125,9 @@ class Launch:
                                  "CuPy stream")
             kwargs = {**kwargs, "stream": torch_stream(self._device())}
         shared = kwargs.get("shared_mem", rest[0] if rest else 0)
-        if int(shared) > self.shared_allowed:
+        if int(shared) and self.shared_allowed is None:
+            self.shared_allowed = dynamic_shared_allowed(self.function)
+        if int(shared) > (self.shared_allowed or 0):
             allow_dynamic_shared(self, int(shared))
             self.shared_allowed = int(shared)
         note_launch(self.name)

@@ -231,10 +231,23 @@ def torch_stream(device: int):
 # ------------------------------------------------------------------ dynamic shared memory above 48 KiB
 
 DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024
-"""Dynamic shared memory a kernel may take with no opt-in. Above it the function attribute
-CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES must be raised first (or the launch fails
-with "invalid argument"); `harness.library.kernels` does that for every launch with
-`shared_mem=` above the limit, through `allow_dynamic_shared`."""
+"""Shared memory a block may take with no opt-in, static and dynamic together: a kernel with S
+static bytes may launch with 48 KiB - S dynamic ones (the function attribute
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES starts there). Above that the attribute must
+be raised first (or the launch fails with "invalid argument"); `harness.library.kernels` does
+that for every launch with `shared_mem=` above `dynamic_shared_allowed`, through
+`allow_dynamic_shared`."""
+
+
+def dynamic_shared_allowed(function) -> int:
+    """The dynamic shared memory `function` (a kernel from `Module.get`, or a CuPy function) may
+    launch with now: its CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, which starts at 48 KiB
+    less its static shared memory (a kernel with a `__shared__` array besides an `extern` one
+    cannot take the whole 48 KiB without the opt-in)."""
+    from cupy.cuda import driver
+
+    fn = getattr(function, "function", function)
+    return int(driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn.ptr))
 
 
 def check_dynamic_shared(op: str, nbytes: int, static_bytes: int, optin_limit: int) -> None:
