@@ -465,3 +465,8 @@ def test_the_end_of_each_gate_reads_its_guards_and_a_gate_with_none_blames_no_la
         "*The above exception was the direct cause of the following exception*",
         "*RedzoneWritten: redzone written: shared (float32 (8,), 32 bytes), before its start",
     ])
+    # the run's line: the gates with them (the module's shared buffer counted in the first's
+    # setup, y in its call), a check after each launch, and the gate without them and why
+    result.stdout.fnmatch_lines([
+        "redzones: 4 gate(s) ran with them: 2 buffer(s) guarded, 4 check(s) after launches; a written guard "
+        "fails its gate; without them: 1 (stores a tile past its view on purpose)"])

@@ -38,6 +38,17 @@ extern "C" __global__ void scale(const float* x, float* y, int n) {
 N = 64
 
 
+@pytest.fixture(autouse=True)
+def redzones_on(settings_in_effect):
+    """Redzones are opt-in (--redzones) until proven on a GPU: these tests run with them on (the
+    child gate runs below pass --redzones themselves)."""
+    from dataclasses import replace
+
+    from harness.core.settings import in_effect
+
+    settings_in_effect(replace(in_effect(), redzones=True))
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     from harness.compiling.compile import compile_file

@@ -237,6 +237,8 @@ class Redzones:
         self._unread = False  # checked or allocated since the last read point
         self._busy = 0  # inside one of the methods below: a buffer that dies now is let go after it
         self._dying: list[int] = []
+        self.guarded = 0  # buffers made between guards, ever (a run's summary counts them: `tally`)
+        self.checks = 0  # checks queued, ever
 
     @contextlib.contextmanager
     def _working(self):
@@ -279,6 +281,7 @@ class Redzones:
                                                  self.device.keep(whole), self.device.address(whole), layout, s,
                                                  pattern, name, what)
             self._unread = True
+            self.guarded += 1
             return whole[first:first + count]
 
     def _index(self) -> int | None:
@@ -366,6 +369,7 @@ class Redzones:
         event = self._in_flight[key][1] if key in self._in_flight else None
         self._in_flight[key] = (stream, self.device.record(stream, event))
         self._unread = True
+        self.checks += 1
 
     def _table_on(self, stream):
         if self._table is None:
@@ -533,6 +537,13 @@ def check_redzones(why: str = "check_redzones()") -> None:
         return
     for found in list(_registries.values()):
         found.read(why)
+
+
+def tally() -> tuple[int, int]:
+    """(buffers guarded, checks queued) in this process so far, every device's: a gate's share
+    is the difference across its call (the plugin's `redzones` property)."""
+    found = list(_registries.values())
+    return sum(r.guarded for r in found), sum(r.checks for r in found)
 
 
 def rearm() -> None:

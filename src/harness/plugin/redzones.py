@@ -8,6 +8,7 @@ hooks. The check itself is the library's; this module only says when.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, replace
 
@@ -19,6 +20,9 @@ from harness.core.kinds import owned
 
 LIBRARY = "harness.library.redzones"
 TRAP_REASON = "a trap gate: its fault is the verdict, and nothing can be read after it"
+PROPERTY = "redzones"  # a gate's report, in a run with redzones: "N buffer(s) guarded, M check(s)", or "off: why"
+TALLY = "harness-redzone-tally"
+_COUNTS = re.compile(r"(\d+) buffer\(s\) guarded, (\d+) check\(s\)")
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class Policy:
 
 policy_key = pytest.StashKey[Policy]()
 _token_key = pytest.StashKey[object]()  # the binding of a gate's settings with no redzones
+_before_key = pytest.StashKey[tuple]()  # the process's tally as the gate's setup began
 
 
 def policy_of(item: pytest.Item) -> Policy:
@@ -58,7 +63,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     policy = item.stash.get(policy_key, None)
+    if policy is not None and policy.on:
+        item.stash[_before_key] = _tally()  # its fixtures' buffers are its own too
     if policy is not None and not policy.on:
+        if _settings.in_effect().redzones:
+            item.user_properties.append((PROPERTY, f"off: {policy.why_off}"))
         item.stash[_token_key] = _settings.bind(replace(_settings.in_effect(), redzones=False))
 
 
@@ -102,23 +111,39 @@ def _read_guards(failure: BaseException | None) -> None:
 _NOT_A_VERDICT = (pytest.skip.Exception, pytest.xfail.Exception)
 
 
+def _tally() -> tuple[int, int]:
+    library = sys.modules.get(LIBRARY)
+    return library.tally() if library is not None else (0, 0)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     """After the gate's own call, its guards read (`check_redzones`): a written one fails the gate
-    by assertion. A gate that skips leaves its guards filled again, unreported, for the next."""
+    by assertion. A gate that skips leaves its guards filled again, unreported, for the next.
+    In a run with redzones, each gate's report says what they did in it (`PROPERTY`)."""
     policy = item.stash.get(policy_key, None)
     if policy is None or not policy.on:
         return (yield)
+    before = item.stash.get(_before_key, None) or _tally()
     try:
         result = yield
     except _NOT_A_VERDICT:
         _rearm()
         raise
     except (Exception, pytest.fail.Exception) as failure:
+        _note(item, before)
         _read_guards(failure)
         raise
+    _note(item, before)
     _read_guards(None)
     return result
+
+
+def _note(item: pytest.Item, before: tuple[int, int]) -> None:
+    if not _settings.in_effect().redzones:
+        return
+    guarded, checks = (now - then for now, then in zip(_tally(), before))
+    item.user_properties.append((PROPERTY, f"{guarded} buffer(s) guarded, {checks} check(s)"))
 
 
 def _rearm() -> None:
@@ -138,3 +163,50 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem) -> None:
     del item.stash[_token_key]
     _settings.unbind(token)
     _rearm()  # its kernels may have written past their views on purpose: no later gate is blamed
+
+
+# ---------------------------------------------------------------- the run's line
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The process that prints the summary (not a pool's server or worker, not an xdist worker).
+    if not config.getoption("harness_serve", False) and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(RedzoneTally(), TALLY)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.pluginmanager.has_plugin(TALLY):
+        config.pluginmanager.unregister(name=TALLY)
+
+
+class RedzoneTally:
+    """What the redzones did over a run, from each gate's `PROPERTY`: one line at its end, so a
+    run with them shows they were on (a run without prints none)."""
+
+    def __init__(self):
+        self.gates: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report) -> None:
+        said = dict(getattr(report, "user_properties", ()) or ()).get(PROPERTY)
+        if said is not None:
+            self.gates[report.nodeid] = str(said)
+
+    def line(self) -> str | None:
+        if not self.gates:
+            return None
+        counts = [_COUNTS.fullmatch(v) for v in self.gates.values()]
+        on = [m for m in counts if m]
+        off: dict[str, int] = {}
+        for v in self.gates.values():
+            if v.startswith("off: "):
+                off[v.removeprefix("off: ")] = off.get(v.removeprefix("off: "), 0) + 1
+        text = (f"redzones: {len(on)} gate(s) ran with them: {sum(int(m.group(1)) for m in on)} buffer(s) guarded, "
+                f"{sum(int(m.group(2)) for m in on)} check(s) after launches; a written guard fails its gate")
+        if off:
+            text += "; without them: " + "; ".join(f"{n} ({why})" for why, n in sorted(off.items()))
+        return text
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        line = self.line()
+        if line:
+            terminalreporter.write_line(line)
