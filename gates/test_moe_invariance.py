@@ -74,6 +74,14 @@ LAYOUTS = {
 # the layouts); fs is one value a token.
 OUTPUTS = ("post_attn mid", "post_attn rr", "post_attn fq", "post_attn fs", "post_attn gq", "post_attn gsc",
            "router logits", "router ids", "router wts", "glu g/u", "glu hq", "glu hs", "down opair", "final out")
+# The stages, each launched on its own designed inputs: the invariance gate checks each in a
+# gate of its own (the same batches and layouts; a failure names its stage in the node id, and
+# the five spread over a run's lanes), the determinism gate runs them in pipeline order.
+STAGES = ("post_attn", "router", "glu", "down", "final")
+
+
+def outputs_of(stage: str) -> tuple[str, ...]:
+    return tuple(name for name in OUTPUTS if name.split(" ", 1)[0] == stage)
 
 TWIN, ZERO = od.ORDER_TWIN, od.ORDER_ZERO
 ROWS = (0, TWIN, ZERO, 3)  # checked: a live token, its twin, the zero token, another live token
@@ -133,32 +141,50 @@ def _slots(a: np.ndarray, kcap: int, fill) -> np.ndarray:
     return out
 
 
-def _layer(case: Case, tokens, layout: Layout, *, zeroed: bool = False) -> dict:
-    """Every stage on the pool's `tokens` as one batch (T = len(tokens)) under `layout`, each on
-    its designed inputs: every output a token owns, on the host, first axis the batch."""
+def _stage(case: Case, stage: str, tokens, layout: Layout, *, zeroed: bool = False) -> dict:
+    """One stage on the pool's `tokens` as one batch (T = len(tokens)) under `layout`, on its
+    designed inputs: every output of it a token owns, on the host, first axis the batch."""
     s, p, w = case.shape, case.pool, case.weights
     rows = np.asarray(tokens, dtype=np.int64)
     k, kcap = s.k, s.k + layout.spare_slots
     experts = case.experts[layout.permuted_table]
-    post = g.run_post_attn(p.post.x[rows], p.post.o[rows], w["w_pa"], w["w_router"], act_g=p.post.act_g,
-                           eps=p.post.eps, zeroed=zeroed)
-    router = g.run_router(p.router.rr[rows], w["wr"], w["pes"], k=k, kcap=kcap, ticket=case.ticket, zeroed=zeroed)
     ex = p.experts
     ids = _slots(ex.ids[rows], kcap, g.ID_SENTINEL)
-    hq, hs, gu = g.run_glu(ids, ex.gq[rows], ex.gsc[rows], experts, act_g=ex.act_g, act_h=ex.act_h, k=k, i=s.i,
-                           gu_rows=layout.gu_rows, zeroed=zeroed)
-    opair = g.run_down(ids, _slots(ex.hq[rows], kcap, g.BYTE_SENTINEL), _slots(ex.hs[rows], kcap, g.BYTE_SENTINEL),
-                       experts, act_h=ex.act_h, k=k, h=s.h, zeroed=zeroed)
-    f = p.final
-    out = g.run_final(f.dense[rows], _slots(f.opair[rows], kcap, np.nan), _slots(f.wts[rows], kcap, np.nan),
-                      f.mid[rows], w["w_d"], w["w_m"], layer_scalar=f.layer_scalar, eps=f.eps, k=k, zeroed=zeroed)
-    got = {"post_attn mid": post.mid, "post_attn rr": post.rr, "post_attn fq": post.fq,
-           "post_attn fs": post.fs.reshape(-1, 1), "post_attn gq": post.gq, "post_attn gsc": post.gsc,
-           "router logits": router.logits, "router ids": router.ids[:, :k], "router wts": router.wts[:, :k],
-           "glu hq": hq[:, :k], "glu hs": hs[:, :k], "down opair": opair[:, :k], "final out": out}
-    if gu is not None:
-        got["glu g/u"] = gu[:, :k]
+    if stage == "post_attn":
+        post = g.run_post_attn(p.post.x[rows], p.post.o[rows], w["w_pa"], w["w_router"], act_g=p.post.act_g,
+                               eps=p.post.eps, zeroed=zeroed)
+        got = {"post_attn mid": post.mid, "post_attn rr": post.rr, "post_attn fq": post.fq,
+               "post_attn fs": post.fs.reshape(-1, 1), "post_attn gq": post.gq, "post_attn gsc": post.gsc}
+    elif stage == "router":
+        router = g.run_router(p.router.rr[rows], w["wr"], w["pes"], k=k, kcap=kcap, ticket=case.ticket,
+                              zeroed=zeroed)
+        got = {"router logits": router.logits, "router ids": router.ids[:, :k], "router wts": router.wts[:, :k]}
+    elif stage == "glu":
+        hq, hs, gu = g.run_glu(ids, ex.gq[rows], ex.gsc[rows], experts, act_g=ex.act_g, act_h=ex.act_h, k=k, i=s.i,
+                               gu_rows=layout.gu_rows, zeroed=zeroed)
+        got = {"glu hq": hq[:, :k], "glu hs": hs[:, :k]}
+        if gu is not None:
+            got["glu g/u"] = gu[:, :k]
+    elif stage == "down":
+        opair = g.run_down(ids, _slots(ex.hq[rows], kcap, g.BYTE_SENTINEL), _slots(ex.hs[rows], kcap, g.BYTE_SENTINEL),
+                           experts, act_h=ex.act_h, k=k, h=s.h, zeroed=zeroed)
+        got = {"down opair": opair[:, :k]}
+    elif stage == "final":
+        f = p.final
+        got = {"final out": g.run_final(f.dense[rows], _slots(f.opair[rows], kcap, np.nan),
+                                        _slots(f.wts[rows], kcap, np.nan), f.mid[rows], w["w_d"], w["w_m"],
+                                        layer_scalar=f.layer_scalar, eps=f.eps, k=k, zeroed=zeroed)}
+    else:
+        raise ValueError(f"no stage {stage!r}: one of {', '.join(STAGES)}")
     return {name: g.host(v) for name, v in got.items()}
+
+
+def _layer(case: Case, tokens, layout: Layout, *, zeroed: bool = False) -> dict:
+    """Every stage on the pool's `tokens` as one batch: every output a token owns."""
+    out = {}
+    for stage in STAGES:
+        out.update(_stage(case, stage, tokens, layout, zeroed=zeroed))
+    return out
 
 
 def _layouts_with(name: str) -> dict:
@@ -166,13 +192,16 @@ def _layouts_with(name: str) -> dict:
     return {n: lay for n, lay in LAYOUTS.items() if name != "glu g/u" or lay.gu_rows}
 
 
-def _assert_the_pool_collides(case: Case, full: dict) -> None:
-    """Non-vacuity: the batch of every checked row and filler writes every output, the twin
-    picks its token's experts, the zero token's top K is all ties (ids 0..K-1), and two
-    different tokens share an expert, in the router's picks and in the expert stages' ids."""
+def _assert_the_pool_collides(case: Case, stage: str, full: dict) -> None:
+    """Non-vacuity: the batch of every checked row and filler writes every output of the stage;
+    for the router, the twin picks its token's experts, the zero token's top K is all ties (ids
+    0..K-1), and two different tokens share an expert, in the router's picks and in the expert
+    stages' ids."""
     s, tokens = case.shape, ROWS + FILLERS[:moe.MAX_T - len(ROWS)]
     for name, a in full.items():
         g.assert_fully_written(f"{name} (a batch of {len(tokens)})", a)
+    if stage != "router":
+        return
     ids = full["router ids"]
     pos = {tok: i for i, tok in enumerate(tokens)}
     assert np.array_equal(ids[pos[TWIN]], ids[pos[0]]), f"the twin picked {ids[pos[TWIN]]}, token 0 {ids[pos[0]]}"
@@ -186,23 +215,24 @@ def _assert_the_pool_collides(case: Case, full: dict) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.invariance
+@pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("shape_id", list(SHAPES))
-def test_a_tokens_outputs_do_not_depend_on_its_batch_its_place_or_the_layout(shape_id):
+def test_a_tokens_outputs_do_not_depend_on_its_batch_its_place_or_the_layout(shape_id, stage):
     # Bitwise: every stage reduces within a token (over H, over its K slots) in an order fixed
     # by H, K and the block size; no stage reads another token's data or derives anything
     # from T but the grid. Each token alone (T = 1, first layout) is the reference.
     case = _case(shape_id)
     runs = {}
 
-    def chain(tokens, layout):
+    def launch(tokens, layout):
         key = (tuple(tokens), layout)
         if key not in runs:
-            runs[key] = _layer(case, tokens, layout)
+            runs[key] = _stage(case, stage, tokens, layout)
         return runs[key]
 
-    _assert_the_pool_collides(case, chain(ROWS + FILLERS[:moe.MAX_T - len(ROWS)], LAYOUTS[next(iter(LAYOUTS))]))
-    for name in OUTPUTS:
-        assert_batch_invariant(f"moe decode {name}", lambda tokens, layout, name=name: chain(tokens, layout)[name],
+    _assert_the_pool_collides(case, stage, launch(ROWS + FILLERS[:moe.MAX_T - len(ROWS)], LAYOUTS[next(iter(LAYOUTS))]))
+    for name in outputs_of(stage):
+        assert_batch_invariant(f"moe decode {name}", lambda tokens, layout, name=name: launch(tokens, layout)[name],
                                ROWS, batch_sizes=BATCH_SIZES, positions=POSITIONS, variants=_layouts_with(name),
                                fillers=FILLERS)
 

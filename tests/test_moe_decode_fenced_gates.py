@@ -201,16 +201,24 @@ def emulated_moe(monkeypatch):
 SMALL = "small-E13-H192-I128-K3"
 
 
-def test_the_invariance_gate_passes_a_batch_invariant_device(emulated_moe, monkeypatch):
+@pytest.mark.parametrize("stage", inv.STAGES)
+def test_the_invariance_gate_passes_a_batch_invariant_device(emulated_moe, monkeypatch, stage):
     monkeypatch.setattr(inv, "BATCH_SIZES", (1, 5, 8))  # the emulation is slow; these cross T > 4
-    inv.test_a_tokens_outputs_do_not_depend_on_its_batch_its_place_or_the_layout(SMALL)
+    inv.test_a_tokens_outputs_do_not_depend_on_its_batch_its_place_or_the_layout(SMALL, stage)
+
+
+def test_the_invariance_gate_of_each_stage_checks_that_stages_outputs_and_together_every_output():
+    assert sorted(name for stage in inv.STAGES for name in inv.outputs_of(stage)) == sorted(inv.OUTPUTS)
+    assert all(inv.outputs_of(stage) for stage in inv.STAGES)
 
 
 def test_the_invariance_gate_fails_a_final_dense_norm_summed_otherwise_past_four_tokens(emulated_moe, monkeypatch):
     monkeypatch.setattr(inv, "BATCH_SIZES", (1, 5))
     emulated_moe.final_order = lambda t: "warps reversed" if t > 4 else "kernel"
     with pytest.raises(NotBatchInvariant, match=r"batch invariance of moe decode final out: row 0 at position"):
-        inv.test_a_tokens_outputs_do_not_depend_on_its_batch_its_place_or_the_layout(SMALL)
+        inv.test_a_tokens_outputs_do_not_depend_on_its_batch_its_place_or_the_layout(SMALL, "final")
+    for stage in ("post_attn", "router", "glu", "down"):  # the stages before it launch as they did
+        inv.test_a_tokens_outputs_do_not_depend_on_its_batch_its_place_or_the_layout(SMALL, stage)
 
 
 # ------------------------------------------------------------------ the sweep's check on the emulated device
