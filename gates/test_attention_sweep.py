@@ -17,7 +17,7 @@ import pytest
 
 from gates._paged_attention import (WINDOW_NONE, decode_ladder_holds, decode_plan, decode_spans, prefill_ladder_holds,
                                     prefill_plan, prefill_spans)
-from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
+from harness.library.sweep import Dim, Preset, ShapeSpace, assert_named_shapes_accepted, sweep
 from kernels_cu import paged_attention as pa
 from oracles import paged_attention as ora
 
@@ -145,17 +145,20 @@ def test_every_preset_and_boundary_of_the_attention_shape_spaces_is_a_shape_the_
     # The spaces promise shapes the kernels run: each preset and boundary as the sweep plans it
     # passes the launcher's checks (numpy stand-ins of its buffers: nothing is launched), and its
     # block table names only pages of its pool.
-    for shape in [dict(p.shape) for p in DECODE_SHAPES.presets] + DECODE_SHAPES.boundary_cases():
+    def decode_accepted(shape):
         plan = decode_plan(shape)
         a = _host(plan)
         scratch = np.empty(pa.decode_scratch_floats(plan.rows, plan.nh, shape["SPLITS"], plan.hd), np.float32)
         counters = np.zeros(plan.rows * plan.nh, np.int32)
         assert pa.check_decode_args(*a.values(), scratch, shape["SPLITS"], counters) == \
-            (shape["ROWS"], plan.nh, shape["NKV"], shape["HD"]), shape
-        assert 0 <= plan.bt.min() and plan.bt.max() < plan.num_pages - 1, shape
-    for shape in [dict(p.shape) for p in PREFILL_SHAPES.presets] + PREFILL_SHAPES.boundary_cases():
+            (shape["ROWS"], plan.nh, shape["NKV"], shape["HD"])
+        assert 0 <= plan.bt.min() and plan.bt.max() < plan.num_pages - 1, "a block table entry outside the pool"
+
+    def prefill_accepted(shape):
         plan = prefill_plan(shape)
         tiles = pa.make_tiles(plan.off, pa.prefill_rows_per_tile(plan.hd))
-        assert pa.check_prefill_args(*_host(plan).values(), tiles) == \
-            (shape["M"], plan.nh, shape["NKV"], shape["HD"]), shape
-        assert 0 <= plan.bt.min() and plan.bt.max() < plan.num_pages - 1, shape
+        assert pa.check_prefill_args(*_host(plan).values(), tiles) == (shape["M"], plan.nh, shape["NKV"], shape["HD"])
+        assert 0 <= plan.bt.min() and plan.bt.max() < plan.num_pages - 1, "a block table entry outside the pool"
+
+    assert_named_shapes_accepted(DECODE_SHAPES, decode_accepted)
+    assert_named_shapes_accepted(PREFILL_SHAPES, prefill_accepted)

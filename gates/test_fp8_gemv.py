@@ -9,7 +9,7 @@ from gates._quant_gemv import (SENTINEL, run_fp8_gemv, run_fp8_gemv_far_rows, ru
                                run_fp8_gemv_with_tail, shaped)
 from harness import assert_bits_eq
 from harness.library.buffers import INDEX_32, assert_untouched, device_memory
-from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
+from harness.library.sweep import Dim, Preset, ShapeSpace, assert_named_shapes_accepted, sweep
 from kernels_cu import fp8_gemv
 from oracles.quant_gemv import fp8_chunk_sums, fp8_gemv_case, fp8_gemv_positional_case
 
@@ -179,12 +179,14 @@ def test_fp8_gemv_matches_the_positional_design_over_its_shape_space():
 def test_every_preset_and_boundary_of_the_fp8_shape_space_is_a_shape_the_launcher_accepts():
     # The space promises shapes the kernel runs: one the launcher refuses is a space declared wrong.
     # So is the big-index gate's shape.
-    big = {"T": BIG_T, "K": BIG_K, "N": BIG_N}
-    for shape in [dict(p.shape) for p in FP8_SHAPES.presets] + FP8_SHAPES.boundary_cases() + [big]:
+    def accepted(shape):
         t, k, n = shape["T"], shape["K"], shape["N"]
         y, x, xs = shaped((t, n), np.uint16), shaped((t, k), np.uint8), shaped((t,), np.float32)
         segments = [(shaped((n, k), np.uint8), shaped((n,), np.float32))]
-        assert fp8_gemv.check_fp8_gemv_args(y, x, xs, segments) == (t, k, n), shape
+        assert fp8_gemv.check_fp8_gemv_args(y, x, xs, segments) == (t, k, n)
+
+    assert_named_shapes_accepted(FP8_SHAPES, accepted,
+                                 extra={"the big-index gate's shape": {"T": BIG_T, "K": BIG_K, "N": BIG_N}})
 
 
 # Past 2^31 weight bytes: one segment of N = 2^18 + 64 rows of K = 8192 (Llama-3 70B's

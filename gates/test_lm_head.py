@@ -10,7 +10,7 @@ from gates._quant_gemv import (LmHeadGuardedRun, lm_head_edge, lm_head_partials_
                                run_lm_head_guarded, run_lm_head_guarded_on_device, shaped)
 from harness import assert_bits_eq, assert_close
 from harness.library.buffers import INDEX_32, assert_untouched, device_memory
-from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
+from harness.library.sweep import Dim, Preset, ShapeSpace, assert_named_shapes_accepted, sweep
 from kernels_cu import lm_head
 from oracles.quant_gemv import (LM_EDGE_WINNER, LM_HEAD_HOT_ROW, LM_LONE_ROWS, LM_POS_RUNNER_UP, LM_POS_SOFTCAP,
                                  LM_POS_UNIT_CAP, LM_POS_UNIT_CAP_RS, LM_POS_V, LM_POS_WINNERS, TANHF_ULP_BOUND,
@@ -333,10 +333,12 @@ def test_lm_head_rows_past_2_31_embedding_bytes_keep_their_partials_and_answers(
 def test_every_preset_and_boundary_of_the_lm_head_shape_space_is_a_shape_the_launcher_accepts():
     # The space promises shapes the kernel runs: one the launcher refuses is a space declared
     # wrong; so is the big-index gate's shape (with the excluded id each one runs with).
-    cases = [(dict(p.shape), lm_head_sweep_excluded(p.shape["V"])) for p in LM_SHAPES.presets]
-    cases += [(s, lm_head_sweep_excluded(s["V"])) for s in LM_SHAPES.boundary_cases()]
-    cases += [({"T": len(BIG_WINNERS), "V": BIG_V, "H": BIG_H}, lm_head.NONE)]
-    for shape, excluded in cases:
+    big = {"T": len(BIG_WINNERS), "V": BIG_V, "H": BIG_H}
+
+    def accepted(shape):
         t, v, hdim = shape["T"], shape["V"], shape["H"]
+        excluded = lm_head.NONE if shape == big else lm_head_sweep_excluded(v)
         args = shaped((t, hdim), np.uint16), shaped((v, hdim), np.uint8), shaped((v,), np.float32)
-        assert lm_head.check_lm_head_args(*args, excluded, 0.0) == (t, v, hdim), shape
+        assert lm_head.check_lm_head_args(*args, excluded, 0.0) == (t, v, hdim)
+
+    assert_named_shapes_accepted(LM_SHAPES, accepted, extra={"the big-index gate's shape": big})

@@ -18,7 +18,7 @@ import pytest
 from gates import _moe_decode as g
 from harness import assert_bits_eq, assert_close
 from harness.library.buffers import device_memory
-from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
+from harness.library.sweep import Dim, Preset, ShapeSpace, assert_named_shapes_accepted, sweep
 from kernels_cu import moe_decode as moe
 from oracles import moe_decode as od
 
@@ -158,10 +158,13 @@ def test_every_preset_and_boundary_of_the_moe_shape_space_is_a_shape_the_launche
     # The space promises shapes the kernels run: one a launcher refuses is a space declared wrong.
     checks = {"post_attn": moe.check_post_attn, "router": moe.check_router, "glu": moe.check_glu,
               "down": moe.check_down, "final": moe.check_final}
-    for shape in [dict(p.shape) for p in MOE_SHAPES.presets] + MOE_SHAPES.boundary_cases():
+
+    def accepted(shape):
         args = launch_args(shape)
         for stage, check in checks.items():
             sz = check(*args[stage])
             got = {"T": sz.t, "H": sz.h, "I": sz.i, "E": sz.e, "K": sz.k}
             want = {n: v for n, v in shape.items() if got[n]}  # a stage's unused sizes are 0
-            assert {n: got[n] for n in want} == want, (stage, shape, sz)
+            assert {n: got[n] for n in want} == want, f"{stage}: the launcher read {sz}"
+
+    assert_named_shapes_accepted(MOE_SHAPES, accepted)

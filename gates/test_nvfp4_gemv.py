@@ -11,7 +11,7 @@ from harness import assert_bits_eq
 from harness.library.buffers import INDEX_32, assert_untouched, device_memory
 from harness.library.dtypes import bits_of
 from harness.library.source import define_int
-from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
+from harness.library.sweep import Dim, Preset, ShapeSpace, assert_named_shapes_accepted, sweep
 from kernels_cu import nvfp4_gemv
 from oracles.quant_gemv import nvfp4_designed, nvfp4_expected, nvfp4_random, nvfp4_sweep_case
 
@@ -203,9 +203,10 @@ def test_every_preset_and_boundary_of_the_nvfp4_shape_space_is_a_shape_the_launc
     # launcher's VLANES is nvfp4_dot.cuh's NVFP4_VLANES.
     assert define_int(kernel_root / "nvfp4_dot.cuh", "NVFP4_VLANES") == nvfp4_gemv.VLANES, \
         "kernels_cu/nvfp4_gemv.py VLANES differs from nvfp4_dot.cuh's #define NVFP4_VLANES"
-    big = {"N": BIG_N, "K": BIG_K}
-    for shape in [dict(p.shape) for p in NVFP4_SHAPES.presets] + NVFP4_SHAPES.boundary_cases() + [big]:
+    def accepted(shape):
         n, k = shape["N"], shape["K"]
         args = (shaped((n + TAIL,), np.uint16), shaped((k,), np.uint16), shaped((n, k // 2), np.uint8),
                 shaped((n, k // nvfp4_gemv.GROUP), np.uint8))
-        assert nvfp4_gemv.check_nvfp4_gemv_args(*args) == (n, k), shape
+        assert nvfp4_gemv.check_nvfp4_gemv_args(*args) == (n, k)
+
+    assert_named_shapes_accepted(NVFP4_SHAPES, accepted, extra={"the big-index gate's shape": {"N": BIG_N, "K": BIG_K}})

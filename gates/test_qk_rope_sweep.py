@@ -16,7 +16,7 @@ import pytest
 
 from gates import _qk_rope as qk
 from harness.library.dtypes import bf16
-from harness.library.sweep import Dim, Preset, ShapeSpace, sweep
+from harness.library.sweep import Dim, Preset, ShapeSpace, assert_named_shapes_accepted, sweep
 from kernels_cu import qk_rope as launcher
 
 
@@ -97,7 +97,7 @@ def test_qk_rope_chain_holds_bitwise_over_its_shape_space():
 def test_every_preset_and_boundary_of_the_qk_rope_shape_space_is_a_shape_the_launcher_accepts():
     # The space promises shapes the kernel runs: each arm's host checks take each preset and
     # boundary as the sweep builds it (numpy stand-ins of its buffers: nothing is launched).
-    for shape in [dict(p.shape) for p in QK_ROPE_SHAPES.presets] + QK_ROPE_SHAPES.boundary_cases():
+    def accepted(shape):
         s = qk.sweep_shape(shape)
         sc, hd, t = s.scenario, s.head_dim, s.num_tokens
         q = np.empty((t, s.nq, hd), bf16)
@@ -109,12 +109,14 @@ def test_every_preset_and_boundary_of_the_qk_rope_shape_space_is_a_shape_the_lau
         pool = np.empty(_pool(shape), bf16)
         paged = dict(page_size=sc.page_size, num_layers=sc.num_layers, layer=sc.layer, rotary_dim=s.rotary_dim)
         heads, pos = launcher.check_flat(q, k, v, w, w, cos, cos, sc.positions, *outs, rotary_dim=s.rotary_dim)
-        assert (heads.nq, heads.nkv, int(pos[-1])) == (s.nq, s.nkv, s.cos_max_pos - 1), shape
+        assert (heads.nq, heads.nkv, int(pos[-1])) == (s.nq, s.nkv, s.cos_max_pos - 1)
         _, pages = launcher.check_paged_prefill(q, k, v, w, w, cos, cos, outs[0], pool, start_pos=sc.start_pos,
                                                 page_indices=np.asarray(sc.window, np.int32),
                                                 page_origin=sc.page_origin, **paged)
-        assert pages == sc.num_pages, shape
+        assert pages == sc.num_pages
         indptr, indices = sc.decode_csr()
         launcher.check_paged_decode(q, k, v, w, w, cos, cos, outs[0], pool, positions=sc.positions,
                                     page_indptr=indptr, page_indices=indices, page_origins=sc.decode_origins(),
                                     **paged)
+
+    assert_named_shapes_accepted(QK_ROPE_SHAPES, accepted)

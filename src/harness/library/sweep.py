@@ -216,6 +216,40 @@ class ShapeFaulted(CheckFailed):
                          f"the context is gone, so it is not shrunk): {first_line}\nreplay: {replay}")
 
 
+class ShapeRefused(CheckFailed):
+    """A shape the space promises (a preset, a boundary) that its launcher refuses or whose
+    host check fails: the space is declared wrong, or the launcher is."""
+
+    def __init__(self, space: str, label: str, shape: Shape, first_line: str):
+        self.space, self.label, self.shape, self.first_line = space, label, shape, first_line
+        super().__init__(f"{space}: {label} ({written(shape).replace(',', ', ')}) is a shape the space promises, "
+                         f"and its check failed: {first_line}")
+
+
+def named_shapes(space: ShapeSpace, extra: Mapping[str, Shape] | None = None) -> list[tuple[str, Shape]]:
+    """(label, shape) for every shape a space names: each preset (`preset NAME (SOURCE)`), each
+    boundary case (`boundary case N`), then each of `extra` by its own label."""
+    out = [(f"preset {p.name!r} ({p.source})", dict(p.shape)) for p in space.presets]
+    out += [(f"boundary case {i}", shape) for i, shape in enumerate(space.boundary_cases(), 1)]
+    return out + [(label, dict(shape)) for label, shape in (extra or {}).items()]
+
+
+def assert_named_shapes_accepted(space: ShapeSpace, check: Callable[[Shape], object], *,
+                                 extra: Mapping[str, Shape] | None = None) -> int:
+    """Run `check(shape)` (host work only: the launcher's argument checks over stand-in buffers)
+    on every shape the space names (`named_shapes`); the first that raises fails by assertion
+    (`ShapeRefused`), naming it, a preset with its model and source, and the check's own words.
+    Returns how many shapes were checked. A structural gate: a space whose presets a launcher
+    refuses promises shapes the kernel does not run."""
+    shapes = named_shapes(space, extra)
+    for label, shape in shapes:
+        try:
+            check(shape)
+        except Exception as exc:  # noqa: BLE001 - a Refusal, a failed assert: the shape is named either way
+            raise ShapeRefused(space.name, label, shape, _first_line(exc)) from exc
+    return len(shapes)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]
