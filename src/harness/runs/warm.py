@@ -388,13 +388,15 @@ class WarmExecutors(ExecutorFactory):
     jobs: int
     stop_on_kill: bool = True
     reuse: bool = True  # False: a fresh worker for every mutant (the re-check's)
+    spares: int | None = None  # each executor's spares; None: `spares_for` its GPU's slots
     made: dict = field(default_factory=dict)
 
     def __call__(self, report_dir: Path | None, cache_dir: Path, arch: str | None,
                  device: str | None = None) -> WarmExecutor:
         if device not in self.made:
+            spares = spares_for(self.jobs, device) if self.spares is None else self.spares
             self.made[device] = WarmExecutor(self.rootdir, self.gates, self.kernel_root, cache_dir, arch=arch,
-                                             device_ordinal=ordinal_of(device), spares=spares_for(self.jobs, device),
+                                             device_ordinal=ordinal_of(device), spares=spares,
                                              stop_on_kill=self.stop_on_kill, reuse=self.reuse)
         return self.made[device]
 
