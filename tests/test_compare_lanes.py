@@ -255,3 +255,46 @@ def test_both_sides_through_two_lanes_of_warm_workers_and_the_runs_own_pool_make
     forks = Counter(pid for _, pid, event in lines if event.startswith("server: fork"))
     assert forks[servers[0]] == 0 and forks[servers[1]] >= 2, (servers, forks)
     result.assert_outcomes(passed=6)
+
+
+# ------------------------------------------------------------------ `python -m harness bench compare`
+
+
+def test_bench_compare_times_the_plain_run_and_both_ways_and_writes_its_figures(project, tmp_path, monkeypatch,
+                                                                                capsys):
+    from harness.commands.bench import main
+
+    monkeypatch.chdir(project.path)
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))  # no gate times: each gate its kind's cost
+    out = tmp_path / "out"
+    assert main(["compare", "--out", str(out), "--lanes", "2"]) == 0, capsys.readouterr()
+    printed = capsys.readouterr().out
+    data = __import__("json").loads((out / "bench-compare.json").read_text())
+    assert set(data["runs"]) == {"plain", "lanes", "one lane"} and data["ref"] == "HEAD"
+    for key, (run,) in data["runs"].items():  # one round of each (the warm-ups are not counted)
+        assert run["exit"] == 0 and run["summary"] == f"3 passed in {run['pytest_s']}s" and run["wall_s"] > 0
+        assert ("--compare-to=HEAD" in run["command"]) == (key != "plain")
+    assert data["runs"]["plain"][0]["lanes"] is None
+    # three gates of one module, no time recorded: the module alone outlasts a lane's share, so it is cut in two
+    assert data["runs"]["lanes"][0]["lanes"] == 2 and data["runs"]["lanes"][0]["at_once"] == 2
+    assert data["runs"]["one lane"][0]["lanes"] == 1 and data["runs"]["one lane"][0]["at_once"] == 1
+    assert data["runs"]["lanes"][0]["compared"].startswith("compare to HEAD: 3 gate(s), 3 arm(s): 3 same bits")
+    assert set(data["ratios"]) == {"lanes_over_plain", "one_lane_over_plain", "one_lane_over_lanes"}
+    assert all(isinstance(v, float) for v in data["ratios"].values()) and isinstance(data["target_met"], bool)
+    md = (out / "bench-compare.md").read_text()
+    assert "| run | lanes a side | median wall s | median pytest s | wall / plain |" in md
+    assert "Through the lanes: " in md and md in printed
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--repeat", "0"], "error: --repeat 0: pass 1 or more"),
+    (["--ref", " "], "error: --ref needs a REF"),
+    (["--lanes", "x"], "error: --lanes: --harness-lanes takes a whole number from 1 or `auto`"),
+])
+def test_bench_compare_refuses_bad_input_before_anything_runs(tmp_path, monkeypatch, capsys, args, says):
+    from harness.commands.bench import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--out", str(tmp_path / "out"), *args]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

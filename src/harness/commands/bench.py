@@ -89,6 +89,12 @@ def _bench_fresh(argv: list[str]) -> int:
     return main(argv)
 
 
+def _bench_compare(argv: list[str]) -> int:
+    from harness.commands.bench_compare import main
+
+    return main(argv)
+
+
 def main(argv: list[str]) -> int:
     return BENCHES.dispatch(argv)
 
@@ -193,5 +199,7 @@ BENCHES = Commands(
                            "one", _bench_startup),
         Command("fresh", "a fresh gate run spawned against forked from the fork server, alternating, in one run",
                 _bench_fresh),
+        Command("compare", "--compare-to REF over the suite against the plain suite: both sides through the lanes, "
+                           "and one lane (the sides one after the other), in one run", _bench_compare),
     ),
 )
