@@ -53,6 +53,11 @@ def git(root: Path, *args: str) -> str:
 
 @pytest.fixture
 def project(pytester, monkeypatch, tmp_path):
+    return make_project(pytester, monkeypatch, tmp_path)
+
+
+def make_project(pytester, monkeypatch, tmp_path):
+    """A git repository with the gate module `GATE` over kernels/k.cu (`SCALE 3`), committed and tagged v1."""
     use_child_env(monkeypatch)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     for var in ("HARNESS_REQUIRE_GPU", "HARNESS_KERNEL_ROOT", "HARNESS_ARMS_OUT"):

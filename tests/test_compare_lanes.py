@@ -14,8 +14,13 @@ from harness.plugin.compare.sides import Piece, not_compared, not_compared_lines
 from harness.plugin.compare.work import WorkItem, work_items
 from harness.pool.lanes import Gate
 from harness.runs.result import GateOutcome, GateRuns, merged
-from tests.test_compare import PLUGIN, git, project, report  # noqa: F401 (a fixture)
+from tests.test_compare import PLUGIN, git, make_project, report
 from tests.test_plugin import FAKE_DEVICE_CONFTEST
+
+
+@pytest.fixture
+def project(pytester, monkeypatch, tmp_path):
+    return make_project(pytester, monkeypatch, tmp_path)
 
 
 def side(modules: dict[str, int], seconds: float = 1.0, missing: frozenset[str] = frozenset()) -> list[Gate]:
