@@ -173,13 +173,16 @@ def _say(config: pytest.Config, lines: list[str]) -> None:
 
 def _executors(run, device_ready: bool, config, gates: list[str], kernel_root: Path, jobs: int):
     """The sides' executor factory: warm workers on the device, shared by `jobs` slots (a spare
-    for each, and two more), else a fresh pytest a work item."""
+    for each, and two more), else a fresh pytest a work item. Over several lanes the server
+    does not run the structural gates before it forks: a side's run once, spread over the
+    lanes, and the server's run would hold back every worker's start."""
     from harness.runs.fresh import FreshExecutors
     from harness.runs.warm import WarmExecutors
 
     files = sorted({g.split("::", 1)[0] for g in gates})
     if device_ready:
-        return WarmExecutors(config.rootpath, tuple(files), kernel_root, jobs, stop_on_kill=False, spares=jobs + 2)
+        return WarmExecutors(config.rootpath, tuple(files), kernel_root, jobs, stop_on_kill=False, spares=jobs + 2,
+                             warm_structural=jobs == 1)
     return FreshExecutors(config.rootpath, require_gpu=run.require_gpu)
 
 
