@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -28,10 +27,10 @@ import time
 from pathlib import Path
 
 from harness.commands import Command, Commands
+from harness.commands.figures import SUMMARY, device_name
 from harness.core.child import ChildPytest
 from harness.core.usage import add_bench_output, bench_out_folder
 
-SUMMARY = re.compile(r"\b\d+ (?:passed|failed)\b.* in ([0-9.]+)s")
 
 
 def _run(tree: Path, args: list[str], report: Path, env: dict) -> dict:
@@ -156,7 +155,7 @@ def bench_gates(argv: list[str]) -> int:
     olds = [r for k, r in rows.items() if k.startswith("after serial (old gates)")]
     old_s = statistics.median(r["pytest_s"] or 0 for r in olds)
     a = {"gates": olds[0]["gates"], "pytest_s": round(old_s, 2)}
-    result = {"device": _device_name(), "old_gate_ids": len(old_ids), "runs": rows,
+    result = {"device": device_name(), "old_gate_ids": len(old_ids), "runs": rows,
               "after_old_gates_median_s": a["pytest_s"], "repeat": args.repeat,
               "added_gates": full["gates"] - a["gates"],
               "added_gates_pytest_s": round((full["pytest_s"] or 0) - (a["pytest_s"] or 0), 2)}
@@ -176,15 +175,6 @@ def bench_gates(argv: list[str]) -> int:
     (out / f"{args.name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0 if all(r["exit"] == 0 for r in rows.values()) else 1
-
-
-def _device_name() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout.strip().splitlines()
-        return f"{len(out)} x {out[0]}" if out else "no GPU"
-    except (OSError, subprocess.SubprocessError):
-        return "no GPU"
 
 
 BENCHES = Commands(

@@ -40,7 +40,7 @@ RUNS = {  # key: (what it is, the options after the targets; {ref} is REF)
 
 def _run(rootdir: Path, targets: list[str], extra: tuple[str, ...], report: Path, require_gpu: bool,
          env: dict) -> dict:
-    from harness.commands.bench import SUMMARY
+    from harness.commands.figures import SUMMARY
     from harness.core.child import ChildPytest
 
     cmd = ChildPytest(tuple(targets), require_gpu=require_gpu, report_dir=report, extra=extra).command()
@@ -64,7 +64,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def main(argv: list[str]) -> int:
-    from harness.commands.bench import _device_name
+    from harness.commands.figures import device_name
     from harness.commands.startup import tree_env
     from harness.core.settings import find_rootdir
     from harness.core.usage import add_bench_output, bench_out_folder
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
     medians = {key: {stat: (round(statistics.median(vals), 2) if (vals := [r[stat] for r in got if r[stat] is not None])
                             else None) for stat in ("wall_s", "pytest_s")} for key, got in rows.items()}
     plain, lanes, one = (medians[k]["wall_s"] for k in RUNS)
-    result = {"device": _device_name(), "cpus": os.cpu_count(), "rootdir": str(rootdir), "targets": args.targets,
+    result = {"device": device_name(), "cpus": os.cpu_count(), "rootdir": str(rootdir), "targets": args.targets,
               "ref": args.ref, "require_gpu": args.require_gpu, "repeat": args.repeat, "medians": medians,
               "ratios": {"lanes_over_plain": _ratio(lanes, plain), "one_lane_over_plain": _ratio(one, plain),
                          "one_lane_over_lanes": _ratio(one, lanes)},

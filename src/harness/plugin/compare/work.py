@@ -6,7 +6,7 @@ folder), and every (side, lane) is a work item. The items run on as many slots a
 lanes (`harness.runs.slots.run_in_slots`), all through one executor (a warm one shares its
 workers between the slots; a fresh one starts a pytest an item): the costliest first, REF's
 lane and today's of the same rank one after the other, so both sides end together. One lane
-(`--harness-lanes 1`, `--compare-timing`, a machine of two cores) is two items, REF's then
+(`--harness-lanes 1`, `--compare-timing`, a machine of two or three cores) is two items, REF's then
 today's, on one slot: the sides one after the other, as on one worker.
 
 A gate is in exactly one item of its side, and writes its arm outputs and launches into its
@@ -50,7 +50,10 @@ def work_items(sides: dict[str, list[Gate]], lanes: int) -> list[WorkItem]:
         if twice:
             raise ValueError(f"{side}'s gates name {', '.join(twice)} more than once: each gate runs once a side")
         seconds = {g.nodeid: g.seconds for g in gates}
-        costs = [(sum(seconds[n] for n in lane), lane) for lane in split(gates, lanes)]
+        plan = split(gates, lanes)
+        if sorted(n for lane in plan for n in lane) != sorted(seconds):  # a gate lost would be compared with nothing
+            raise RuntimeError(f"the split of {side}'s {len(seconds)} gates into lanes did not place each once: {plan}")
+        costs = [(sum(seconds[n] for n in lane), lane) for lane in plan]
         costs.sort(key=lambda c: -c[0])  # stable: lanes of one cost keep split's order
         ranked[side] = [WorkItem(side, rank, tuple(lane), cost) for rank, (cost, lane) in enumerate(costs)]
     depth = max((len(r) for r in ranked.values()), default=0)
