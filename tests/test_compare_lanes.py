@@ -242,6 +242,10 @@ def test_both_sides_through_two_lanes_of_fresh_pytests_still_compare_every_arm(p
     assert sorted(a["status"] for g in report(project)["gates"] for a in g["arms"]) == ["same bits"] * 5
     pids = each_side_ran_every_gate_once(runs, 5)
     assert all(len(set(p)) == 2 for p in pids.values()), pids  # a fresh pytest a lane: two a side
+    how = report(project)["run"]  # how the sides ran, in compare.json
+    assert (how["lanes"], how["at_once"], how["workers"]) == (2, 2, None)
+    assert sorted((p["side"], p["lane"]) for p in how["pieces"]) == [("ref", 0), ("ref", 1), ("today", 0), ("today", 1)]
+    assert all(sum(p["gates"] for p in how["pieces"] if p["side"] == s) == 5 for s in ("ref", "today"))
     result.assert_outcomes(passed=5)
 
 
@@ -293,6 +297,8 @@ def test_bench_compare_times_the_plain_run_and_both_ways_and_writes_its_figures(
     assert data["runs"]["lanes"][0]["lanes"] == 2 and data["runs"]["lanes"][0]["at_once"] == 2
     assert data["runs"]["one lane"][0]["lanes"] == 1 and data["runs"]["one lane"][0]["at_once"] == 1
     assert data["runs"]["lanes"][0]["compared"].startswith("compare to HEAD: 3 gate(s), 3 arm(s): 3 same bits")
+    assert data["runs"]["plain"][0]["compare_run"] is None and data["runs"]["lanes"][0]["compare_run"]["lanes"] == 2
+    assert len(data["runs"]["one lane"][0]["compare_run"]["pieces"]) == 2  # REF's whole side, then today's
     assert set(data["ratios"]) == {"lanes_over_plain", "one_lane_over_plain", "one_lane_over_lanes"}
     assert all(isinstance(v, float) for v in data["ratios"].values()) and isinstance(data["target_met"], bool)
     md = (out / "bench-compare.md").read_text()

@@ -52,7 +52,11 @@ def _run(rootdir: Path, targets: list[str], extra: tuple[str, ...], report: Path
     lanes = next((m for m in map(LANES_LINE.match, lines) if m), None)
     found = next((line for line in lines if FOUND_LINE.match(line)), None)
     tail = (lines + proc.stderr.splitlines())[-8:]
-    return {"command": " ".join(cmd[1:]), "exit": proc.returncode, "wall_s": round(wall, 2),
+    try:  # how a comparison's sides ran: its lanes, each piece's time, where the workers' time went
+        how = json.loads((report / "compare.json").read_text()).get("run")
+    except (OSError, ValueError):
+        how = None
+    return {"command": " ".join(cmd[1:]), "exit": proc.returncode, "wall_s": round(wall, 2), "compare_run": how,
             "pytest_s": float(summary.group(1)) if summary else None,
             "summary": summary.string.strip("= ").strip() if summary else "",
             "lanes": int(lanes.group(1)) if lanes else None, "at_once": int(lanes.group(2)) if lanes else None,
@@ -154,6 +158,12 @@ def markdown(result: dict, argv: list[str]) -> str:
         shown = ", ".join(map(str, lanes[key])) or "-"
         over = {"plain": 1.0, "lanes": r["lanes_over_plain"], "one lane": r["one_lane_over_plain"]}[key]
         lines.append(f"| {what} | {shown} | {m[key]['wall_s']} | {m[key]['pytest_s']} | {over} |")
+    for key in ("lanes", "one lane"):
+        how = next((x["compare_run"] for x in result["runs"][key] if x.get("compare_run")), None)
+        if how:
+            pieces = ", ".join(f"{p['side']} {p['lane']}: {p['gates']} gates {p['seconds']} s" for p in how["pieces"])
+            lines += ["", f"{key}, its first round: the sides' pieces took {how['seconds']} s together ({pieces})"
+                      + (f"; workers: {how['workers']}" if how.get("workers") else "") + "."]
     met = "met" if result["target_met"] else "NOT met"
     lines += ["", f"Through the lanes: {r['lanes_over_plain']}x the plain suite's wall (target <= "
               f"{result['target_ratio']:g}x: {met}); one lane: {r['one_lane_over_plain']}x, "

@@ -22,6 +22,7 @@ import argparse
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -209,7 +210,7 @@ def compare(session: pytest.Session, run, device_ready: bool, lanes: int, ref: s
     from harness.plugin.compare.report import table, write_reports
     from harness.plugin.compare.sides import compare_gate, not_compared, not_compared_lines, settle
     from harness.plugin.compare.tree import check_launchers, kernel_tree_at
-    from harness.plugin.compare.work import gates_of, lanes_line, run_items, work_items
+    from harness.plugin.compare.work import gates_of, lanes_line, run_facts, run_items, work_items
     from harness.plugin.snapshots import side_folder
     from harness.pool.lanes import TIMES_FILE, GateTimes
 
@@ -240,8 +241,10 @@ def compare(session: pytest.Session, run, device_ready: bool, lanes: int, ref: s
                 given = {"ref": [g for g in gates if g not in absent], "today": gates}
                 todo = work_items({side: gates_of(ids, kinds, times) for side, ids in given.items()}, lanes)
                 roots = {"ref": ref_root, "today": today}
+                started = time.monotonic()
                 pieces = run_items(executor, todo, roots, lanes,
                                    lambda item: max(60.0, run.settings.deadline * len(item.gates)))
+                ran = run_facts(todo, pieces, lanes, time.monotonic() - started, executor)
                 sides = {"ref": settle("REF", pieces["ref"], absent, report_dir, config.rootpath),
                          "today": settle("today", pieces["today"], frozenset(), report_dir, config.rootpath)}
                 folders = {side: side_folder(out, root) for side, root in roots.items()}
@@ -259,7 +262,7 @@ def compare(session: pytest.Session, run, device_ready: bool, lanes: int, ref: s
             else:
                 os.environ[k] = v
         shutil.rmtree(out, ignore_errors=True)
-    write_reports(report_dir, ref, result)
+    write_reports(report_dir, ref, result, ran)
     unrun = not_compared(gates, sides)
     _say(config, [lanes_line(ref, todo, lanes, bool(timed))] + table(ref, result) + not_compared_lines(unrun))
     return Comparison(result, sides["today"], unrun)

@@ -85,6 +85,22 @@ def run_items(executor, items: list[WorkItem], roots: dict[str, Path], jobs: int
     return {side: sorted(got, key=lambda p: p.lane) for side, got in pieces.items()}
 
 
+def run_facts(items: list[WorkItem], pieces: dict[str, list[Piece]], jobs: int, seconds: float, executor) -> dict:
+    """How the sides ran, for compare.json: the lanes, each piece's gates, estimate and time
+    (and, of it, the wait for a worker), the wall of them all, and where a warm executor's
+    time went (`WarmExecutor.timing`, `summary`)."""
+    got = {(side, p.lane): p for side, ps in pieces.items() for p in ps}
+    rows = []
+    for item in items:
+        run = got[(item.side, item.lane)].run if (item.side, item.lane) in got else None
+        rows.append({"side": item.side, "lane": item.lane, "gates": len(item.gates),
+                     "estimate_s": round(item.seconds, 3), "seconds": round(run.seconds, 3) if run else None,
+                     "waited_s": round(run.waited, 3) if run else None})
+    workers = "; ".join(f() for f in (getattr(executor, "timing", None), getattr(executor, "summary", None)) if f)
+    return {"lanes": max((i.lane + 1 for i in items), default=0), "at_once": min(jobs, len(items)),
+            "seconds": round(seconds, 3), "pieces": rows, "workers": workers or None}
+
+
 def lanes_line(ref: str, items: list[WorkItem], jobs: int, timing: bool) -> str:
     """What the terminal says of how the sides ran."""
     per_side = {side: sum(1 for i in items if i.side == side) for side in SIDES}
