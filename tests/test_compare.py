@@ -53,6 +53,11 @@ def git(root: Path, *args: str) -> str:
 
 @pytest.fixture
 def project(pytester, monkeypatch, tmp_path):
+    return make_project(pytester, monkeypatch, tmp_path)
+
+
+def make_project(pytester, monkeypatch, tmp_path):
+    """A git repository with the gate module `GATE` over kernels/k.cu (`SCALE 3`), committed and tagged v1."""
     use_child_env(monkeypatch)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     for var in ("HARNESS_REQUIRE_GPU", "HARNESS_KERNEL_ROOT", "HARNESS_ARMS_OUT"):
@@ -448,23 +453,25 @@ def test_a_host_gate_that_launches_nothing_and_records_nothing_says_so(project):
 SLEEPER = """
 import os
 import time
-from pathlib import Path
 
 import pytest
 
 
 @pytest.mark.structural
 def test_sleeps():
-    mark = Path(os.environ["MARK"])
-    if mark.exists():
-        return  # the side after the one stopped
-    mark.write_text(str(os.getpid()))
+    try:  # the first side to get here sleeps; the other (after it, or beside it in a lane of its own) returns
+        fd = os.open(os.environ["MARK"], os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
     time.sleep(60)
 """
 
 
+@pytest.mark.parametrize("lanes", ["1", "2"])  # the sides one after the other, or side by side
 @pytest.mark.parametrize("stop", ["ctrl-c", "killed worker"])
-def test_the_materialised_tree_goes_on_ctrl_c_and_a_killed_worker(project, tmp_path, stop):
+def test_the_materialised_tree_goes_on_ctrl_c_and_a_killed_worker(project, tmp_path, stop, lanes):
     import os
     import signal
     import sys
@@ -474,8 +481,8 @@ def test_the_materialised_tree_goes_on_ctrl_c_and_a_killed_worker(project, tmp_p
     mark = tmp_path / "mark"
     env = {**os.environ, "MARK": str(mark)}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *PLUGIN, "gates/test_sleep.py", "--compare-to=HEAD",
-                             "--harness-report=report", "-p", "no:cacheprovider"], cwd=project.path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--harness-report=report", "-p", "no:cacheprovider", "--harness-lanes", lanes],
+                            cwd=project.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for _ in range(600):
             if mark.is_file() and mark.read_text():

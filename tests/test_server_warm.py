@@ -45,3 +45,14 @@ def test_the_servers_warm_up_serves_every_worker_and_a_changed_input_is_computed
     changed = ex.run(_mutant(root, "minus", KERNEL.replace("+ 1", "- 1")), [gate], 60)
     assert (changed.outcomes[0].outcome, changed.outcomes[0].first_failure_line) == ("failed", "not one addition")
     assert len(log.read_text().split()) == 2 and len(set(log.read_text().split())) == 2  # the worker's own
+
+
+def test_without_the_warm_up_the_server_computes_nothing_and_the_worker_its_own(suite):
+    # a comparison over several lanes: each side's structural gates run once, in their lanes
+    root, ex, log = suite
+    ex.warm_structural = False
+    gate = "gates/test_k.py::test_one_addition"
+    ran = ex.run(_mutant(root, "comment", KERNEL.replace("a comment", "another comment")), [gate], 60)
+    assert [o.outcome for o in ran.outcomes] == ["passed"], ran
+    assert len(log.read_text().split()) == 1  # computed once, in the worker that ran the gate
+    assert ex._pool is not None and log.read_text().split()[0] != str(ex._pool.server.pid)

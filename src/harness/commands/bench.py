@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -28,10 +27,10 @@ import time
 from pathlib import Path
 
 from harness.commands import Command, Commands
+from harness.commands.figures import SUMMARY, device_name
 from harness.core.child import ChildPytest
 from harness.core.usage import add_bench_output, bench_out_folder
 
-SUMMARY = re.compile(r"\b\d+ (?:passed|failed)\b.* in ([0-9.]+)s")
 
 
 def _run(tree: Path, args: list[str], report: Path, env: dict) -> dict:
@@ -85,6 +84,12 @@ def _bench_startup(argv: list[str]) -> int:
 
 def _bench_fresh(argv: list[str]) -> int:
     from harness.runs.fresh_bench import main
+
+    return main(argv)
+
+
+def _bench_compare(argv: list[str]) -> int:
+    from harness.commands.bench_compare import main
 
     return main(argv)
 
@@ -150,7 +155,7 @@ def bench_gates(argv: list[str]) -> int:
     olds = [r for k, r in rows.items() if k.startswith("after serial (old gates)")]
     old_s = statistics.median(r["pytest_s"] or 0 for r in olds)
     a = {"gates": olds[0]["gates"], "pytest_s": round(old_s, 2)}
-    result = {"device": _device_name(), "old_gate_ids": len(old_ids), "runs": rows,
+    result = {"device": device_name(), "old_gate_ids": len(old_ids), "runs": rows,
               "after_old_gates_median_s": a["pytest_s"], "repeat": args.repeat,
               "added_gates": full["gates"] - a["gates"],
               "added_gates_pytest_s": round((full["pytest_s"] or 0) - (a["pytest_s"] or 0), 2)}
@@ -172,15 +177,6 @@ def bench_gates(argv: list[str]) -> int:
     return 0 if all(r["exit"] == 0 for r in rows.values()) else 1
 
 
-def _device_name() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout.strip().splitlines()
-        return f"{len(out)} x {out[0]}" if out else "no GPU"
-    except (OSError, subprocess.SubprocessError):
-        return "no GPU"
-
-
 BENCHES = Commands(
     prog="python -m harness bench", what="benchmark",
     intro="Benchmarks that print their figures and write them as JSON and Markdown (default: harness-report/bench "
@@ -193,5 +189,7 @@ BENCHES = Commands(
                            "one", _bench_startup),
         Command("fresh", "a fresh gate run spawned against forked from the fork server, alternating, in one run",
                 _bench_fresh),
+        Command("compare", "--compare-to REF over the suite against the plain suite: both sides through the lanes, "
+                           "and one lane (the sides one after the other), in one run", _bench_compare),
     ),
 )

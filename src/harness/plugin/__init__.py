@@ -34,7 +34,7 @@ from harness.library import coverage
 from harness.plugin import cufiles
 from harness.plugin.options import check_configuration, deadline_value, pytest_addoption, setting_notes  # noqa: F401
 from harness.plugin.pool import (claim_lanes, lanes_wanted, new_pool, plan_lanes, probe_beside_xdist,
-                                 refuse_without_device, run_in_pool, start_pool)
+                                 refuse_without_device, run_in_pool, run_lanes, start_pool)
 from harness.plugin.report import classify_route, failure_message, first_line, write_reports
 from harness.plugin.state import GpuGates, HarnessRun, Role, gpu_key, harness_run, role_key, run_key
 from harness.plugin.verdicts import Recorder, run_facts, worker_reports
@@ -253,7 +253,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             gpu.pool = None
         return
     _trace("collected")
-    start_pool(gpu, run, config, gpu_items or items)
+    # A feature that runs the gates in workers of its own (a comparison): the pool only probes
+    # the device and claims the run's lanes, then closes, so none of its workers sits idle.
+    taken = bool(config.hook.pytest_harness_takes_gates(config=config))
+    start_pool(gpu, run, config, gpu_items or items, workers=not taken)
     try:
         gpu.probe = gpu.pool.wait_probe()
     except controller.PoolError as exc:
@@ -277,6 +280,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         gpu.pool.config.device_ordinal = (device.ordinal_for_xdist_worker(
             config.workerinput.get("workerid", "gw0"), count) if count > 1 else None)
     claim_lanes(gpu, run, config, gpu_items)  # its share of the machine, before its workers' contexts
+    if taken:
+        gpu.pool.close()  # its claim stays until the session's end: the feature's workers run on it
+        gpu.pool = None
+        return
     gpu.pool.warm_up()
     if run.sanitize:
         skip = pytest.mark.skip(reason=f"trap gate: its device guard's __trap() is itself a {run.sanitize} finding, "
@@ -331,8 +338,9 @@ def pytest_runtestloop(session: pytest.Session):
     run = harness_run(config)
     loop = None
     if run is not None and not run.role.serving and not config.option.collectonly:
-        loop = config.hook.pytest_harness_gate_loop(session=session, run=run,
-                                                    pool_warm=config.stash[gpu_key].pool is not None)
+        gpu = config.stash[gpu_key]
+        loop = config.hook.pytest_harness_gate_loop(session=session, run=run, device_ready=gpu.device_ready,
+                                                    lanes=run_lanes(gpu, run, config))
     if loop is None:
         return (yield)
     items = session.items

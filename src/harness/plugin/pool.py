@@ -53,8 +53,11 @@ def new_pool(run: HarnessRun, config: pytest.Config, fork: bool = False) -> cont
     return pool
 
 
-def start_pool(gpu: GpuGates, run: HarnessRun, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give the pool (started at configure where a driver exists) the files to collect."""
+def start_pool(gpu: GpuGates, run: HarnessRun, config: pytest.Config, items: list[pytest.Item],
+               workers: bool = True) -> None:
+    """Give the pool (started at configure where a driver exists) the files to collect.
+    `workers` False: the pool only probes the device (a feature runs the gates in workers of
+    its own, `pytest_harness_takes_gates`), so no worker starts beside the probe."""
 
     files = sorted({str(it.path) for it in items}) or [str(config.rootpath)]
     if gpu.pool is None:
@@ -89,7 +92,7 @@ def start_pool(gpu: GpuGates, run: HarnessRun, config: pytest.Config, items: lis
         early = device.device_count_hint() == 1
     if run.sanitizer_cmd is None:
         pool.collect(args)
-        if early:
+        if early and workers:
             # The device is known before the probe answers: the main worker starts beside the
             # probe, the others once it answered and the run claimed its lanes (`claim_lanes`):
             # runs that share the GPU must not make their contexts before they know their share.
@@ -140,6 +143,14 @@ def claim_lanes(gpu: GpuGates, run: HarnessRun, config: pytest.Config, items: li
         got = gpu.lane_claim.share.lanes
         gpu.pool.config.spares = ask.beside + got - 1
         _share_blas(gpu.pool, got)
+
+
+def run_lanes(gpu: GpuGates, run: HarnessRun, config: pytest.Config) -> int:
+    """The lanes this run's gates may take: its claim in the machine's ledger where the probe
+    named the GPU (`claim_lanes`), else its setting (`lanes_wanted`)."""
+    if gpu.lane_claim is not None:
+        return gpu.lane_claim.share.lanes
+    return lanes_wanted(run.role, run.sanitize, config)
 
 
 def probe_beside_xdist(run: HarnessRun, config: pytest.Config) -> None:
@@ -293,8 +304,7 @@ def plan_lanes(gpu: GpuGates, run: HarnessRun, current: pytest.Item, deadline_fo
     from harness.core.kinds import is_gpu
     from harness.pool import lanes
 
-    claimed = gpu.lane_claim  # the run's share of the machine, where the probe named the GPU
-    n = claimed.share.lanes if claimed is not None else lanes_wanted(run.role, run.sanitize, current.config)
+    n = run_lanes(gpu, run, current.config)  # the run's share of the machine, where the probe named the GPU
     if not run.role.xdist_worker:  # xdist's workers would overwrite each other's file
         gpu.gate_times = lanes.GateTimes(run.settings.cache_dir / lanes.TIMES_FILE)
     rest = [it for it in _from(current) if is_gpu(it) and is_gate(it) and not it.get_closest_marker("skip")]

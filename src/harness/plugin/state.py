@@ -87,6 +87,12 @@ class GpuGates:
     traps: "TrapsAhead | None" = None  # trap gates started ahead on spares
     shadow_worker: "Worker | None" = None  # outside the trap lane: the worker trap gates shadow in
 
+    @property
+    def device_ready(self) -> bool:
+        """The probe found a usable device."""
+        probe = self.probe or {}
+        return probe.get("error") is None and probe.get("count", 0) > 0
+
     def stop_ahead(self) -> None:
         """Stop what runs ahead of the gates: trap gates started on spares, the lanes."""
         if self.traps is not None:

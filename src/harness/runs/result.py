@@ -46,6 +46,32 @@ class GateRuns:
         return self.crashed
 
 
+def merged(pieces: Sequence[GateRuns]) -> GateRuns:
+    """One run of several executor calls over disjoint gates that ran side by side (a
+    comparison's lanes of one side): every piece's outcomes, in the pieces' order; timed out
+    where a piece was; each stopped piece's note (`crashed`, `stop_note`, `timeout_note`) kept,
+    joined; the longest piece's seconds (the wall they took together), the waits summed; the log
+    and facts of the first piece that stopped short (one that timed out first), else of the
+    first piece. One piece is
+    itself; none is a run of no gate. Which piece left which gate without a verdict is the
+    caller's to keep (`harness.plugin.compare.sides.settle` does, gate by gate)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    if not pieces:
+        return GateRuns(())
+
+    def joined(notes) -> str | None:
+        return "; ".join(dict.fromkeys(n for n in notes if n)) or None
+
+    short = sorted((p for p in pieces if p.timed_out or p.crashed or p.stop_note), key=lambda p: not p.timed_out)
+    first = (short or list(pieces))[0]  # a timed-out piece's, where one is: the log `note()` names
+    return GateRuns(tuple(o for p in pieces for o in p.outcomes), timed_out=any(p.timed_out for p in pieces),
+                    crashed=joined(p.crashed for p in pieces), seconds=max(p.seconds for p in pieces),
+                    log=first.log, waited=sum(p.waited for p in pieces),
+                    timeout_note=joined(p.timeout_note for p in pieces), stop_note=joined(p.stop_note for p in pieces),
+                    facts=first.facts)
+
+
 @dataclass(frozen=True)
 class Baseline:
     """The unperturbed tree's run: every gate must pass before a perturbation proves anything."""

@@ -90,6 +90,9 @@ class WarmExecutor(Executor):
     # at the first kill itself, and counts faults across the direct gates, the siblings and
     # the trap gates alike (a cap per batch let a faulting mutant fault four times in each)
     one_call: bool = True
+    # the server runs the structural gates once before it forks (WORKER_ENV): worth it where the
+    # same gates run in worker after worker; not where they run once a side, spread over lanes
+    warm_structural: bool = True
     _pool: controller.Pool | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # _idle, replaced, _closed
     # the pool (its start, a fresh worker): a slot waiting for a spare holds only this, so the
@@ -122,8 +125,9 @@ class WarmExecutor(Executor):
             return
         if self._closed:
             raise controller.PoolError(CLOSED)
+        env = WORKER_ENV if self.warm_structural else {k: v for k, v in WORKER_ENV.items() if k != SERVER_WARM_CHANNEL}
         config = controller.PoolConfig(rootdir=self.rootdir, invocation_dir=self.rootdir, pytest_args=[],
-                                    device_ordinal=self.device_ordinal, spares=self.spares, env=WORKER_ENV,
+                                    device_ordinal=self.device_ordinal, spares=self.spares, env=env,
                                     max_exiting=exits.MAX_EXITING, max_starting=controller.MAX_STARTING)
         pool = controller.Pool(config)
         try:
@@ -388,14 +392,18 @@ class WarmExecutors(ExecutorFactory):
     jobs: int
     stop_on_kill: bool = True
     reuse: bool = True  # False: a fresh worker for every mutant (the re-check's)
+    spares: int | None = None  # each executor's spares; None: `spares_for` its GPU's slots
+    warm_structural: bool = True  # WarmExecutor.warm_structural
     made: dict = field(default_factory=dict)
 
     def __call__(self, report_dir: Path | None, cache_dir: Path, arch: str | None,
                  device: str | None = None) -> WarmExecutor:
         if device not in self.made:
+            spares = spares_for(self.jobs, device) if self.spares is None else self.spares
             self.made[device] = WarmExecutor(self.rootdir, self.gates, self.kernel_root, cache_dir, arch=arch,
-                                             device_ordinal=ordinal_of(device), spares=spares_for(self.jobs, device),
-                                             stop_on_kill=self.stop_on_kill, reuse=self.reuse)
+                                             device_ordinal=ordinal_of(device), spares=spares,
+                                             stop_on_kill=self.stop_on_kill, reuse=self.reuse,
+                                             warm_structural=self.warm_structural)
         return self.made[device]
 
     def prestart(self, cache_dir: Path, arch: str | None, devices) -> threading.Thread:

@@ -4,15 +4,16 @@ REF is a git revision of the repository holding the kernel root, or a folder hol
 tree. Its kernel tree is materialised in a temporary folder (the working tree and the index
 are only read) and removed on every way out. Every selected gate then runs over REF's tree and
 over today's, through the run layer's executor (warm workers where a device is, a fresh
-pytest otherwise), with its arm outputs (`harness.library.arms`) written per side; each arm of the two
-sides is compared bit for bit. The report says per gate and arm: `same bits`, or `differs`
-with the count, the first difference and the distances in ULPs, or `only in REF` / `only
-today` / `not comparable`; and each side's verdict of the gate. Red when an arm differs,
-unless `--compare-allow-differ`.
+pytest otherwise) on the run's lanes, both sides at once (`work`), with its arm outputs
+(`harness.library.arms`) written per side; each arm of the two sides is compared bit for bit.
+The report says per gate and arm: `same bits`, or `differs` with the count, the first
+difference and the distances in ULPs, or `only in REF` / `only today` / `not comparable`; and
+each side's verdict of the gate. Red when an arm differs, unless `--compare-allow-differ`.
 
 The ordinary tests of the run (not gates) run once, here, as without the option; the gates
-run only on the two sides. Modules: `tree` (REF's kernel tree), `sides` (what each side gave),
-`arms` (the arms compared), `report` (the table and the report files).
+run only on the two sides. Modules: `tree` (REF's kernel tree), `work` (the sides through the
+lanes), `sides` (what each side gave), `arms` (the arms compared), `report` (the table and the
+report files).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -135,10 +137,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # ---------------------------------------------------------------- the run
 
 
-def pytest_harness_gate_loop(session: pytest.Session, run, pool_warm: bool):
+def pytest_harness_takes_gates(config: pytest.Config) -> bool | None:
+    """With --compare-to the gates run in the comparison's own workers: the run's pool only
+    probes the device and claims the run's lanes."""
+    return True if config.getoption("compare_to", None) else None
+
+
+def pytest_harness_gate_loop(session: pytest.Session, run, device_ready: bool, lanes: int):
     """With --compare-to, the run's gates are this feature's: pytest's own loop runs the
     ordinary tests, once, as without the option (the plugin's loop withholds the gates from
-    it); then `loop` runs the gates on both sides and compares them."""
+    it); then `loop` runs the gates on both sides, on the run's `lanes`, and compares them."""
     ref = session.config.getoption("compare_to", None)
     if not ref:
         return None
@@ -151,7 +159,7 @@ def pytest_harness_gate_loop(session: pytest.Session, run, pool_warm: bool):
             return
         from harness.plugin.compare.sides import report_today
 
-        found = compare(session, run, pool_warm, ref, gates)
+        found = compare(session, run, device_ready, lanes, ref, gates)
         report_today(gates, found.today, {g.nodeid: g for g in found.gates}, found.unrun)
         if not config.getoption("compare_allow_differ"):
             session.testsfailed += sum(1 for g in found.gates if g.differs)
@@ -164,13 +172,18 @@ def _say(config: pytest.Config, lines: list[str]) -> None:
         (tr.write_line(line) if tr is not None else print(line))
 
 
-def _executors(run, pool_warm: bool, config, gates: list[str], kernel_root: Path):
+def _executors(run, device_ready: bool, config, gates: list[str], kernel_root: Path, jobs: int):
+    """The sides' executor factory: warm workers on the device, shared by `jobs` slots (a spare
+    for each, and two more), else a fresh pytest a work item. Over several lanes the server
+    does not run the structural gates before it forks: a side's run once, spread over the
+    lanes, and the server's run would hold back every worker's start."""
     from harness.runs.fresh import FreshExecutors
     from harness.runs.warm import WarmExecutors
 
     files = sorted({g.split("::", 1)[0] for g in gates})
-    if pool_warm:
-        return WarmExecutors(config.rootpath, tuple(files), kernel_root, 1, stop_on_kill=False)
+    if device_ready:
+        return WarmExecutors(config.rootpath, tuple(files), kernel_root, jobs, stop_on_kill=False, spares=jobs + 2,
+                             warm_structural=jobs == 1)
     return FreshExecutors(config.rootpath, require_gpu=run.require_gpu)
 
 
@@ -187,15 +200,19 @@ class Comparison:
     unrun: dict[str, str]  # {gate: why it was not compared}: a side gave no verdict for it
 
 
-def compare(session: pytest.Session, run, pool_warm: bool, ref: str, items: list[pytest.Item]) -> Comparison:
-    """Run the gates over REF's tree and today's, compare their arms, write the reports and say
-    what was found. The temporary folders (REF's tree, the arm outputs, the sides' runs) go on
-    every way out."""
+def compare(session: pytest.Session, run, device_ready: bool, lanes: int, ref: str,
+            items: list[pytest.Item]) -> Comparison:
+    """Run the gates over REF's tree and today's, both sides through the run's `lanes` at once
+    (`work`), compare their arms, write the reports and say what was found. A warm executor
+    starts while REF's tree is materialised; the temporary folders (REF's tree, the arm
+    outputs, the sides' runs) go on every way out."""
     from harness.core import settings as _settings
     from harness.plugin.compare.report import table, write_reports
     from harness.plugin.compare.sides import compare_gate, not_compared, not_compared_lines, settle
     from harness.plugin.compare.tree import check_launchers, kernel_tree_at
+    from harness.plugin.compare.work import gates_of, lanes_line, run_facts, run_items, work_items
     from harness.plugin.snapshots import side_folder
+    from harness.pool.lanes import TIMES_FILE, GateTimes
 
     config = session.config
     kinds = {item.nodeid: kinds_of(item) for item in items}
@@ -204,6 +221,7 @@ def compare(session: pytest.Session, run, pool_warm: bool, ref: str, items: list
     report_dir = Path(run.report_dir or _settings.report_root(config.rootpath))
     timed = f"{config.getoption('compare_repeat') or DEFAULT_REPEAT},{DEFAULT_WARMUP}" \
         if config.getoption("compare_timing") else None
+    times = GateTimes(run.settings.cache_dir / TIMES_FILE)  # the plain run's record, read only: the split's hint
     out = Path(tempfile.mkdtemp(prefix="harness-arms-"))
     previous = {k: os.environ.get(k) for k in (ARMS_OUT_CHANNEL, LAUNCHERS_OF_CHANNEL, COMPARE_TIMING_CHANNEL)}
     os.environ[ARMS_OUT_CHANNEL] = str(out)
@@ -212,22 +230,29 @@ def compare(session: pytest.Session, run, pool_warm: bool, ref: str, items: list
     if timed:
         os.environ[COMPARE_TIMING_CHANNEL] = timed
     try:
-        with kernel_tree_at(ref, today) as ref_root:
-            check_launchers(ref, today, ref_root, config.rootpath)
-            absent = absent_at(ref_root, items)
-            # one executor for both sides: the warm one runs each side's gates on the same workers
-            executor = _executors(run, pool_warm, config, gates, today)(out / "runs", run.settings.cache_dir,
-                                                                        run.settings.arch)
-            sides, folders = {}, {}
-            try:
-                for key, name, root, skip in (("ref", "REF", ref_root, absent), ("today", "today", today, frozenset())):
-                    given = [g for g in gates if g not in skip]
-                    ran = executor.run(root, given, max(60.0, run.settings.deadline * len(given)))
-                    sides[key] = settle(name, ran, given, skip, report_dir, config.rootpath)
-                    folders[key] = side_folder(out, root)
-            finally:
-                executor.close()
-            result = [compare_gate(g, (kinds[g] or [""])[0], folders, sides) for g in gates]
+        # one executor for both sides and every lane: a warm one's workers serve REF's gates and today's
+        factory = _executors(run, device_ready, config, gates, today, lanes)
+        executor = factory(out / "runs", run.settings.cache_dir, run.settings.arch)
+        ahead = factory.prestart(run.settings.cache_dir, run.settings.arch, [None])
+        try:
+            with kernel_tree_at(ref, today) as ref_root:
+                check_launchers(ref, today, ref_root, config.rootpath)
+                absent = absent_at(ref_root, items)
+                given = {"ref": [g for g in gates if g not in absent], "today": gates}
+                todo = work_items({side: gates_of(ids, kinds, times) for side, ids in given.items()}, lanes)
+                roots = {"ref": ref_root, "today": today}
+                started = time.monotonic()
+                pieces = run_items(executor, todo, roots, lanes,
+                                   lambda item: max(60.0, run.settings.deadline * len(item.gates)))
+                ran = run_facts(todo, pieces, lanes, time.monotonic() - started, executor)
+                sides = {"ref": settle("REF", pieces["ref"], absent, report_dir, config.rootpath),
+                         "today": settle("today", pieces["today"], frozenset(), report_dir, config.rootpath)}
+                folders = {side: side_folder(out, root) for side, root in roots.items()}
+                result = [compare_gate(g, (kinds[g] or [""])[0], folders, sides) for g in gates]
+        finally:
+            executor.close()
+            if ahead is not None:
+                ahead.join()  # a start under way ends with the close: nothing of it outlives the run
     except UsageError as exc:
         raise as_pytest_usage(exc) from None
     finally:
@@ -237,7 +262,7 @@ def compare(session: pytest.Session, run, pool_warm: bool, ref: str, items: list
             else:
                 os.environ[k] = v
         shutil.rmtree(out, ignore_errors=True)
-    write_reports(report_dir, ref, result)
+    write_reports(report_dir, ref, result, ran)
     unrun = not_compared(gates, sides)
-    _say(config, table(ref, result) + not_compared_lines(unrun))
+    _say(config, [lanes_line(ref, todo, lanes, bool(timed))] + table(ref, result) + not_compared_lines(unrun))
     return Comparison(result, sides["today"], unrun)

@@ -78,11 +78,15 @@ def arm_text(a: ArmComparison) -> str:
     return f"{a.status}" + (f" ({a.note})" if a.note else "")
 
 
-def write_reports(report_dir: Path, ref: str, gates: list[GateComparison]) -> tuple[Path, Path]:
+def write_reports(report_dir: Path, ref: str, gates: list[GateComparison],
+                  run: dict | None = None) -> tuple[Path, Path]:
+    """compare.json (every gate's arms and timings; `run`: how the sides ran, where given) and compare.md."""
     report_dir.mkdir(parents=True, exist_ok=True)
     data = {"ref": ref, "gates": [{**asdict(g), "differs": g.differs,
                                    "timing": [{**asdict(t), "ratio": round(t.ratio, 4)} for t in g.timing]}
                                   for g in gates]}
+    if run is not None:
+        data["run"] = run
     json_path = report_dir / "compare.json"
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     md = [f"# Compared with {ref}", "", "| gate | arm | REF | today | bits |", "| --- | --- | --- | --- | --- |"]

@@ -1,30 +1,48 @@
-"""A comparison's two sides: what each run of the gates gave (`Side`), each gate's verdict on a
-side in words, the gates a side gave no verdict for and why (in that side's own words, its
-log kept in the report folder), and each gate's report: today's verdict, with what the
-comparison found."""
+"""A comparison's two sides: what each run of the gates gave (`Side`, put together from the
+`Piece`s its lanes gave), each gate's verdict on a side in words, the gates a side gave no
+verdict for and why (in the words of the lane that held them, its log kept in the report
+folder), and each gate's report: today's verdict, with what the comparison found."""
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from harness.plugin.compare.arms import GateComparison, compare_sides, compare_timing, read_launches, read_side
 from harness.plugin.compare.report import arm_text
-from harness.runs.result import GateRuns
+from harness.runs.result import GateRuns, merged
 
 NOT_IN_REF = "not in REF (new today)"  # a gate REF's tree has no file for: a .cu added today
-LOG = "compare-{side}.log"  # in the report folder: a side's log, kept only where it gave no verdict for a gate
+# In the report folder: a side's log, kept only where it gave no verdict for a gate; one for
+# each lane that did, where several did.
+LOG = "compare-{side}.log"
+LANE_LOG = "compare-{side}-lane{lane}.log"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one lane of a side gave: the gates it was given and the executor's run of them."""
+
+    lane: int  # from 0
+    gates: tuple[str, ...]
+    run: GateRuns
+
+    def silent(self) -> list[str]:
+        """Its gates it gave no verdict for."""
+        records = self.run.records
+        return [g for g in self.gates if g not in records]
 
 
 @dataclass(frozen=True)
 class Side:
     name: str  # "REF" or "today"
-    run: GateRuns
+    run: GateRuns  # its lanes' runs, merged (`harness.runs.result.merged`)
     absent: frozenset[str] = frozenset()  # gates not run on this side: it has no file for them
-    why: str | None = None  # why it gave no verdict for some gate: its note, or its pytest's own words
+    # {gate: why it gave no verdict for it}: its lane's note, or its pytest's own words
+    why: dict[str, str] = field(default_factory=dict)
 
     def outcome(self, nodeid: str) -> str:
         """The side's verdict of a gate in words: `passed`, `failed by assertion`, `not run (why)`."""
@@ -32,7 +50,8 @@ class Side:
             return NOT_IN_REF
         rec = self.run.records.get(nodeid)
         if rec is None:
-            return "not run" + (f" ({self.why})" if self.why else "")
+            why = self.why.get(nodeid)
+            return "not run" + (f" ({why})" if why else "")
         return rec.outcome + (f" by {rec.route}" if rec.red else "")
 
     def silent(self, gates: list[str]) -> list[str]:
@@ -55,21 +74,40 @@ def own_words(log: str | None, last: bool = True) -> str | None:
     return lines[-1] if lines and last else None
 
 
-def settle(name: str, run: GateRuns, gates: list[str], absent: frozenset[str], report_dir: Path,
-           rootdir: Path) -> Side:
-    """One side's run, with why it gave no verdict for some gate: its note (a deadline, a death)
-    or its pytest's own words, and its log, kept in the report folder (it lives in a temporary
-    folder with the rest of the run); a stale log of that side from an earlier run goes."""
+def settle(name: str, pieces: list[Piece], absent: frozenset[str], report_dir: Path, rootdir: Path) -> Side:
+    """One side, from what its lanes gave: for each gate a lane gave no verdict for, why, in that
+    lane's words (its note: a deadline, a death; or its pytest's own words) and its log, kept in
+    the report folder (it lives in a temporary folder with the rest of the run). Stale logs of
+    that side from an earlier run go."""
+    key = "ref" if name == "REF" else name
+    for pattern in (LOG.format(side=key), LANE_LOG.format(side=key, lane="*")):
+        for stale in Path(report_dir).glob(pattern):
+            stale.unlink(missing_ok=True)
+    short = [p for p in pieces if p.silent()]
+    why: dict[str, str] = {}
+    for piece in short:
+        kept = Path(report_dir) / (LOG.format(side=key) if len(short) == 1 else
+                                   LANE_LOG.format(side=key, lane=piece.lane + 1))
+        words = lane_words(piece.run, kept, rootdir)
+        own = {o.nodeid: o.first_failure_line for o in piece.run.outcomes if o.first_failure_line}
+        for gate in piece.silent():  # a gate's own line first, where its worker gave one (not collected there)
+            said = "; ".join(x for x in (own.get(gate), words) if x)
+            if said:
+                why[gate] = said
+    return Side(name, merged([p.run for p in pieces]), absent, why)
+
+
+def lane_words(run: GateRuns, kept: Path, rootdir: Path) -> str | None:
+    """Why a lane's run gave no verdict for some of its gates: its note (a deadline, with the
+    gate that ran past it; a death; an executor that stopped), or its pytest's own words, and
+    its log, copied to `kept`."""
     from harness.plugin.snapshots import shown_path
 
-    side = Side(name, run, absent)
-    kept = Path(report_dir) / LOG.format(side="ref" if name == "REF" else name)
-    kept.unlink(missing_ok=True)
-    if not side.silent(gates):
-        return side
     note = run.note() or run.stop_note
-    if note and run.log:
+    if note:
         note = note.replace(f"; see {run.log}", "")  # the log is named below, where it is kept
+        if run.timed_out and run.timeout_note:
+            note += f": {run.timeout_note}"
     said = own_words(run.log, last=not note) if not run.timed_out else None
     if said and note and said.removeprefix("ERROR: ").strip() in note:
         said = None  # the run's note quotes it already (a pytest that refused its arguments)
@@ -78,7 +116,7 @@ def settle(name: str, run: GateRuns, gates: list[str], absent: frozenset[str], r
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(run.log, kept)
         words.append(f"its log: {shown_path(kept, rootdir)}")
-    return Side(name, run, absent, "; ".join(words) or None)
+    return "; ".join(words) or None
 
 
 def compare_gate(nodeid: str, kind: str, folders: dict[str, Path], sides: dict[str, Side]) -> GateComparison:
