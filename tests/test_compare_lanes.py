@@ -318,3 +318,18 @@ def test_bench_compare_refuses_bad_input_before_anything_runs(tmp_path, monkeypa
     assert main(["compare", "--out", str(tmp_path / "out"), *args]) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_comparisons_warm_workers_run_its_trap_gates_in_the_trap_shadow(tmp_path):
+    # as a gate run judges them by default: a real trap would cost a fresh CUDA context a gate a side
+    from types import SimpleNamespace
+
+    from harness.plugin.compare import _executors
+
+    run = SimpleNamespace(require_gpu=True)
+    config = SimpleNamespace(rootpath=tmp_path)
+    gates = ["gates/test_a.py::test_guard_traps", "gates/test_a.py::test_values"]
+    factory = _executors(run, True, config, gates, tmp_path / "kernels", 4, frozenset(gates[:1]))
+    executor = factory(None, tmp_path / "cache", "sm_90")  # made, not started: no device here
+    assert executor.trap_gates == executor.shadow_gates == frozenset(gates[:1])
+    assert _executors(run, True, config, gates, tmp_path, 4)(None, tmp_path, None).shadow_gates == frozenset()

@@ -394,6 +394,9 @@ class WarmExecutors(ExecutorFactory):
     reuse: bool = True  # False: a fresh worker for every mutant (the re-check's)
     spares: int | None = None  # each executor's spares; None: `spares_for` its GPU's slots
     warm_structural: bool = True  # WarmExecutor.warm_structural
+    # trap gates each executor runs in the trap shadow, with no wiring check (a gate run's way,
+    # docs/gate-run.md); a campaign's are set by `arm` and its wiring check instead
+    shadow_traps: frozenset = frozenset()
     made: dict = field(default_factory=dict)
 
     def __call__(self, report_dir: Path | None, cache_dir: Path, arch: str | None,
@@ -403,7 +406,8 @@ class WarmExecutors(ExecutorFactory):
             self.made[device] = WarmExecutor(self.rootdir, self.gates, self.kernel_root, cache_dir, arch=arch,
                                              device_ordinal=ordinal_of(device), spares=spares,
                                              stop_on_kill=self.stop_on_kill, reuse=self.reuse,
-                                             warm_structural=self.warm_structural)
+                                             warm_structural=self.warm_structural, trap_gates=self.shadow_traps,
+                                             shadow_gates=self.shadow_traps)
         return self.made[device]
 
     def prestart(self, cache_dir: Path, arch: str | None, devices) -> threading.Thread:

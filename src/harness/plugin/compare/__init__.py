@@ -172,18 +172,22 @@ def _say(config: pytest.Config, lines: list[str]) -> None:
         (tr.write_line(line) if tr is not None else print(line))
 
 
-def _executors(run, device_ready: bool, config, gates: list[str], kernel_root: Path, jobs: int):
+def _executors(run, device_ready: bool, config, gates: list[str], kernel_root: Path, jobs: int,
+               traps: frozenset = frozenset()):
     """The sides' executor factory: warm workers on the device, shared by `jobs` slots (a spare
     for each, and two more), else a fresh pytest a work item. Over several lanes the server
     does not run the structural gates before it forks: a side's run once, spread over the
-    lanes, and the server's run would hold back every worker's start."""
+    lanes, and the server's run would hold back every worker's start. The trap gates (`traps`)
+    run in the trap shadow on both sides, as a gate run judges them by default: each counts
+    its guards in its lane's worker, where a real trap would cost a fresh CUDA context a gate
+    a side (`--harness-real-traps` does not reach a comparison)."""
     from harness.runs.fresh import FreshExecutors
     from harness.runs.warm import WarmExecutors
 
     files = sorted({g.split("::", 1)[0] for g in gates})
     if device_ready:
         return WarmExecutors(config.rootpath, tuple(files), kernel_root, jobs, stop_on_kill=False, spares=jobs + 2,
-                             warm_structural=jobs == 1)
+                             warm_structural=jobs == 1, shadow_traps=frozenset(traps))
     return FreshExecutors(config.rootpath, require_gpu=run.require_gpu)
 
 
@@ -231,7 +235,8 @@ def compare(session: pytest.Session, run, device_ready: bool, lanes: int, ref: s
         os.environ[COMPARE_TIMING_CHANNEL] = timed
     try:
         # one executor for both sides and every lane: a warm one's workers serve REF's gates and today's
-        factory = _executors(run, device_ready, config, gates, today, lanes)
+        traps = frozenset(g for g in gates if "trap" in (kinds[g] or ()))
+        factory = _executors(run, device_ready, config, gates, today, lanes, traps)
         executor = factory(out / "runs", run.settings.cache_dir, run.settings.arch)
         ahead = factory.prestart(run.settings.cache_dir, run.settings.arch, [None])
         try:
