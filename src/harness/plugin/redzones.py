@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from harness.core import device, settings as _settings
 from harness.core.errors import as_pytest_usage
 from harness.core.kinds import owned
+from harness.plugin.state import Role
 
 LIBRARY = "harness.library.redzones"
 TRAP_REASON = "a trap gate: its fault is the verdict, and nothing can be read after it"
@@ -169,8 +171,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The process that prints the summary (not a pool's server or worker, not an xdist worker).
-    if not config.getoption("harness_serve", False) and not hasattr(config, "workerinput"):
+    if Role.of(config).reports:  # the process that prints the summary
         config.pluginmanager.register(RedzoneTally(), TALLY)
 
 
@@ -196,10 +197,7 @@ class RedzoneTally:
             return None
         counts = [_COUNTS.fullmatch(v) for v in self.gates.values()]
         on = [m for m in counts if m]
-        off: dict[str, int] = {}
-        for v in self.gates.values():
-            if v.startswith("off: "):
-                off[v.removeprefix("off: ")] = off.get(v.removeprefix("off: "), 0) + 1
+        off = Counter(v.removeprefix("off: ") for v in self.gates.values() if v.startswith("off: "))
         text = (f"redzones: {len(on)} gate(s) ran with them: {sum(int(m.group(1)) for m in on)} buffer(s) guarded, "
                 f"{sum(int(m.group(2)) for m in on)} check(s) after launches; a written guard fails its gate")
         if off:

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from harness.plugin.snapshots import PROPERTY, SNAPSHOT_DIR, STORED, shown_path
+from harness.plugin.state import Role
 
 TALLY = "harness-snapshot-tally"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The process that prints the summary (not a pool's server or worker, not an xdist worker).
-    if config.getoption("snapshot_update", False) and not config.getoption("harness_serve", False) \
-            and not hasattr(config, "workerinput"):
+    if config.getoption("snapshot_update", False) and Role.of(config).reports:  # the process that prints the summary
         config.pluginmanager.register(StoredTally(config.rootpath), TALLY)
 
 
