@@ -196,14 +196,19 @@ def written(shape: Shape) -> str:
     return ",".join(f"{k}={v}" for k, v in shape.items())
 
 
+def shown(shape: Shape) -> str:
+    """`N=64, K=1024, T=1`: a shape in a failure's words."""
+    return ", ".join(f"{k}={v}" for k, v in shape.items())
+
+
 class ShapeFailed(CheckFailed):
     """A sweep found a shape its kernel gets wrong: the smallest such, and how to replay it."""
 
     def __init__(self, space: str, smallest: Shape, found_at: Shape, tried: int, first_line: str, replay: str):
         self.space, self.smallest, self.found_at, self.tried = space, smallest, found_at, tried
         self.first_line, self.replay = first_line, replay
-        at = "" if found_at == smallest else f"found at {written(found_at).replace(',', ', ')}; "
-        super().__init__(f"{space}: the smallest failing shape is {written(smallest).replace(',', ', ')} ({at}"
+        at = "" if found_at == smallest else f"found at {shown(found_at)}; "
+        super().__init__(f"{space}: the smallest failing shape is {shown(smallest)} ({at}"
                          f"{tried} shapes tried): {first_line}\nreplay: {replay}")
 
 
@@ -212,7 +217,7 @@ class ShapeFaulted(CheckFailed):
 
     def __init__(self, space: str, shape: Shape, tried: int, first_line: str, replay: str):
         self.space, self.shape, self.tried, self.first_line, self.replay = space, shape, tried, first_line, replay
-        super().__init__(f"{space}: a device fault at {written(shape).replace(',', ', ')} ({tried} shapes tried; "
+        super().__init__(f"{space}: a device fault at {shown(shape)} ({tried} shapes tried; "
                          f"the context is gone, so it is not shrunk): {first_line}\nreplay: {replay}")
 
 
@@ -222,7 +227,7 @@ class ShapeRefused(CheckFailed):
 
     def __init__(self, space: str, label: str, shape: Shape, first_line: str):
         self.space, self.label, self.shape, self.first_line = space, label, shape, first_line
-        super().__init__(f"{space}: {label} ({written(shape).replace(',', ', ')}) is a shape the space promises, "
+        super().__init__(f"{space}: {label} ({shown(shape)}) is a shape the space promises, "
                          f"and its check failed: {first_line}")
 
 
