@@ -23,11 +23,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from harness.commands import Command, Commands
-from harness.commands.figures import SUMMARY, device_name
+from harness.commands.figures import device_name, timed_run
 from harness.core.child import ChildPytest
 from harness.core.usage import add_bench_output, bench_out_folder
 
@@ -35,17 +34,9 @@ from harness.core.usage import add_bench_output, bench_out_folder
 
 def _run(tree: Path, args: list[str], report: Path, env: dict) -> dict:
     cmd = ChildPytest(tuple(args), require_gpu=True, report_dir=report).command()
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    ran = timed_run(cmd, tree, env)
+    proc = ran.proc
     tail = proc.stdout.strip().splitlines()
-    pytest_s = None
-    summary_line = ""
-    for line in reversed(tail):
-        m = SUMMARY.search(line)
-        if m:
-            pytest_s, summary_line = float(m.group(1)), line.strip("= ").strip()
-            break
     gates = []
     gj = report / "gates.json"
     if gj.is_file():
@@ -53,8 +44,8 @@ def _run(tree: Path, args: list[str], report: Path, env: dict) -> dict:
     # An isolated gate's duration is how long the run waited for it (its cost to the run).
     isolated = [g["duration"] for g in gates if g.get("isolated")]
     return {
-        "command": " ".join(cmd[1:]), "tree": str(tree), "exit": proc.returncode, "wall_s": round(wall, 2),
-        "pytest_s": pytest_s, "summary": summary_line, "gates": len(gates),
+        "command": " ".join(cmd[1:]), "tree": str(tree), "exit": proc.returncode, "wall_s": round(ran.wall_s, 2),
+        "pytest_s": ran.pytest_s, "summary": ran.summary, "gates": len(gates),
         "isolated_gates": len(isolated),
         "isolated_mean_s": round(statistics.mean(isolated), 3) if isolated else None,
         "isolated_max_s": round(max(isolated), 3) if isolated else None,

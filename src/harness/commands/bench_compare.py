@@ -21,10 +21,8 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 TARGET_RATIO = 3.0  # issue 52: a comparison over the whole suite at most 3x the plain suite's wall
@@ -40,15 +38,13 @@ RUNS = {  # key: (what it is, the options after the targets; {ref} is REF)
 
 def _run(rootdir: Path, targets: list[str], extra: tuple[str, ...], report: Path, require_gpu: bool,
          env: dict) -> dict:
-    from harness.commands.figures import SUMMARY
+    from harness.commands.figures import timed_run
     from harness.core.child import ChildPytest
 
     cmd = ChildPytest(tuple(targets), require_gpu=require_gpu, report_dir=report, extra=extra).command()
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=rootdir, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    ran = timed_run(cmd, rootdir, env)
+    proc = ran.proc
     lines = proc.stdout.splitlines()
-    summary = next((m for m in map(SUMMARY.search, reversed(lines)) if m), None)
     lanes = next((m for m in map(LANES_LINE.match, lines) if m), None)
     found = next((line for line in lines if FOUND_LINE.match(line)), None)
     tail = (lines + proc.stderr.splitlines())[-8:]
@@ -56,9 +52,8 @@ def _run(rootdir: Path, targets: list[str], extra: tuple[str, ...], report: Path
         how = json.loads((report / "compare.json").read_text()).get("run")
     except (OSError, ValueError):
         how = None
-    return {"command": " ".join(cmd[1:]), "exit": proc.returncode, "wall_s": round(wall, 2), "compare_run": how,
-            "pytest_s": float(summary.group(1)) if summary else None,
-            "summary": summary.string.strip("= ").strip() if summary else "",
+    return {"command": " ".join(cmd[1:]), "exit": proc.returncode, "wall_s": round(ran.wall_s, 2), "compare_run": how,
+            "pytest_s": ran.pytest_s, "summary": ran.summary,
             "lanes": int(lanes.group(1)) if lanes else None, "at_once": int(lanes.group(2)) if lanes else None,
             "compared": found, "output_tail": "\n".join(tail) if proc.returncode else ""}
 
