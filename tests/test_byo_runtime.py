@@ -55,8 +55,8 @@ def test_a_launch_above_48_kib_raises_the_attribute_once_per_size(raised):
 
 def test_a_kernel_with_static_shared_memory_raises_the_attribute_for_48_kib_of_dynamic(raised):
     # 4H bytes of dynamic shared memory at H = 12288 is 48 KiB; with a 32-byte __shared__ array
-    # beside it the block needs the opt-in, or the launch fails with "invalid argument" (found by
-    # the MoE sweep on an H100): the function's own attribute, not 48 KiB, is the line
+    # beside it the block needs the opt-in, or the launch fails with "invalid argument": the
+    # function's own attribute, not 48 KiB, is the line
     seen, _ = raised
     inner = FakeFunction()
     inner.allowed = DEFAULT_DYNAMIC_SHARED_LIMIT - 32
